@@ -1,0 +1,41 @@
+# One entry point. `make test` and `make lab` build the environment on first use (python3 >= 3.10).
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: env test test-fast lab demo bench browser-deps clean
+
+$(STAMP): pyproject.toml requirements.txt
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements.txt -e ".[notebook,dev]"
+	touch $@
+
+env: $(STAMP)   ## create .venv with everything
+
+browser-deps:   ## Debian's chromium for the real-browser tests (needs root or sudo; skipped otherwise)
+	@test -x /usr/bin/chromium || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
+	  echo "chromium not installed: browser tests will be skipped"
+
+test: env browser-deps   ## every test: unit, notebooks under nbmake (CGT_FAST=1), real browser
+	CGT_FAST=1 $(BIN)/python -m pytest -q -p no:cacheprovider --nbmake --nbmake-timeout=900 tests notebooks
+
+test-fast: env   ## unit tests only
+	$(BIN)/python -m pytest -q -m "not browser and not slow" tests
+
+lab: env   ## open JupyterLab on notebook 01
+	$(BIN)/jupyter lab notebooks/01_synthetic_icl.ipynb
+
+demo: env   ## run notebook 01 headless and write an HTML report to runs/demo/
+	mkdir -p runs/demo
+	$(BIN)/jupyter nbconvert --to html --execute --ExecutePreprocessor.timeout=1200 \
+	  --output-dir runs/demo notebooks/01_synthetic_icl.ipynb
+
+bench: env   ## write benchmarks/results/*.json
+	$(BIN)/python benchmarks/bench_core.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache runs/demo

@@ -1,0 +1,160 @@
+"""Building blocks shared by GPT and CGT: causal attention with an optional KV cache, MLP, the x block,
+the joint y block, and the low-rank templates that modulate x above layer ℓ.
+
+Notation (einops letters): b batch, t query time, s key time, d width of x, e width of y,
+h heads, c head width, k templates, r template rank, i input width of a modulated map, o its output width.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from einops import einsum, rearrange, repeat
+
+# modulate(site, h) -> h', the hook through which CGT transforms the input of a linear map.
+Modulator = Optional[Callable[[str, torch.Tensor], torch.Tensor]]
+
+
+class KVCache:
+    """Keys and values of one attention module, grown one call at a time (generation)."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None  # (b, h, s, c)
+        self.v: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal attention reading width `d_in` and writing width `d_model`."""
+
+    def __init__(self, d_in: int, d_model: int, n_head: int, bias: bool, dropout: float):
+        super().__init__()
+        self.n_head, self.dropout = n_head, dropout
+        self.c_attn = nn.Linear(d_in, 3 * d_model, bias=bias)
+        self.c_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def forward(self, h: torch.Tensor, modulate: Modulator = None, cache: KVCache | None = None) -> torch.Tensor:
+        # (b, t, 3·h·c) -> three tensors (b, h, t, c)
+        q, k, v = rearrange(self.c_attn(h), "b t (three h c) -> three b h t c", three=3, h=self.n_head)
+        past = 0 if cache is None else cache.length
+        if cache is not None:
+            k, v = cache.append(k, v)
+        t, s = q.shape[2], k.shape[2]
+        mask, causal = None, False
+        if past == 0:
+            causal = t > 1
+        elif t > 1:  # several new queries after a cached past: query i sees keys ≤ past + i
+            mask = torch.arange(s, device=h.device)[None, :] <= (past + torch.arange(t, device=h.device))[:, None]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                             dropout_p=self.dropout if self.training else 0.0)
+        out = rearrange(out, "b h t c -> b t (h c)")
+        if modulate is not None:
+            out = modulate("attn_out", out)
+        return self.c_proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, d_in: int, d_hidden: int, d_out: int, bias: bool):
+        super().__init__()
+        self.c_fc = nn.Linear(d_in, d_hidden, bias=bias)
+        self.c_proj = nn.Linear(d_hidden, d_out, bias=bias)
+
+    def forward(self, h: torch.Tensor, modulate: Modulator = None) -> torch.Tensor:
+        if modulate is not None:
+            h = modulate("mlp_in", h)
+        h = F.gelu(self.c_fc(h))
+        if modulate is not None:
+            h = modulate("mlp_out", h)
+        return self.c_proj(h)
+
+
+class Block(nn.Module):
+    """A pre-LN GPT block on x. `modulate` (CGT, layers above ℓ) transforms the inputs of its linear maps."""
+
+    def __init__(self, d: int, n_head: int, mlp_ratio: int, bias: bool, dropout: float):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d, bias=bias)
+        self.attn = CausalSelfAttention(d, d, n_head, bias, dropout)
+        self.ln_2 = nn.LayerNorm(d, bias=bias)
+        self.mlp = MLP(d, mlp_ratio * d, d, bias)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, modulate: Modulator = None, cache: KVCache | None = None) -> torch.Tensor:
+        h = self.ln_1(x)
+        if modulate is not None:
+            h = modulate("attn_in", h)
+        x = x + self.drop(self.attn(h, modulate, cache))
+        x = x + self.drop(self.mlp(self.ln_2(x), modulate))
+        return x
+
+
+class YBlock(nn.Module):
+    """The y half of a joint layer: heads and MLP that read [x; y] and write into y only."""
+
+    def __init__(self, d: int, e: int, n_head_y: int, mlp_ratio: int, bias: bool, dropout: float):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d + e, bias=bias)
+        self.attn = CausalSelfAttention(d + e, e, n_head_y, bias, dropout)
+        self.ln_2 = nn.LayerNorm(d + e, bias=bias)
+        self.mlp = MLP(d + e, mlp_ratio * e, e, bias)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        # x is read, never written: detach nothing (gradients into x's weights are how y learns to read x)
+        y = y + self.drop(self.attn(self.ln_1(torch.cat([x, y], dim=-1)), cache=cache))
+        y = y + self.drop(self.mlp(self.ln_2(torch.cat([x, y], dim=-1))))
+        return y
+
+
+class SiteTemplates(nn.Module):
+    """K rank-r templates at one site κ:  T(ȳ) h = h + Σ_k c_k(ȳ) U_k V_kᵀ h,  c(ȳ) = A ȳ + b.
+
+    `coeff` (A, b) starts at zero, so T = I at initialisation and the untrained CGT is a plain GPT.
+    """
+
+    def __init__(self, d_in: int, d_y: int, n_templates: int, rank: int):
+        super().__init__()
+        self.U = nn.Parameter(torch.randn(n_templates, d_in, rank) / math.sqrt(rank))   # (k, i, r) writes
+        self.V = nn.Parameter(torch.randn(n_templates, d_in, rank) / math.sqrt(d_in))   # (k, i, r) reads
+        self.coeff = nn.Linear(d_y, n_templates)
+        nn.init.zeros_(self.coeff.weight)
+        nn.init.zeros_(self.coeff.bias)
+
+    def coefficients(self, ybar: torch.Tensor) -> torch.Tensor:
+        """(..., e) -> (..., k)"""
+        return self.coeff(ybar)
+
+    def apply(self, h: torch.Tensor, coeffs: torch.Tensor) -> torch.Tensor:
+        """h (b, t, i), coeffs (b, t, k) per token or (b, 1, k) frozen -> T(ȳ) h, (b, t, i)."""
+        proj = einsum(h, self.V, "b t i, k i r -> b t k r")
+        return h + einsum(proj * coeffs.unsqueeze(-1), self.U, "b t k r, k i r -> b t i")
+
+    def factors(self, weight: torch.Tensor, coeffs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """For W (o, i) and coeffs (b, k): A (b, k·r, i), B (b, o, k·r) with W T(ȳ) = W + B @ A."""
+        w_u = einsum(weight, self.U, "o i, k i r -> o k r")
+        lora_b = rearrange(w_u * coeffs[:, None, :, None], "b o k r -> b o (k r)")
+        lora_a = repeat(self.V, "k i r -> b (k r) i", b=coeffs.shape[0])
+        return lora_a, lora_b
+
+
+# which nn.Linear inside a Block reads the input of each site
+SITE_WEIGHTS = {
+    "attn_in": "attn.c_attn",
+    "attn_out": "attn.c_proj",
+    "mlp_in": "mlp.c_fc",
+    "mlp_out": "mlp.c_proj",
+}
