@@ -482,7 +482,7 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
         src = split[:, None] + torch.arange(m, device=idx.device)    # (b, m) source positions of the suffix
         valid = src < t                                              # padded slots are masked out below
         suffix, suffix_targets = _take_positions(idx, src), _take_positions(targets, src)
-        mask = valid if loss_mask is None else valid & loss_mask.bool().gather(1, src)
+        mask = valid if loss_mask is None else valid & _take_positions(loss_mask.bool(), src)
         return masked_loss(self.config, self._specialized(suffix, ytilde), suffix_targets, mask)
 
     def aux_logits(self, idx: torch.Tensor, split: int | torch.Tensor) -> torch.Tensor:

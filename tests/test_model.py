@@ -1,0 +1,381 @@
+"""Invariants of the core model: the algebra of specialisation, the one-way x/y coupling, causality,
+round trips, the KV cache and the errors on bad input."""
+import itertools
+
+import pytest
+import torch
+
+from cgt_viz import CGT, GPT, CGTConfig
+from cgt_viz.layers import SITE_WEIGHTS
+
+ALL_SITES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
+
+
+def make_cfg(mode="tokens", **kw):
+    base = dict(block_size=24, n_layer=4, d_x=32, n_head=4, d_y=16, n_head_y=2, y_layer=2,
+                n_templates=3, template_rank=2)
+    base.update({"vocab_size": 13} if mode == "tokens" else {"input_dim": 5, "output_dim": 3})
+    base.update(kw)
+    return CGTConfig(**base)
+
+
+def make_inputs(cfg, b=3, t=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if cfg.mode == "tokens":
+        return torch.randint(0, cfg.vocab_size, (b, t), generator=g)
+    return torch.randn(b, t, cfg.input_dim, generator=g)
+
+
+def make_targets(cfg, inp, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    if cfg.mode == "tokens":
+        return torch.randint(0, cfg.vocab_size, inp.shape, generator=g)
+    return torch.randn(*inp.shape[:2], cfg.out_dim, generator=g)
+
+
+def trained_like(cfg, seed=0):
+    """A CGT with random non-zero template coefficients (not T = I), in eval mode."""
+    torch.manual_seed(seed)
+    model = CGT(cfg).eval()
+    with torch.no_grad():
+        for temps in model.templates.values():
+            for t in temps.values():
+                t.coeff.weight.normal_(0, 0.5)
+                t.coeff.bias.normal_(0, 0.5)
+    return model
+
+
+# one parametrisation covering sites, K, r, ℓ and both input modes
+CASES = [
+    dict(mode="tokens", sites=("attn_in", "mlp_in"), n_templates=3, template_rank=2, y_layer=2),
+    dict(mode="tokens", sites=ALL_SITES, n_templates=1, template_rank=1, y_layer=1),
+    dict(mode="tokens", sites=("attn_out", "mlp_out"), n_templates=4, template_rank=3, y_layer=3),
+    dict(mode="vectors", sites=("attn_in", "mlp_out"), n_templates=2, template_rank=1, y_layer=2),
+    dict(mode="tokens", sites=("mlp_in",), n_templates=2, template_rank=2, y_layer=2, y_reads="pre", y_pos=False),
+]
+IDS = [f"{c['mode']}-{'+'.join(c['sites'])}-K{c['n_templates']}-r{c['template_rank']}-l{c['y_layer']}" for c in CASES]
+
+
+@pytest.fixture(params=CASES, ids=IDS)
+def cfg(request):
+    case = dict(request.param)
+    return make_cfg(case.pop("mode"), **case)
+
+
+def test_merged_equals_unmerged_equals_aux_path(cfg):
+    model = trained_like(cfg)
+    seq = make_inputs(cfg, b=1, t=14)
+    s = 6
+    prompt, rest = seq[:, :s], seq[:, s:]
+    ybar = model.context(prompt)[:, -1]
+    merged = model.specialize(prompt)(rest)
+    unmerged = model.forward_specialized(rest, ybar)
+    aux = model.aux_logits(seq, s)
+    assert isinstance(model.specialize(prompt), GPT)
+    torch.testing.assert_close(merged, unmerged, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(aux, unmerged, atol=1e-5, rtol=1e-4)
+    # and the specialisation really does something: it differs from the no-context model
+    assert (unmerged - model.x_only()(rest)).abs().max() > 1e-3
+
+
+def test_batched_specialize_matches_single_prompts(cfg):
+    model = trained_like(cfg)
+    prompts = make_inputs(cfg, b=3, t=7)
+    rest = make_inputs(cfg, b=1, t=5, seed=3)
+    specs = model.specialize(prompts)
+    assert isinstance(specs, list) and len(specs) == 3
+    for i, spec in enumerate(specs):
+        torch.testing.assert_close(spec(rest), model.specialize(prompts[i])(rest), atol=1e-5, rtol=1e-4)
+    # a list of prompts of different lengths
+    specs = model.specialize([prompts[0, :3], prompts[1]])
+    torch.testing.assert_close(specs[0](rest), model.specialize(prompts[0:1, :3])(rest), atol=1e-5, rtol=1e-4)
+
+
+def test_aux_path_with_different_splits_per_row(cfg):
+    model = trained_like(cfg)
+    seq = make_inputs(cfg, b=3, t=12)
+    splits = torch.tensor([3, 7, 10])
+    aux = model.aux_logits(seq, splits)
+    for i, s in enumerate(splits.tolist()):
+        ybar = model.context(seq[i:i + 1, :s])[:, -1]
+        want = model.forward_specialized(seq[i:i + 1, s:], ybar)
+        torch.testing.assert_close(aux[i:i + 1, : 12 - s], want, atol=1e-5, rtol=1e-4)
+
+
+def test_lora_factors_reproduce_the_merged_weights(cfg):
+    model = trained_like(cfg)
+    ybar = torch.randn(2, cfg.d_y)
+    factors = model.lora_factors(ybar)
+    assert set(factors) == {f"blocks.{l - 1}.{SITE_WEIGHTS[s]}.weight" for l, s in model.template_sites}
+    spec = model.merged_gpt(ybar[1])
+    for name, (a, b) in factors.items():
+        w = model.gpt.get_parameter(name)
+        assert a.shape[:2] == (2, cfg.n_templates * cfg.template_rank) and b.shape[0] == 2
+        assert torch.linalg.matrix_rank(b[1] @ a[1]) <= cfg.n_templates * cfg.template_rank
+        torch.testing.assert_close(spec.get_parameter(name), w + b[1] @ a[1])
+    single = model.lora_factors(ybar[0])
+    name = next(iter(single))
+    torch.testing.assert_close(single[name][1], factors[name][1][0])
+
+
+def test_x_below_ell_does_not_see_y(cfg):
+    model = trained_like(cfg)
+    inp = make_inputs(cfg)
+    _, before = model.run_with_cache(inp)
+    with torch.no_grad():  # perturb every y parameter (and the templates' inputs come from y)
+        for mod in [model.y_embed, model.y_blocks, model.ln_y] + ([model.y_wpe] if model.y_wpe is not None else []):
+            for p in mod.parameters():
+                p.add_(torch.randn_like(p))
+    _, after = model.run_with_cache(inp)
+    for n in range(cfg.y_layer + 1):
+        assert torch.equal(before[f"x.{n}"], after[f"x.{n}"]), f"x.{n} changed when y changed"
+    assert not torch.allclose(before["ybar"], after["ybar"])
+    assert not torch.allclose(before[f"x.{cfg.n_layer}"], after[f"x.{cfg.n_layer}"])
+    # and x below ℓ is bit-identical to the plain GPT's
+    gpt = model.x_only()
+    x = gpt.embed_inputs(inp)
+    for n in range(cfg.y_layer):
+        x = gpt.blocks[n](x)
+        assert torch.equal(x, after[f"x.{n + 1}"])
+
+
+def test_init_is_identity(cfg):
+    torch.manual_seed(0)
+    model = CGT(cfg).eval()
+    inp = make_inputs(cfg)
+    torch.testing.assert_close(model(inp), model.x_only()(inp), atol=0, rtol=0)
+    torch.testing.assert_close(model.specialize(inp[0])(inp), model.x_only()(inp), atol=0, rtol=0)
+
+
+def test_causality(cfg):
+    model = trained_like(cfg)
+    inp = make_inputs(cfg, b=2, t=10)
+    t = 5
+    changed = inp.clone()
+    if cfg.mode == "tokens":
+        changed[:, t + 1:] = (changed[:, t + 1:] + 1) % cfg.vocab_size
+    else:
+        changed[:, t + 1:] += 1.0
+    torch.testing.assert_close(model(inp)[:, : t + 1], model(changed)[:, : t + 1])
+    torch.testing.assert_close(model.context(inp)[:, : t + 1], model.context(changed)[:, : t + 1])
+    assert not torch.allclose(model(inp)[:, t + 1:], model(changed)[:, t + 1:])
+
+
+def test_cache_names_and_shapes(cfg):
+    model = trained_like(cfg)
+    inp = make_inputs(cfg, b=2, t=9)
+    logits, cache = model.run_with_cache(inp)
+    assert sorted(cache) == sorted(model.cache_names())
+    assert cache["ybar"].shape == (2, 9, cfg.d_y)
+    assert logits.shape == (2, 9, cfg.out_dim)
+    for layer, site in model.template_sites:
+        assert cache[f"coeffs.{layer}.{site}"].shape == (2, 9, cfg.n_templates)
+    for n in range(cfg.n_layer + 1):
+        assert cache[f"x.{n}"].shape == (2, 9, cfg.d_x)
+    torch.testing.assert_close(cache["ybar"], model.context(inp))
+    torch.testing.assert_close(logits, model(inp))
+    coeffs = model.coefficients(cache["ybar"])
+    layer, site = model.template_sites[0]
+    torch.testing.assert_close(coeffs[f"{layer}.{site}"], cache[f"coeffs.{layer}.{site}"])
+
+
+def test_save_load_round_trip(cfg, tmp_path):
+    model = trained_like(cfg)
+    inp = make_inputs(cfg)
+    model.save_pretrained(tmp_path / "cgt")
+    loaded = CGT.from_pretrained(tmp_path / "cgt").eval()
+    assert loaded.config == model.config
+    torch.testing.assert_close(loaded(inp), model(inp), atol=0, rtol=0)
+    spec = model.specialize(inp[0, :5])
+    spec.save_pretrained(tmp_path / "spec")
+    spec2 = GPT.from_pretrained(tmp_path / "spec").eval()
+    torch.testing.assert_close(spec2(inp), spec(inp), atol=0, rtol=0)
+    with pytest.raises(ValueError, match="holds a GPT"):
+        CGT.from_pretrained(tmp_path / "spec")
+
+
+def test_losses(cfg):
+    model = trained_like(cfg).train()
+    inp = make_inputs(cfg, b=4, t=12)
+    tgt = make_targets(cfg, inp)
+    mask = torch.zeros(4, 12, dtype=torch.bool)
+    mask[:, 6:] = True
+    losses = model.loss(inp, tgt, mask, split=torch.tensor([2, 5, 8, 11]))
+    assert set(losses) == {"main", "aux", "smooth", "total"}
+    assert all(v.dim() == 0 and torch.isfinite(v) for v in losses.values())
+    expected_total = losses["main"] + cfg.w_aux * losses["aux"] + cfg.w_smooth * losses["smooth"]
+    torch.testing.assert_close(losses["total"], expected_total)
+    losses["total"].backward()
+    # the aux loss reaches the y stream (ỹ = ȳ_s keeps its gradient) and the templates
+    model.zero_grad()
+    model.loss(inp, tgt, mask, split=5)["aux"].backward()
+    assert model.y_blocks[0].attn.c_attn.weight.grad.abs().sum() > 0
+    layer, site = model.template_sites[0]
+    assert model.templates[str(layer)][site].coeff.weight.grad.abs().sum() > 0
+
+
+def test_aux_loss_matches_specialised_model_by_hand():
+    cfg = make_cfg(w_aux=1.0)
+    model = trained_like(cfg)
+    inp = make_inputs(cfg, b=2, t=10)
+    tgt = make_targets(cfg, inp)
+    splits = torch.tensor([3, 6])
+    aux = model.loss(inp, tgt, split=splits)["aux"]
+    total, count = 0.0, 0
+    for i, s in enumerate(splits.tolist()):
+        logits = model.specialize(inp[i, :s])(inp[i:i + 1, s:])
+        total += torch.nn.functional.cross_entropy(logits[0], tgt[i, s:], reduction="sum").item()
+        count += 10 - s
+    assert abs(aux.item() - total / count) < 1e-4
+
+
+def test_loss_mask_changes_main_loss():
+    cfg = make_cfg()
+    model = trained_like(cfg)
+    inp = make_inputs(cfg)
+    tgt = make_targets(cfg, inp)
+    mask = torch.zeros_like(inp, dtype=torch.bool)
+    mask[:, -1] = True
+    full = model.loss(inp, tgt)["main"]
+    last = model.loss(inp, tgt, mask)["main"]
+    logits = model(inp)
+    want = torch.nn.functional.cross_entropy(logits[:, -1], tgt[:, -1])
+    torch.testing.assert_close(last, want)
+    assert not torch.allclose(full, last)
+
+
+@pytest.mark.parametrize("smooth", ["l2", "vae"])
+def test_smoothness_term(smooth):
+    cfg = make_cfg(smooth=smooth, w_smooth=0.5)
+    model = trained_like(cfg).train()
+    inp = make_inputs(cfg)
+    tgt = make_targets(cfg, inp)
+    losses = model.loss(inp, tgt)
+    assert losses["smooth"] > 0
+    mu = model.context(inp)
+    if smooth == "l2":
+        want = (mu[:, 1:] - mu[:, :-1]).pow(2).sum(-1).mean()
+        torch.testing.assert_close(losses["smooth"], want)
+    else:
+        # training adds noise to ȳ: two passes differ; evaluation is deterministic
+        assert not torch.equal(model.loss(inp, tgt)["main"], model.loss(inp, tgt)["main"])
+        model.eval()
+        torch.testing.assert_close(model.loss(inp, tgt)["main"], model.loss(inp, tgt)["main"])
+        _, cache = model.run_with_cache(inp)
+        assert cache["ybar_sigma"].shape == cache["ybar"].shape and (cache["ybar_sigma"] > 0).all()
+
+
+def test_gpt_loss_has_the_same_keys():
+    cfg = make_cfg()
+    gpt = GPT(cfg)
+    inp = make_inputs(cfg)
+    losses = gpt.loss(inp, make_targets(cfg, inp))
+    assert set(losses) == {"main", "aux", "smooth", "total"}
+    torch.testing.assert_close(losses["total"], losses["main"])
+
+
+@pytest.mark.parametrize("cls", [CGT, GPT])
+def test_kv_cache_generate_matches_recomputation(cls):
+    cfg = make_cfg(block_size=32)
+    model = trained_like(cfg) if cls is CGT else GPT(cfg).eval()
+    prompt = make_inputs(cfg, b=2, t=5)
+    fast = model.generate(prompt, 12, temperature=0)
+    slow = model.generate(prompt, 12, temperature=0, use_cache=False)
+    assert fast.shape == (2, 17)
+    assert torch.equal(fast, slow)
+    assert torch.equal(fast[:, :5], prompt)
+    # greedy = argmax of the full forward at every step
+    logits = model(fast[:, :-1])
+    assert torch.equal(logits[:, 4:].argmax(-1), fast[:, 5:])
+
+
+def test_specialised_model_generates_without_the_prompt():
+    cfg = make_cfg(block_size=32)
+    model = trained_like(cfg)
+    prompt = make_inputs(cfg, b=1, t=8)
+    spec = model.specialize(prompt)
+    start = prompt[:, -1:]
+    out = spec.generate(start, 6, temperature=0)
+    ybar = model.context(prompt)[:, -1]
+    logits = model.forward_specialized(out[:, :-1], ybar)
+    assert torch.equal(logits.argmax(-1), out[:, 1:])
+
+
+# ---------------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("kwargs, exc, words", [
+    (dict(y_layer=0), ValueError, "y_layer"),
+    (dict(y_layer=4), ValueError, "y_layer"),
+    (dict(d_y=15, n_head_y=2), ValueError, "d_y"),
+    (dict(d_x=30, n_head=4), ValueError, "d_x"),
+    (dict(sites=("attn_in", "bogus")), ValueError, "bogus"),
+    (dict(sites="attn_in"), TypeError, "sites"),
+    (dict(sites=()), ValueError, "sites"),
+    (dict(smooth="gauss"), ValueError, "smooth"),
+    (dict(y_reads="both"), ValueError, "y_reads"),
+    (dict(n_templates=0), ValueError, "n_templates"),
+    (dict(template_rank=1.5), TypeError, "template_rank"),
+    (dict(w_aux=-1.0), ValueError, "w_aux"),
+    (dict(vocab_size=None), ValueError, "vocab_size"),
+    (dict(input_dim=4), ValueError, "input_dim"),
+])
+def test_bad_config(kwargs, exc, words):
+    with pytest.raises(exc, match=words):
+        make_cfg(**kwargs)
+
+
+def test_bad_inputs():
+    cfg = make_cfg()
+    model = trained_like(cfg)
+    good = make_inputs(cfg)
+    cases = [
+        (good + cfg.vocab_size, ValueError, "idx.*0..12"),
+        (good - 20, ValueError, "idx.*0..12"),
+        (torch.zeros(1, cfg.block_size + 1, dtype=torch.long), ValueError, "block_size"),
+        (good.float(), TypeError, "idx.*dtype"),
+        (good[0], ValueError, r"idx.*\(batch, time\)"),
+        (torch.zeros(2, 0, dtype=torch.long), ValueError, "idx"),
+        (good.tolist(), TypeError, "idx.*Tensor"),
+    ]
+    for bad, exc, words in cases:
+        with pytest.raises(exc, match=words):
+            model(bad)
+    with pytest.raises(ValueError, match="prompt is empty"):
+        model.specialize(torch.zeros(0, dtype=torch.long))
+    with pytest.raises(ValueError, match="empty list"):
+        model.specialize([])
+    with pytest.raises(ValueError, match="prompt.*0..12"):
+        model.specialize(torch.tensor([1, 99]))
+    with pytest.raises(ValueError, match="ybar_vec.*d_y=16"):
+        model.forward_specialized(good, torch.zeros(3, 7))
+    with pytest.raises(ValueError, match="split must be in 1..11"):
+        model.loss(good, good, split=12)
+    with pytest.raises(ValueError, match="targets"):
+        model.loss(good, good[:, :-1])
+    with pytest.raises(ValueError, match="loss_mask"):
+        model.loss(good, good, loss_mask=torch.ones(3, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="block_size"):
+        model.generate(good, cfg.block_size)
+    vec = trained_like(make_cfg("vectors"))
+    with pytest.raises(ValueError, match="input_dim=5"):
+        vec(torch.randn(2, 4, 6))
+    with pytest.raises(ValueError, match="NaN"):
+        vec(torch.full((2, 4, 5), float("nan")))
+    with pytest.raises(ValueError, match="vectors mode"):
+        vec.generate(torch.randn(1, 3, 5), 2)
+
+
+def test_from_pretrained_rejects_damaged_files(tmp_path):
+    cfg = make_cfg()
+    model = trained_like(cfg)
+    path = model.save_pretrained(tmp_path / "m")
+    weights = path / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="safetensors"):
+        CGT.from_pretrained(path)
+    (path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="JSON"):
+        CGT.from_pretrained(path)
+    with pytest.raises(FileNotFoundError):
+        CGT.from_pretrained(tmp_path / "nope")
