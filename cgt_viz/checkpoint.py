@@ -1,0 +1,237 @@
+"""Training checkpoints: one folder per saved step, written so that no crash can lose the last good one.
+
+Layout of `checkpoint_dir`:
+
+    latest                      JSON {"step": k, "dir": "step-0000000k"}: the newest complete checkpoint
+    step-0000000k/
+        model.safetensors       the model's state_dict
+        train_state.safetensors optimizer tensors ("optim.<param index>.<name>") and RNG states ("rng.<name>")
+        history.json            the run's history up to step k
+        state.json              written last: step, run identity, optimizer groups, non-tensor state,
+                                sha256 of the three files above
+
+How a save stays atomic: every file goes into a hidden temporary folder, which is renamed to
+`step-…` only once complete; `latest` is then replaced in one rename; only after that are the oldest
+folders deleted. A crash at any point leaves `latest` naming a complete folder. Loading verifies the
+checksums, so a truncated or tampered file is rejected with a message naming it. Nothing here
+unpickles: tensors come from safetensors, the rest from JSON.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import re
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .io import load_tensors, read_json, save_tensors, write_json
+
+FORMAT = "cgt_viz.checkpoint/1"
+LATEST = "latest"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+_FILES = ("model.safetensors", "train_state.safetensors", "history.json")
+
+
+@dataclass
+class Checkpoint:
+    """What `load_checkpoint` returns; tensors are on the CPU."""
+
+    path: Path
+    step: int
+    run: dict[str, Any]                       # the identity of the run that wrote it (config, task, lr, ...)
+    model_state: dict[str, torch.Tensor]
+    optimizer_state: dict[str, Any]           # ready for optimizer.load_state_dict
+    rng: dict[str, Any]                       # see capture_rng / restore_rng
+    history: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------- RNG
+def capture_rng(generators: dict[str, torch.Generator]) -> dict[str, Any]:
+    """Every random state a training step touches: torch CPU/CUDA, Python, NumPy, and named generators."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(),
+                             "python": random.getstate(),
+                             "numpy": np.random.get_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    state["generators"] = {name: g.get_state() for name, g in generators.items()}
+    return state
+
+
+def restore_rng(state: dict[str, Any], generators: dict[str, torch.Generator]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        cuda_states = state["cuda"][:torch.cuda.device_count()]
+        for i, s in enumerate(cuda_states):
+            torch.cuda.set_rng_state(s, i)
+    for name, g in generators.items():
+        if name in state["generators"]:
+            g.set_state(state["generators"][name])
+
+
+def _rng_to_tensors(rng: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split RNG states into tensors (safetensors) and JSON-able parts."""
+    tensors = {"rng.torch": rng["torch"]}
+    for i, s in enumerate(rng.get("cuda", [])):
+        tensors[f"rng.cuda.{i}"] = s
+    for name, s in rng["generators"].items():
+        tensors[f"rng.gen.{name}"] = s
+    kind, keys, pos, has_gauss, cached = rng["numpy"]
+    tensors["rng.numpy"] = torch.from_numpy(np.asarray(keys, dtype=np.uint32).view(np.int32).copy())
+    version, internal, gauss = rng["python"]
+    meta = {"numpy": [kind, int(pos), int(has_gauss), float(cached)],
+            "python": [version, list(internal), gauss],
+            "n_cuda": len(rng.get("cuda", [])),
+            "generators": sorted(rng["generators"])}
+    return tensors, meta
+
+
+def _rng_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    kind, pos, has_gauss, cached = meta["numpy"]
+    keys = tensors["rng.numpy"].numpy().view(np.uint32)
+    version, internal, gauss = meta["python"]
+    rng = {"torch": tensors["rng.torch"],
+           "numpy": (kind, keys, pos, has_gauss, cached),
+           "python": (version, tuple(internal), gauss),
+           "generators": {name: tensors[f"rng.gen.{name}"] for name in meta["generators"]}}
+    if meta["n_cuda"]:
+        rng["cuda"] = [tensors[f"rng.cuda.{i}"] for i in range(meta["n_cuda"])]
+    return rng
+
+
+# ---------------------------------------------------------------------------------------- optimizer
+def _optimizer_to_tensors(opt_state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """torch optimizer state_dict -> tensors "optim.<index>.<name>" + JSON (groups, non-tensor values)."""
+    tensors, scalars = {}, {}
+    for index, per_param in opt_state["state"].items():
+        for name, value in per_param.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"optim.{index}.{name}"] = value
+            else:
+                scalars[f"{index}.{name}"] = value
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in opt_state["param_groups"]]
+    return tensors, {"param_groups": groups, "scalars": scalars}
+
+
+def _optimizer_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        if key.startswith("optim."):
+            _, index, name = key.split(".", 2)
+            state.setdefault(int(index), {})[name] = value
+    for key, value in meta["scalars"].items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in meta["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+# ------------------------------------------------------------------------------------------- saving
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def save_checkpoint(checkpoint_dir: str | os.PathLike, step: int, run: dict[str, Any], model_state: dict[str, torch.Tensor],
+                    optimizer_state: dict[str, Any], rng: dict[str, Any], history: dict[str, Any],
+                    keep: int = 2, extra: dict[str, Any] | None = None) -> Path:
+    """Write one checkpoint folder atomically, point `latest` at it, keep the newest `keep` folders."""
+    root = Path(checkpoint_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / step_dir_name(step)
+    tmp = root / f".tmp-{step_dir_name(step)}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        save_tensors(tmp / "model.safetensors", model_state)
+        opt_tensors, opt_meta = _optimizer_to_tensors(optimizer_state)
+        rng_tensors, rng_meta = _rng_to_tensors(rng)
+        save_tensors(tmp / "train_state.safetensors", {**opt_tensors, **rng_tensors})
+        write_json(tmp / "history.json", history)
+        write_json(tmp / "state.json", {
+            "format": FORMAT, "step": step, "run": run, "optimizer": opt_meta, "rng": rng_meta,
+            "extra": extra or {}, "sha256": {name: _sha256(tmp / name) for name in _FILES}})
+        if final.exists():  # re-saving a step (after a resume): move the old one aside, never delete first
+            aside = root / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
+            os.replace(final, aside)
+            os.replace(tmp, final)
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    write_json(root / LATEST, {"step": step, "dir": final.name})
+    for old in list_checkpoints(root)[:-keep] if keep > 0 else []:
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+# ------------------------------------------------------------------------------------------ loading
+def list_checkpoints(checkpoint_dir: str | os.PathLike) -> list[Path]:
+    """Complete-looking step folders (those with a state.json), oldest first."""
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and (p / "state.json").is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> Path | None:
+    """The folder `latest` names, else the newest step folder; None if there is no checkpoint at all."""
+    root = Path(checkpoint_dir)
+    pointer = root / LATEST
+    if pointer.is_file():
+        try:
+            target = root / read_json(pointer)["dir"]
+        except (ValueError, KeyError, TypeError):
+            target = None
+        if target is not None and (target / "state.json").is_file():
+            return target
+    found = list_checkpoints(root)
+    return found[-1] if found else None
+
+
+def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """Read and verify a step folder, or the latest checkpoint of a checkpoint_dir.
+
+    Raises FileNotFoundError when there is none, ValueError when a file is truncated, tampered or not ours.
+    """
+    path = Path(path)
+    if not (path / "state.json").is_file():
+        found = latest_checkpoint(path)
+        if found is None:
+            raise FileNotFoundError(f"no checkpoint in {str(path)!r} (expected a 'latest' file or step-* folders)")
+        path = found
+    state = read_json(path / "state.json")
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise ValueError(f"{str(path / 'state.json')!r} is not a cgt_viz checkpoint (format {FORMAT!r} expected)")
+    for name in _FILES:
+        file = path / name
+        if not file.is_file():
+            raise ValueError(f"checkpoint {str(path)!r} is incomplete: {name} is missing")
+        if _sha256(file) != state["sha256"][name]:
+            raise ValueError(f"checkpoint file {str(file)!r} does not match its checksum (truncated or tampered); "
+                             f"refusing to load it")
+    train_state = load_tensors(path / "train_state.safetensors")
+    return Checkpoint(path=path, step=int(state["step"]), run=state["run"],
+                      model_state=load_tensors(path / "model.safetensors"),
+                      optimizer_state=_optimizer_from_tensors(train_state, state["optimizer"]),
+                      rng=_rng_from_tensors(train_state, state["rng"]),
+                      history=read_json(path / "history.json"), extra=state.get("extra", {}))

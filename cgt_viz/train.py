@@ -1,0 +1,492 @@
+"""The training loop: AdamW, warm-up + cosine schedule, clipping, evaluation, callbacks, checkpoints, DDP.
+
+    model, history = train(model, task, steps=2000, batch_size=32, lr=1e-3)
+
+One entry point serves a notebook, the CLI and `torchrun --nproc_per_node N` (DDP, gloo on CPU, nccl on
+CUDA). Choices worth knowing:
+
+* Step numbers count *completed* optimizer steps: the first step dict has step=1, a checkpoint at step k
+  holds the state after k updates, and resuming from it continues with update k+1.
+* Randomness comes from named streams so that a run is a pure function of `seed`: batches are drawn with
+  a torch.Generator seeded from `seed`, auxiliary splits with another, evaluation with fixed ones (so
+  evaluating never changes the training trajectory), and the global torch RNG (dropout, VAE noise) is
+  seeded with `seed + rank`. All of them go into each checkpoint, so resuming from step k reproduces the
+  uninterrupted run bit for bit on the CPU.
+* Distributed: every rank draws the *whole* global batch from the shared generator and keeps its own
+  contiguous slice of `batch_size // world_size` rows. The data (and aux splits) are therefore exactly
+  those of a single-process run with the same seed and batch_size, whatever the number of ranks.
+  Gradients are synchronised by DDP. DDP hooks its all-reduce into `forward()`, but our training call is
+  `model.loss(...)`; so the model is wrapped in `_LossForward`, a two-line module whose forward *is*
+  `model.loss`, and DDP wraps that. (All-reducing gradients by hand would also work, but gives up DDP's
+  overlap of communication with the backward pass.) Only rank 0 evaluates, logs, calls callbacks and
+  writes checkpoints.
+* NaN/inf in any loss term or in the gradient norm stops training *before* the update with
+  `TrainingDiverged` (naming the step and the term); the model keeps its last good weights and the
+  checkpoint folder is left alone.
+* Ctrl-C (SIGINT, also SIGTERM) is caught between steps: the step in flight finishes, a checkpoint of
+  it is written (when checkpoint_dir is set), and `train` **returns normally** with
+  `history.interrupted = True` — so in a notebook `model, history = train(...)` still assigns both and
+  the model is never half-updated. A second Ctrl-C while the step finishes raises KeyboardInterrupt at once.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
+from .tasks.base import Batch, Task
+
+LOSS_TERMS = ("main", "aux", "smooth", "total")
+# offsets that separate the random streams derived from one seed
+_SPLIT_STREAM, _VAL_STREAM, _VAL_SPLIT_STREAM = 1_000_003, 2_000_029, 3_000_017
+
+
+class TrainingDiverged(RuntimeError):
+    """A loss term or the gradient norm became NaN/inf; the model holds the weights of the last good step."""
+
+    def __init__(self, step: int, term: str, value: float, history: "TrainHistory", checkpoint: Path | None):
+        self.step, self.term, self.value, self.history, self.checkpoint = step, term, value, history, checkpoint
+        kept = (f"the last good checkpoint is {str(checkpoint)!r}" if checkpoint is not None
+                else "no checkpoint was written")
+        super().__init__(f"training diverged at step {step}: the {term} loss is {value} "
+                         f"(no update was applied; {kept}). Try a lower lr, a longer warmup or grad_clip.")
+
+
+@dataclass
+class TrainHistory:
+    """Per-step losses (one entry per completed step) and a list of evaluation dicts.
+
+    `history.to_dataframe()` gives one row per step; `history.evals_dataframe()` one row per evaluation.
+    """
+
+    step: list[int] = field(default_factory=list)
+    main: list[float] = field(default_factory=list)
+    aux: list[float] = field(default_factory=list)
+    smooth: list[float] = field(default_factory=list)
+    total: list[float] = field(default_factory=list)
+    lr: list[float] = field(default_factory=list)
+    grad_norm: list[float] = field(default_factory=list)
+    evals: list[dict[str, float]] = field(default_factory=list)
+    interrupted: bool = False
+    seconds: float = 0.0
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def __getitem__(self, key: str):
+        return getattr(self, key)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainHistory":
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+    def to_dataframe(self):
+        import pandas as pd
+        cols = ("step", "main", "aux", "smooth", "total", "lr", "grad_norm")
+        return pd.DataFrame({c: getattr(self, c) for c in cols})
+
+    def evals_dataframe(self):
+        import pandas as pd
+        return pd.DataFrame(self.evals)
+
+
+# ---------------------------------------------------------------------------------------------- pieces
+def lr_at(step: int, steps: int, lr: float, warmup: int, min_lr_ratio: float) -> float:
+    """Learning rate for update number `step` (0-based): linear warm-up to lr, then cosine to lr·min_lr_ratio."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """"auto" -> cuda > mps > cpu; anything else is checked to exist."""
+    if isinstance(device, torch.device):
+        return device
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a str or torch.device, got {type(device).__name__} {device!r}")
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but CUDA is not available here; use device='auto' or 'cpu'")
+    return dev
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: matrices decay; biases, LayerNorm weights (all 1-D) and embedding tables do not."""
+    embedding_params = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.dim() < 2 or id(p) in embedding_params else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class _LossForward(nn.Module):
+    """DDP synchronises gradients of what runs through forward(); this makes forward() be model.loss."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs, targets, loss_mask, split):
+        return self.model.loss(inputs, targets, loss_mask, split=split)
+
+
+def _shard(batch: Batch, split: torch.Tensor | None, lo: int, hi: int) -> tuple[Batch, torch.Tensor | None]:
+    """Rows lo:hi of a batch (every tensor whose leading dim is the batch size)."""
+    b = batch.inputs.shape[0]
+    cut = lambda v: v[lo:hi] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == b else v
+    return (Batch(cut(batch.inputs), cut(batch.targets), cut(batch.loss_mask), cut(batch.split),
+                  {k: cut(v) for k, v in batch.info.items()}), cut(split))
+
+
+def _draw_split(model: nn.Module, batch: Batch, generator: torch.Generator, always: bool) -> torch.Tensor | None:
+    """The auxiliary split per row: the task's, else sampled here (so DDP shards match one process)."""
+    if batch.split is not None:
+        return batch.split
+    sample = getattr(model, "sample_split", None)
+    if sample is None or not (always or model.config.w_aux > 0):
+        return None
+    return sample(batch.inputs.shape[0], batch.inputs.shape[1], generator=generator, device=batch.inputs.device)
+
+
+def _json_safe(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, default=str))
+
+
+def task_identity(task: Task) -> dict[str, Any]:
+    """What identifies a task for the resume check: its class, name and the config fields it fixes."""
+    ident: dict[str, Any] = {"class": f"{type(task).__module__}.{type(task).__qualname__}",
+                             "name": getattr(task, "name", None)}
+    try:
+        ident["config_kwargs"] = _json_safe(task.config_kwargs())
+    except NotImplementedError:
+        pass
+    return ident
+
+
+def _differences(saved: Any, now: Any, prefix: str = "") -> list[str]:
+    if isinstance(saved, dict) and isinstance(now, dict):
+        out = []
+        for key in sorted(set(saved) | set(now), key=str):
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if key not in saved or key not in now:
+                out.append(f"{name} (checkpoint {saved.get(key, '<absent>')!r}, now {now.get(key, '<absent>')!r})")
+            else:
+                out.extend(_differences(saved[key], now[key], name))
+        return out
+    return [] if saved == now else [f"{prefix} (checkpoint {saved!r}, now {now!r})"]
+
+
+def _check_positive(name: str, value: Any, kind: type) -> None:
+    ok_type = (int,) if kind is int else (int, float)
+    if isinstance(value, bool) or not isinstance(value, ok_type):
+        raise TypeError(f"{name} must be {'an int' if kind is int else 'a number'} > 0, got {type(value).__name__} {value!r}")
+    if not value > 0 or (kind is float and not math.isfinite(value)):
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+class _StopFlag:
+    """Turns the first SIGINT/SIGTERM into a flag checked between steps; a second one raises at once."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        return False
+
+
+# ------------------------------------------------------------------------------------------------ train
+def train(model: nn.Module, task: Task, steps: int, batch_size: int, lr: float = 1e-3, *,
+          warmup: int | None = None, min_lr_ratio: float = 0.1, weight_decay: float = 0.01,
+          betas: tuple[float, float] = (0.9, 0.999), grad_clip: float | None = 1.0,
+          eval_every: int | None = None, eval_batches: int = 4,
+          eval_fn: Callable[[nn.Module, int], dict[str, float]] | None = None,
+          callbacks: Iterable[Callable[[dict], None]] = (), seed: int = 0, device: str | torch.device = "auto",
+          amp: bool = True, compile: bool = False, checkpoint_dir: str | os.PathLike | None = None,
+          checkpoint_every: int | None = None, keep_checkpoints: int = 2, resume: bool = False,
+          progress: bool = True) -> tuple[nn.Module, TrainHistory]:
+    """Train `model` (CGT or GPT) on batches of `task`; returns (model, history). The model is trained in place.
+
+    steps           number of optimizer updates in the whole run (a resumed run continues up to it)
+    batch_size      global batch: sequences per update over all ranks (each rank gets batch_size // world)
+    lr              peak learning rate; `warmup` updates of linear warm-up (default min(100, steps // 10)),
+                    then cosine decay to lr · min_lr_ratio at the last step
+    weight_decay    AdamW decay for matrices (not biases, LayerNorms, embedding tables)
+    grad_clip       max global gradient norm (None: no clipping)
+    eval_every      evaluate every so many steps and at the last (default steps // 20; 0 = never): the mean
+                    "val_main", "val_aux", "val_total" over `eval_batches` fixed validation batches of
+                    batch_size, plus whatever eval_fn(model, step) returns
+    callbacks       functions called with plain dicts: {"kind": "step", "step", "main", "aux", "smooth",
+                    "total", "lr"}, {"kind": "eval", "step", <metric>: float, ...}, {"kind": "end", "step"}
+    seed            seeds the batch, split and global torch streams (see the module docstring)
+    device          "auto" (cuda > mps > cpu), "cpu", "cuda", "cuda:N", "mps"; the model is moved there
+    amp             bf16 autocast on CUDA (ignored elsewhere)
+    compile         torch.compile the training forward
+    checkpoint_dir  folder for checkpoints (see cgt_viz.checkpoint), written every `checkpoint_every` steps
+                    (default steps // 10), at the last step and on Ctrl-C; the newest `keep_checkpoints` stay
+    resume          continue from the latest checkpoint in checkpoint_dir (a fresh start if there is none);
+                    the checkpoint must come from the same model config, task and hyper-parameters
+                    (`steps` may differ). Without resume, a checkpoint_dir that holds a checkpoint is an error.
+    """
+    # ---------------------------------------------------------------- arguments
+    if not isinstance(model, nn.Module) or not callable(getattr(model, "loss", None)):
+        raise TypeError(f"model must be a cgt_viz CGT or GPT (an nn.Module with .loss), got {type(model).__name__}")
+    if not isinstance(task, Task):
+        raise TypeError(f"task must be a cgt_viz.tasks.base.Task (e.g. make_task('icl')), got {type(task).__name__}")
+    _check_positive("steps", steps, int)
+    _check_positive("batch_size", batch_size, int)
+    _check_positive("lr", lr, float)
+    warmup = min(100, steps // 10) if warmup is None else warmup
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0 (number of updates), got {warmup!r}")
+    if not (isinstance(min_lr_ratio, (int, float)) and 0 <= min_lr_ratio <= 1):
+        raise ValueError(f"min_lr_ratio must be a number in [0, 1], got {min_lr_ratio!r}")
+    if not (isinstance(weight_decay, (int, float)) and weight_decay >= 0):
+        raise ValueError(f"weight_decay must be a number >= 0, got {weight_decay!r}")
+    if grad_clip is not None:
+        _check_positive("grad_clip", grad_clip, float)
+    eval_every = max(1, steps // 20) if eval_every is None else eval_every
+    if isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 0:
+        raise ValueError(f"eval_every must be an int >= 0 (0 = never), got {eval_every!r}")
+    _check_positive("eval_batches", eval_batches, int)
+    checkpoint_every = max(1, steps // 10) if checkpoint_every is None else checkpoint_every
+    _check_positive("checkpoint_every", checkpoint_every, int)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    callbacks = list(callbacks)
+    for fn in callbacks:
+        if not callable(fn):
+            raise TypeError(f"callbacks must be callables taking one dict, got {type(fn).__name__}")
+    if eval_fn is not None and not callable(eval_fn):
+        raise TypeError(f"eval_fn must be a callable (model, step) -> dict, got {type(eval_fn).__name__}")
+    if resume and checkpoint_dir is None:
+        raise ValueError("resume=True needs checkpoint_dir (the folder to resume from)")
+
+    # ---------------------------------------------------------------- processes and device
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    own_group = False
+    if world > 1 and not dist.is_initialized():
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        dev = resolve_device(device)
+        if dev.type == "cuda":
+            dev = torch.device("cuda", local_rank)
+            torch.cuda.set_device(dev)
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+        own_group = True
+    else:
+        dev = resolve_device(device)
+    distributed = dist.is_initialized() and dist.get_world_size() > 1
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    try:
+        return _run(**locals())
+    finally:
+        if own_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _run(*, model, task, steps, batch_size, lr, warmup, min_lr_ratio, weight_decay, betas, grad_clip, eval_every,
+         eval_batches, eval_fn, callbacks, seed, amp, compile, checkpoint_dir, checkpoint_every, keep_checkpoints,
+         resume, progress, dev, distributed, rank, world, **_unused) -> tuple[nn.Module, TrainHistory]:
+    if batch_size % world:
+        raise ValueError(f"batch_size must be divisible by the number of ranks ({world}), got {batch_size}")
+    lo, hi = rank * (batch_size // world), (rank + 1) * (batch_size // world)
+    is_main = rank == 0
+    was_training = model.training
+    model.to(dev)
+    model.train()
+    optimizer = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas))
+    generators = {"batch": torch.Generator().manual_seed(seed),
+                  "split": torch.Generator().manual_seed(seed + _SPLIT_STREAM)}
+    run_id = _json_safe({"model_class": type(model).__name__, "config": model.config.to_dict(),
+                         "task": task_identity(task), "batch_size": batch_size, "lr": lr, "warmup": warmup,
+                         "min_lr_ratio": min_lr_ratio, "weight_decay": weight_decay, "betas": list(betas),
+                         "grad_clip": grad_clip, "seed": seed})
+
+    # ---------------------------------------------------------------- fresh start or resume
+    history, start = TrainHistory(), 0
+    found = latest_checkpoint(checkpoint_dir) if checkpoint_dir is not None else None
+    if found is not None and not resume:
+        raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} already holds a checkpoint ({found.name}); "
+                         f"pass resume=True to continue it, or choose another checkpoint_dir")
+    if found is not None:
+        ckpt = load_checkpoint(found)
+        diff = _differences({k: v for k, v in ckpt.run.items() if k != "steps"}, run_id)
+        if diff:
+            raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} was written by a different run; it differs in: "
+                             + "; ".join(diff[:8]) + ". Use a new checkpoint_dir, or the settings of that run.")
+        model.load_state_dict({k: v.to(dev) for k, v in ckpt.model_state.items()})
+        optimizer.load_state_dict(ckpt.optimizer_state)
+        restore_rng(ckpt.rng, generators)
+        if rank > 0:  # rank 0 wrote the checkpoint; the other ranks need their own dropout/noise stream
+            torch.manual_seed(seed + rank + ckpt.step * world)
+        history, start = TrainHistory.from_dict(ckpt.history), ckpt.step
+    else:
+        torch.manual_seed(seed + rank)
+        random.seed(seed + rank)
+        np.random.seed(seed + rank)
+    last_ckpt: Path | None = found
+
+    # ---------------------------------------------------------------- the step function
+    loss_module: nn.Module = _LossForward(model)
+    if distributed:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        loss_module = DDP(loss_module, device_ids=[dev.index] if dev.type == "cuda" else None)
+    if compile:
+        loss_module = torch.compile(loss_module)
+    use_amp = amp and dev.type == "cuda"
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if use_amp else contextlib.nullcontext
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def emit(event: dict) -> None:
+        for fn in callbacks:
+            fn(event)
+
+    def save(step: int) -> Path | None:
+        nonlocal last_ckpt
+        if checkpoint_dir is None or not is_main:
+            return last_ckpt
+        state = {k: v for k, v in model.state_dict().items()}
+        last_ckpt = save_checkpoint(checkpoint_dir, step, {**run_id, "steps": steps}, state, optimizer.state_dict(),
+                                    capture_rng(generators), history.to_dict(), keep=keep_checkpoints)
+        return last_ckpt
+
+    def evaluate(step: int) -> dict[str, float]:
+        # a fixed validation stream and a forked global RNG: evaluating never changes the training run
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+            val_gen = torch.Generator().manual_seed(seed + _VAL_STREAM)
+            val_split_gen = torch.Generator().manual_seed(seed + _VAL_SPLIT_STREAM)
+            model.eval()
+            sums = dict.fromkeys(("val_main", "val_aux", "val_total"), 0.0)
+            try:
+                with torch.no_grad(), autocast():
+                    for _ in range(eval_batches):
+                        batch = task.get_batch(batch_size, part="val", generator=val_gen, device=dev)
+                        split = _draw_split(model, batch, val_split_gen, always=True)
+                        out = model.loss(batch.inputs, batch.targets, batch.loss_mask, split=split)
+                        for name in ("main", "aux", "total"):
+                            sums[f"val_{name}"] += float(out[name]) / eval_batches
+                if not hasattr(model, "sample_split"):
+                    del sums["val_aux"]
+                metrics = {**sums, **(eval_fn(model, step) if eval_fn is not None else {})}
+            finally:
+                model.train()
+        return {"kind": "eval", "step": step, **{k: float(v) for k, v in metrics.items()}}
+
+    # ---------------------------------------------------------------- the loop
+    bar = None
+    if progress and is_main:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=steps, initial=start, desc="train", dynamic_ncols=True)
+    t0 = time.perf_counter() - history.seconds
+    step = start
+    try:
+        with _StopFlag() as stop:
+            while step < steps:
+                cur_lr = lr_at(step, steps, lr, warmup, min_lr_ratio)
+                for group in optimizer.param_groups:
+                    group["lr"] = cur_lr
+                batch = task.get_batch(batch_size, part="train", generator=generators["batch"], device=dev)
+                split = _draw_split(model, batch, generators["split"], always=False)
+                if distributed:
+                    batch, split = _shard(batch, split, lo, hi)
+                with autocast():
+                    out = loss_module(batch.inputs, batch.targets, batch.loss_mask, split)
+                out["total"].backward()
+                # one small all-reduce: the global-batch losses for logging, and whether any rank was interrupted
+                report = torch.stack([out[k].detach().float() for k in LOSS_TERMS]
+                                     + [torch.tensor(float(stop.requested), device=dev)])
+                if distributed:
+                    dist.all_reduce(report)
+                    report[:4] /= world
+                terms = dict(zip(LOSS_TERMS, report[:4].tolist()))
+                stop_now = report[4].item() > 0
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip else float("inf")))
+                bad = [(k, v) for k, v in terms.items() if not math.isfinite(v)]
+                if bad or not math.isfinite(grad_norm):
+                    optimizer.zero_grad(set_to_none=True)
+                    term, value = bad[0] if bad else ("gradient norm of the total", grad_norm)
+                    if is_main:
+                        emit({"kind": "end", "step": step})
+                    raise TrainingDiverged(step + 1, term, value, history, last_ckpt)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+
+                history.step.append(step)
+                for k in LOSS_TERMS:
+                    getattr(history, k).append(terms[k])
+                history.lr.append(cur_lr)
+                history.grad_norm.append(grad_norm)
+                history.seconds = time.perf_counter() - t0
+                if is_main:
+                    emit({"kind": "step", "step": step, **terms, "lr": cur_lr})
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(main=f"{terms['main']:.4g}", aux=f"{terms['aux']:.4g}", lr=f"{cur_lr:.2g}",
+                                        refresh=False)
+                    if eval_every and (step % eval_every == 0 or step == steps):
+                        event = evaluate(step)
+                        history.evals.append({k: v for k, v in event.items() if k != "kind"})
+                        emit(event)
+                        if bar is not None:
+                            bar.set_postfix(val_main=f"{event['val_main']:.4g}", refresh=False)
+                # single process: also honour a Ctrl-C that came during this step's callbacks or evaluation
+                stop_now = stop_now or (not distributed and stop.requested)
+                if step % checkpoint_every == 0 or step == steps or stop_now:
+                    save(step)
+                if stop_now:
+                    history.interrupted = True
+                    if bar is not None:
+                        bar.write(f"interrupted: stopped cleanly after step {step}"
+                                  + (f"; checkpoint in {str(last_ckpt)!r}" if last_ckpt is not None else ""))
+                    break
+    finally:
+        if bar is not None:
+            bar.close()
+        model.train(was_training)
+    if is_main:
+        emit({"kind": "end", "step": step})
+    return model, history
