@@ -1,0 +1,245 @@
+"""The trainer: learning, schedule, callbacks, determinism, exact resume, Ctrl-C, divergence, bad input."""
+from __future__ import annotations
+
+import math
+import os
+import signal
+
+import pytest
+import torch
+
+from cgt_viz import CGT, GPT, CGTConfig
+from cgt_viz.checkpoint import list_checkpoints, load_checkpoint
+from cgt_viz.tasks.base import Batch, Task
+from cgt_viz.train import TrainHistory, TrainingDiverged, lr_at, param_groups, resolve_device, train
+
+torch.set_num_threads(1)
+
+
+class TinyTask(Task):
+    """Pairs (u, (u + b) mod P) with a hidden shift b per row; answers use their own tokens P..2P−1."""
+
+    name = "tiny"
+
+    def __init__(self, P: int = 5, n_pairs: int = 5):
+        self.P, self.n_pairs = P, n_pairs
+
+    def config_kwargs(self):
+        return {"vocab_size": 2 * self.P, "block_size": 2 * self.n_pairs}
+
+    def get_batch(self, batch_size, part="train", generator=None, device="cpu"):
+        shift = torch.randint(0, self.P, (batch_size, 1), generator=generator)
+        u = torch.randint(0, self.P, (batch_size, self.n_pairs), generator=generator)
+        seq = torch.stack([u, (u + shift) % self.P + self.P], dim=-1).flatten(1)   # (b, n, 2) -> (b, 2n)
+        targets = torch.full_like(seq, -100)
+        targets[:, :-1] = seq[:, 1:]
+        mask = torch.zeros_like(seq, dtype=torch.bool)
+        mask[:, 0::2] = True
+        return Batch(seq, targets, mask, None, {"shift": shift[:, 0]}).to(device)
+
+
+class NaNRegression(Task):
+    """Vectors-mode regression whose targets turn NaN from the `nan_from`-th training batch on."""
+
+    name = "nan_regression"
+
+    def __init__(self, nan_from: int):
+        self.nan_from, self.calls = nan_from, 0
+
+    def config_kwargs(self):
+        return {"input_dim": 3, "block_size": 6}
+
+    def get_batch(self, batch_size, part="train", generator=None, device="cpu"):
+        x = torch.randn(batch_size, 6, 3, generator=generator)
+        y = x.flip(-1).clone()
+        if part == "train":
+            self.calls += 1
+            if self.calls >= self.nan_from:
+                y[0, 0, 0] = float("nan")
+        return Batch(x, y).to(device)
+
+
+def tiny_config(task: Task, **over) -> CGTConfig:
+    kw = dict(n_layer=2, d_x=16, n_head=2, d_y=8, n_head_y=1, y_layer=1, n_templates=2, mlp_ratio=2)
+    kw.update(over)
+    return CGTConfig(**task.config_kwargs(), **kw)
+
+
+def fresh(cfg: CGTConfig, cls=CGT, seed: int = 0):
+    torch.manual_seed(seed)
+    return cls(cfg)
+
+
+def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+QUIET = dict(progress=False, device="cpu")
+
+
+def interrupt_at(step: int):
+    """A callback that presses Ctrl-C (SIGINT to this process) right after `step` completes."""
+    def fn(event):
+        if event["kind"] == "step" and event["step"] == step:
+            os.kill(os.getpid(), signal.SIGINT)
+    return fn
+
+
+# ------------------------------------------------------------------------------------------ learning
+def test_training_lowers_the_loss_for_cgt_and_gpt():
+    task = TinyTask()
+    for cls in (CGT, GPT):
+        model, hist = train(fresh(tiny_config(task), cls), task, steps=40, batch_size=16, lr=1e-2, eval_every=0, **QUIET)
+        first, last = sum(hist.main[:5]) / 5, sum(hist.main[-5:]) / 5
+        assert last < first - 0.3, (cls.__name__, first, last)
+        assert len(hist) == 40 and hist.step == list(range(1, 41))
+        if cls is GPT:
+            assert set(hist.aux) == {0.0} and hist.main == hist.total
+
+
+def test_history_callbacks_and_schedule():
+    task, events = TinyTask(), []
+    extra = lambda model, step: {"probe": float(step) * 2}
+    model, hist = train(fresh(tiny_config(task, w_smooth=0.5)), task, steps=12, batch_size=4, lr=2e-3, warmup=3,
+                        min_lr_ratio=0.25, eval_every=5, eval_batches=2, eval_fn=extra, callbacks=[events.append], **QUIET)
+    steps = [e for e in events if e["kind"] == "step"]
+    evals = [e for e in events if e["kind"] == "eval"]
+    assert [e["step"] for e in steps] == list(range(1, 13))
+    assert set(steps[0]) == {"kind", "step", "main", "aux", "smooth", "total", "lr"}
+    assert all(type(e[k]) is float for e in steps for k in ("main", "aux", "smooth", "total", "lr"))   # plain floats
+    assert [e["step"] for e in evals] == [5, 10, 12]                      # every 5 and at the last step
+    assert {"val_main", "val_aux", "val_total", "probe"} <= set(evals[0]) and evals[1]["probe"] == 20.0
+    assert events[-1] == {"kind": "end", "step": 12}
+    # total = main + w_aux·aux + w_smooth·smooth, as the model defines it
+    for e in steps:
+        assert e["total"] == pytest.approx(e["main"] + 1.0 * e["aux"] + 0.5 * e["smooth"], rel=1e-5)
+    # schedule: linear warm-up to lr, then cosine down to lr·min_lr_ratio
+    assert hist.lr[:3] == pytest.approx([2e-3 / 3, 4e-3 / 3, 2e-3])
+    assert all(a >= b for a, b in zip(hist.lr[2:], hist.lr[3:]))
+    assert hist.lr[-1] == pytest.approx(lr_at(11, 12, 2e-3, 3, 0.25)) and hist.lr[-1] > 0.25 * 2e-3
+    assert lr_at(12, 12, 1.0, 3, 0.25) == pytest.approx(0.25)
+    df = hist.to_dataframe()
+    assert list(df.columns[:6]) == ["step", "main", "aux", "smooth", "total", "lr"] and len(df) == 12
+    assert len(hist.evals_dataframe()) == 3
+    assert TrainHistory.from_dict(hist.to_dict()) == hist
+
+
+def test_weight_decay_spares_biases_norms_and_embeddings():
+    model = CGT(tiny_config(TinyTask()))
+    decay, no_decay = param_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    ids = {id(p) for p in no_decay["params"]}
+    assert id(model.gpt.embed.weight) in ids and id(model.gpt.wpe.weight) in ids and id(model.y_embed.weight) in ids
+    assert id(model.gpt.ln_f.weight) in ids and id(model.gpt.blocks[0].attn.c_attn.bias) in ids
+    assert id(model.gpt.blocks[0].attn.c_attn.weight) in {id(p) for p in decay["params"]}
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_device_auto_prefers_cuda_then_mps_then_cpu():
+    want = "cuda" if torch.cuda.is_available() else (
+        "mps" if torch.backends.mps.is_available() else "cpu")
+    assert resolve_device("auto").type == want
+    with pytest.raises(ValueError, match="device"):
+        resolve_device("tpu")
+
+
+# ------------------------------------------------------------------------------------ determinism
+def test_same_seed_same_curve_and_eval_never_changes_the_run():
+    task = TinyTask()
+    cfg = tiny_config(task, dropout=0.1, smooth="vae", w_smooth=0.1)
+    a, ha = train(fresh(cfg), task, steps=8, batch_size=4, eval_every=0, **QUIET)
+    b, hb = train(fresh(cfg), task, steps=8, batch_size=4, eval_every=0, **QUIET)
+    c, hc = train(fresh(cfg), task, steps=8, batch_size=4, eval_every=1, **QUIET)
+    d, hd = train(fresh(cfg), task, steps=8, batch_size=4, eval_every=0, seed=1, **QUIET)
+    assert ha.total == hb.total and same_weights(a, b)
+    assert ha.total == hc.total and same_weights(a, c)     # evaluating (8 times) did not perturb training
+    assert ha.total != hd.total                             # the seed matters
+
+
+def test_resume_reproduces_the_uninterrupted_run_bit_for_bit(tmp_path):
+    """Train 2k steps straight vs k steps, Ctrl-C, resume: same losses, same weights (CGT with dropout + VAE noise)."""
+    task = TinyTask()
+    cfg = tiny_config(task, dropout=0.1, smooth="vae", w_smooth=0.1)
+    kw = dict(steps=12, batch_size=4, eval_every=4, **QUIET)
+    full, h_full = train(fresh(cfg), task, **kw)
+
+    part, h_part = train(fresh(cfg), task, checkpoint_dir=tmp_path, checkpoint_every=5, callbacks=[interrupt_at(6)], **kw)
+    assert h_part.interrupted and len(h_part) == 6                 # returned cleanly after step 6
+    assert load_checkpoint(tmp_path).step == 6                      # ... and checkpointed it
+    assert same_weights(part, _loaded(cfg, tmp_path))               # the model equals the checkpoint: not half-updated
+    assert part(torch.zeros(1, 4, dtype=torch.long)).isfinite().all()   # and usable
+
+    resumed, h_res = train(fresh(cfg, seed=123), task, checkpoint_dir=tmp_path, checkpoint_every=5, resume=True, **kw)
+    assert h_res.total == h_full.total and h_res.evals == h_full.evals and not h_res.interrupted
+    assert same_weights(resumed, full)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000010", "step-00000012"]   # keep=2
+
+
+def _loaded(cfg, path):
+    model = CGT(cfg)
+    model.load_state_dict(load_checkpoint(path).model_state)
+    return model
+
+
+def test_resume_from_a_different_run_is_a_clear_error(tmp_path):
+    task = TinyTask()
+    cfg = tiny_config(task)
+    train(fresh(cfg), task, steps=2, batch_size=4, eval_every=0, checkpoint_dir=tmp_path, **QUIET)
+    with pytest.raises(ValueError, match=r"different run.*config\.d_x"):
+        train(fresh(tiny_config(task, d_x=32)), task, steps=4, batch_size=4, checkpoint_dir=tmp_path, resume=True, **QUIET)
+    with pytest.raises(ValueError, match=r"different run.*\blr\b"):
+        train(fresh(cfg), task, steps=4, batch_size=4, lr=5e-3, checkpoint_dir=tmp_path, resume=True, **QUIET)
+    with pytest.raises(ValueError, match="model_class"):
+        train(fresh(cfg, GPT), task, steps=4, batch_size=4, checkpoint_dir=tmp_path, resume=True, **QUIET)
+    with pytest.raises(ValueError, match="resume=True"):                     # no silent overwrite either
+        train(fresh(cfg), task, steps=4, batch_size=4, checkpoint_dir=tmp_path, **QUIET)
+    # the same run may be extended (steps may differ)
+    _, hist = train(fresh(cfg), task, steps=3, batch_size=4, eval_every=0, checkpoint_dir=tmp_path, resume=True, **QUIET)
+    assert hist.step == [1, 2, 3]
+
+
+# --------------------------------------------------------------------------------------- divergence
+def test_nan_loss_stops_with_the_step_and_term_and_keeps_the_last_good_state(tmp_path):
+    task = NaNRegression(nan_from=5)
+    cfg = tiny_config(task)
+    model = fresh(cfg)
+    events = []
+    with pytest.raises(TrainingDiverged, match=r"step 5: the main loss is nan") as info:
+        train(model, task, steps=10, batch_size=4, eval_every=0, checkpoint_dir=tmp_path, checkpoint_every=2,
+              callbacks=[events.append], **QUIET)
+    err = info.value
+    assert err.step == 5 and err.term == "main" and len(err.history) == 4
+    assert load_checkpoint(tmp_path).step == 4 and err.checkpoint.name == "step-00000004"
+    assert same_weights(model, _loaded(cfg, tmp_path))   # step 5 applied no update
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert events[-1] == {"kind": "end", "step": 4}
+
+
+# ----------------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("name, value, exc", [
+    ("steps", 0, ValueError), ("steps", -3, ValueError), ("steps", 2.5, TypeError),
+    ("batch_size", 0, ValueError), ("batch_size", -1, ValueError),
+    ("lr", 0.0, ValueError), ("lr", -1e-3, ValueError), ("lr", float("nan"), ValueError),
+    ("warmup", -1, ValueError), ("min_lr_ratio", 1.5, ValueError), ("grad_clip", 0, ValueError),
+    ("eval_every", -1, ValueError), ("checkpoint_every", 0, ValueError), ("seed", -1, ValueError),
+    ("device", "tpu", ValueError), ("callbacks", [42], TypeError),
+])
+def test_bad_arguments_name_themselves(name, value, exc):
+    task = TinyTask()
+    kwargs = dict(steps=2, batch_size=2, lr=1e-3, **QUIET)
+    kwargs[name] = value
+    with pytest.raises(exc, match=name if name != "callbacks" else "callbacks") as info:
+        train(CGT(tiny_config(task)), task, **kwargs)
+    assert repr(value)[:4] in str(info.value) or name == "callbacks"
+
+
+def test_bad_model_task_and_resume_without_folder():
+    task = TinyTask()
+    with pytest.raises(TypeError, match="model"):
+        train(torch.nn.Linear(2, 2), task, 2, 2)
+    with pytest.raises(TypeError, match="task"):
+        train(CGT(tiny_config(task)), "icl", 2, 2)
+    with pytest.raises(ValueError, match="checkpoint_dir"):
+        train(CGT(tiny_config(task)), task, 2, 2, resume=True)
+    assert math.isfinite(lr_at(0, 1, 1e-3, 0, 0.1))
