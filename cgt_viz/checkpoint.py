@@ -155,6 +155,8 @@ def save_checkpoint(checkpoint_dir: str | os.PathLike, step: int, run: dict[str,
     root = Path(checkpoint_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / step_dir_name(step)
+    for stale in root.glob(".tmp-step-*"):  # debris of a save that was killed (there is only one writer)
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = root / f".tmp-{step_dir_name(step)}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:

@@ -193,17 +193,18 @@ def task_identity(task: Task) -> dict[str, Any]:
     return ident
 
 
-def _differences(saved: Any, now: Any, prefix: str = "") -> list[str]:
+def config_differences(saved: Any, now: Any, prefix: str = "", labels: tuple[str, str] = ("checkpoint", "now")) -> list[str]:
+    """Dotted names of the entries that differ between two nested dicts, with both values."""
     if isinstance(saved, dict) and isinstance(now, dict):
         out = []
         for key in sorted(set(saved) | set(now), key=str):
             name = f"{prefix}.{key}" if prefix else str(key)
             if key not in saved or key not in now:
-                out.append(f"{name} (checkpoint {saved.get(key, '<absent>')!r}, now {now.get(key, '<absent>')!r})")
+                out.append(f"{name} ({labels[0]} {saved.get(key, '<absent>')!r}, {labels[1]} {now.get(key, '<absent>')!r})")
             else:
-                out.extend(_differences(saved[key], now[key], name))
+                out.extend(config_differences(saved[key], now[key], name, labels))
         return out
-    return [] if saved == now else [f"{prefix} (checkpoint {saved!r}, now {now!r})"]
+    return [] if saved == now else [f"{prefix} ({labels[0]} {saved!r}, {labels[1]} {now!r})"]
 
 
 def _check_positive(name: str, value: Any, kind: type) -> None:
@@ -269,7 +270,8 @@ def train(model: nn.Module, task: Task, steps: int, batch_size: int, lr: float =
                     (default steps // 10), at the last step and on Ctrl-C; the newest `keep_checkpoints` stay
     resume          continue from the latest checkpoint in checkpoint_dir (a fresh start if there is none);
                     the checkpoint must come from the same model config, task and hyper-parameters
-                    (`steps` may differ). Without resume, a checkpoint_dir that holds a checkpoint is an error.
+                    (`steps` may differ: the cosine then ends at the new last step, the warm-up is kept).
+                    Without resume, a checkpoint_dir that holds a checkpoint is an error.
     """
     # ---------------------------------------------------------------- arguments
     if not isinstance(model, nn.Module) or not callable(getattr(model, "loss", None)):
@@ -279,8 +281,7 @@ def train(model: nn.Module, task: Task, steps: int, batch_size: int, lr: float =
     _check_positive("steps", steps, int)
     _check_positive("batch_size", batch_size, int)
     _check_positive("lr", lr, float)
-    warmup = min(100, steps // 10) if warmup is None else warmup
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+    if warmup is not None and (isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0):
         raise ValueError(f"warmup must be an int >= 0 (number of updates), got {warmup!r}")
     if not (isinstance(min_lr_ratio, (int, float)) and 0 <= min_lr_ratio <= 1):
         raise ValueError(f"min_lr_ratio must be a number in [0, 1], got {min_lr_ratio!r}")
@@ -340,20 +341,22 @@ def _run(*, model, task, steps, batch_size, lr, warmup, min_lr_ratio, weight_dec
     optimizer = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas))
     generators = {"batch": torch.Generator().manual_seed(seed),
                   "split": torch.Generator().manual_seed(seed + _SPLIT_STREAM)}
-    run_id = _json_safe({"model_class": type(model).__name__, "config": model.config.to_dict(),
-                         "task": task_identity(task), "batch_size": batch_size, "lr": lr, "warmup": warmup,
-                         "min_lr_ratio": min_lr_ratio, "weight_decay": weight_decay, "betas": list(betas),
-                         "grad_clip": grad_clip, "seed": seed})
 
     # ---------------------------------------------------------------- fresh start or resume
-    history, start = TrainHistory(), 0
     found = latest_checkpoint(checkpoint_dir) if checkpoint_dir is not None else None
     if found is not None and not resume:
         raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} already holds a checkpoint ({found.name}); "
                          f"pass resume=True to continue it, or choose another checkpoint_dir")
-    if found is not None:
-        ckpt = load_checkpoint(found)
-        diff = _differences({k: v for k, v in ckpt.run.items() if k != "steps"}, run_id)
+    ckpt = load_checkpoint(found) if found is not None else None
+    if warmup is None:  # the default depends on steps; a resumed run that extends `steps` keeps its warm-up
+        warmup = ckpt.run["warmup"] if ckpt is not None else min(100, steps // 10)
+    run_id = _json_safe({"model_class": type(model).__name__, "config": model.config.to_dict(),
+                         "task": task_identity(task), "batch_size": batch_size, "lr": lr, "warmup": warmup,
+                         "min_lr_ratio": min_lr_ratio, "weight_decay": weight_decay, "betas": list(betas),
+                         "grad_clip": grad_clip, "seed": seed})
+    history, start = TrainHistory(), 0
+    if ckpt is not None:
+        diff = config_differences({k: v for k, v in ckpt.run.items() if k != "steps"}, run_id)
         if diff:
             raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} was written by a different run; it differs in: "
                              + "; ".join(diff[:8]) + ". Use a new checkpoint_dir, or the settings of that run.")
