@@ -3,4 +3,21 @@ from .config import SITES, CGTConfig
 from .model import CGT, GPT
 
 __version__ = "0.1.0"
+
+# The widgets need the notebook extras (plotly, ipywidgets, ...): import them only when first asked for.
+_WIDGETS = ("explore", "Explorer", "SmoothnessStrip", "TemplateInspector", "CompileCompare", "TrainingMonitor")
+
+
+def __getattr__(name):
+    if name in _WIDGETS:
+        from . import widgets
+        return getattr(widgets, name)
+    raise AttributeError(f"module 'cgt_viz' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_WIDGETS))
+
+
+# the widget names stay out of __all__ so that `from cgt_viz import *` works without the notebook extras
 __all__ = ["CGTConfig", "CGT", "GPT", "SITES", "__version__"]
