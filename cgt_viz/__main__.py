@@ -134,7 +134,8 @@ def _settings(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     given = {k: getattr(args, k) for k in (*TRAIN_DEFAULTS, *MODEL_FLAGS) if getattr(args, k) is not None}
     run_file = out / RUN_FILE
     saved: dict[str, Any] = {}
-    if run_file.is_file():
+    is_main = int(os.environ.get("RANK", "0")) == 0
+    if run_file.is_file() and (args.resume or is_main):   # under torchrun, rank 0 may have just written it
         if not args.resume:
             raise CLIError(f"--out {str(out)!r} already holds a run; pass --resume to continue it, "
                            f"or choose another --out")
@@ -187,7 +188,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     settings = _settings(args, out)
     task, model = _build(settings)
     is_main = int(os.environ.get("RANK", "0")) == 0
-    if (out / RUN_FILE).is_file():  # --resume: the model flags must rebuild the run's model exactly
+    if args.resume and (out / RUN_FILE).is_file():  # the model flags must rebuild the run's model exactly
         from .io import read_json
         from .train import config_differences
         saved = read_json(out / RUN_FILE)

@@ -1,0 +1,148 @@
+"""The CLI: train / evaluate / report, exit codes, and kill-then-resume giving the uninterrupted weights."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from cgt_viz import CGT, GPT
+from cgt_viz.__main__ import main
+from cgt_viz.checkpoint import latest_checkpoint
+from cgt_viz.io import load_tensors, read_json
+
+torch.set_num_threads(1)
+TESTS = Path(__file__).resolve().parent
+TINY = ["--task", "test_train:TinyTask", "--n-layer", "2", "--d-x", "16", "--n-head", "2", "--d-y", "8",
+        "--n-head-y", "1", "--y-layer", "1", "--n-templates", "2", "--mlp-ratio", "2", "--no-progress",
+        "--device", "cpu"]
+
+
+def _env() -> dict[str, str]:
+    path = os.pathsep.join([str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+
+
+def test_train_then_evaluate_then_report(tmp_path, capsys):
+    out = tmp_path / "runs" / "tiny"
+    assert main(["train", *TINY, "--out", str(out), "--steps", "8", "--batch-size", "4", "--task-arg", "P=4",
+                 "--eval-every", "4", "--checkpoint-every", "4"]) == 0
+    assert "trained 8 steps" in capsys.readouterr().out
+    model = CGT.from_pretrained(out / "model")
+    assert model.config.d_x == 16 and model.config.vocab_size == 8                   # --task-arg P=4 reached the task
+    history = read_json(out / "history.json")
+    assert history["step"] == list(range(1, 9)) and [e["step"] for e in history["evals"]] == [4, 8]
+    assert read_json(out / "run.json")["settings"]["task_arg"] == {"P": 4}
+    assert latest_checkpoint(out / "ckpt").name == "step-00000008"
+    # the final model equals the last checkpoint's weights
+    ck = load_tensors(out / "ckpt" / "step-00000008" / "model.safetensors")
+    assert all(torch.equal(ck[k], v) for k, v in model.state_dict().items())
+
+    assert main(["evaluate", str(out), "--n-batches", "1", "--batch-size", "4"]) == 0
+    printed = capsys.readouterr().out
+    assert "val_main" in printed and "no eval_batch" in printed                      # graceful fallback, said so
+    assert (out / "evaluation.json").is_file()
+
+    assert main(["report", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    assert page.count("<div id=") >= 2 and "Plotly.newPlot" in page                  # curves, drawn by plotly
+    assert "<script src=\"http" not in page and "cdn.plot.ly" not in page.split("/*")[0]   # works offline
+    assert "val_main" in page and "test_train:TinyTask" in page
+
+
+def test_gpt_baseline_run(tmp_path):
+    out = tmp_path / "gpt"
+    assert main(["train", *TINY, "--model", "gpt", "--out", str(out), "--steps", "3", "--batch-size", "4"]) == 0
+    assert isinstance(GPT.from_pretrained(out / "model"), GPT)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--task", "nope", "--out", "{out}"], "unknown --task 'nope'"),
+    (["train", *TINY, "--out", "{out}", "--steps", "0"], "--steps must be > 0, got 0"),
+    (["train", *TINY, "--out", "{out}", "--batch-size", "-2"], "--batch-size must be > 0, got -2"),
+    (["train", *TINY, "--out", "{out}", "--lr", "0"], "--lr must be > 0"),
+    (["train", *TINY, "--out", "{out}", "--task-arg", "P"], "--task-arg must look like key=value, got 'P'"),
+    (["train", *TINY, "--out", "{out}", "--task-arg", "bogus=1"], "bogus"),        # the task refuses it
+    (["train", *TINY, "--out", "{out}", "--d-y", "7", "--n-head-y", "2"], "d_y must be divisible by n_head_y"),
+    (["train", "--out", "{out}"], "--task is required"),
+    (["train", "--task", "no_such_module:Task", "--out", "{out}"], "cannot import"),
+    (["evaluate", "{out}"], "not a run folder"),
+    (["report", "{out}"], "not a run folder"),
+])
+def test_bad_input_exits_2_with_a_message(tmp_path, capsys, argv, message):
+    argv = [a.replace("{out}", str(tmp_path / "run")) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_resume_with_different_settings_exits_2(tmp_path, capsys):
+    out = str(tmp_path / "run")
+    assert main(["train", *TINY, "--out", out, "--steps", "2", "--batch-size", "2"]) == 0
+    assert main(["train", *TINY, "--out", out, "--steps", "4", "--batch-size", "2"]) == 2
+    assert "pass --resume" in capsys.readouterr().err
+    assert main(["train", *TINY, "--out", out, "--steps", "4", "--batch-size", "2", "--resume", "--d-x", "32"]) == 2
+    assert "d_x (the run 16, now 32)" in capsys.readouterr().err
+    assert main(["train", "--out", out, "--steps", "4", "--resume", "--lr", "0.01"]) == 2
+    assert "--lr 0.01 (the run has 0.001)" in capsys.readouterr().err
+    # --steps may grow: the run continues from its checkpoint with only --out and --resume
+    assert main(["train", "--out", out, "--steps", "4", "--resume", "--no-progress"]) == 0
+    assert read_json(Path(out) / "history.json")["step"] == [1, 2, 3, 4]
+
+
+def test_the_real_process_exits_2_without_a_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "cgt_viz", "train", "--task", "nope", "--out", str(tmp_path / "x")],
+                          env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "unknown --task" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------------------------------------ kill and resume
+STEPS = 40
+KILL_ARGS = [*TINY, "--steps", str(STEPS), "--batch-size", "4", "--checkpoint-every", "1", "--eval-every", "10",
+             "--task-arg", "P=5"]
+
+
+@pytest.fixture(scope="module")
+def reference_weights(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "run"
+    assert main(["train", *KILL_ARGS, "--out", str(out)]) == 0
+    return CGT.from_pretrained(out / "model").state_dict(), read_json(out / "history.json")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, reference_weights, sig):
+    ref_state, ref_history = reference_weights
+    out = tmp_path / "run"
+    kill_at = random.Random(f"{sig}-{os.getpid()}").randint(3, STEPS // 2)   # a random step, printed on failure
+    proc = subprocess.Popen([sys.executable, "-m", "cgt_viz", "train", *KILL_ARGS, "--out", str(out)],
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = latest_checkpoint(out / "ckpt")
+        if found is not None and int(found.name.split("-")[1]) >= kill_at:
+            proc.send_signal(sig)
+            break
+        time.sleep(0.005)
+    _, err = proc.communicate(timeout=60)
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130, err                      # stopped cleanly, said how to resume
+        assert "--resume" in err and "Traceback" not in err
+    else:
+        assert proc.returncode == -signal.SIGKILL, err
+    stopped = int(latest_checkpoint(out / "ckpt").name.split("-")[1])
+    assert kill_at <= stopped < STEPS, (kill_at, stopped)       # it really was stopped part-way
+    assert not (out / "model").exists()
+
+    assert main(["train", "--out", str(out), "--resume", "--no-progress"]) == 0
+    resumed = CGT.from_pretrained(out / "model").state_dict()
+    assert all(torch.equal(resumed[k], v) for k, v in ref_state.items()), f"killed at step {stopped}"
+    history = read_json(out / "history.json")
+    assert history["total"] == ref_history["total"] and history["evals"] == ref_history["evals"]
