@@ -19,19 +19,43 @@ Modulator = Optional[Callable[[str, torch.Tensor], torch.Tensor]]
 
 
 class KVCache:
-    """Keys and values of one attention module, grown one call at a time (generation)."""
+    """Keys and values of one attention module, grown one call at a time (generation, no autograd).
+
+    They live in buffers with spare room that grow by half when full: appending a token writes one slot
+    instead of copying the whole cache (torch.cat per token made every step cost O(length) copies).
+    """
 
     def __init__(self) -> None:
-        self.k: torch.Tensor | None = None  # (b, h, s, c)
-        self.v: torch.Tensor | None = None
+        self._k: torch.Tensor | None = None  # (b, h, capacity, c); the first `length` slots are filled
+        self._v: torch.Tensor | None = None
+        self._len = 0
+
+    @property
+    def k(self) -> torch.Tensor | None:
+        """(b, h, s, c), a view of the filled slots."""
+        return None if self._k is None else self._k[:, :, :self._len]
+
+    @property
+    def v(self) -> torch.Tensor | None:
+        return None if self._v is None else self._v[:, :, :self._len]
 
     @property
     def length(self) -> int:
-        return 0 if self.k is None else self.k.shape[2]
+        return self._len
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        need = self._len + k.shape[2]
+        if self._k is None or need > self._k.shape[2]:
+            capacity = need + max(need // 2, 32)
+            grown_k = k.new_empty(*k.shape[:2], capacity, k.shape[3])
+            grown_v = v.new_empty(*v.shape[:2], capacity, v.shape[3])
+            if self._len:
+                grown_k[:, :, :self._len] = self.k
+                grown_v[:, :, :self._len] = self.v
+            self._k, self._v = grown_k, grown_v
+        self._k[:, :, self._len:need] = k
+        self._v[:, :, self._len:need] = v
+        self._len = need
         return self.k, self.v
 
     def nbytes(self) -> int:
