@@ -1,0 +1,48 @@
+"""Tasks: batches of sequences for training and evaluating a CGT (see base.Task for the contract).
+
+    make_task("icl", family="affine", P=7)      SyntheticICL    pairs (u, f(u)) of a hidden f_{a,b}
+    make_task("regression", dim=16)             LinearRegression  in-context linear regression (vectors)
+    make_task("text", source="bbc")             TextMixture     two excerpts of different topics
+
+`task.config_kwargs()` gives the CGTConfig fields a task fixes, including
+`extra={"task": {"name": ..., <constructor kwargs>}}`, so `task_from_config(model.config)` rebuilds the
+task a saved model was trained on.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Batch, Task
+from .icl import SyntheticICL
+from .regression import LinearRegression
+from .text import TextMixture
+from .tokenizer import ByteTokenizer
+
+TASKS: dict[str, type[Task]] = {"icl": SyntheticICL, "regression": LinearRegression, "text": TextMixture}
+
+
+def make_task(name: str, **kwargs: Any) -> Task:
+    """Build a task by registry name ("icl", "regression", "text") with its constructor kwargs."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task name {name!r}; allowed: {sorted(TASKS)}")
+    try:
+        return TASKS[name](**kwargs)
+    except TypeError as err:
+        if "unexpected keyword" in str(err):
+            raise TypeError(f"task {name!r}: {err}") from None
+        raise
+
+
+def task_from_config(cfg) -> Task:
+    """Rebuild the task recorded in cfg.extra["task"] (a CGTConfig or its dict)."""
+    extra = cfg.get("extra", {}) if isinstance(cfg, dict) else getattr(cfg, "extra", None)
+    spec = (extra or {}).get("task")
+    if not isinstance(spec, dict) or "name" not in spec:
+        raise ValueError("cfg.extra has no 'task' entry {'name': ..., <kwargs>}; "
+                         "build the config with **task.config_kwargs() to record it")
+    kwargs = {k: v for k, v in spec.items() if k != "name"}
+    return make_task(spec["name"], **kwargs)
+
+
+__all__ = ["Batch", "Task", "SyntheticICL", "LinearRegression", "TextMixture", "ByteTokenizer", "TASKS",
+           "make_task", "task_from_config"]

@@ -1,0 +1,204 @@
+"""Synthetic in-context learning: each sequence demonstrates one hidden function f of two numbers (a, b).
+
+Sequence layout (tokens mode, n_pairs pairs, length t = 2·n_pairs):
+
+    u_1 f(u_1) u_2 f(u_2) ... u_n f(u_n)        u_i ∈ 0..P−1 (query tokens)
+                                                 f(u_i) + P ∈ P..2P−1 (answer tokens, their own vocabulary)
+
+targets are the next tokens; the loss mask keeps only the positions whose target is an answer (the u
+positions, even indices), so the model is scored only where the hidden function matters. Families:
+
+    "shift"     f(u) = (u + b) mod P                        a = 1, b ∈ 0..P−1      (one number)
+    "affine"    f(u) = (a·u + b) mod P                      a coprime to P, b ∈ 0..P−1  (two numbers)
+    "dihedral"  f(u) = (±u + b) mod P                       a ∈ {1, P−1}, b ∈ 0..P−1    (two numbers)
+    "mul"       f(u) = a·u mod P                            a coprime to P, b = 0  (one number)
+
+`Batch.split` (the auxiliary split, a prefix length) falls on a pair boundary, so the specialised model's
+suffix starts with a query pair (u, f(u)); with `cfg.aux_suffix_len = 2` (set by `config_kwargs`) the
+auxiliary pass sees exactly that one pair, which a calibration run found works best.
+
+Small P makes copying easy: a query u that already occurred earlier in the sequence can be answered by
+look-up. `info["novel"]` marks query positions whose u is new, and `eval_batch` builds prompts whose
+held-out queries are always new, so measurements test inference of (a, b), not copying.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .base import Batch, Task
+
+FAMILIES = ("shift", "affine", "dihedral", "mul")
+IGNORE_INDEX = -100
+
+
+def _check_int(name: str, value: Any, lo: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {value}")
+
+
+def check_batch_size(batch_size: Any) -> None:
+    _check_int("batch_size", batch_size, 1)
+
+
+def check_part(part: Any) -> None:
+    if part not in ("train", "val"):
+        raise ValueError(f"part must be 'train' or 'val', got {part!r}")
+
+
+class SyntheticICL(Task):
+    """Pairs (u, f(u)) of a hidden function f_{a,b} over Z_P; see the module docstring for the layout.
+
+    family          "shift" | "affine" | "dihedral" | "mul"
+    P               modulus (vocabulary 2P: P query tokens, P answer tokens); a prime P makes every
+                    a in 1..P−1 invertible, for a composite P only a coprime to P is used
+    n_pairs         pairs per training sequence (block_size = 2·n_pairs)
+    aux_min_pairs   the auxiliary split leaves at least this many demonstrations in the prefix
+    novel_split     if True the auxiliary split is placed before a pair whose u is new to the prefix,
+                    when the row has one (the specialised model must then infer f, not look it up)
+    """
+
+    name = "icl"
+
+    def __init__(self, family: str = "shift", P: int = 7, n_pairs: int = 16, aux_min_pairs: int = 1,
+                 novel_split: bool = False):
+        if family not in FAMILIES:
+            raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+        _check_int("P", P, 2)
+        _check_int("n_pairs", n_pairs, 2)
+        _check_int("aux_min_pairs", aux_min_pairs, 1)
+        if aux_min_pairs > n_pairs - 1:
+            raise ValueError(f"aux_min_pairs must be <= n_pairs − 1 = {n_pairs - 1} (the suffix needs a pair), "
+                             f"got {aux_min_pairs}")
+        if not isinstance(novel_split, bool):
+            raise TypeError(f"novel_split must be a bool, got {type(novel_split).__name__}")
+        if family == "dihedral" and P < 3:
+            raise ValueError(f"P must be >= 3 for family 'dihedral' (a = ±1 must differ), got {P}")
+        self.family, self.P, self.n_pairs = family, P, n_pairs
+        self.aux_min_pairs, self.novel_split = aux_min_pairs, novel_split
+        units = [a for a in range(1, P) if math.gcd(a, P) == 1]
+        self.a_values = {"shift": [1], "affine": units, "dihedral": [1, P - 1], "mul": units}[family]
+        self.b_values = [0] if family == "mul" else list(range(P))
+
+    # ------------------------------------------------------------------ registry
+    @property
+    def vocab_size(self) -> int:
+        return 2 * self.P
+
+    @property
+    def block_size(self) -> int:
+        return 2 * self.n_pairs
+
+    @property
+    def n_tasks(self) -> int:
+        """How many distinct hidden functions the family has."""
+        return len(self.a_values) * len(self.b_values)
+
+    def kwargs(self) -> dict[str, Any]:
+        return {"family": self.family, "P": self.P, "n_pairs": self.n_pairs,
+                "aux_min_pairs": self.aux_min_pairs, "novel_split": self.novel_split}
+
+    def config_kwargs(self) -> dict[str, Any]:
+        return {"vocab_size": self.vocab_size, "block_size": self.block_size, "aux_suffix_len": 2,
+                "extra": {"task": {"name": self.name, **self.kwargs()}}}
+
+    def __repr__(self) -> str:
+        return "SyntheticICL(" + ", ".join(f"{k}={v!r}" for k, v in self.kwargs().items()) + ")"
+
+    # ------------------------------------------------------------------ sampling
+    def sample_params(self, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Hidden numbers (a, b) per row: (b, 2) long, uniform over the family."""
+        a_vals, b_vals = torch.tensor(self.a_values), torch.tensor(self.b_values)
+        a = a_vals[torch.randint(len(a_vals), (batch_size,), generator=generator)]
+        b = b_vals[torch.randint(len(b_vals), (batch_size,), generator=generator)]
+        return torch.stack([a, b], dim=1)
+
+    def apply(self, params: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """f_{a,b}(u) = (a·u + b) mod P: params (b, 2), u (b, n) -> (b, n) in 0..P−1."""
+        return (params[:, :1] * u + params[:, 1:]) % self.P
+
+    def _assemble(self, params: torch.Tensor, u: torch.Tensor, split: torch.Tensor, device) -> Batch:
+        """Interleave u and f(u) + P into (b, 2n) tokens and build targets, mask and info."""
+        answers = self.apply(params, u) + self.P
+        seq = torch.stack([u, answers], dim=2).flatten(1)                   # (b, n, 2) -> (b, 2n)
+        targets = torch.full_like(seq, IGNORE_INDEX)
+        targets[:, :-1] = seq[:, 1:]
+        loss_mask = torch.zeros_like(seq, dtype=torch.bool)
+        loss_mask[:, 0::2] = True                                           # u positions predict answers
+        info = {"task_params": params, "u": u, "novel": self._novel_mask(u)}
+        return Batch(seq, targets, loss_mask, split, info).to(device)
+
+    @staticmethod
+    def novel_positions(u: torch.Tensor) -> torch.Tensor:
+        """(b, n) query values -> (b, n) bool: u_i did not occur among u_1..u_{i−1}."""
+        earlier = u[:, None, :] == u[:, :, None]                            # (b, i, j): u_i == u_j
+        earlier = earlier & torch.ones(u.shape[1], u.shape[1], dtype=torch.bool).tril(-1)
+        return ~earlier.any(-1)
+
+    def _novel_mask(self, u: torch.Tensor) -> torch.Tensor:
+        """(b, n) -> (b, 2n) bool on the token grid: true at u positions whose u is new."""
+        novel = torch.zeros(u.shape[0], 2 * u.shape[1], dtype=torch.bool)
+        novel[:, 0::2] = self.novel_positions(u)
+        return novel
+
+    def _sample_split(self, u: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """Per-row prefix length 2j, j uniform in aux_min_pairs..n−1 (restricted to new u when novel_split)."""
+        b, n = u.shape
+        allowed = torch.zeros(b, n, dtype=torch.bool)
+        allowed[:, self.aux_min_pairs:] = True                               # j = index of the query pair
+        if self.novel_split:
+            novel = self.novel_positions(u) & allowed
+            allowed = torch.where(novel.any(1, keepdim=True), novel, allowed)
+        scores = torch.rand(b, n, generator=generator).masked_fill(~allowed, -1.0)
+        return 2 * scores.argmax(1)
+
+    def get_batch(self, batch_size: int, part: str = "train", generator: torch.Generator | None = None,
+                  device: str | torch.device = "cpu") -> Batch:
+        """batch_size sequences of n_pairs pairs; part is accepted for the Task contract ("train"/"val"
+        draw from the same distribution, the caller's generator makes them different)."""
+        check_batch_size(batch_size)
+        check_part(part)
+        params = self.sample_params(batch_size, generator)
+        u = torch.randint(self.P, (batch_size, self.n_pairs), generator=generator)
+        return self._assemble(params, u, self._sample_split(u, generator), device)
+
+    def eval_batch(self, k: int, batch_size: int, generator: torch.Generator | None = None,
+                   device: str | torch.device = "cpu", n_queries: int = 1) -> Batch:
+        """k demonstrations, then n_queries held-out query pairs whose u never occurs in the demonstrations.
+
+        Returns a Batch of length 2(k + n_queries) with split = 2k for every row (the prompt) and loss_mask
+        true only at the query u positions (their targets are the answers). The demonstrations are drawn
+        from the values other than the queries' (so k may exceed P − n_queries).
+        """
+        _check_int("k", k, 1)
+        _check_int("n_queries", n_queries, 1)
+        check_batch_size(batch_size)
+        if 2 * (k + n_queries) > self.block_size:
+            raise ValueError(f"k={k} demonstrations + n_queries={n_queries} need {2 * (k + n_queries)} tokens, "
+                             f"more than block_size = {self.block_size}; use k <= {self.n_pairs - n_queries}")
+        if n_queries >= self.P:
+            raise ValueError(f"n_queries must be < P = {self.P} so that demonstrations can avoid them, got {n_queries}")
+        params = self.sample_params(batch_size, generator)
+        # a random permutation per row: its first n_queries values are the queries, the rest feed the demos
+        perm = torch.rand(batch_size, self.P, generator=generator).argsort(1)
+        queries = perm[:, :n_queries]
+        pool = perm[:, n_queries:]
+        demos = pool.gather(1, torch.randint(pool.shape[1], (batch_size, k), generator=generator))
+        u = torch.cat([demos, queries], dim=1)
+        split = torch.full((batch_size,), 2 * k, dtype=torch.long)
+        batch = self._assemble(params, u, split, "cpu")
+        batch.loss_mask[:, :2 * k] = False
+        batch.info["novel"] = batch.loss_mask.clone()   # held-out queries are new to the prompt by construction
+        return batch.to(device)
+
+    def decode(self, tokens) -> list[str]:
+        """Query tokens print as 'u3', answer tokens as '→5'."""
+        out = []
+        for t in tokens:
+            t = int(t)
+            out.append(f"u{t}" if t < self.P else f"→{t - self.P}")
+        return out

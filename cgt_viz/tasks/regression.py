@@ -1,0 +1,110 @@
+"""In-context linear regression: a hidden weight vector w per sequence, continuous (vectors-mode) tokens.
+
+Sequence layout (n_points examples, length t = 2·n_points, token width dim + 1):
+
+    position 2i     [x_i ; 0]          x_i ~ N(0, I_dim)
+    position 2i+1   [0…0 ; y_i]        y_i = wᵀx_i / √dim + noise·ε,   w ~ N(0, I_dim), ε ~ N(0, 1)
+
+The last coordinate is the "y channel", so one linear embedding reads both kinds of position. The model
+predicts y_i at the x_i position (output width 1); the loss mask keeps the x positions only, so the main
+loss is the MSE on the y values. The 1/√dim keeps Var(y) ≈ 1: a model with no context scores MSE ≈ 1 + noise²,
+the Bayes-optimal in-context learner approaches noise² once it has seen ≳ dim examples.
+
+`Batch.split` falls on an example boundary (the suffix starts with [x_q; 0], [0; y_q]), like SyntheticICL,
+and `config_kwargs` sets `aux_suffix_len = 2`; `info["w"]` (b, dim) is the hidden vector for probing.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .base import Batch, Task
+from .icl import _check_int, check_batch_size, check_part
+
+
+class LinearRegression(Task):
+    """Interleaved (x_i, y_i) positions of y = wᵀx/√dim + noise; see the module docstring.
+
+    dim              dimension of x and w (16 in the paper)
+    n_points         examples per training sequence (block_size = 2·n_points)
+    noise            std of the additive noise on y
+    aux_min_points   the auxiliary split leaves at least this many examples in the prefix
+    """
+
+    name = "regression"
+
+    def __init__(self, dim: int = 16, n_points: int = 32, noise: float = 0.1, aux_min_points: int = 1):
+        _check_int("dim", dim, 1)
+        _check_int("n_points", n_points, 2)
+        _check_int("aux_min_points", aux_min_points, 1)
+        if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not noise >= 0 or noise == float("inf"):
+            raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
+        if aux_min_points > n_points - 1:
+            raise ValueError(f"aux_min_points must be <= n_points − 1 = {n_points - 1}, got {aux_min_points}")
+        self.dim, self.n_points, self.noise, self.aux_min_points = dim, n_points, float(noise), aux_min_points
+
+    @property
+    def block_size(self) -> int:
+        return 2 * self.n_points
+
+    def kwargs(self) -> dict[str, Any]:
+        return {"dim": self.dim, "n_points": self.n_points, "noise": self.noise, "aux_min_points": self.aux_min_points}
+
+    def config_kwargs(self) -> dict[str, Any]:
+        return {"input_dim": self.dim + 1, "output_dim": 1, "block_size": self.block_size, "aux_suffix_len": 2,
+                "extra": {"task": {"name": self.name, **self.kwargs()}}}
+
+    def __repr__(self) -> str:
+        return "LinearRegression(" + ", ".join(f"{k}={v!r}" for k, v in self.kwargs().items()) + ")"
+
+    def _assemble(self, w: torch.Tensor, x: torch.Tensor, split: torch.Tensor, generator, device) -> Batch:
+        """w (b, d), x (b, n, d) -> interleaved inputs (b, 2n, d+1), targets (b, 2n, 1), mask, info."""
+        b, n, d = x.shape
+        y = torch.einsum("bnd,bd->bn", x, w) / d ** 0.5
+        if self.noise > 0:
+            y = y + self.noise * torch.randn(b, n, generator=generator)
+        inputs = torch.zeros(b, n, 2, d + 1)                       # (b, n, kind, d+1), kind 0 = x, 1 = y
+        inputs[:, :, 0, :d] = x
+        inputs[:, :, 1, d] = y
+        inputs = inputs.flatten(1, 2)                              # (b, n, 2, d+1) -> (b, 2n, d+1)
+        targets = torch.zeros(b, 2 * n, 1)
+        targets[:, 0::2, 0] = y                                    # predict y_i at the x_i position
+        loss_mask = torch.zeros(b, 2 * n, dtype=torch.bool)
+        loss_mask[:, 0::2] = True
+        return Batch(inputs, targets, loss_mask, split, {"w": w, "y": y}).to(device)
+
+    def get_batch(self, batch_size: int, part: str = "train", generator: torch.Generator | None = None,
+                  device: str | torch.device = "cpu") -> Batch:
+        """batch_size sequences of n_points examples; "train" and "val" share the distribution."""
+        check_batch_size(batch_size)
+        check_part(part)
+        w = torch.randn(batch_size, self.dim, generator=generator)
+        x = torch.randn(batch_size, self.n_points, self.dim, generator=generator)
+        j = torch.randint(self.aux_min_points, self.n_points, (batch_size,), generator=generator)
+        return self._assemble(w, x, 2 * j, generator, device)
+
+    def eval_batch(self, k: int, batch_size: int, generator: torch.Generator | None = None,
+                   device: str | torch.device = "cpu", n_queries: int = 1) -> Batch:
+        """k demonstrations then n_queries fresh query examples; split = 2k, loss_mask on the query x positions."""
+        _check_int("k", k, 1)
+        _check_int("n_queries", n_queries, 1)
+        check_batch_size(batch_size)
+        if 2 * (k + n_queries) > self.block_size:
+            raise ValueError(f"k={k} demonstrations + n_queries={n_queries} need {2 * (k + n_queries)} positions, "
+                             f"more than block_size = {self.block_size}; use k <= {self.n_points - n_queries}")
+        w = torch.randn(batch_size, self.dim, generator=generator)
+        x = torch.randn(batch_size, k + n_queries, self.dim, generator=generator)
+        split = torch.full((batch_size,), 2 * k, dtype=torch.long)
+        batch = self._assemble(w, x, split, generator, "cpu")
+        batch.loss_mask[:, :2 * k] = False
+        return batch.to(device)
+
+    def decode(self, tokens) -> list[str]:
+        """Per-position labels for vectors: 'x' or 'y=0.12' (tokens is an (t, dim+1) array)."""
+        out = []
+        for v in tokens:
+            v = torch.as_tensor(v)
+            is_y = bool(v[:-1].abs().sum() == 0) and bool(v[-1] != 0)
+            out.append(f"y={float(v[-1]):.2f}" if is_y else "x")
+        return out
