@@ -29,6 +29,7 @@ from .io import PretrainedMixin
 from .layers import SITE_WEIGHTS, Block, KVCache, SiteTemplates, YBlock
 
 IGNORE_INDEX = -100  # token targets equal to this are not scored (PyTorch's convention)
+_AUX_GROUPS = 4      # the auxiliary pass runs rows in up to this many length groups
 
 
 def _init_weights(module: nn.Module, n_layer: int) -> None:
@@ -483,7 +484,16 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
         valid = src < t                                              # padded slots are masked out below
         suffix, suffix_targets = _take_positions(idx, src), _take_positions(targets, src)
         mask = valid if loss_mask is None else valid & _take_positions(loss_mask.bool(), src)
-        return masked_loss(self.config, self._specialized(suffix, ytilde), suffix_targets, mask)
+        # Padding every row to the longest suffix wastes ~45 % of the pass for uniform splits: rows sorted by
+        # suffix length run in up to _AUX_GROUPS groups, each only as long as its own longest suffix.
+        logits = None
+        for group in torch.argsort(split).chunk(_AUX_GROUPS):
+            m_group = min(m, t - int(split[group].min()))
+            out = self._specialized(suffix[group, :m_group], ytilde[group])
+            if logits is None:
+                logits = out.new_zeros(b, m, out.shape[-1])
+            logits[group, :m_group] = out                            # the rest is padding, masked out
+        return masked_loss(self.config, logits, suffix_targets, mask)
 
     def aux_logits(self, idx: torch.Tensor, split: int | torch.Tensor) -> torch.Tensor:
         """Logits of the auxiliary path for an explicit split (all rows' suffixes left-aligned, padded at the end
