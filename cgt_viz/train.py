@@ -321,6 +321,9 @@ def train(model: nn.Module, task: Task, steps: int, batch_size: int, lr: float =
         dev = resolve_device(device)
     distributed = dist.is_initialized() and dist.get_world_size() > 1
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    if distributed and dev.type == "cuda" and dev.index is None:  # a group the caller set up: one GPU per rank
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(dev)
     try:
         return _run(**locals())
     finally:
@@ -398,7 +401,8 @@ def _run(*, model, task, steps, batch_size, lr, warmup, min_lr_ratio, weight_dec
 
     def evaluate(step: int) -> dict[str, float]:
         # a fixed validation stream and a forked global RNG: evaluating never changes the training run
-        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        cuda_index = (dev.index if dev.index is not None else torch.cuda.current_device()) if dev.type == "cuda" else None
+        with torch.random.fork_rng(devices=[cuda_index] if cuda_index is not None else []):
             val_gen = torch.Generator().manual_seed(seed + _VAL_STREAM)
             val_split_gen = torch.Generator().manual_seed(seed + _VAL_SPLIT_STREAM)
             model.eval()
