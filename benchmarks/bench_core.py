@@ -1,0 +1,287 @@
+"""Core cost ratios of a CGT against the plain GPT it contains (issue 2, "Performance").
+
+    python benchmarks/bench_core.py [--device auto|cpu|cuda] [--out benchmarks/results] [--write-readme]
+
+Three ratios, each measured within one run with the two sides interleaved repeat by repeat (so a change
+of machine load hits both):
+  training   CGT step (main + aux, w_aux = 1: forward, backward, AdamW) / GPT step, same x size (b, t)
+  merged     forward of the specialised (merged) GPT / forward of the plain GPT, same input
+  specialise specialize(prompt) / one CGT forward over the prompt (also / one GPT forward), per prompt length
+Targets (reported, never asserted): training ≤ 1.6, merged ≤ 1.05, specialise ≤ 1.3.
+CPU runs fp32 with --threads threads (default 1); CUDA runs bf16 autocast. Writes bench_core.json.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402  (puts the repo root on sys.path)
+import torch  # noqa: E402
+
+from cgt_viz import CGT, CGTConfig  # noqa: E402
+
+TARGETS = {"training_step": 1.6, "merged_forward": 1.05, "specialize": 1.3}
+
+
+def build_models(args, device: torch.device) -> tuple[CGT, torch.nn.Module, CGTConfig]:
+    """A CGT and a separate plain GPT of the same x size. Template coefficients get small random values
+    so that specialisation really changes the weights (cost does not depend on the values)."""
+    block = max(args.block_size, args.seq, max(args.prompt_lens))
+    cfg = CGTConfig(vocab_size=args.vocab, block_size=block, n_layer=args.n_layer, d_x=args.d_x,
+                    n_head=args.n_head, d_y=args.d_y, n_head_y=args.n_head_y, y_layer=args.y_layer,
+                    n_templates=args.n_templates, template_rank=args.template_rank, w_aux=1.0)
+    torch.manual_seed(args.seed)
+    cgt = CGT(cfg)
+    with torch.no_grad():
+        for layer, site in cgt.template_sites:
+            torch.nn.init.normal_(cgt.templates[str(layer)][site].coeff.weight, 0.0, 0.02)
+    gpt = cgt.x_only()  # same x weights, its own copy: the baseline trains its own parameters
+    return cgt.to(device), gpt.to(device), cfg
+
+
+def measure_training(cgt: CGT, gpt: torch.nn.Module, device: torch.device, batch: int, seq: int,
+                     repeats: int, seed: int = 0) -> dict:
+    """Seconds per training step, CGT (main + aux at the config's w_aux) vs GPT on the same (batch, seq)
+    tokens; forward only, forward + backward, and the full step with AdamW. Splits are sampled per step."""
+    cfg = cgt.config
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(device)
+    targets = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(device)
+    split_gen = torch.Generator().manual_seed(seed + 1)
+    opts = {"gpt": torch.optim.AdamW(gpt.parameters(), lr=1e-4), "cgt": torch.optim.AdamW(cgt.parameters(), lr=1e-4)}
+    models = {"gpt": gpt, "cgt": cgt}
+    for m in models.values():
+        m.train()
+
+    def loss(name: str) -> torch.Tensor:
+        with common.autocast(device):
+            if name == "cgt":
+                return cgt.loss(idx, targets, generator=split_gen)["total"]
+            return gpt.loss(idx, targets)["total"]
+
+    def fwd(name):
+        with torch.no_grad():
+            loss(name)
+
+    def fwd_bwd(name):
+        models[name].zero_grad(set_to_none=True)
+        loss(name).backward()
+
+    def step(name):
+        opts[name].zero_grad(set_to_none=True)
+        loss(name).backward()
+        opts[name].step()
+
+    out = {"batch": batch, "seq": seq, "w_aux": cfg.w_aux, "aux_suffix_len": cfg.aux_suffix_len}
+    for kind, fn in (("forward", fwd), ("forward_backward", fwd_bwd), ("step", step)):
+        times = common.time_interleaved({n: (lambda n=n: fn(n)) for n in ("gpt", "cgt")}, device, repeats)
+        out[kind] = {n: common.summarize(ts) for n, ts in times.items()}
+        out[kind]["ratio_median"] = common.ratio(out[kind]["cgt"]["median"], out[kind]["gpt"]["median"])
+        out[kind]["ratio_min"] = common.ratio(out[kind]["cgt"]["min"], out[kind]["gpt"]["min"])
+        # per-repeat ratios (neighbouring calls share the machine's load): their spread says how noisy it was
+        out[kind]["ratio_per_repeat"] = common.summarize([c / g for c, g in zip(times["cgt"], times["gpt"])])
+    for m in models.values():
+        m.zero_grad(set_to_none=True)
+        m.eval()
+    return out
+
+
+def aux_padded_lengths(cfg: CGTConfig, batch: int, seq: int, draws: int = 256, seed: int = 0) -> dict:
+    """Mean positions per row that the aux pass computes for splits drawn as in training: "exact" (each row's
+    own suffix), "grouped" (rows sorted into the model's length groups, each padded to its longest) and
+    "padded" (every row padded to the longest suffix of the batch)."""
+    import cgt_viz.model as model_module
+
+    groups = getattr(model_module, "_AUX_GROUPS", 1)
+    gen = torch.Generator().manual_seed(seed)
+    lo, hi = cfg.aux_min_prefix, seq - cfg.aux_min_suffix
+    cap = cfg.aux_suffix_len or seq
+    tot = {"exact": 0.0, "grouped": 0.0, "padded": 0.0}
+    for _ in range(draws):
+        split = torch.randint(lo, hi + 1, (batch,), generator=gen)
+        suffix = (seq - split).clamp(max=cap)
+        tot["exact"] += float(suffix.sum())
+        tot["padded"] += batch * float(suffix.max())
+        tot["grouped"] += sum(len(g) * float(suffix[g].max()) for g in torch.argsort(split).chunk(groups))
+    out = {k: v / (draws * batch) for k, v in tot.items()}
+    out["groups"] = groups
+    return out
+
+
+def training_flops(cfg: CGTConfig, batch: int, seq: int) -> dict:
+    """Analytic forward FLOPs of one loss evaluation (matmuls and attention; backward ≈ 2× forward), CGT / GPT,
+    with the aux pass at its mean computed length per row (exact, as grouped by the model, fully padded)."""
+    import bench_cost  # the per-token FLOP model lives there
+
+    gpt_fwd = batch * bench_cost.prefill_flops(cfg, seq, "gpt")
+    main = batch * bench_cost.prefill_flops(cfg, seq, "cgt")
+    lens = aux_padded_lengths(cfg, batch, seq)
+    out = {"gpt_forward": gpt_fwd, "cgt_main_forward": main, "aux_len_per_row": lens,
+           "ratio_main_only": main / gpt_fwd}
+    for kind in ("exact", "grouped", "padded"):
+        m = max(1, round(lens[kind]))
+        aux = batch * bench_cost.prefill_flops(cfg, m, "specialized") if cfg.w_aux > 0 else 0
+        out[f"ratio_aux_{kind}"] = (main + aux) / gpt_fwd
+    out["ratio"] = out["ratio_aux_grouped"]
+    return out
+
+
+def measure_merged_forward(cgt: CGT, gpt: torch.nn.Module, device: torch.device, batch: int, seq: int,
+                           prompt_len: int, repeats: int, seed: int = 0) -> dict:
+    """Forward (no grad) of the merged specialised GPT vs the plain GPT on the same (batch, seq) tokens;
+    the unmerged specialised path (forward_specialized) for reference."""
+    cfg = cgt.config
+    gen = torch.Generator().manual_seed(seed + 2)
+    prompt = torch.randint(0, cfg.vocab_size, (prompt_len,), generator=gen).to(device)
+    idx = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(device)
+    cgt.eval(), gpt.eval()
+    with torch.no_grad():
+        merged = cgt.specialize(prompt).to(device).eval()
+        ybar = cgt.context(prompt[None])[:, -1]
+
+    def run(fn):
+        def call():
+            with torch.no_grad(), common.autocast(device):
+                fn()
+        return call
+
+    times = common.time_interleaved({"gpt": run(lambda: gpt(idx)), "merged": run(lambda: merged(idx)),
+                                     "unmerged": run(lambda: cgt.forward_specialized(idx, ybar))},
+                                    device, repeats)
+    out = {"batch": batch, "seq": seq, "prompt_len": prompt_len}
+    out.update({n: common.summarize(ts) for n, ts in times.items()})
+    out["ratio_median"] = common.ratio(out["merged"]["median"], out["gpt"]["median"])
+    out["ratio_min"] = common.ratio(out["merged"]["min"], out["gpt"]["min"])
+    out["unmerged_ratio_median"] = common.ratio(out["unmerged"]["median"], out["gpt"]["median"])
+    return out
+
+
+def measure_specialize(cgt: CGT, gpt: torch.nn.Module, device: torch.device, prompt_lens: list[int],
+                       repeats: int, seed: int = 0) -> list[dict]:
+    """specialize(prompt) vs one forward over the same prompt (CGT full forward, and GPT forward), per length;
+    with the two parts of specialisation: the summary pass (context) and the merge (merged_gpt)."""
+    cfg = cgt.config
+    gen = torch.Generator().manual_seed(seed + 3)
+    cgt.eval(), gpt.eval()
+    rows = []
+    for r in prompt_lens:
+        prompt = torch.randint(0, cfg.vocab_size, (1, r), generator=gen).to(device)
+        with torch.no_grad():
+            ybar = cgt.context(prompt)[0, -1]
+
+        def run(fn):
+            def call():
+                with torch.no_grad(), common.autocast(device):
+                    fn()
+            return call
+
+        times = common.time_interleaved({
+            "specialize": run(lambda: cgt.specialize(prompt)),
+            "cgt_forward": run(lambda: cgt(prompt)),
+            "gpt_forward": run(lambda: gpt(prompt)),
+            "summary_pass": run(lambda: cgt.context(prompt)),
+            "merge": run(lambda: cgt.merged_gpt(ybar)),
+        }, device, repeats)
+        row = {"prompt_len": r}
+        row.update({n: common.summarize(ts) for n, ts in times.items()})
+        row["ratio_median"] = common.ratio(row["specialize"]["median"], row["cgt_forward"]["median"])
+        row["ratio_min"] = common.ratio(row["specialize"]["min"], row["cgt_forward"]["min"])
+        row["ratio_vs_gpt_forward_median"] = common.ratio(row["specialize"]["median"], row["gpt_forward"]["median"])
+        rows.append(row)
+    return rows
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (the shared machine: 1)")
+    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--d-x", type=int, default=256)
+    p.add_argument("--n-layer", type=int, default=4)
+    p.add_argument("--n-head", type=int, default=8)
+    p.add_argument("--d-y", type=int, default=128)
+    p.add_argument("--n-head-y", type=int, default=4)
+    p.add_argument("--y-layer", type=int, default=2)
+    p.add_argument("--n-templates", type=int, default=8)
+    p.add_argument("--template-rank", type=int, default=1)
+    p.add_argument("--block-size", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=8, help="training and merged-forward batch")
+    p.add_argument("--seq", type=int, default=256, help="training and merged-forward sequence length")
+    p.add_argument("--prompt-lens", default="64,256,1024", help="prompt lengths for the specialisation latency")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=str(common.DEFAULT_RESULTS), help="folder for bench_core.json")
+    p.add_argument("--write-readme", action="store_true", help="write the results table into --readme")
+    p.add_argument("--readme", default=str(common.README_PATH))
+    args = p.parse_args(argv)
+    args.prompt_lens = common.positive_int_list("--prompt-lens", args.prompt_lens)
+    for name in ("threads", "vocab", "d_x", "n_layer", "n_head", "d_y", "n_head_y", "batch", "seq", "repeats"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    return args
+
+
+def readme_table(res: dict) -> str:
+    """The markdown results table of one bench_core.json."""
+    env, c = res["environment"], res["config"]
+    tr, mf, tf = res["training"], res["merged_forward"], res["training_flops"]
+    lines = [f"bench_core — {env['device']} ({env['dtype']}), {env['threads']} thread(s), torch {env['torch']}, "
+             f"load {env.get('load_average_1_5_15')} → {env.get('load_average_end')}; d_x {c['d_x']}, N {c['n_layer']}, "
+             f"d_y {c['d_y']}, ℓ {c['y_layer']}, K {c['n_templates']}, vocab {c['vocab_size']}; {res['finished_utc']}",
+             "", "| ratio | median | fastest / fastest | target | setting |", "|---|---|---|---|---|"]
+
+    def add(name, block, target, setting):
+        lines.append(f"| {name} | {common.fmt(block['ratio_median'])} | {common.fmt(block.get('ratio_min'))} | "
+                     f"{target} | {setting} |")
+
+    add("CGT train step (main + aux) / GPT step", tr["step"], f"≤ {TARGETS['training_step']}",
+        f"b {tr['batch']}, t {tr['seq']}, AdamW")
+    add("… forward + backward only", tr["forward_backward"], "", "")
+    add("… forward only", tr["forward"], "", "")
+    lines.append(f"| … analytic forward FLOP ratio | {common.fmt(tf['ratio'])} | | | main only "
+                 f"{common.fmt(tf['ratio_main_only'])}; aux unpadded {common.fmt(tf['ratio_aux_exact'])}, "
+                 f"padded to the longest {common.fmt(tf['ratio_aux_padded'])} |")
+    add("merged specialised forward / GPT forward", mf, f"≤ {TARGETS['merged_forward']}", f"b {mf['batch']}, t {mf['seq']}")
+    for row in res["specialize"]:
+        add("specialize / CGT forward over the prompt", row, f"≤ {TARGETS['specialize']}",
+            f"r {row['prompt_len']} (/ GPT forward: {common.fmt(row['ratio_vs_gpt_forward_median'])})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = common.pick_device(args.device)
+    started = time.time()
+    cgt, gpt, cfg = build_models(args, device)
+    res = {"benchmark": "bench_core", "targets": TARGETS, "config": cfg.to_dict(),
+           "args": {k: v for k, v in vars(args).items()}, "environment": common.environment(device)}
+    res["training"] = measure_training(cgt, gpt, device, args.batch, args.seq, args.repeats, args.seed)
+    res["training_flops"] = training_flops(cfg, args.batch, args.seq)
+    res["merged_forward"] = measure_merged_forward(cgt, gpt, device, args.batch, args.seq,
+                                                   min(args.prompt_lens), args.repeats, args.seed)
+    res["specialize"] = measure_specialize(cgt, gpt, device, args.prompt_lens, args.repeats, args.seed)
+    res["summary"] = {
+        "training_step_ratio": res["training"]["step"]["ratio_median"],
+        "training_fwd_bwd_ratio": res["training"]["forward_backward"]["ratio_median"],
+        "merged_forward_ratio": res["merged_forward"]["ratio_median"],
+        "specialize_ratio": {str(r["prompt_len"]): r["ratio_median"] for r in res["specialize"]},
+    }
+    res["environment"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    res["wall_seconds"] = time.time() - started
+    res["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    out = Path(args.out) / "bench_core.json"
+    common.write_json(out, res)
+    res["json_path"] = str(out)
+    if args.write_readme:
+        common.replace_readme_section(Path(args.readme), "bench_core", readme_table(res))
+    print(f"bench_core: wrote {out} in {res['wall_seconds']:.0f} s; summary {res['summary']}")
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""Smoke tests of benchmarks/bench_core.py and bench_cost.py on tiny configs: they run, write valid JSON with
+every setting, the HTML plot and the README tables. Timing targets are never asserted here.
+Also the pieces that are plain logic: the FLOP model against parameter counts, summaries, README sections."""
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import bench_core  # noqa: E402
+import bench_cost  # noqa: E402
+import common  # noqa: E402
+
+from cgt_viz import CGT, CGTConfig  # noqa: E402
+
+TINY_MODEL = ["--vocab", "32", "--d-x", "16", "--n-layer", "3", "--n-head", "2", "--d-y", "8", "--n-head-y", "2",
+              "--y-layer", "1", "--n-templates", "2", "--threads", "1", "--device", "cpu"]
+PROMPTS, GENS, BATCHES = [4, 8], [2, 5], [1, 2]
+
+
+def _finite_positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+@pytest.fixture(scope="module")
+def cost_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench_cost")
+    readme = out / "README.md"
+    readme.write_text("# Benchmarks\n\nhand-written text that must survive\n")
+    argv = TINY_MODEL + ["--prompt-lens", ",".join(map(str, PROMPTS)), "--gen-lens", ",".join(map(str, GENS)),
+                         "--batches", ",".join(map(str, BATCHES)), "--repeats", "2", "--nocache-max-s", "2",
+                         "--nocache-long", "8", "--train-batch", "2", "--train-seq", "8", "--train-repeats", "1",
+                         "--out", str(out), "--write-readme", "--readme", str(readme)]
+    res = bench_cost.main(argv)
+    return out, readme, res
+
+
+def test_bench_cost_writes_json_with_every_setting(cost_run):
+    out, _, _ = cost_run
+    res = json.loads((out / "bench_cost.json").read_text())
+    assert res["environment"]["torch"] == torch.__version__ and res["environment"]["threads"] == 1
+    assert res["environment"]["device"] == "cpu"
+    got = {(x["mode"], x["r"], x["batch"], x["s"]) for x in res["settings"]}
+    for mode in bench_cost.MODES:
+        # (iii) is capped at --nocache-max-s 2; the others generate every s
+        want_s = [2] if mode == "iii_gpt_nocache" else GENS
+        assert {(mode, r, b, s) for r in PROMPTS for b in BATCHES for s in want_s} <= got, mode
+    assert len(got) == len(res["settings"])  # no duplicates
+    for x in res["settings"]:
+        for key in ("throughput_tok_per_s", "flops_per_token", "flops_first_step", "achieved_flops_per_s",
+                    "peak_memory_bytes", "fraction_of_matmul_peak"):
+            assert _finite_positive(x[key]), (x["mode"], key, x[key])
+        assert _finite_positive(x["ttft_s"]["median"]) and _finite_positive(x["per_token_s"]["median"])
+        assert x["per_token_s"]["p10"] <= x["per_token_s"]["median"] <= x["per_token_s"]["p90"]
+        assert x["per_token_s"]["n"] == x["repeats"] * (x["s"] - 1)
+        assert x["capped"] == (x["mode"] == "iii_gpt_nocache")
+        # KV cache: none without a cache; (ii)/no-prompt cache only their 1-token start, (i) has y heads too
+        if x["mode"] == "iii_gpt_nocache":
+            assert x["kv_cache_bytes_after_prefill"] == 0
+        else:
+            assert x["kv_cache_bytes_after_prefill"] > 0
+    kv = {(x["mode"], x["r"], x["batch"]): x["kv_cache_bytes_after_prefill"] for x in res["settings"]}
+    cfg = res["config"]
+    per_token_gpt = 2 * cfg["n_layer"] * cfg["d_x"] * 4  # k and v, every layer, fp32
+    for r in PROMPTS:
+        for b in BATCHES:
+            assert kv["iv_gpt_kvcache", r, b] == b * r * per_token_gpt
+            assert kv["ii_compiled", r, b] == b * 1 * per_token_gpt
+            assert kv["i_cgt_full", r, b] == b * r * (per_token_gpt + 2 * cfg["y_layer"] * cfg["d_y"] * 4)
+    assert [x["r"] for x in res["specialization"]] == PROMPTS
+    for x in res["specialization"]:
+        assert _finite_positive(x["specialize"]["median"]) and _finite_positive(x["ratio_vs_cgt_forward"])
+        assert 0 < x["lora_factor_bytes"] < x["merged_changed_weight_bytes"] < x["merged_model_bytes"]
+    assert {(x["r"], x["batch"], x["versus"]) for x in res["break_even"]} == {
+        (r, b, v) for r in PROMPTS for b in BATCHES for v in ("i_cgt_full", "iii_gpt_nocache", "iv_gpt_kvcache")}
+    assert all(x["tokens"] is None or x["tokens"] >= 1 for x in res["break_even"])
+    assert _finite_positive(res["matmul_peak"]["flops_per_s"])
+    assert _finite_positive(res["training"]["step"]["ratio_median"])
+    assert set(res["targets"]) >= {"specialize_over_cgt_forward", "training_step_ratio",
+                                   f"iv_over_ii_at_r{max(PROMPTS)}_b1", "ii_flat_in_r_b2", "ii_over_no_prompt_b1"}
+    assert all(t["met"] in (True, False, None) for t in res["targets"].values())
+
+
+def test_bench_cost_plot_and_readme(cost_run, tmp_path):
+    out, readme, res = cost_run
+    html = (out / "bench_cost.html").read_text()
+    assert "<html>" in html and "Plotly.newPlot" in html and len(html) > 1_000_000  # plotly.js inlined
+    assert not re.search(r"<script[^>]*\bsrc=", html)  # nothing fetched from a CDN
+    for label in bench_cost.MODES.values():
+        assert label in html
+    text = readme.read_text()
+    assert text.startswith("# Benchmarks\n\nhand-written text that must survive")
+    assert text.count("<!-- bench_cost:begin -->") == 1 and text.count("<!-- bench_cost:end -->") == 1
+    table_rows = [ln for ln in text.splitlines() if ln.startswith("| ") and ln.split(" | ")[0][2:] in bench_cost.MODES]
+    assert len(table_rows) == len(bench_cost.MODES) * len(PROMPTS) * len(BATCHES)
+    # redrawing from the JSON rewrites the same section in place, without measuring again
+    copy = tmp_path / "README.md"
+    copy.write_text(text)
+    bench_cost.main(["--from-json", str(out / "bench_cost.json"), "--out", str(tmp_path), "--write-readme",
+                     "--readme", str(copy)])
+    assert copy.read_text() == text
+    assert (tmp_path / "bench_cost.html").stat().st_size > 100_000
+
+
+def test_bench_core_writes_json(tmp_path):
+    argv = TINY_MODEL + ["--batch", "2", "--seq", "8", "--prompt-lens", "4,8", "--repeats", "2", "--block-size", "16",
+                         "--out", str(tmp_path), "--write-readme", "--readme", str(tmp_path / "README.md")]
+    bench_core.main(argv)
+    res = json.loads((tmp_path / "bench_core.json").read_text())
+    assert res["environment"]["threads"] == 1 and res["config"]["w_aux"] == 1.0
+    for kind in ("forward", "forward_backward", "step"):
+        block = res["training"][kind]
+        assert block["gpt"]["n"] == block["cgt"]["n"] == 2
+        assert _finite_positive(block["ratio_median"]) and _finite_positive(block["ratio_min"])
+    assert _finite_positive(res["merged_forward"]["ratio_median"])
+    assert [x["prompt_len"] for x in res["specialize"]] == [4, 8]
+    assert all(_finite_positive(x["ratio_median"]) for x in res["specialize"])
+    tf = res["training_flops"]
+    assert tf["ratio_main_only"] < tf["ratio_aux_exact"] <= tf["ratio_aux_grouped"] <= tf["ratio_aux_padded"]
+    assert set(res["summary"]) == {"training_step_ratio", "training_fwd_bwd_ratio", "merged_forward_ratio",
+                                   "specialize_ratio"}
+    assert "| CGT train step (main + aux) / GPT step |" in (tmp_path / "README.md").read_text()
+
+
+@pytest.mark.parametrize("argv, name", [
+    (["--prompt-lens", "0,4"], "--prompt-lens"),
+    (["--gen-lens", "1,4"], "--gen-lens"),
+    (["--batches", "two"], "--batches"),
+    (["--modes", "i_cgt_full,v_magic"], "--modes"),
+    (["--repeats", "0"], "--repeats"),
+])
+def test_bench_cost_rejects_bad_arguments(argv, name):
+    with pytest.raises(ValueError, match=name):
+        bench_cost.parse_args(argv)
+
+
+def test_bench_core_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="--prompt-lens"):
+        bench_core.parse_args(["--prompt-lens", "8,-1"])
+    with pytest.raises(ValueError, match="--seq"):
+        bench_core.parse_args(["--seq", "0"])
+
+
+def test_flop_model_matches_parameter_counts():
+    """With no attention keys, FLOPs per token are 2 × the weights each token multiplies: count them from the
+    modules themselves (the formulas are written independently from the shapes)."""
+    cfg = CGTConfig(vocab_size=40, block_size=32, n_layer=3, d_x=24, n_head=2, d_y=8, n_head_y=2, y_layer=1,
+                    n_templates=3, template_rank=2, sites=("attn_in", "mlp_in", "mlp_out"))
+    model = CGT(cfg)
+
+    def linear_weights(module):
+        return sum(m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear))
+
+    gpt = 2 * (linear_weights(model.gpt.blocks) + model.gpt.head.weight.numel())
+    assert bench_cost.token_flops(cfg, 0, "gpt") == gpt
+    templates = sum(2 * (t.U.numel() + t.V.numel()) for site in model.templates.values() for t in site.values())
+    coeffs = sum(2 * t.coeff.weight.numel() for site in model.templates.values() for t in site.values())
+    assert bench_cost.token_flops(cfg, 0, "specialized") == gpt + templates
+    assert bench_cost.token_flops(cfg, 0, "cgt") == gpt + templates + coeffs + 2 * linear_weights(model.y_blocks)
+    # attention: 4 d FLOPs per key per x layer (QKᵀ and AV), 4 e per key per y layer
+    assert bench_cost.token_flops(cfg, 10, "gpt") - bench_cost.token_flops(cfg, 0, "gpt") == 10 * 4 * cfg.d_x * cfg.n_layer
+    assert (bench_cost.token_flops(cfg, 10, "cgt") - bench_cost.token_flops(cfg, 0, "cgt")
+            == 10 * 4 * (cfg.d_x * cfg.n_layer + cfg.d_y * cfg.y_layer))
+    assert bench_cost.prefill_flops(cfg, 3, "gpt") == sum(bench_cost.token_flops(cfg, j, "gpt") for j in (1, 2, 3))
+    # (iii) recomputes everything: its per-token cost is a whole prefill, (iv) only one token
+    iii = bench_cost.generation_flops(cfg, "iii_gpt_nocache", 8, 2)["per_later_token"]
+    iv = bench_cost.generation_flops(cfg, "iv_gpt_kvcache", 8, 2)["per_later_token"]
+    assert iii == bench_cost.prefill_flops(cfg, 9, "gpt") and iv == bench_cost.token_flops(cfg, 9, "gpt")
+    with pytest.raises(ValueError, match="kind"):
+        bench_cost.token_flops(cfg, 1, "merged")
+    with pytest.raises(ValueError, match="mode"):
+        bench_cost.generation_flops(cfg, "v", 8, 2)
+
+
+def test_summarize_quantiles_and_errors():
+    s = common.summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (s["n"], s["median"], s["min"], s["max"], s["p25"], s["p75"]) == (5, 3.0, 1.0, 5.0, 2.0, 4.0)
+    assert s["p10"] == pytest.approx(1.4) and s["mean"] == 3.0
+    with pytest.raises(ValueError, match="at least one sample"):
+        common.summarize([])
+    assert common.ratio(1.0, 0.0) is None and common.ratio(None, 1.0) is None and common.ratio(3.0, 2.0) == 1.5
+    with pytest.raises(ValueError, match="--gen-lens"):
+        common.positive_int_list("--gen-lens", "4,x")
+
+
+def test_readme_section_replaced_in_place(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n\n<!-- t:begin -->\nold\n<!-- t:end -->\n\noutro\n")
+    common.replace_readme_section(readme, "t", "new table")
+    assert readme.read_text() == "intro\n\n<!-- t:begin -->\nnew table\n<!-- t:end -->\n\noutro\n"
+    common.replace_readme_section(readme, "u", "second")  # absent: appended, the first one kept
+    assert readme.read_text().endswith("<!-- u:begin -->\nsecond\n<!-- u:end -->\n") and "new table" in readme.read_text()
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc")
+def test_peak_memory_window_sees_a_large_allocation():
+    cpu = torch.device("cpu")
+    assert common.reset_peak_memory(cpu)
+    before = common.peak_memory_bytes(cpu)["bytes"]
+    big = torch.ones(64 * 2 ** 20 // 4)  # 64 MiB, touched
+    after = common.peak_memory_bytes(cpu)
+    del big
+    assert after["kind"] == "rss_peak" and after["bytes"] - before >= 60 * 2 ** 20
