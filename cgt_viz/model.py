@@ -377,11 +377,14 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
         ybar_vec = self._check_ybar(ybar_vec)
         if ybar_vec.shape[0] != 1:
             raise ValueError(f"merged_gpt takes one summary, got {ybar_vec.shape[0]}; use specialize for a batch")
-        spec = self.x_only()
+        # the merged weights go straight into deepcopy's memo: x_only() would clone W only for it to be overwritten
+        memo: dict[int, nn.Parameter] = {}
         with torch.no_grad():
             for name, (lora_a, lora_b) in self.lora_factors(ybar_vec[0]).items():
-                spec.get_parameter(name).add_(lora_b @ lora_a)
-        return spec
+                weight = self.gpt.get_parameter(name)
+                # W + (B @ A), not addmm: under autocast the sum keeps W's dtype
+                memo[id(weight)] = nn.Parameter(weight + lora_b @ lora_a, requires_grad=weight.requires_grad)
+        return copy.deepcopy(self.gpt, memo)
 
     @torch.no_grad()
     def specialize(self, prompt: torch.Tensor | Sequence[torch.Tensor]) -> GPT | list[GPT]:
