@@ -61,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-batches", type=int)
     t.add_argument("--checkpoint-every", type=int, help="checkpoint every N steps (default steps // 10)")
     t.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:N, mps")
+    t.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice); 1 on a busy machine")
     t.add_argument("--compile", action="store_true", help="torch.compile the training step")
     t.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -78,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--baseline", help="run folder of a GPT baseline trained on the same task")
     e.add_argument("--device", default="auto")
+    e.add_argument("--threads", type=int, help="CPU threads for torch")
 
     r = sub.add_parser("report", help="write a self-contained HTML report (loss curves, settings, evaluation)")
     r.add_argument("run", help="run folder written by train")
@@ -383,6 +385,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code (see the module docstring)."""
     args = _parser().parse_args(argv)
+    if getattr(args, "threads", None) is not None:
+        if args.threads < 1:
+            print(f"error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
+            return 2
+        import torch
+        torch.set_num_threads(args.threads)
     command = {"train": cmd_train, "evaluate": cmd_evaluate, "report": cmd_report}[args.command]
     try:
         return command(args)

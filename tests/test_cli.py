@@ -57,6 +57,21 @@ def test_train_then_evaluate_then_report(tmp_path, capsys):
     assert "val_main" in page and "test_train:TinyTask" in page
 
 
+@pytest.mark.parametrize("task, task_args", [("icl", ["--task-arg", "n_pairs=6", "--task-arg", "P=5"]),
+                                             ("regression", ["--task-arg", "dim=3", "--task-arg", "n_points=6"])])
+def test_registered_tasks_train_and_print_the_comparison_table(tmp_path, capsys, task, task_args):
+    out = tmp_path / task
+    tiny = [a for a in TINY[2:]]                       # the tiny model flags, without --task
+    assert main(["train", "--task", task, *task_args, *tiny, "--out", str(out), "--steps", "3", "--batch-size", "4"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(out), "--k", "2,3", "--n-batches", "1", "--batch-size", "4"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    header = lines[0].split()
+    assert {"k", "loss_prompted", "loss_specialized", "loss_no_context", "gap_closed"} <= set(header)
+    assert [row.split()[0] for row in lines[2:]] == ["2", "3"]                   # one row per k
+    assert [r["k"] for r in read_json(out / "evaluation.json")] == [2, 3]
+
+
 def test_gpt_baseline_run(tmp_path):
     out = tmp_path / "gpt"
     assert main(["train", *TINY, "--model", "gpt", "--out", str(out), "--steps", "3", "--batch-size", "4"]) == 0
