@@ -1,0 +1,267 @@
+"""What the views draw: arrays in, plotly Figures out (static HTML export, reports, non-widget frontends).
+
+Each function returns a `plotly.graph_objects.Figure`; the widgets in `cgt_viz.widgets` wrap the same
+functions in `FigureWidget`s and add interaction. Trace structure is fixed per call signature (markers
+for the highlighted token and the boundary are layout shapes), so a widget can update a figure in place.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
+
+from .analysis import token_smoothness, training_series
+
+PALETTE = qualitative.Plotly + qualitative.Dark24
+MAX_COLOR_CATEGORIES = 30     # more categories (e.g. documents) than this get no legend bar
+MODEL_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
+
+
+def _tokens_axis(tokens: Sequence[str] | None, t: int) -> tuple[np.ndarray, list[str]]:
+    """x positions (t,) and per-position hover strings 'pos: token'."""
+    x = np.arange(t)
+    if tokens is None:
+        return x, [str(p) for p in x]
+    if len(tokens) != t:
+        raise ValueError(f"tokens must have one string per position ({t}), got {len(tokens)}")
+    return x, [f"{p}: {s}" for p, s in zip(x, tokens)]
+
+
+def _vline(fig: go.Figure, x: float, color: str, dash: str, name: str) -> None:
+    """A vertical line over every subplot, as a layout shape (keeps the trace list fixed)."""
+    fig.add_shape(type="line", x0=x, x1=x, y0=0, y1=1, xref="x", yref="paper",
+                  line=dict(color=color, dash=dash, width=1.5), name=name)
+
+
+def _check_1d(name: str, a: Any, n: int | None = None) -> np.ndarray:
+    a = np.asarray(a)
+    if a.ndim != 1 or (n is not None and len(a) != n):
+        want = f"({n},)" if n is not None else "1-D"
+        raise ValueError(f"{name} must have shape {want}, got {a.shape}")
+    return a
+
+
+# ---------------------------------------------------------------------------------------------- colours
+def color_spec(values: Any, name: str = "label", kind: str | None = None) -> dict:
+    """Marker settings colouring points by `values` (N,): categorical -> integer codes on a discrete
+    colour scale with a labelled colour bar; continuous -> Viridis. kind: None (guess), "categorical",
+    "continuous". Returns a dict for `go.Scattergl(marker=...)`."""
+    values = np.asarray(values)
+    if values.ndim != 1:
+        raise ValueError(f"colour values must be 1-D (one per point), got shape {values.shape}")
+    if kind is None:
+        kind = "continuous" if (np.issubdtype(values.dtype, np.number) and len(np.unique(values)) > 12) else "categorical"
+    if kind == "continuous":
+        return dict(color=values.astype(np.float32), colorscale="Viridis", cmin=None, cmax=None, showscale=True,
+                    colorbar=dict(title=dict(text=name), tickvals=None, ticktext=None))
+    names, codes = np.unique(values.astype(str) if values.dtype == object else values, return_inverse=True)
+    n = len(names)
+    scale = []
+    for i in range(n):   # a flat band per category: codes i map to [i/n, (i+1)/n]
+        c = PALETTE[i % len(PALETTE)]
+        scale += [[i / n, c], [(i + 1) / n, c]]
+    show = n <= MAX_COLOR_CATEGORIES
+    return dict(color=codes.astype(np.int32), colorscale=scale, cmin=-0.5, cmax=n - 0.5, showscale=show,
+                colorbar=dict(title=dict(text=name), tickvals=list(range(n)) if show else None,
+                              ticktext=[str(s) for s in names] if show else None))
+
+
+# ---------------------------------------------------------------------------------------------- ȳ map
+def ybar_map_figure(coords: Any, color: Any = None, hover: Sequence[str] | None = None, *, color_name: str = "label",
+                    color_kind: str | None = None, title: str | None = None, note: str | None = None,
+                    axis_names: tuple[str, str] = ("dim 1", "dim 2"), marker_size: float | None = None,
+                    height: int = 520) -> go.Figure:
+    """ȳ of many tokens embedded in 2-D: one WebGL scatter (Scattergl), points in row order.
+
+    coords (N, 2); color (N,) labels or numbers (None: one colour); hover (N,) HTML strings;
+    note: a line under the title (e.g. "showing 20,000 of 100,000 tokens, stratified by topic").
+    """
+    coords = np.asarray(coords, dtype=np.float32)
+    if coords.ndim != 2 or coords.shape[1] != 2 or len(coords) == 0:
+        raise ValueError(f"coords must have shape (N, 2) with N >= 1, got {coords.shape}")
+    n = len(coords)
+    marker = dict(size=marker_size or (6 if n < 2000 else 4 if n < 20000 else 2.5), opacity=0.8 if n < 20000 else 0.6)
+    if color is not None:
+        marker.update(color_spec(_check_1d("color", color, n), color_name, color_kind))
+    if hover is not None:
+        hover = _check_1d("hover", np.asarray(hover, dtype=object), n)
+    trace = go.Scattergl(x=coords[:, 0], y=coords[:, 1], mode="markers", marker=marker,
+                         hovertext=hover, hoverinfo="text" if hover is not None else "x+y",
+                         hoverlabel=dict(align="left"), unselected=dict(marker=dict(opacity=0.15)),
+                         name="tokens", showlegend=False)
+    heading = title or "ȳ embedded in 2-D"
+    if note:
+        heading += f"<br><sup>{note}</sup>"
+    fig = go.Figure(trace)
+    fig.update_layout(title=dict(text=heading, x=0.01), height=height, dragmode="lasso",
+                      margin=dict(l=50, r=20, t=70, b=40), xaxis_title=axis_names[0], yaxis_title=axis_names[1],
+                      template="plotly_white", hovermode="closest")
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------- smoothness
+def smoothness_figure(ybar: Any, tokens: Sequence[str] | None = None, *, boundary: int | None = None,
+                      highlight: int | None = None, overlay: dict[str, Any] | None = None, name: str = "model",
+                      title: str | None = None, height: int = 560) -> go.Figure:
+    """How ȳ moves along one text: ‖ȳ_t − ȳ_{t−1}‖ (row 1), cosine(ȳ_t, ȳ_{t−1}) (row 2), ȳ itself as a
+    heatmap t × d_y (row 3). ybar (t, e); tokens (t,) strings for the hover; boundary: first position of
+    the second excerpt (a red dashed line); highlight: one position (a grey band); overlay: {name: ybar
+    (t, e)} of other models on the same text (rows 1–2 only)."""
+    ybar = np.asarray(ybar, dtype=np.float32)
+    if ybar.ndim != 2 or ybar.shape[0] < 1:
+        raise ValueError(f"ybar must have shape (t, d_y) with t >= 1, got {ybar.shape}")
+    t = ybar.shape[0]
+    x, hover = _tokens_axis(tokens, t)
+    series = {name: ybar}
+    for other, arr in (overlay or {}).items():
+        arr = np.asarray(arr, dtype=np.float32)
+        if arr.shape[0] != t:
+            raise ValueError(f"overlay[{other!r}] must cover the same {t} positions, got shape {arr.shape}")
+        series[other] = arr
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.04, row_heights=[0.3, 0.25, 0.45],
+                        subplot_titles=("‖ȳ_t − ȳ_t−1‖", "cos(ȳ_t, ȳ_t−1)", "ȳ_t (t × d_y)"))
+    for i, (nm, arr) in enumerate(series.items()):
+        step, cos = token_smoothness(arr)
+        color = MODEL_COLORS[i % len(MODEL_COLORS)]
+        for row, vals in ((1, step), (2, cos)):
+            fig.add_trace(go.Scatter(x=x, y=vals, mode="lines+markers" if t <= 200 else "lines", name=nm,
+                                     legendgroup=nm, showlegend=row == 1, line=dict(color=color, width=1.5),
+                                     marker=dict(size=4), text=hover, hovertemplate="%{text}<br>%{y:.3f}<extra>" + nm + "</extra>"),
+                          row=row, col=1)
+    fig.add_trace(go.Heatmap(z=ybar.T, x=x, colorscale="RdBu", zmid=0, showscale=False, name=f"ȳ {name}",
+                             hovertemplate="pos %{x}, dim %{y}: %{z:.3f}<extra></extra>"), row=3, col=1)
+    if boundary is not None and 0 <= boundary < t:
+        _vline(fig, boundary - 0.5, "#d62728", "dash", "boundary")
+    if highlight is not None and 0 <= highlight < t:
+        fig.add_vrect(x0=highlight - 0.5, x1=highlight + 0.5, fillcolor="grey", opacity=0.25, line_width=0,
+                      row="all", col=1)
+    if tokens is not None and t <= 80:
+        fig.update_xaxes(tickvals=x, ticktext=[str(s) for s in tokens], tickangle=0, row=3, col=1)
+    fig.update_yaxes(title_text="dim", row=3, col=1)
+    fig.update_layout(title=dict(text=title or "Smoothness of ȳ along the text", x=0.01), height=height,
+                      template="plotly_white", margin=dict(l=50, r=20, t=70, b=40),
+                      legend=dict(orientation="h", y=1.08, x=1, xanchor="right"))
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------- templates
+def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: str = "", boundary: int | None = None,
+                    highlight: int | None = None, label_names: Sequence[str] | None = None, mean_abs: Any = None,
+                    singular_values: Any = None, ablation: Any = None, title: str | None = None,
+                    height: int = 620) -> go.Figure:
+    """The K templates of one site κ: coefficients c_k(ȳ_t) over a sequence (row 1, K × t heatmap);
+    mean |c_k| per label (row 2 left, L × K); singular values of ΔW(ȳ) at the highlighted token (middle);
+    Δ loss when template k is ablated (right; empty until computed).
+
+    coeffs (t, K); mean_abs (L, K) with label_names (L,); singular_values (m,); ablation (K,) or None.
+    """
+    coeffs = np.asarray(coeffs, dtype=np.float32)
+    if coeffs.ndim != 2 or coeffs.shape[0] < 1:
+        raise ValueError(f"coeffs must have shape (t, K) with t >= 1, got {coeffs.shape}")
+    t, K = coeffs.shape
+    x, hover = _tokens_axis(tokens, t)
+    ks = [f"k{k}" for k in range(K)]
+    at = f" at pos {highlight}" if highlight is not None else ""
+    fig = make_subplots(rows=2, cols=3, specs=[[{"colspan": 3}, None, None], [{}, {}, {}]],
+                        row_heights=[0.5, 0.5], vertical_spacing=0.16, horizontal_spacing=0.09,
+                        subplot_titles=(f"c_k(ȳ_t) over the sequence · {site}", "mean |c_k| per label",
+                                        f"singular values of ΔW(ȳ){at}", "Δ loss, template k ablated"))
+    lim = float(np.abs(coeffs).max()) or 1.0
+    fig.add_trace(go.Heatmap(z=coeffs.T, x=x, y=ks, colorscale="RdBu", zmin=-lim, zmax=lim, zmid=0,
+                             colorbar=dict(len=0.45, y=0.78, title=dict(text="c_k")), customdata=np.array(hover)[None].repeat(K, 0),
+                             hovertemplate="%{customdata}<br>%{y}: %{z:.3f}<extra></extra>"), row=1, col=1)
+    if mean_abs is not None:
+        mean_abs = np.asarray(mean_abs, dtype=np.float32)
+        names = [str(s) for s in (label_names if label_names is not None else range(len(mean_abs)))]
+        if mean_abs.ndim != 2 or mean_abs.shape != (len(names), K):
+            raise ValueError(f"mean_abs must have shape (labels={len(names)}, K={K}), got {mean_abs.shape}")
+    else:
+        mean_abs, names = np.zeros((0, K), np.float32), []
+    fig.add_trace(go.Heatmap(z=mean_abs, x=ks, y=names, colorscale="Viridis", showscale=False,
+                             hovertemplate="%{y} · %{x}: %{z:.3f}<extra></extra>"), row=2, col=1)
+    sv = np.zeros(0) if singular_values is None else _check_1d("singular_values", singular_values)
+    fig.add_trace(go.Bar(x=np.arange(1, len(sv) + 1), y=sv, marker_color="#636EFA",
+                         hovertemplate="σ%{x}: %{y:.4f}<extra></extra>"), row=2, col=2)
+    abl = np.zeros(0) if ablation is None else _check_1d("ablation", ablation, K)
+    fig.add_trace(go.Bar(x=ks[:len(abl)], y=abl, marker_color=["#d62728" if v > 0 else "#2ca02c" for v in abl],
+                         hovertemplate="%{x}: Δloss %{y:+.4f}<extra></extra>"), row=2, col=3)
+    if boundary is not None and 0 <= boundary < t:
+        _vline(fig, boundary - 0.5, "#d62728", "dash", "boundary")
+        fig.layout.shapes[-1].update(yref="y domain", y0=0, y1=1)
+    if highlight is not None and 0 <= highlight < t:
+        fig.add_vrect(x0=highlight - 0.5, x1=highlight + 0.5, fillcolor="black", opacity=0.15, line_width=0, row=1, col=1)
+    if tokens is not None and t <= 80:
+        fig.update_xaxes(tickvals=x, ticktext=[str(s) for s in tokens], tickangle=0, row=1, col=1)
+    fig.update_xaxes(title_text="i", row=2, col=2)
+    fig.update_layout(title=dict(text=title or "κ-template inspector", x=0.01), height=height, showlegend=False,
+                      template="plotly_white", margin=dict(l=60, r=20, t=80, b=40))
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------- compare
+def compare_figure(losses: dict, *, boundary: float | None = None, split: int | None = None,
+                   title: str | None = None, ylabel: str = "loss", height: int = 420) -> go.Figure:
+    """Per-position loss after the split: prompted, specialised (ȳ frozen at the split), no context.
+
+    losses: {"position": (m,), "prompted": (m,), "specialised": (m,), "no_context": (m,)} as returned by
+    `analysis.compare_losses`; boundary: the topic switch (red dashed line); split: s (black dotted line).
+    """
+    if not isinstance(losses, dict) or "position" not in losses:
+        raise ValueError(f"losses must be a dict with 'position' and per-position curves, got {type(losses).__name__}")
+    pos = _check_1d("losses['position']", losses["position"])
+    fig = go.Figure()
+    styles = {"prompted": ("#1f77b4", "solid"), "specialised": ("#d62728", "solid"), "no_context": ("#7f7f7f", "dot")}
+    for key, (color, dash) in styles.items():
+        if key in losses:
+            fig.add_trace(go.Scatter(x=pos, y=_check_1d(f"losses[{key!r}]", losses[key], len(pos)), mode="lines+markers",
+                                     name=key.replace("_", "-"), line=dict(color=color, dash=dash), marker=dict(size=4)))
+    if boundary is not None:
+        _vline(fig, boundary - 0.5, "#d62728", "dash", "boundary")
+        fig.add_annotation(x=boundary - 0.5, y=1, yref="paper", text="topic switch", showarrow=False,
+                           font=dict(color="#d62728"), xanchor="left")
+    if split is not None:
+        _vline(fig, split - 0.5, "black", "dot", "split")
+        fig.add_annotation(x=split - 0.5, y=0.93, yref="paper", text=f"s = {split}", showarrow=False, xanchor="left")
+    fig.update_layout(title=dict(text=title or "Compile and compare: loss per position", x=0.01), height=height,
+                      xaxis_title="position", yaxis_title=ylabel, template="plotly_white",
+                      margin=dict(l=50, r=20, t=60, b=40), legend=dict(orientation="h", y=1.1, x=1, xanchor="right"))
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------- training
+def training_curves_figure(history: Any, *, log_y: bool = True, title: str | None = None,
+                           max_points: int = 2000, height: int = 460) -> go.Figure:
+    """Loss curves (main, aux, smooth, total; row 1) and evaluation metrics (row 2) of a training run.
+
+    history: a TrainHistory, a dict of lists, or a list of callback records (see analysis.training_series).
+    Long curves are thinned to max_points per trace (every k-th step; the last step always kept).
+    """
+    steps, evals = training_series(history)
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1, row_heights=[0.62, 0.38],
+                        subplot_titles=("training losses", "evaluation"))
+    for name, (s, v) in steps.items():
+        s, v = thin(s, max_points), thin(v, max_points)
+        fig.add_trace(go.Scatter(x=s, y=v, mode="lines", name=name), row=1, col=1)
+    for name, (s, v) in evals.items():
+        fig.add_trace(go.Scatter(x=s, y=v, mode="lines+markers", name=name), row=2, col=1)
+    if log_y:
+        fig.update_yaxes(type="log", row=1, col=1)
+    fig.update_xaxes(title_text="step", row=2, col=1)
+    fig.update_layout(title=dict(text=title or "Training", x=0.01), height=height, template="plotly_white",
+                      margin=dict(l=50, r=20, t=60, b=40))
+    return fig
+
+
+def thin(a: np.ndarray, max_points: int) -> np.ndarray:
+    """Every k-th entry so that at most max_points remain, always keeping the last one."""
+    a = np.asarray(a)
+    if len(a) <= max_points:
+        return a
+    k = int(np.ceil(len(a) / max_points))
+    idx = np.arange(0, len(a), k)
+    if idx[-1] != len(a) - 1:
+        idx = np.append(idx, len(a) - 1)
+    return a[idx]

@@ -1,0 +1,173 @@
+"""Shared pieces of the widgets: a FigureWidget that keeps plotly's 5 MB JavaScript out of saved notebooks,
+in-place figure replacement, and small UI helpers.
+
+Why `LeanFigureWidget`: plotly's `FigureWidget` is an anywidget whose synced `_esm` trait is the whole
+plotly.js widget bundle (~5 MB). Every saved copy of widget state (nbclient/nbconvert store it by default,
+JupyterLab when "save widget state" is on) then carries 5 MB per figure. Here `_esm` is a 2 KB loader;
+the bundle travels once per browser page in a `_bundle` trait that is emptied when the cell that made
+the widget finishes (so saved state stays small), or, for a page opened later, in one reply to a custom
+message. The browser caches the loaded module in `globalThis`, so every later figure reuses it.
+Set the environment variable CGT_VIZ_EMBED_PLOTLY=1 to use plain `go.FigureWidget` instead.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from pathlib import Path
+
+import ipywidgets as W
+import plotly
+import plotly.graph_objects as go
+import traitlets
+
+_BUNDLE_PATH = Path(plotly.__file__).parent / "package_data" / "widgetbundle.js"
+_BUNDLE_TEXT: str | None = None
+
+_LOADER = """
+const KEY = "__cgt_viz_plotly_widget_%(version)s__";
+function fromText(text) {
+  const url = URL.createObjectURL(new Blob([text], { type: "text/javascript" }));
+  return import(url).finally(() => URL.revokeObjectURL(url));
+}
+function bundle(model) {
+  const have = globalThis[KEY];
+  const text = model.get("_bundle");
+  if (have && (have.source === "text" || !text)) return have.promise;
+  let promise;
+  if (text) {
+    promise = fromText(text);
+  } else {
+    promise = new Promise((resolve, reject) => {
+      const onMsg = (msg) => {
+        if (!msg || msg.type !== "cgt_viz_bundle") return;
+        model.off("msg:custom", onMsg);
+        fromText(msg.text).then(resolve, reject);
+      };
+      model.on("msg:custom", onMsg);
+      model.send({ type: "cgt_viz_bundle_request" });
+    });
+  }
+  const entry = { promise, source: text ? "text" : "request" };
+  globalThis[KEY] = entry;
+  promise.catch(() => { if (globalThis[KEY] === entry) delete globalThis[KEY]; });
+  return promise;
+}
+export default () => {
+  let ready = null;
+  return {
+    initialize({ model }) {
+      ready = bundle(model).then((mod) => {
+        const inner = mod.default();
+        inner.initialize({ model });
+        return inner;
+      });
+      ready.catch((err) => console.error("[cgt_viz] could not load plotly's widget code", err));
+    },
+    async render({ model, el }) {
+      el.textContent = "loading plot…";
+      const inner = await ready;
+      el.textContent = "";
+      return inner.render({ model, el });
+    },
+  };
+};
+""" % {"version": plotly.__version__.replace(".", "_")}
+
+_carriers: list[weakref.ref] = []   # widgets still holding the bundle (FigureWidget is unhashable: no WeakSet)
+_hook_lock = threading.Lock()
+_hook_installed = False
+
+
+def _bundle_text() -> str:
+    global _BUNDLE_TEXT
+    if _BUNDLE_TEXT is None:
+        _BUNDLE_TEXT = _BUNDLE_PATH.read_text(encoding="utf-8")
+    return _BUNDLE_TEXT
+
+
+def _kernel_shell():
+    """The IPython shell of a running Jupyter kernel, or None (plain Python, tests, terminal IPython)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    return shell if shell is not None and getattr(shell, "kernel", None) is not None else None
+
+
+def _drop_bundles(*_args) -> None:
+    """After a cell: the frontend has the bundle by now (comm_open came first); empty the traits."""
+    while _carriers:
+        widget = _carriers.pop()()
+        if widget is not None:
+            widget._bundle = ""
+
+
+def _install_hook(shell) -> None:
+    global _hook_installed
+    with _hook_lock:
+        if not _hook_installed:
+            shell.events.register("post_run_cell", _drop_bundles)
+            _hook_installed = True
+
+
+class LeanFigureWidget(go.FigureWidget):
+    """`go.FigureWidget` with a small `_esm` loader (see the module docstring); behaves the same in Python."""
+
+    _esm = _LOADER
+    _bundle = traitlets.Unicode("").tag(sync=True)
+
+    def __init__(self, *args, send_code: bool | None = None, **kwargs):
+        """send_code: ship plotly's code with the widget (default: when running in a Jupyter kernel);
+        False makes the browser ask for it unless it has it already (what a page opened later does)."""
+        shell = _kernel_shell()
+        self._send_code = shell is not None if send_code is None else bool(send_code)
+        super().__init__(*args, **kwargs)
+        if self._send_code:
+            _carriers.append(weakref.ref(self))
+            if shell is not None:
+                _install_hook(shell)
+        self.on_msg(self._serve_bundle)
+
+    @traitlets.default("_bundle")
+    def _default_bundle(self) -> str:
+        # read when the comm opens, so the code is in the first message: the frontend reads it in
+        # `initialize`, before any later update could reach the model
+        return _bundle_text() if getattr(self, "_send_code", False) else ""
+
+    def _serve_bundle(self, _widget, content, _buffers) -> None:
+        if isinstance(content, dict) and content.get("type") == "cgt_viz_bundle_request":
+            self.send({"type": "cgt_viz_bundle", "text": _bundle_text()})
+
+
+def figure_widget(fig: go.Figure, **kwargs) -> go.FigureWidget:
+    """A FigureWidget showing `fig`: lean by default, plain plotly with CGT_VIZ_EMBED_PLOTLY=1."""
+    if os.environ.get("CGT_VIZ_EMBED_PLOTLY") == "1":
+        return go.FigureWidget(fig)
+    return LeanFigureWidget(fig, **kwargs)
+
+
+def replace_figure(fw: go.FigureWidget, fig: go.Figure) -> None:
+    """Make `fw` show `fig`: update traces in place when the trace list has the same types, else rebuild."""
+    same = len(fw.data) == len(fig.data) and all(a.type == b.type for a, b in zip(fw.data, fig.data))
+    if not same:
+        fw.data = []
+        fw.add_traces(list(fig.data))
+    with fw.batch_update():
+        if same:
+            for old, new in zip(fw.data, fig.data):
+                old.update(new.to_plotly_json(), overwrite=True)
+        fw.layout.shapes = fig.layout.shapes
+        fw.layout.annotations = fig.layout.annotations
+        fw.update_layout(fig.layout.to_plotly_json(), overwrite=True)
+
+
+def html_status(text: str, kind: str = "info") -> str:
+    colors = {"info": "#555", "busy": "#b26b00", "ok": "#2a7a2a", "error": "#b00020"}
+    return f"<span style='color:{colors.get(kind, '#555')};font-size:12px'>{text}</span>"
+
+
+def labelled(widget: W.Widget, width: str = "auto") -> W.Widget:
+    widget.layout = W.Layout(width=width)
+    return widget

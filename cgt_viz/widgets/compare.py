@@ -1,0 +1,99 @@
+"""Compile and compare: per-position loss of the prompted model, the specialised one (ȳ frozen at the
+split s, prompt dropped) and the model with no context, with the topic boundary marked.
+
+    cmp = CompileCompare(model, task_or_batch, split=32)      # the slider moves s
+"""
+from __future__ import annotations
+
+import ipywidgets as W
+import numpy as np
+
+from .. import analysis as A
+from ..figures import compare_figure
+from ._base import figure_widget, html_status, replace_figure
+from .smoothness import boundary_of, sequences_of
+
+ALL = -1   # the sequence picker's value for "mean over all sequences"
+
+
+class CompileCompare(W.VBox):
+    """A split slider, a sequence picker (one or the mean of all), and `compare_figure`."""
+
+    def __init__(self, model, data, labels=None, *, split: int | None = None, sequence: int | None = None,
+                 boundary=None, height: int = 420, **prepare_kw):
+        A.require_cgt(model)
+        self.model, self.height = model, height
+        self.seqs = sequences_of(model, data, labels, boundary, **prepare_kw)
+        t = self.seqs.t
+        if t < 2:
+            raise ValueError(f"data must have sequences of at least 2 positions to split, got t = {t}")
+        self.targets, self.loss_mask = self.seqs.scoring(model.config.mode)
+        self.baseline = model.x_only()          # T = I, no prompt: made once, reused for every split
+        self._cache: dict[tuple[int, int], dict] = {}
+        if split is None:
+            bounds = [b for b in (boundary_of(self.seqs, i) for i in range(self.seqs.n)) if b is not None]
+            split = max(1, int(np.median(bounds)) // 2) if bounds else t // 2
+        self.split = self._check_split(split)
+        self.sequence = ALL if sequence is None else self._check_sequence(sequence)
+        self.figure = figure_widget(self.figure_for())
+        self.slider = W.IntSlider(value=self.split, min=1, max=t - 1, description="split s", continuous_update=False,
+                                  layout=W.Layout(width="420px"))
+        options = [("all sequences (mean)", ALL)] + [(f"sequence {i}", i) for i in range(self.seqs.n)]
+        self.picker = W.Dropdown(options=options, value=self.sequence, description="show",
+                                 layout=W.Layout(width="260px"))
+        self.status = W.HTML(html_status("prompted: full CGT with the prefix in context · specialised: ȳ of the "
+                                         "prefix frozen into the weights, suffix alone · no-context: x-only, suffix alone"))
+        self.slider.observe(lambda ch: self.show(split=ch["new"]), names="value")
+        self.picker.observe(lambda ch: self.show(sequence=ch["new"]), names="value")
+        super().__init__([W.HBox([self.slider, self.picker]), self.status, self.figure])
+
+    def _check_split(self, split) -> int:
+        t = self.seqs.t
+        if isinstance(split, bool) or not isinstance(split, (int, np.integer)) or not 1 <= split <= t - 1:
+            raise ValueError(f"split must be an int in 1..{t - 1} (prefix and suffix non-empty), got {split!r}")
+        return int(split)
+
+    def _check_sequence(self, sequence) -> int:
+        if sequence == ALL:
+            return ALL
+        if isinstance(sequence, bool) or not isinstance(sequence, (int, np.integer)) or not 0 <= sequence < self.seqs.n:
+            raise ValueError(f"sequence must be None/-1 (mean of all) or an int in 0..{self.seqs.n - 1}, got {sequence!r}")
+        return int(sequence)
+
+    def losses(self, split: int | None = None, sequence: int | None = None) -> dict:
+        """analysis.compare_losses for one split over all sequences (sequence=None/-1) or one; cached."""
+        split = self.split if split is None else self._check_split(split)
+        seq = self.sequence if sequence is None else self._check_sequence(sequence)
+        key = (split, seq)
+        if key not in self._cache:
+            rows = slice(None) if seq == ALL else slice(seq, seq + 1)
+            self._cache[key] = A.compare_losses(self.model, self.seqs.inputs[rows], self.targets[rows], split,
+                                                None if self.loss_mask is None else self.loss_mask[rows],
+                                                baseline=self.baseline)
+        return self._cache[key]
+
+    def figure_for(self, split: int | None = None, sequence: int | None = None):
+        """The comparison as a static `go.Figure`."""
+        split = self.split if split is None else self._check_split(split)
+        seq = self.sequence if sequence is None else self._check_sequence(sequence)
+        if seq == ALL:
+            bounds = [b for b in (boundary_of(self.seqs, i) for i in range(self.seqs.n)) if b is not None]
+            boundary = float(np.median(bounds)) if bounds else None
+            what = f"mean of {self.seqs.n} sequences" + (" (median boundary)" if bounds and len(set(bounds)) > 1 else "")
+        else:
+            boundary, what = boundary_of(self.seqs, seq), f"sequence {seq}"
+        ylabel = "cross-entropy" if self.model.config.mode == "tokens" else "MSE"
+        return compare_figure(self.losses(split, seq), boundary=boundary, split=split, ylabel=ylabel,
+                              height=self.height, title=f"Compile and compare · {what} · split s = {split}")
+
+    def show(self, split: int | None = None, sequence: int | None = None) -> None:
+        """Redraw for another split and/or sequence (-1: the mean over all)."""
+        if split is not None:
+            self.split = self._check_split(split)
+        if sequence is not None:
+            self.sequence = self._check_sequence(sequence)
+        replace_figure(self.figure, self.figure_for())
+        if self.slider.value != self.split:
+            self.slider.value = self.split
+        if self.picker.value != self.sequence:
+            self.picker.value = self.sequence

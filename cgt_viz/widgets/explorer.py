@@ -1,0 +1,385 @@
+"""The ȳ explorer: the context summary of many tokens embedded in 2-D, coloured, selectable, linked.
+
+    ex = cgt_viz.explore(model, task_or_tokens_or_strings, labels=None)
+    ex                     # displays: PCA at once, UMAP fitting in the background (status line)
+    ex.selection           # box/lasso selection as a DataFrame (point, sequence, position, token, label, x, y)
+    ex.open_sequence(3)    # what a click does: smoothness strip + template inspector for sequence 3
+
+Big arrays (ȳ, tokens) stay in Python attributes; only the drawn points (x, y, colour codes, hover text)
+go to the browser, so a saved notebook grows by the plotted points, not by ȳ.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import ipywidgets as W
+import numpy as np
+
+from .. import analysis as A
+from ..figures import color_spec, ybar_map_figure
+from ._base import figure_widget, html_status
+
+AXIS_NAMES = {"pca": ("PC 1", "PC 2"), "umap": ("UMAP 1", "UMAP 2"), "tsne": ("t-SNE 1", "t-SNE 2")}
+METHOD_NAMES = {"pca": "PCA", "umap": "UMAP", "tsne": "t-SNE"}
+
+
+def explore(model, data, labels=None, *, positions: Any = "all", projection: str = "pca",
+            background: str | None = "umap", color_by: str | None = None, max_points: int = 100_000,
+            boundary=None, n_batches: int = 4, batch_size: int = 32, seed: int = 0, linked: bool = True,
+            height: int = 520) -> "Explorer":
+    """Collect ȳ for the tokens of `data` and open the explorer.
+
+    data       LongTensor (n, t) | list of strings (the model's task tokenizer, else bytes) | Batch | Task
+               (n_batches × batch_size sequences drawn with `seed`; per-token topics become labels)
+    labels     None, one per sequence (n,), or one per token (n, t)
+    positions  "all" | "ends" (last token of each excerpt) | k (every k-th token) | list of positions
+    projection the first paint: "pca" (instant), "umap" or "tsne" (fitted in the background)
+    background a projection to fit in a background thread right away (None: only when picked)
+    max_points cap on drawn points; beyond it a stratified subsample (by label, else by sequence) is drawn
+    """
+    seqs = A.prepare_sequences(model, data, labels, boundary, n_batches=n_batches, batch_size=batch_size, seed=seed)
+    return Explorer(model, seqs, positions=positions, projection=projection, background=background,
+                    color_by=color_by, max_points=max_points, seed=seed, linked=linked, height=height)
+
+
+class Explorer(W.VBox):
+    """ipywidgets layout around a FigureWidget of ȳ points; see `explore` for the arguments."""
+
+    def __init__(self, model, sequences: A.Sequences, ybar: np.ndarray | None = None, *, positions: Any = "all",
+                 projection: str = "pca", background: str | None = "umap", color_by: str | None = None,
+                 max_points: int = 100_000, seed: int = 0, linked: bool = True, height: int = 520):
+        A.require_cgt(model)
+        if not isinstance(sequences, A.Sequences):
+            raise TypeError(f"sequences must be an analysis.Sequences (use cgt_viz.explore for raw data), "
+                            f"got {type(sequences).__name__}")
+        for name, value in (("projection", projection), ("background", background)):
+            if value is not None and value not in A.PROJECTIONS:
+                raise ValueError(f"{name} must be one of {A.PROJECTIONS}{' or None' if name == 'background' else ''}, "
+                                 f"got {value!r}")
+        if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 2:
+            raise ValueError(f"max_points must be an int >= 2, got {max_points!r}")
+        self.model, self.seqs, self.seed, self.positions = model, sequences, seed, positions
+        self.max_points, self._linked_enabled = max_points, linked
+        self.ybar_full = A.collect_ybar(model, sequences.inputs) if ybar is None else np.asarray(ybar, np.float32)
+        if self.ybar_full.shape[:2] != tuple(sequences.inputs.shape[:2]):
+            raise ValueError(f"ybar must have shape (n, t, d_y) matching the sequences {tuple(sequences.inputs.shape[:2])}, "
+                             f"got {self.ybar_full.shape}")
+        everything = A.collect_points(sequences, self.ybar_full, positions)
+        if len(everything) < 2:
+            raise ValueError(f"data with positions={positions!r} gives {len(everything)} token; the explorer needs at "
+                             f"least 2 points (pass more or longer sequences)")
+        strata = everything.label.astype(str) if everything.label is not None else everything.seq
+        shown = A.stratified_subsample(strata, max_points, seed)
+        self.n_total = len(everything)
+        self.points = everything.take(shown)
+        self._strata_name = "label" if everything.label is not None else "sequence"
+        self.label_name = "topic" if everything.label is not None else "label"
+
+        self._lock = threading.RLock()
+        self._coords: dict[str, np.ndarray] = {}
+        self.projectors: dict[str, A.Projector] = {}
+        self._threads: dict[str, threading.Thread] = {}
+        self._errors: dict[str, BaseException] = {}
+        self._selected = np.zeros(0, dtype=np.int64)
+        self._strip = self._inspector = None
+        self._syncing = False
+
+        self.color_options = self._color_options()
+        if color_by is None:
+            color_by = self.label_name if self.label_name in self.color_options else "position"
+        if color_by not in self.color_options:
+            raise ValueError(f"color_by must be one of {list(self.color_options)}, got {color_by!r}")
+        self.color_by = color_by
+
+        first = projection if projection == "pca" else "pca"
+        t0 = time.perf_counter()
+        self._fit_now(first)
+        self.figure = figure_widget(self._figure(first))
+        self.projection = first
+        self._trace.on_selection(self._on_plotly_selection)
+        self._trace.on_deselect(lambda *_: self.select([]))
+        self._trace.on_click(self._on_plotly_click)
+
+        self.projection_picker = W.Dropdown(options=[(METHOD_NAMES[m], m) for m in A.PROJECTIONS], value=first,
+                                            description="Projection", layout=W.Layout(width="220px"))
+        self.color_picker = W.Dropdown(options=list(self.color_options), value=color_by, description="Colour by",
+                                       layout=W.Layout(width="240px"))
+        self.status = W.HTML(html_status(f"PCA of {len(self.points):,} points in {time.perf_counter() - t0:.2f} s", "ok"))
+        self.selection_info = W.HTML(html_status("Drag a box or lasso to select points; click a point to open "
+                                                 "its sequence below."))
+        self.linked = W.VBox([])
+        self.projection_picker.observe(self._on_projection_picked, names="value")
+        self.color_picker.observe(self._on_color_picked, names="value")
+        super().__init__([W.HBox([self.projection_picker, self.color_picker, self.status]), self.figure,
+                          self.selection_info, self.linked])
+        if projection != first:
+            self.set_projection(projection)
+        if background is not None and background != "pca" and background not in self._threads:
+            self._start_fit(background)
+
+    # ------------------------------------------------------------------ data
+    @property
+    def _trace(self):
+        return self.figure.data[0]
+
+    def _color_options(self) -> dict[str, tuple[np.ndarray, str]]:
+        pts, opts = self.points, {}
+        if pts.label is not None:
+            opts[self.label_name] = (pts.label.astype(str), "categorical")
+        opts["position"] = (pts.pos, "continuous")
+        opts["document"] = (pts.seq, "categorical")
+        opts["excerpt half"] = (np.where(pts.half == 0, "first", "second"), "categorical")
+        return opts
+
+    def _note(self) -> str:
+        m = len(self.points)
+        if m < self.n_total:
+            by = self.label_name if self._strata_name == "label" else "document"
+            return f"showing {m:,} of {self.n_total:,} tokens, a subsample stratified by {by} (max_points={self.max_points:,})"
+        return f"{m:,} tokens from {len(np.unique(self.points.seq)):,} sequences"
+
+    def _figure(self, method: str):
+        values, kind = self.color_options[self.color_by]
+        return ybar_map_figure(self._coords[method], values, self.points.hover, color_name=self.color_by,
+                               color_kind=kind, note=self._note(), axis_names=self._axis_names(method),
+                               title=f"ȳ of {len(self.points):,} tokens · {METHOD_NAMES[method]}")
+
+    def _axis_names(self, method: str) -> tuple[str, str]:
+        if method == "pca" and "pca" in self.projectors:
+            ratio = self.projectors["pca"].reducer.explained_variance_ratio_
+            return tuple(f"PC {i + 1} ({100 * r:.0f}% of variance)" for i, r in enumerate(ratio[:2])) + ("PC 2",) * (2 - len(ratio[:2]))
+        return AXIS_NAMES[method]
+
+    def figure_static(self):
+        """The current view as a plain `go.Figure` (for write_html / reports)."""
+        return self._figure(self.projection)
+
+    @property
+    def coords(self) -> np.ndarray:
+        """(M, 2) coordinates of the drawn points in the current projection."""
+        return self._coords[self.projection]
+
+    # ------------------------------------------------------------------ projection
+    def _fit_now(self, method: str) -> np.ndarray:
+        proj = A.Projector(method, seed=self.seed)
+        coords = proj.fit_transform(self.points.ybar)
+        with self._lock:
+            self.projectors[method], self._coords[method] = proj, coords
+        return coords
+
+    def _start_fit(self, method: str) -> None:
+        with self._lock:
+            if method in self._coords or (method in self._threads and self._threads[method].is_alive()):
+                return
+            self._errors.pop(method, None)
+            hint = " (the first UMAP in a process also compiles numba: ~10–30 s)" if method == "umap" else ""
+            self._set_status(f"{METHOD_NAMES[method]}: fitting in the background on {len(self.points):,} points{hint}…",
+                             "busy")
+            thread = threading.Thread(target=self._fit_job, args=(method,), daemon=True, name=f"cgt-viz-{method}")
+            self._threads[method] = thread
+        thread.start()
+
+    def _fit_job(self, method: str) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._fit_now(method)
+        except Exception as exc:   # shown in the status line; set_projection(wait=True) re-raises it
+            self._errors[method] = exc
+            self._set_status(f"{METHOD_NAMES[method]} failed: {type(exc).__name__}: {exc}", "error")
+            return
+        self._set_status(f"{METHOD_NAMES[method]} ready ({time.perf_counter() - t0:.1f} s)"
+                         + ("" if self._wanted() == method else f" — pick it under Projection"), "ok")
+        if self._wanted() == method:
+            self._show_projection(method)
+
+    def _wanted(self) -> str:
+        return self.projection_picker.value if hasattr(self, "projection_picker") else self.projection
+
+    def set_projection(self, method: str, wait: bool = False) -> None:
+        """Show PCA, UMAP or t-SNE coordinates; fits (in the background unless wait=True) when not cached."""
+        if method not in A.PROJECTIONS:
+            raise ValueError(f"method must be one of {A.PROJECTIONS}, got {method!r}")
+        if self.projection_picker.value != method:
+            self._syncing = True
+            try:
+                self.projection_picker.value = method
+            finally:
+                self._syncing = False
+        if method in self._coords:
+            self._show_projection(method)
+            return
+        self._start_fit(method)
+        if wait:
+            self._threads[method].join()
+            if method in self._errors:
+                raise self._errors[method]
+
+    def _on_color_picked(self, change) -> None:
+        if not self._syncing:
+            self.set_color(change["new"])
+
+    def _on_projection_picked(self, change) -> None:
+        if not self._syncing:
+            self.set_projection(change["new"])
+
+    def _show_projection(self, method: str) -> None:
+        with self._lock:
+            xy = self._coords[method]
+            with self.figure.batch_update():
+                self._trace.x, self._trace.y = xy[:, 0], xy[:, 1]
+                self.figure.layout.xaxis.title.text, self.figure.layout.yaxis.title.text = self._axis_names(method)
+                self.figure.layout.title.text = (f"ȳ of {len(self.points):,} tokens · {METHOD_NAMES[method]}"
+                                                 f"<br><sup>{self._note()}</sup>")
+            self.projection = method
+        if method not in self._threads or not self._threads[method].is_alive():
+            self._set_status(f"showing {METHOD_NAMES[method]}", "ok")
+
+    def _set_status(self, text: str, kind: str = "info") -> None:
+        if hasattr(self, "status"):
+            self.status.value = html_status(text, kind)
+
+    # ------------------------------------------------------------------ colour
+    def set_color(self, by: str) -> None:
+        """Colour points by one of `color_options` (topic/label, position, document, excerpt half)."""
+        if by not in self.color_options:
+            raise ValueError(f"color_by must be one of {list(self.color_options)}, got {by!r}")
+        values, kind = self.color_options[by]
+        spec = color_spec(values, by, kind)
+        with self._lock, self.figure.batch_update():
+            self._trace.marker.update(spec, overwrite=False)
+            self._trace.marker.colorbar.tickvals = spec["colorbar"]["tickvals"]
+            self._trace.marker.colorbar.ticktext = spec["colorbar"]["ticktext"]
+            self._trace.marker.cmin, self._trace.marker.cmax = spec["cmin"], spec["cmax"]
+        self.color_by = by
+        if self.color_picker.value != by:
+            self._syncing = True
+            try:
+                self.color_picker.value = by
+            finally:
+                self._syncing = False
+
+    # ------------------------------------------------------------------ selection
+    def select(self, points) -> None:
+        """Select drawn points by index (0..M−1); [] clears. Also what a box/lasso in the browser calls."""
+        idx = np.asarray(points, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < 0 or idx.max() >= len(self.points)):
+            raise ValueError(f"points must be indices in 0..{len(self.points) - 1}, got values in "
+                             f"[{idx.min()}, {idx.max()}]")
+        self._selected = np.unique(idx)
+        self._trace.selectedpoints = self._selected.tolist() if idx.size else None
+        self._describe_selection()
+
+    def select_box(self, x: tuple[float, float], y: tuple[float, float]) -> None:
+        """Select the drawn points inside a rectangle of the current projection."""
+        xy = self.coords
+        inside = (xy[:, 0] >= min(x)) & (xy[:, 0] <= max(x)) & (xy[:, 1] >= min(y)) & (xy[:, 1] <= max(y))
+        self.select(np.nonzero(inside)[0])
+
+    def select_lasso(self, xs, ys) -> None:
+        """Select the drawn points inside a polygon (vertices xs, ys) of the current projection."""
+        xs, ys = np.asarray(xs, float), np.asarray(ys, float)
+        if xs.shape != ys.shape or xs.ndim != 1 or len(xs) < 3:
+            raise ValueError(f"xs and ys must be two equal-length lists of >= 3 vertices, got {xs.shape} and {ys.shape}")
+        px, py = self.coords[:, 0][:, None], self.coords[:, 1][:, None]
+        x0, y0, x1, y1 = xs, ys, np.roll(xs, -1), np.roll(ys, -1)
+        crosses = ((y0 > py) != (y1 > py)) & (px < (x1 - x0) * (py - y0) / np.where(y1 == y0, 1e-12, y1 - y0) + x0)
+        self.select(np.nonzero(crosses.sum(1) % 2 == 1)[0])
+
+    @property
+    def selection(self):
+        """The selected points as a pandas DataFrame: point, sequence, position, token, token_id, label, x, y."""
+        df = self.points.frame(self._selected, self.coords)
+        return df.reset_index(drop=True)
+
+    def _on_plotly_selection(self, trace, points, selector) -> None:
+        self.select(points.point_inds)
+
+    def _describe_selection(self) -> None:
+        n = len(self._selected)
+        if n == 0:
+            self.selection_info.value = html_status("No selection. Drag a box or lasso; click a point to open it.")
+            return
+        text = f"{n:,} points selected from {len(np.unique(self.points.seq[self._selected])):,} sequences"
+        if self.points.label is not None:
+            labs, counts = np.unique(self.points.label[self._selected].astype(str), return_counts=True)
+            top = ", ".join(f"{lab}: {c}" for lab, c in sorted(zip(labs, counts), key=lambda p: -p[1])[:6])
+            text += f" ({top})"
+        self.selection_info.value = html_status(text + " — <code>explorer.selection</code> has them as a DataFrame")
+
+    # ------------------------------------------------------------------ linked views
+    def _on_plotly_click(self, trace, points, state) -> None:
+        if points.point_inds:
+            self.open_point(points.point_inds[0])
+
+    def open_point(self, point: int) -> None:
+        """Open the linked views for the sequence of drawn point `point`, its token highlighted."""
+        if not 0 <= int(point) < len(self.points):
+            raise ValueError(f"point must be in 0..{len(self.points) - 1}, got {point}")
+        self.open_sequence(int(self.points.seq[point]), int(self.points.pos[point]))
+
+    def open_sequence(self, sequence: int, position: int | None = None) -> None:
+        """Show the smoothness strip and the template inspector of one sequence below the map."""
+        if not self._linked_enabled:
+            return
+        from .smoothness import SmoothnessStrip
+        from .templates import TemplateInspector
+        if not 0 <= int(sequence) < self.seqs.n:
+            raise ValueError(f"sequence must be in 0..{self.seqs.n - 1}, got {sequence}")
+        if self._strip is None:
+            self._strip = SmoothnessStrip(self.model, self.seqs, ybar=self.ybar_full, sequence=sequence,
+                                          highlight=position)
+            self._inspector = TemplateInspector(self.model, self.seqs, ybar=self.ybar_full, sequence=sequence,
+                                                token=position)
+            self.linked.children = [self._strip, self._inspector]
+        else:
+            self._strip.show(sequence, position)
+            self._inspector.show(sequence=sequence, token=position)
+
+    @property
+    def strip(self):
+        """The linked smoothness strip (None until a point is opened)."""
+        return self._strip
+
+    @property
+    def inspector(self):
+        """The linked template inspector (None until a point is opened)."""
+        return self._inspector
+
+    # ------------------------------------------------------------------ new points
+    def add(self, data, labels=None, boundary=None) -> int:
+        """Add sequences; their tokens are placed with the cached reducers' `transform` (no refit).
+        Returns the number of points added."""
+        new = A.prepare_sequences(self.model, data, labels, boundary)
+        for thread in list(self._threads.values()):   # a fit in flight must finish before the point set grows
+            thread.join()
+        offset = self.seqs.n
+        ybar_new = A.collect_ybar(self.model, new.inputs)
+        pts = A.collect_points(new, ybar_new, self.positions)
+        pts.seq = pts.seq + offset
+        pts.hover = np.array([h.replace(f"seq {s - offset} ·", f"seq {s} ·", 1) for h, s in zip(pts.hover, pts.seq)],
+                             dtype=object)
+        with self._lock:
+            for method, proj in self.projectors.items():
+                self._coords[method] = np.concatenate([self._coords[method], proj.transform(pts.ybar)])
+            for method in [m for m in self._coords if m not in self.projectors]:
+                del self._coords[method]
+            self.seqs = A.concat_sequences(self.seqs, new)
+            t = max(self.ybar_full.shape[1], ybar_new.shape[1])
+            pad = lambda y: np.pad(y, ((0, 0), (0, t - y.shape[1]), (0, 0)))
+            self.ybar_full = np.concatenate([pad(self.ybar_full), pad(ybar_new)])
+            self.points = A.Points.concat(self.points, pts)
+            self.n_total += len(pts)
+            self.color_options = self._color_options()
+            if self.color_by not in self.color_options:
+                self.color_by = "position"
+            self.color_picker.options = list(self.color_options)
+            fig = self._figure(self.projection)
+            with self.figure.batch_update():
+                self._trace.update(fig.data[0].to_plotly_json(), overwrite=True)
+                self.figure.layout.title.text = fig.layout.title.text
+        if self._strip is not None:
+            self._strip.seqs, self._strip.ybar = self.seqs, self.ybar_full
+            self._inspector.set_data(self.seqs, self.ybar_full)
+        return len(pts)

@@ -1,0 +1,87 @@
+"""The smoothness strip: how far ȳ moves from token to token along one text, with the topic boundary.
+
+    strip = SmoothnessStrip(model, data, sequence=0)                       # one model
+    strip = SmoothnessStrip(model, data, other=model_smooth, names=("w_D = 0", "w_D = 0.1"))   # overlay
+"""
+from __future__ import annotations
+
+import ipywidgets as W
+import numpy as np
+
+from .. import analysis as A
+from ..figures import smoothness_figure
+from ._base import figure_widget, replace_figure
+
+
+def sequences_of(model, data, labels=None, boundary=None, **prepare_kw) -> A.Sequences:
+    """`data` as analysis.Sequences (already-prepared Sequences pass through)."""
+    if isinstance(data, A.Sequences):
+        return data
+    return A.prepare_sequences(model, data, labels, boundary, **prepare_kw)
+
+
+def boundary_of(seqs: A.Sequences, i: int) -> int | None:
+    """The excerpt boundary of row i: given, else where the per-token label first changes, else None."""
+    if seqs.boundary is not None and seqs.boundary[i] >= 0:
+        return int(seqs.boundary[i])
+    labels = None if seqs.token_labels is None else seqs.token_labels[i]
+    return A.label_boundary(labels, int(seqs.lengths[i]))
+
+
+def check_index(name: str, value, n: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < n:
+        raise ValueError(f"{name} must be an int in 0..{n - 1}, got {value!r}")
+    return int(value)
+
+
+class SmoothnessStrip(W.VBox):
+    """‖ȳ_t − ȳ_{t−1}‖, cosine and the ȳ heatmap of one sequence; a sequence picker; optional second model."""
+
+    def __init__(self, model, data, labels=None, *, sequence: int = 0, highlight: int | None = None,
+                 other=None, names: tuple[str, str] = ("model", "other"), boundary=None,
+                 ybar: np.ndarray | None = None, height: int = 560, **prepare_kw):
+        A.require_cgt(model)
+        if other is not None:
+            A.require_cgt(other, "other")
+            if other.config.mode != model.config.mode or other.config.vocab_size != model.config.vocab_size:
+                raise ValueError("other must read the same inputs as model (same mode and vocab_size), got "
+                                 f"vocab_size {other.config.vocab_size} vs {model.config.vocab_size}")
+        if not (isinstance(names, (tuple, list)) and len(names) == 2 and all(isinstance(s, str) for s in names)):
+            raise ValueError(f"names must be two strings (model, other), got {names!r}")
+        self.model, self.other, self.names, self.height = model, other, tuple(names), height
+        self.seqs = sequences_of(model, data, labels, boundary, **prepare_kw)
+        self.ybar = A.collect_ybar(model, self.seqs.inputs) if ybar is None else ybar
+        self.ybar_other = None if other is None else A.collect_ybar(other, self.seqs.inputs)
+        self.sequence = check_index("sequence", sequence, self.seqs.n)
+        self.highlight = highlight
+        self.figure = figure_widget(self.figure_for(self.sequence, highlight))
+        self.picker = W.BoundedIntText(value=self.sequence, min=0, max=self.seqs.n - 1, description="sequence",
+                                       layout=W.Layout(width="180px"))
+        self._syncing = False
+        self.picker.observe(self._on_pick, names="value")
+        super().__init__([W.HBox([self.picker, W.HTML(f"<small>{self.seqs.n} sequences</small>")]), self.figure])
+
+    def figure_for(self, sequence: int, highlight: int | None = None):
+        """The strip of one sequence as a static `go.Figure`."""
+        i = check_index("sequence", sequence, self.seqs.n)
+        length = int(self.seqs.lengths[i])
+        overlay = None if self.ybar_other is None else {self.names[1]: self.ybar_other[i, :length]}
+        return smoothness_figure(self.ybar[i, :length], self.seqs.token_text[i], boundary=boundary_of(self.seqs, i),
+                                 highlight=highlight, overlay=overlay, name=self.names[0], height=self.height,
+                                 title=f"Smoothness of ȳ · sequence {i}" + (f" · token {highlight}" if highlight is not None else ""))
+
+    def show(self, sequence: int, highlight: int | None = None) -> None:
+        """Draw another sequence (and highlight one of its tokens)."""
+        self.sequence = check_index("sequence", sequence, self.seqs.n)
+        self.highlight = highlight
+        replace_figure(self.figure, self.figure_for(self.sequence, highlight))
+        if self.picker.value != self.sequence:
+            self._syncing = True
+            try:
+                self.picker.value = self.sequence
+            finally:
+                self._syncing = False
+
+    def _on_pick(self, change) -> None:
+        if not self._syncing:
+            self.show(change["new"])

@@ -1,0 +1,152 @@
+"""The κ-template inspector: what the K low-rank templates of one site do along a sequence.
+
+    insp = TemplateInspector(model, data, site="3.attn_in", sequence=0, token=40)
+    insp.ablate()          # Δ loss per template on a batch (on demand: one forward pass per template)
+"""
+from __future__ import annotations
+
+import time
+
+import ipywidgets as W
+import numpy as np
+
+from .. import analysis as A
+from ..figures import template_figure
+from ._base import figure_widget, html_status, replace_figure
+from .smoothness import boundary_of, check_index, sequences_of
+
+
+class TemplateInspector(W.VBox):
+    """Site picker, sequence picker, token slider, coefficient heatmap, mean |c_k| per label, singular
+    values of ΔW(ȳ) at the chosen token, and template ablation Δloss (button)."""
+
+    def __init__(self, model, data, labels=None, *, site=None, sequence: int = 0, token: int | None = None,
+                 boundary=None, ybar: np.ndarray | None = None, ablation_sequences: int = 32, height: int = 620,
+                 **prepare_kw):
+        A.require_cgt(model)
+        if isinstance(ablation_sequences, bool) or not isinstance(ablation_sequences, int) or ablation_sequences < 1:
+            raise ValueError(f"ablation_sequences must be an int >= 1, got {ablation_sequences!r}")
+        self.model, self.height, self.ablation_sequences = model, height, ablation_sequences
+        self.sites = [f"{layer}.{name}" for layer, name in model.template_sites]
+        self.site = "{}.{}".format(*A.parse_site(model, site if site is not None else self.sites[0]))
+        self._ablation: dict[str, np.ndarray] = {}
+        self._syncing = False
+        self.set_data(sequences_of(model, data, labels, boundary, **prepare_kw), ybar, redraw=False)
+        self.sequence = check_index("sequence", sequence, self.seqs.n)
+        self.token = self._check_token(token)
+
+        self.figure = figure_widget(self.figure_for())
+        self.site_picker = W.Dropdown(options=self.sites, value=self.site, description="site κ",
+                                      layout=W.Layout(width="200px"))
+        self.seq_picker = W.BoundedIntText(value=self.sequence, min=0, max=self.seqs.n - 1, description="sequence",
+                                           layout=W.Layout(width="170px"))
+        self.token_slider = W.IntSlider(value=self.token, min=0, max=max(int(self.seqs.lengths[self.sequence]) - 1, 0),
+                                        description="token", continuous_update=False, layout=W.Layout(width="320px"))
+        self.ablate_button = W.Button(description="Δ loss: ablate each template", layout=W.Layout(width="240px"),
+                                      tooltip=f"one forward pass per template on {self.ablation_sequences} sequences")
+        self.status = W.HTML(html_status("Ablation is computed on demand."))
+        self.site_picker.observe(lambda ch: self._picked(site=ch["new"]), names="value")
+        self.seq_picker.observe(lambda ch: self._picked(sequence=ch["new"]), names="value")
+        self.token_slider.observe(lambda ch: self._picked(token=ch["new"]), names="value")
+        self.ablate_button.on_click(lambda _b: self.ablate())
+        super().__init__([W.HBox([self.site_picker, self.seq_picker, self.token_slider]),
+                          W.HBox([self.ablate_button, self.status]), self.figure])
+
+    # ------------------------------------------------------------------ data
+    def set_data(self, seqs: A.Sequences, ybar: np.ndarray | None = None, redraw: bool = True) -> None:
+        """Replace the sequences (and their ȳ); cached per-label means and ablations are dropped."""
+        self.seqs = seqs
+        self.ybar = A.collect_ybar(self.model, seqs.inputs) if ybar is None else np.asarray(ybar, np.float32)
+        self._means: dict[str, tuple[list, np.ndarray]] = {}
+        self._ablation.clear()
+        if redraw:
+            self.seq_picker.max = seqs.n - 1
+            self.show()
+
+    def _check_token(self, token) -> int:
+        length = int(self.seqs.lengths[self.sequence])
+        if token is None:
+            return length - 1
+        return check_index("token", token, length)
+
+    def _mean_abs(self, site: str) -> tuple[list, np.ndarray]:
+        """mean |c_k| per label over every real token of every sequence (cached per site)."""
+        if site not in self._means:
+            seqs = self.seqs
+            valid = np.arange(seqs.t)[None, :] < seqs.lengths[:, None]                   # (n, t)
+            coeffs = A.site_coefficients(self.model, self.ybar[valid], site)             # (N, K)
+            if seqs.token_labels is not None:
+                labels = seqs.token_labels[valid].astype(str)
+            elif seqs.boundary is not None:
+                pos = np.broadcast_to(np.arange(seqs.t), valid.shape)[valid]
+                bound = np.broadcast_to(seqs.boundary[:, None], valid.shape)[valid]
+                labels = np.where((bound >= 0) & (pos >= bound), "second excerpt", "first excerpt")
+            else:
+                labels = np.full(len(coeffs), "all tokens")
+            self._means[site] = A.mean_abs_by_label(coeffs, labels)
+        return self._means[site]
+
+    # ------------------------------------------------------------------ drawing
+    def figure_for(self, site: str | None = None, sequence: int | None = None, token: int | None = None):
+        """The inspector's figure as a static `go.Figure` (defaults: the current site, sequence, token)."""
+        site = self.site if site is None else "{}.{}".format(*A.parse_site(self.model, site))
+        i = self.sequence if sequence is None else check_index("sequence", sequence, self.seqs.n)
+        length = int(self.seqs.lengths[i])
+        tok = self.token if token is None else check_index("token", token, length)
+        tok = min(tok, length - 1)
+        coeffs = A.site_coefficients(self.model, self.ybar[i, :length], site)            # (t, K)
+        names, means = self._mean_abs(site)
+        sv = A.delta_w_singular_values(self.model, self.ybar[i, tok], site)
+        return template_figure(coeffs, self.seqs.token_text[i], site=site, boundary=boundary_of(self.seqs, i),
+                               highlight=tok, label_names=names, mean_abs=means, singular_values=sv,
+                               ablation=self._ablation.get(site), height=self.height,
+                               title=f"κ-template inspector · site {site} · sequence {i} · token {tok} "
+                                     f"({self.seqs.token_text[i][tok]!r})")
+
+    def show(self, sequence: int | None = None, token: int | None = None, site: str | None = None) -> None:
+        """Redraw for another sequence / token / site (None keeps the current one)."""
+        if site is not None:
+            self.site = "{}.{}".format(*A.parse_site(self.model, site))
+        if sequence is not None:
+            self.sequence = check_index("sequence", sequence, self.seqs.n)
+            if token is None:
+                token = int(self.seqs.lengths[self.sequence]) - 1
+        if token is not None or sequence is not None:
+            self.token = self._check_token(token)
+        self.token = min(self.token, int(self.seqs.lengths[self.sequence]) - 1)
+        replace_figure(self.figure, self.figure_for())
+        self._syncing = True
+        try:
+            self.site_picker.value = self.site
+            self.seq_picker.value = self.sequence
+            self.token_slider.max = int(self.seqs.lengths[self.sequence]) - 1
+            self.token_slider.value = self.token
+        finally:
+            self._syncing = False
+
+    def _picked(self, **change) -> None:
+        if not self._syncing:
+            self.show(**change)
+
+    # ------------------------------------------------------------------ ablation
+    def ablate(self, site: str | None = None) -> dict:
+        """Δ main loss when each template of `site` is ablated, on the first `ablation_sequences` sequences;
+        the result is drawn and returned ({"base", "templates", "delta"})."""
+        site = self.site if site is None else "{}.{}".format(*A.parse_site(self.model, site))
+        rows = slice(0, self.ablation_sequences)
+        self.status.value = html_status(f"ablating the templates of {site} …", "busy")
+        t0 = time.perf_counter()
+        try:
+            targets, mask = self.seqs.scoring(self.model.config.mode)
+            result = A.template_ablation(self.model, self.seqs.inputs[rows], targets[rows], site,
+                                         None if mask is None else mask[rows])
+        except Exception as exc:
+            self.status.value = html_status(f"ablation failed: {type(exc).__name__}: {exc}", "error")
+            raise
+        self._ablation[site] = result["delta"]
+        self.status.value = html_status(f"{site}: base loss {result['base']:.4f}; largest Δ "
+                                        f"{result['delta'].max():+.4f} (k{int(result['delta'].argmax())}) — "
+                                        f"{time.perf_counter() - t0:.1f} s", "ok")
+        if site == self.site:
+            replace_figure(self.figure, self.figure_for())
+        return result

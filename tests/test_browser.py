@@ -1,0 +1,182 @@
+"""The widgets in a real browser: JupyterLab on 127.0.0.1, Debian's headless Chromium driven by playwright.
+
+Runs tests/browser/widgets.ipynb (copied to a temp dir, so the repo's copy never gets outputs), checks
+that the plotly figures render (a `.js-plotly-plot`, a WebGL canvas for the explorer), that changing the
+colour-by dropdown reaches the kernel and recolours the points in the page, and that a figure whose
+plotly code must be requested from the kernel renders too. Screenshots go to test-artifacts/ (and, with
+CGT_SCREENSHOTS=<dir>, small element screenshots of the explorer, the strip and the inspector there).
+
+Skipped when /usr/bin/chromium is missing, unless CGT_REQUIRE_BROWSER=1 (CI), where that is a failure.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = ROOT / "test-artifacts"
+NOTEBOOK = ROOT / "tests" / "browser" / "widgets.ipynb"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+BUNDLE_KEY = "__cgt_viz_plotly_widget_"
+
+pytestmark = pytest.mark.browser
+
+
+def _need_browser() -> None:
+    if Path(CHROMIUM).exists():
+        return
+    if os.environ.get("CGT_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"{CHROMIUM} is missing and CGT_REQUIRE_BROWSER=1 (run `make browser-deps` as root)")
+    pytest.skip(f"{CHROMIUM} is missing (install Debian's chromium to run the browser test)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_server(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"jupyter lab exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url + "api/status", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"jupyter lab did not answer within {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """A JupyterLab server on a free port serving a temp copy of the test notebook; stopped by PID."""
+    _need_browser()
+    work = tmp_path / "lab"
+    work.mkdir()
+    shutil.copy(NOTEBOOK, work / "widgets.ipynb")
+    port = _free_port()
+    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+               JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+               IPYTHONDIR=str(tmp_path / "ipython"), JUPYTER_DATA_DIR=str(tmp_path / "data"),
+               JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "ws"), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+           "--ServerApp.token=", "--ServerApp.password=", f"--ServerApp.root_dir={work}",
+           "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None",
+           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")
+    log = tmp_path / "lab.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=work)
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        _wait_for_server(url, proc, log)
+        yield url, work, log
+    finally:
+        proc.terminate()                       # the server shuts its kernels down on SIGTERM
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+MONITOR_JS = """() => { const m = Array.from(document.querySelectorAll('.js-plotly-plot')).find(
+    p => p.layout && p.layout.title && String(p.layout.title.text).startsWith('Live training')); """
+
+
+def test_widgets_render_and_talk_to_the_kernel(lab):
+    from playwright.sync_api import sync_playwright
+
+    url, work, log = lab
+    ARTIFACTS.mkdir(exist_ok=True)
+    shots = os.environ.get("CGT_SCREENSHOTS")
+    console: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.on("console", lambda msg: console.append(f"{msg.type}: {msg.text}"[:300]))
+            page.goto(url + "lab/tree/widgets.ipynb", wait_until="domcontentloaded", timeout=60_000)
+            page.wait_for_function("window.jupyterapp && document.querySelector('.jp-Notebook .jp-Cell')",
+                                   timeout=60_000)
+            page.wait_for_function("""() => {
+                const w = window.jupyterapp.shell.currentWidget;
+                return w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel &&
+                       w.sessionContext.session.kernel.status === 'idle'; }""", timeout=60_000)
+            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")   # no await
+            page.locator(".jp-OutputArea-output", has_text="CELLS-DONE").first.wait_for(timeout=60_000)
+
+            # the last cell feeds a TrainingMonitor in a busy loop: its plot must update while the kernel is busy
+            page.wait_for_function(MONITOR_JS + "return m && m.data.length >= 4 && m.data[0].x.length >= 20; }",
+                                   timeout=30_000)
+            status = page.evaluate("window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status")
+            assert status == "busy", f"the monitor should update during training, but the kernel is {status}"
+            (work / "stop-training").write_text("")
+            page.locator(".jp-OutputArea-output", has_text="TRAINING-DONE").first.wait_for(timeout=30_000)
+            sources = page.evaluate(f"Object.keys(globalThis).filter(k => k.startsWith('{BUNDLE_KEY}'))"
+                                    ".map(k => globalThis[k].source)")
+            assert sources == ["text"], f"the first figures should get plotly's code with the widget, got {sources}"
+
+            # every figure renders: explorer (WebGL scatter), smoothness strip, template inspector
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 4", timeout=30_000)
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot canvas').length >= 1", timeout=30_000)
+            explorer = page.locator(".js-plotly-plot").first
+            before = page.evaluate("Array.from(document.querySelectorAll('.js-plotly-plot')[0].data[0].marker.color)")
+            n_points = page.evaluate("document.querySelectorAll('.js-plotly-plot')[0].data[0].x.length")
+            assert n_points > 100, n_points
+            assert len(set(before)) == 3, f"coloured by topic: 3 colour codes expected, got {sorted(set(before))[:10]}"
+            explorer.scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTIFACTS / "browser_notebook.png"), full_page=False)
+            if shots:
+                Path(shots).mkdir(parents=True, exist_ok=True)
+                for cell, name in ((1, "explorer"), (2, "smoothness"), (3, "templates")):
+                    out = page.locator(".jp-Notebook .jp-Cell").nth(cell).locator(".jp-OutputArea-output").first
+                    out.scroll_into_view_if_needed()
+                    out.screenshot(path=str(Path(shots) / f"{name}.png"))
+
+            # one UI interaction: the colour-by dropdown -> kernel -> figure; the late figure needs a bundle request
+            page.evaluate(f"Object.keys(globalThis).filter(k => k.startsWith('{BUNDLE_KEY}'))"
+                          ".forEach(k => delete globalThis[k])")
+            select = page.locator(".widget-dropdown", has_text="Colour by").locator("select")
+            select.scroll_into_view_if_needed()
+            select.select_option(label="position")
+            page.locator(".widget-label", has_text="colour: position").first.wait_for(timeout=30_000)
+            page.wait_for_function("""() => {
+                const c = document.querySelectorAll('.js-plotly-plot')[0].data[0].marker.color;
+                return new Set(Array.from(c)).size > 3; }""", timeout=30_000)
+            after = page.evaluate("Array.from(document.querySelectorAll('.js-plotly-plot')[0].data[0].marker.color)")
+            assert after != before and len(set(after)) > 3
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 5", timeout=30_000)
+            page.screenshot(path=str(ARTIFACTS / "browser_after_interaction.png"), full_page=False)
+            assert explorer.is_visible()
+        except Exception:
+            try:
+                page.screenshot(path=str(ARTIFACTS / "browser_failure.png"), full_page=True)
+            except Exception:
+                pass
+            print(page.evaluate("Array.from(document.querySelectorAll('.widget-output, .jp-OutputArea-output'))"
+                                ".map(e => e.innerText.slice(0, 200)).join('\\n---\\n')"))
+            print("\n".join(console[-40:]))
+            print(log.read_text()[-3000:])
+            raise
+        finally:
+            browser.close()
+    errors = [c for c in console if c.startswith("error") and "cgt_viz" in c]
+    assert not errors, errors
