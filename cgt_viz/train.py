@@ -267,7 +267,7 @@ def train(model: nn.Module, task: Task, steps: int, batch_size: int, lr: float =
     amp             bf16 autocast on CUDA (ignored elsewhere)
     compile         torch.compile the training forward
     checkpoint_dir  folder for checkpoints (see cgt_viz.checkpoint), written every `checkpoint_every` steps
-                    (default steps // 10), at the last step and on Ctrl-C; the newest `keep_checkpoints` stay
+                    (default steps // 10), at the last step and on Ctrl-C; the newest `keep_checkpoints` stay (0: all)
     resume          continue from the latest checkpoint in checkpoint_dir (a fresh start if there is none);
                     the checkpoint must come from the same model config, task and hyper-parameters
                     (`steps` may differ: the cosine then ends at the new last step, the warm-up is kept).
@@ -295,6 +295,8 @@ def train(model: nn.Module, task: Task, steps: int, batch_size: int, lr: float =
     _check_positive("eval_batches", eval_batches, int)
     checkpoint_every = max(1, steps // 10) if checkpoint_every is None else checkpoint_every
     _check_positive("checkpoint_every", checkpoint_every, int)
+    if isinstance(keep_checkpoints, bool) or not isinstance(keep_checkpoints, int) or keep_checkpoints < 0:
+        raise ValueError(f"keep_checkpoints must be an int >= 0 (0 = keep all), got {keep_checkpoints!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
     callbacks = list(callbacks)

@@ -1,6 +1,7 @@
 """DDP: two CPU ranks (gloo) launched by torch.distributed.run train the same model as one process."""
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import socket
@@ -87,7 +88,7 @@ def test_two_gloo_ranks_match_one_process(tmp_path):
 
 def test_batch_size_must_split_evenly_over_ranks(monkeypatch):
     """The divisibility check runs before any process group exists, so it can be tested in one process."""
-    import cgt_viz.train as train_mod
+    train_mod = importlib.import_module("cgt_viz.train")   # (cgt_viz.train, the attribute, is the function)
 
     class FakeDist:
         @staticmethod

@@ -223,6 +223,7 @@ def test_nan_loss_stops_with_the_step_and_term_and_keeps_the_last_good_state(tmp
     ("lr", 0.0, ValueError), ("lr", -1e-3, ValueError), ("lr", float("nan"), ValueError),
     ("warmup", -1, ValueError), ("min_lr_ratio", 1.5, ValueError), ("grad_clip", 0, ValueError),
     ("eval_every", -1, ValueError), ("checkpoint_every", 0, ValueError), ("seed", -1, ValueError),
+    ("keep_checkpoints", -1, ValueError),
     ("device", "tpu", ValueError), ("callbacks", [42], TypeError),
 ])
 def test_bad_arguments_name_themselves(name, value, exc):
