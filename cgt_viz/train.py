@@ -272,6 +272,9 @@ def train(model: nn.Module, task: Task, steps: int, batch_size: int, lr: float =
                     the checkpoint must come from the same model config, task and hyper-parameters
                     (`steps` may differ: the cosine then ends at the new last step, the warm-up is kept).
                     Without resume, a checkpoint_dir that holds a checkpoint is an error.
+
+    Ctrl-C stops after the step in flight, checkpoints it and returns normally with history.interrupted = True.
+    NaN/inf raises TrainingDiverged before the bad update (see the module docstring).
     """
     # ---------------------------------------------------------------- arguments
     if not isinstance(model, nn.Module) or not callable(getattr(model, "loss", None)):
@@ -326,7 +329,7 @@ def train(model: nn.Module, task: Task, steps: int, batch_size: int, lr: float =
     if distributed and dev.type == "cuda" and dev.index is None:  # a group the caller set up: one GPU per rank
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(dev)
-    try:
+    try:  # everything is validated: hand the arguments (and dev, rank, world) to the loop
         return _run(**locals())
     finally:
         if own_group and dist.is_initialized():
