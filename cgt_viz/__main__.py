@@ -394,6 +394,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = {"train": cmd_train, "evaluate": cmd_evaluate, "report": cmd_report}[args.command]
     try:
         return command(args)
+    except ModuleNotFoundError as err:
+        print(f"error: {err.name} is needed for this command; install the notebook extras: "
+              f"pip install -e '.[notebook]'", file=sys.stderr)
+        return 2
     except (CLIError, ValueError, TypeError, FileNotFoundError) as err:
         if os.environ.get("CGT_VIZ_DEBUG"):
             raise
