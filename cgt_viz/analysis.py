@@ -438,10 +438,10 @@ def collect_points(seqs: Sequences, ybar_full: np.ndarray, positions: Any = "all
     label = None if seqs.token_labels is None else seqs.token_labels[seq, pos]
     if label is not None:
         hover = np.array([f"{h}<br>label: {html.escape(str(lab))}" for h, lab in zip(hover, label)], dtype=object)
-    if seqs.boundary is not None:
-        half = (pos >= np.where(seqs.boundary[seq] >= 0, seqs.boundary[seq], np.iinfo(np.int64).max)).astype(np.int8)
-    else:
-        half = (pos >= seqs.lengths[seq] / 2).astype(np.int8)
+    # which excerpt: split at the row's boundary, or at the middle of rows that have none
+    split = seqs.lengths[seq] / 2 if seqs.boundary is None else \
+        np.where(seqs.boundary[seq] >= 0, seqs.boundary[seq], seqs.lengths[seq] / 2)
+    half = (pos >= split).astype(np.int8)
     return Points(np.ascontiguousarray(ybar, dtype=np.float32), seq, pos, token_id, token, hover, label, half)
 
 

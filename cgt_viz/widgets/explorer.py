@@ -28,7 +28,7 @@ METHOD_NAMES = {"pca": "PCA", "umap": "UMAP", "tsne": "t-SNE"}
 def explore(model, data, labels=None, *, positions: Any = "all", projection: str = "pca",
             background: str | None = "umap", color_by: str | None = None, max_points: int = 100_000,
             boundary=None, n_batches: int = 4, batch_size: int = 32, seed: int = 0, linked: bool = True,
-            height: int = 520) -> "Explorer":
+            projection_params: dict | None = None, height: int = 520) -> "Explorer":
     """Collect ȳ for the tokens of `data` and open the explorer.
 
     data       LongTensor (n, t) | list of strings (the model's task tokenizer, else bytes) | Batch | Task
@@ -38,10 +38,12 @@ def explore(model, data, labels=None, *, positions: Any = "all", projection: str
     projection the first paint: "pca" (instant), "umap" or "tsne" (fitted in the background)
     background a projection to fit in a background thread right away (None: only when picked)
     max_points cap on drawn points; beyond it a stratified subsample (by label, else by sequence) is drawn
+    projection_params  {method: keyword arguments for its reducer}, e.g. {"umap": {"n_neighbors": 30}}
     """
     seqs = A.prepare_sequences(model, data, labels, boundary, n_batches=n_batches, batch_size=batch_size, seed=seed)
     return Explorer(model, seqs, positions=positions, projection=projection, background=background,
-                    color_by=color_by, max_points=max_points, seed=seed, linked=linked, height=height)
+                    color_by=color_by, max_points=max_points, seed=seed, linked=linked,
+                    projection_params=projection_params, height=height)
 
 
 class Explorer(W.VBox):
@@ -49,7 +51,8 @@ class Explorer(W.VBox):
 
     def __init__(self, model, sequences: A.Sequences, ybar: np.ndarray | None = None, *, positions: Any = "all",
                  projection: str = "pca", background: str | None = "umap", color_by: str | None = None,
-                 max_points: int = 100_000, seed: int = 0, linked: bool = True, height: int = 520):
+                 max_points: int = 100_000, seed: int = 0, linked: bool = True,
+                 projection_params: dict | None = None, height: int = 520):
         A.require_cgt(model)
         if not isinstance(sequences, A.Sequences):
             raise TypeError(f"sequences must be an analysis.Sequences (use cgt_viz.explore for raw data), "
@@ -60,6 +63,11 @@ class Explorer(W.VBox):
                                  f"got {value!r}")
         if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 2:
             raise ValueError(f"max_points must be an int >= 2, got {max_points!r}")
+        params = dict(projection_params or {})
+        if any(m not in A.PROJECTIONS or not isinstance(v, dict) for m, v in params.items()):
+            raise ValueError(f"projection_params must map methods in {A.PROJECTIONS} to dicts of keyword arguments, "
+                             f"got {projection_params!r}")
+        self.projection_params = {m: params.get(m, {}) for m in A.PROJECTIONS}
         self.model, self.seqs, self.seed, self.positions = model, sequences, seed, positions
         self.max_points, self._linked_enabled = max_points, linked
         self.ybar_full = A.collect_ybar(model, sequences.inputs) if ybar is None else np.asarray(ybar, np.float32)
@@ -163,7 +171,7 @@ class Explorer(W.VBox):
 
     # ------------------------------------------------------------------ projection
     def _fit_now(self, method: str) -> np.ndarray:
-        proj = A.Projector(method, seed=self.seed)
+        proj = A.Projector(method, seed=self.seed, **self.projection_params[method])
         coords = proj.fit_transform(self.points.ybar)
         with self._lock:
             self.projectors[method], self._coords[method] = proj, coords

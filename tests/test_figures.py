@@ -1,0 +1,112 @@
+"""cgt_viz.figures: every figure function on tiny arrays (what is drawn, and errors for bad shapes)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+
+from cgt_viz import analysis as A
+from cgt_viz import figures as Fg
+
+rng = np.random.default_rng(0)
+
+
+def shapes_at(fig: go.Figure) -> list[float]:
+    return sorted(float(s.x0) for s in fig.layout.shapes if s.type == "line")
+
+
+def test_ybar_map_categorical_and_continuous():
+    coords = rng.normal(size=(50, 2))
+    labels = np.array(["sport", "tech", "politics"] * 16 + ["sport", "tech"], dtype=object)
+    fig = Fg.ybar_map_figure(coords, labels, [f"tok {i}" for i in range(50)], color_name="topic", note="50 tokens")
+    (trace,) = fig.data
+    assert isinstance(fig, go.Figure) and trace.type == "scattergl" and len(trace.x) == 50
+    codes = np.asarray(trace.marker.color)
+    names = list(trace.marker.colorbar.ticktext)
+    assert names == ["politics", "sport", "tech"] and [names[c] for c in codes[:3]] == ["sport", "tech", "politics"]
+    assert trace.hovertext[7] == "tok 7" and "50 tokens" in fig.layout.title.text
+    cont = Fg.ybar_map_figure(coords, np.arange(50), color_kind="continuous", color_name="position").data[0]
+    assert cont.marker.colorscale[0][1] != cont.marker.colorscale[-1][1] and np.allclose(cont.marker.color, np.arange(50))
+    json.loads(fig.to_json())                                       # serialisable as is (static export)
+
+
+def test_color_spec_many_categories_hide_the_bar():
+    spec = Fg.color_spec(np.arange(40) % 40, "document", "categorical")
+    assert spec["showscale"] is False and spec["cmax"] == 39.5
+    with pytest.raises(ValueError, match="colour values must be 1-D"):
+        Fg.color_spec(np.zeros((2, 2)))
+
+
+@pytest.mark.parametrize("coords, color, words", [
+    (np.zeros((5, 3)), None, "coords must have shape"),
+    (np.zeros((0, 2)), None, "coords must have shape"),
+    (np.zeros((5, 2)), np.zeros(4), r"color must have shape \(5,\)"),
+])
+def test_ybar_map_rejects_bad_shapes(coords, color, words):
+    with pytest.raises(ValueError, match=words):
+        Fg.ybar_map_figure(coords, color)
+
+
+def test_smoothness_figure_rows_overlay_boundary_highlight():
+    ybar, other = rng.normal(size=(12, 4)), rng.normal(size=(12, 4))
+    tokens = list("abcdefghijkl")
+    fig = Fg.smoothness_figure(ybar, tokens, boundary=6, highlight=3, overlay={"smooth": other}, name="plain")
+    lines = [t for t in fig.data if t.type == "scatter"]
+    assert [t.name for t in lines] == ["plain", "plain", "smooth", "smooth"]
+    step, cos = A.token_smoothness(ybar)
+    assert np.allclose(np.asarray(lines[0].y, float)[1:], step[1:]) and np.allclose(np.asarray(lines[1].y, float)[1:], cos[1:])
+    heat = [t for t in fig.data if t.type == "heatmap"][0]
+    assert np.asarray(heat.z).shape == (4, 12)
+    assert shapes_at(fig) == [5.5]                                  # boundary between tokens 5 and 6
+    assert any(s.type == "rect" and s.x0 == 2.5 and s.x1 == 3.5 for s in fig.layout.shapes)
+    assert list(fig.layout.xaxis3.ticktext) == tokens
+    with pytest.raises(ValueError, match="overlay"):
+        Fg.smoothness_figure(ybar, overlay={"x": other[:5]})
+    with pytest.raises(ValueError, match="tokens must have one string per position"):
+        Fg.smoothness_figure(ybar, tokens[:3])
+    with pytest.raises(ValueError, match="ybar must have shape"):
+        Fg.smoothness_figure(np.zeros(5))
+
+
+def test_template_figure_panels():
+    coeffs = rng.normal(size=(9, 4))
+    fig = Fg.template_figure(coeffs, list("abcdefghi"), site="3.attn_in", boundary=4, highlight=2,
+                             label_names=["x", "y"], mean_abs=np.ones((2, 4)), singular_values=np.array([3.0, 1.0]),
+                             ablation=np.array([0.1, -0.2, 0.0, 0.3]))
+    heat, means, sv, abl = fig.data
+    assert np.allclose(np.asarray(heat.z), coeffs.T) and list(heat.y) == ["k0", "k1", "k2", "k3"]
+    assert list(means.y) == ["x", "y"] and np.allclose(sv.y, [3.0, 1.0]) and np.allclose(abl.y, [0.1, -0.2, 0.0, 0.3])
+    assert abl.marker.color[3] == "#d62728" and abl.marker.color[1] == "#2ca02c"   # hurts red, helps green
+    assert "3.attn_in" in fig.layout.annotations[0].text
+    empty = Fg.template_figure(coeffs)                                 # panels exist, empty, before anything is computed
+    assert len(empty.data) == 4 and len(empty.data[3].y) == 0
+    with pytest.raises(ValueError, match=r"mean_abs must have shape \(labels=2, K=4\)"):
+        Fg.template_figure(coeffs, label_names=["x", "y"], mean_abs=np.ones((2, 3)))
+    with pytest.raises(ValueError, match=r"ablation must have shape \(4,\)"):
+        Fg.template_figure(coeffs, ablation=np.zeros(3))
+
+
+def test_compare_figure_lines():
+    losses = {"position": np.arange(5, 10), "prompted": np.ones(5), "specialised": np.full(5, 2.0),
+              "no_context": np.full(5, 3.0)}
+    fig = Fg.compare_figure(losses, boundary=7, split=5)
+    assert [t.name for t in fig.data] == ["prompted", "specialised", "no-context"]
+    assert np.allclose(fig.data[2].y, 3.0) and list(fig.data[0].x) == [5, 6, 7, 8, 9]
+    assert shapes_at(fig) == [4.5, 6.5]
+    with pytest.raises(ValueError, match="losses must be a dict"):
+        Fg.compare_figure([1, 2])
+    with pytest.raises(ValueError, match=r"losses\['prompted'\] must have shape \(5,\)"):
+        Fg.compare_figure({"position": np.arange(5), "prompted": np.ones(4)})
+
+
+def test_training_curves_figure_and_thinning():
+    records = [{"kind": "step", "step": s, "main": 3.0 / (s + 1), "aux": 1.0, "smooth": 0.1, "total": 4.0, "lr": 1e-3}
+               for s in range(5000)] + [{"kind": "eval", "step": 100, "val_main": 1.0, "gap_closed": 0.5}]
+    fig = Fg.training_curves_figure(records, max_points=500)
+    names = [t.name for t in fig.data]
+    assert names == ["main", "aux", "smooth", "total", "val_main", "gap_closed"]   # lr is not a loss curve
+    assert len(fig.data[0].x) <= 501 and fig.data[0].x[-1] == 4999 and fig.layout.yaxis.type == "log"
+    assert len(Fg.thin(np.arange(10), 3)) <= 4 and Fg.thin(np.arange(10), 3)[-1] == 9
+    assert np.array_equal(Fg.thin(np.arange(3), 10), np.arange(3))

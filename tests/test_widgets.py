@@ -1,0 +1,355 @@
+"""cgt_viz.widgets without a browser: state round trips, linked views, bad data, saved-state size."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import ipywidgets as W
+import numpy as np
+import pytest
+import torch
+
+from cgt_viz import CGT, GPT, CGTConfig, explore
+from cgt_viz import analysis as A
+from cgt_viz.widgets import CompileCompare, Explorer, SmoothnessStrip, TemplateInspector, TrainingMonitor
+from cgt_viz.widgets import _base
+
+from test_analysis import TopicTask, tiny_cgt
+
+torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_cgt(seed=1)
+
+
+@pytest.fixture
+def ex(model):
+    torch.manual_seed(0)
+    data = torch.randint(0, 256, (6, 20))
+    return explore(model, data, labels=["a", "b", "c"] * 2, background=None)
+
+
+def colors(fig):
+    return np.asarray(fig.data[0].marker.color, dtype=float)
+
+
+def widget_tree(w):
+    """w and every widget below it (children, figures, linked views)."""
+    out, todo = [], [w]
+    while todo:
+        cur = todo.pop()
+        out.append(cur)
+        todo += [c for c in getattr(cur, "children", ()) if isinstance(c, W.Widget)]
+    return out
+
+
+def embed_size(w) -> tuple[int, dict]:
+    state = W.Widget.get_manager_state(widgets=widget_tree(w))["state"]
+    return len(json.dumps(state)), state
+
+
+# ---------------------------------------------------------------------------------------------- explorer
+def test_colour_by_changes_trace_colours(ex):
+    assert ex.color_by == "topic" and len(ex.points) == 120
+    by_topic = colors(ex.figure)
+    assert set(by_topic) == {0, 1, 2}
+    ex.color_picker.value = "position"                                 # the UI path: dropdown -> figure
+    assert ex.color_by == "position" and np.array_equal(colors(ex.figure), ex.points.pos)
+    assert ex.figure.data[0].marker.colorbar.title.text == "position"
+    ex.set_color("document")
+    assert np.array_equal(colors(ex.figure), ex.points.seq)
+    ex.set_color("excerpt half")
+    assert set(colors(ex.figure)) == {0, 1} and list(ex.figure.data[0].marker.colorbar.ticktext) == ["first", "second"]
+    with pytest.raises(ValueError, match="color_by must be one of"):
+        ex.set_color("nope")
+
+
+def test_programmatic_selection_gives_the_right_rows(ex):
+    ex.select([3, 25, 3, 64])
+    df = ex.selection
+    assert df["point"].tolist() == [3, 25, 64]
+    for _, row in df.iterrows():
+        p = int(row["point"])
+        assert (row["sequence"], row["position"]) == (ex.points.seq[p], ex.points.pos[p])
+        assert row["token_id"] == ex.seqs.inputs[row["sequence"], row["position"]].item()
+        assert row["label"] == ["a", "b", "c"][row["sequence"] % 3]
+        assert (row["x"], row["y"]) == pytest.approx(tuple(ex.coords[p]))
+    assert list(ex.figure.data[0].selectedpoints) == [3, 25, 64] and "3 points selected" in ex.selection_info.value
+    xy = ex.coords
+    ex.select_box((0, xy[:, 0].max()), (0, xy[:, 1].max()))
+    inside = np.nonzero((xy[:, 0] >= 0) & (xy[:, 1] >= 0))[0]
+    assert ex.selection["point"].tolist() == inside.tolist()
+    big = 10 * np.abs(xy).max()
+    ex.select_lasso([-big, big, big, -big], [-big, -big, 0, 0])       # the lower half plane
+    assert set(ex.selection["point"]) == set(np.nonzero(xy[:, 1] < 0)[0])
+    ex.select([])
+    assert ex.selection.empty
+    with pytest.raises(ValueError, match="points must be indices in 0..119"):
+        ex.select([120])
+
+
+def test_browser_selection_and_click_messages_reach_python(ex):
+    """What plotly's frontend sends on a lasso and on a click (the js2py points callback message)."""
+    def message(event, inds):
+        return {"new": {"event_type": event, "points": {"trace_indexes": [0] * len(inds), "point_indexes": inds,
+                                                        "xs": [0.0] * len(inds), "ys": [0.0] * len(inds)},
+                        "device_state": None, "selector": None}}
+    ex.figure._handler_js2py_pointsCallback(message("plotly_selected", [5, 7, 9]))
+    assert ex.selection["point"].tolist() == [5, 7, 9]
+    ex.figure._handler_js2py_pointsCallback(message("plotly_click", [47]))
+    seq, pos = int(ex.points.seq[47]), int(ex.points.pos[47])
+    assert ex.strip is not None and ex.strip.sequence == seq and ex.strip.highlight == pos
+    assert ex.inspector.sequence == seq and ex.inspector.token == pos
+    assert list(ex.linked.children) == [ex.strip, ex.inspector]
+    ex.open_point(0)                                                    # a second click updates in place
+    assert ex.strip.sequence == int(ex.points.seq[0]) and list(ex.linked.children) == [ex.strip, ex.inspector]
+    ex.figure._handler_js2py_pointsCallback(message("plotly_deselect", []))
+    assert ex.selection.empty
+
+
+def test_switching_projection_changes_coordinates(ex):
+    ex.projection_params["tsne"] = {"max_iter": 250}                     # the test needs a layout, not a good one
+    pca = ex.coords.copy()
+    ex.set_projection("tsne", wait=True)
+    assert ex.projection == "tsne" and ex.projection_picker.value == "tsne"
+    tsne = np.column_stack([ex.figure.data[0].x, ex.figure.data[0].y])
+    assert tsne.shape == pca.shape and not np.allclose(tsne, pca)
+    assert "t-SNE" in ex.figure.layout.xaxis.title.text and "ready" in ex.status.value
+    ex.projection_picker.value = "pca"                                  # cached: no refit, coordinates back
+    assert np.allclose(np.column_stack([ex.figure.data[0].x, ex.figure.data[0].y]), pca)
+    assert "% of variance" in ex.figure.layout.xaxis.title.text
+
+
+def test_background_fit_reports_status_and_applies_when_wanted(model):
+    ex = explore(model, torch.randint(0, 256, (3, 10)), background=None, projection_params={"tsne": {"max_iter": 250}})
+    ex.projection_picker.value = "tsne"                                 # UI pick: fits in a thread
+    assert "fitting in the background" in ex.status.value
+    ex._threads["tsne"].join(timeout=60)
+    assert ex.projection == "tsne" and "t-SNE ready" in ex.status.value
+
+
+def test_subsampling_beyond_the_cap_is_stratified_and_visible(model):
+    data = torch.randint(0, 256, (8, 40))
+    ex = explore(model, data, labels=["x"] * 6 + ["rare"] * 2, max_points=50, background=None)
+    assert len(ex.points) == 50 and ex.n_total == 320 and len(ex.figure.data[0].x) == 50
+    assert "showing 50 of 320 tokens" in ex.figure.layout.title.text and "stratified by topic" in ex.figure.layout.title.text
+    kept = dict(zip(*np.unique(ex.points.label, return_counts=True)))
+    assert kept == {"rare": 12, "x": 38} or kept == {"rare": 13, "x": 37}
+
+
+def test_add_places_new_points_with_the_cached_reducer(ex, model):
+    reducer = ex.projectors["pca"]
+    old = ex.coords.copy()
+    new = torch.randint(0, 256, (2, 10))
+    assert ex.add(new, labels=["new", "new"]) == 20
+    assert len(ex.points) == 140 and len(ex.figure.data[0].x) == 140 and ex.projectors["pca"] is reducer
+    assert np.allclose(ex.coords[:120], old)
+    expected = reducer.transform(A.collect_ybar(model, new).reshape(20, -1))
+    assert np.allclose(ex.coords[120:], expected, atol=1e-5)
+    assert ex.points.seq[120:].min() == 6 and "new" in set(ex.points.label)
+
+
+def test_positions_option(model):
+    data = torch.randint(0, 256, (4, 12))
+    ex = explore(model, data, positions=3, background=None, linked=False)
+    assert set(ex.points.pos) == {2, 5, 8, 11} and ex.color_by == "position"
+    ex.open_sequence(0)                                                 # linked views off: nothing opens
+    assert ex.strip is None
+
+
+@pytest.mark.parametrize("data, kwargs, exc, words", [
+    (torch.zeros(0, 4, dtype=torch.long), {}, ValueError, "data must have shape"),
+    ([], {}, ValueError, "empty list"),
+    (torch.zeros(1, 1, dtype=torch.long), {}, ValueError, "gives 1 token; the explorer needs at least 2"),
+    (torch.zeros(3, 4, dtype=torch.long), {"labels": ["a", "b"]}, ValueError, "labels must have one entry per sequence"),
+    (torch.zeros(3, 4, dtype=torch.long), {"projection": "mds"}, ValueError, "projection must be one of"),
+    (torch.zeros(3, 4, dtype=torch.long), {"max_points": 1}, ValueError, "max_points must be an int >= 2"),
+    (torch.zeros(3, 4, dtype=torch.long), {"color_by": "topic"}, ValueError, "color_by must be one of"),
+    (torch.zeros(3, 4, dtype=torch.long), {"positions": "last"}, ValueError, "positions must be"),
+])
+def test_explorer_rejects_bad_data(model, data, kwargs, exc, words):
+    with pytest.raises(exc, match=words):
+        explore(model, data, background=None, **kwargs)
+
+
+def test_widgets_reject_a_model_without_y_stream():
+    cfg = CGTConfig(vocab_size=16, block_size=16, n_layer=2, d_x=16, n_head=2, d_y=8, n_head_y=2, y_layer=1)
+    data = torch.zeros(2, 4, dtype=torch.long)
+    for make in (lambda m: explore(m, data), lambda m: SmoothnessStrip(m, data), lambda m: TemplateInspector(m, data),
+                 lambda m: CompileCompare(m, data)):
+        with pytest.raises(TypeError, match="must be a CGT"):
+            make(GPT(cfg))
+    with pytest.raises(TypeError, match="sequences must be an analysis.Sequences"):
+        Explorer(CGT(cfg), data)
+
+
+def test_explorer_from_a_task_colours_by_topic(model):
+    ex = explore(model, TopicTask(), n_batches=1, batch_size=4, background=None)
+    assert ex.label_name == "topic" and set(ex.points.label) == {"low", "high"}
+    assert np.array_equal(ex.points.half, (ex.points.pos >= 10).astype(np.int8))
+
+
+def test_saved_widget_state_stays_small(model):
+    """A few thousand points: the state a notebook would save holds the drawn points, not ȳ or plotly.js."""
+    data = torch.randint(0, 256, (100, 40))
+    ex = explore(model, data, labels=[str(i % 5) for i in range(100)], background=None)
+    ex.open_point(0)
+    size, state = embed_size(ex)
+    assert len(ex.points) == 4000 and size < 1_500_000, size
+    ybar_bytes = ex.ybar_full.nbytes
+    for model_state in state.values():
+        s = model_state["state"]
+        assert len(s.get("_esm", "")) < 10_000 and s.get("_bundle", "") == ""
+        assert len(json.dumps(model_state)) < max(ybar_bytes, 1_000_000)
+
+
+# ---------------------------------------------------------------------------------------------- smoothness
+def test_smoothness_strip_shows_sequences_and_overlays(model):
+    seqs = A.prepare_sequences(model, ["first text here", "the second text", "x"])
+    other = tiny_cgt(seed=5)
+    strip = SmoothnessStrip(model, seqs, other=other, names=("plain", "smooth"), sequence=1, highlight=2)
+    lines = [t for t in strip.figure.data if t.type == "scatter"]
+    assert [t.name for t in lines] == ["plain", "plain", "smooth", "smooth"]
+    step, _ = A.token_smoothness(A.collect_ybar(model, seqs.inputs)[1, :15])
+    assert np.allclose(np.asarray(lines[0].y, float)[1:], step[1:], atol=1e-5)
+    strip.picker.value = 0                                               # UI: another sequence
+    assert strip.sequence == 0 and strip.highlight is None and "sequence 0" in strip.figure.layout.title.text
+    strip.show(2)                                                         # a one-token text still draws
+    assert len(strip.figure.data[0].x) == 1
+    with pytest.raises(ValueError, match="sequence must be an int in 0..2"):
+        strip.show(3)
+    with pytest.raises(ValueError, match="other must read the same inputs"):
+        SmoothnessStrip(model, seqs, other=tiny_cgt(vocab_size=300))
+
+
+# ---------------------------------------------------------------------------------------------- templates
+def test_template_inspector_site_token_and_ablation(model):
+    data = torch.randint(0, 256, (4, 16))
+    insp = TemplateInspector(model, data, labels=["p", "q", "p", "q"], sequence=2, token=5)
+    heat = insp.figure.data[0]
+    ybar = A.collect_ybar(model, data)
+    assert np.allclose(np.asarray(heat.z), A.site_coefficients(model, ybar[2], "2.attn_in").T, atol=1e-5)
+    insp.site_picker.value = "3.mlp_in"                                  # UI: another site
+    assert insp.site == "3.mlp_in"
+    assert np.allclose(np.asarray(insp.figure.data[0].z), A.site_coefficients(model, ybar[2], "3.mlp_in").T, atol=1e-5)
+    assert list(insp.figure.data[1].y) == ["p", "q"]
+    insp.token_slider.value = 9
+    sv = A.delta_w_singular_values(model, ybar[2, 9], "3.mlp_in")
+    assert insp.token == 9 and np.allclose(insp.figure.data[2].y, sv, atol=1e-5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    result = insp.ablate()
+    assert np.allclose(insp.figure.data[3].y, result["delta"]) and "base loss" in insp.status.value
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    insp.show(sequence=0)
+    assert insp.token == 15 and insp.seq_picker.value == 0
+    with pytest.raises(ValueError, match="site must be one of"):
+        insp.show(site="1.attn_in")
+    with pytest.raises(ValueError, match="token must be an int in 0..15"):
+        TemplateInspector(model, data, token=16)
+
+
+# ---------------------------------------------------------------------------------------------- compare
+def test_compile_compare_slider_and_sequence(model):
+    task = TopicTask()
+    cmp = CompileCompare(model, task.get_batch(4, generator=torch.Generator().manual_seed(0)))
+    assert cmp.split == 5                                                # half of the boundary at 10
+    assert list(cmp.figure.data[0].x)[0] == 5 and [t.name for t in cmp.figure.data] == ["prompted", "specialised", "no-context"]
+    cmp.slider.value = 12                                                # UI: the split slider
+    assert list(cmp.figure.data[0].x) == list(range(12, 24))
+    expected = A.compare_losses(model, cmp.seqs.inputs, cmp.targets, 12)
+    assert np.allclose(cmp.figure.data[1].y, expected["specialised"], atol=1e-5)
+    cmp.picker.value = 2
+    one = A.compare_losses(model, cmp.seqs.inputs[2:3], cmp.targets[2:3], 12)
+    assert np.allclose(cmp.figure.data[0].y, one["prompted"], atol=1e-5) and "sequence 2" in cmp.figure.layout.title.text
+    with pytest.raises(ValueError, match="split must be an int in 1..23"):
+        cmp.show(split=24)
+
+
+def test_compile_compare_needs_targets_in_vectors_mode():
+    cfg = CGTConfig(input_dim=3, block_size=16, n_layer=2, d_x=16, n_head=2, d_y=8, n_head_y=2, y_layer=1)
+    with pytest.raises(ValueError, match="carry no targets"):
+        CompileCompare(CGT(cfg), torch.randn(2, 8, 3))
+
+
+# ---------------------------------------------------------------------------------------------- monitor
+def test_training_monitor_is_a_trainer_callback():
+    from cgt_viz import train
+    from cgt_viz.tasks import SyntheticICL
+    task = SyntheticICL(family="shift", P=5, n_pairs=6)
+    model = CGT(CGTConfig(**{**task.config_kwargs(), "n_layer": 2, "d_x": 16, "n_head": 2, "d_y": 8, "n_head_y": 2,
+                             "y_layer": 1, "n_templates": 2}))
+    monitor = TrainingMonitor(min_interval=0.0)
+    train(model, task, steps=6, batch_size=4, eval_every=3, eval_batches=1, callbacks=[monitor], device="cpu",
+          progress=False)
+    kinds = [r["kind"] for r in monitor.history]
+    assert kinds.count("step") == 6 and kinds[-1] == "end" and "eval" in kinds
+    names = [t.name for t in monitor.figure.data]
+    assert names[:4] == ["main", "aux", "smooth", "total"] and any(n.startswith("val") for n in names[4:])
+    assert len(monitor.figure.data[0].x) == 6 and "done" in monitor.status.value
+
+
+def test_training_monitor_throttles_redraws():
+    monitor = TrainingMonitor(min_interval=60.0)
+    t0 = time.perf_counter()
+    for step in range(3000):
+        monitor({"kind": "step", "step": step, "main": 1.0, "aux": 1.0, "smooth": 0.0, "total": 2.0, "lr": 1e-3})
+    per_call = (time.perf_counter() - t0) / 3000
+    assert monitor.redraws == 1 and len(monitor.figure.data[0].x) == 1      # only the first step drew
+    assert per_call < 2e-3, per_call
+    monitor({"kind": "eval", "step": 3000, "val_main": 0.5})               # evaluations always draw
+    drawn = monitor.figure.data[0].x                                          # thinned, the last step kept
+    assert monitor.redraws == 2 and 1000 < len(drawn) <= monitor.max_points + 1 and drawn[-1] == 2999
+    with pytest.raises(ValueError, match="record must have 'kind'"):
+        monitor({"kind": "stop", "step": 1})
+    with pytest.raises(TypeError, match="record must be a dict"):
+        monitor([1, 2])
+    with pytest.raises(ValueError, match="min_interval"):
+        TrainingMonitor(min_interval=-1)
+
+
+# ---------------------------------------------------------------------------------------------- lean figure
+def test_lean_figure_widget_ships_plotly_code_only_on_demand(monkeypatch):
+    import plotly.graph_objects as go
+    fw = _base.figure_widget(go.Figure(go.Scatter(x=[1, 2], y=[3, 4])))
+    assert isinstance(fw, go.FigureWidget) and len(fw._esm) < 10_000 and fw._bundle == ""   # no kernel here
+    sent = []
+    monkeypatch.setattr(fw, "send", lambda content, buffers=None: sent.append(content))
+    fw._serve_bundle(fw, {"type": "cgt_viz_bundle_request"}, [])
+    fw._serve_bundle(fw, {"type": "something else"}, [])
+    assert len(sent) == 1 and sent[0]["type"] == "cgt_viz_bundle" and len(sent[0]["text"]) > 1_000_000
+    carrier = _base.LeanFigureWidget(go.Figure(), send_code=True)
+    assert len(carrier.get_state()["_bundle"]) > 1_000_000                 # in the comm_open state
+    _base._drop_bundles()                                                  # what runs after each cell
+    assert carrier._bundle == ""
+    monkeypatch.setenv("CGT_VIZ_EMBED_PLOTLY", "1")
+    plain = _base.figure_widget(go.Figure())
+    assert isinstance(plain, go.FigureWidget) and not isinstance(plain, _base.LeanFigureWidget)
+
+
+@pytest.mark.slow
+def test_saved_notebook_with_an_explorer_is_small(tmp_path):
+    """Run a notebook with an explorer (4,000 points) and a smoothness strip through nbclient, which stores
+    widget state in the saved file like `jupyter nbconvert --execute` does, and weigh the file."""
+    import nbclient
+    import nbformat
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+        "import sys, torch\nsys.path.insert(0, %r)\nsys.path.insert(0, %r)\n"
+        "from test_analysis import tiny_cgt\nfrom cgt_viz import explore, SmoothnessStrip\n"
+        "torch.manual_seed(0)\nmodel = tiny_cgt()\ndata = torch.randint(0, 256, (100, 40))\n"
+        "ex = explore(model, data, labels=[str(i %% 5) for i in range(100)], background=None)\nex"
+        % (str(ROOT), str(ROOT / "tests"))),
+        nbformat.v4.new_code_cell("SmoothnessStrip(model, ex.seqs, ybar=ex.ybar_full)")]
+    client = nbclient.NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    path = tmp_path / "saved.ipynb"
+    nbformat.write(nb, path)
+    states = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    figures = [s for s in states.values() if s["model_name"] == "AnyModel"]
+    assert len(figures) == 2 and all(s["state"].get("_bundle", "") == "" for s in figures)
+    assert path.stat().st_size < 1_500_000, path.stat().st_size             # plotly.js alone would be 5 MB per figure
