@@ -241,12 +241,34 @@ def _row(rows, mode, r, b, s=None):
     return max(cands, key=lambda x: x["s"]) if cands else None
 
 
-def _lat(row):
-    return row["per_token_s"]["median"] if row and row["per_token_s"] else None
+def _lat(row, q: str = "median"):
+    return row["per_token_s"][q] if row and row["per_token_s"] else None
+
+
+def _break_even(spec_s: float, ii: dict, x: dict, q: str) -> dict:
+    """Smallest n with spec + ttft_ii + (n − 1)·lat_ii ≤ ttft_x + (n − 1)·lat_x (None: never)."""
+    head = spec_s + ii["ttft_s"][q] - x["ttft_s"][q]
+    gain = _lat(x, q) - _lat(ii, q)
+    n = 1 if head <= 0 else (None if gain <= 0 else 1 + int(-(-head // gain)))
+    return {"tokens": n, "extra_first_token_s": head, "saving_per_token_s": gain}
+
+
+def _latency_targets(rows, rs, b, q: str) -> dict:
+    """The three per-token targets for batch b, from latency quantile q of each setting."""
+    floor = {r: _lat(_row(rows, "gpt_no_prompt", r, b), q) for r in rs}
+    comp = {r: _lat(_row(rows, "ii_compiled", r, b), q) for r in rs}
+    kv = _lat(_row(rows, "iv_gpt_kvcache", max(rs), b), q)
+    change, floor_change = common.ratio(comp[max(rs)], comp[min(rs)]), common.ratio(floor[max(rs)], floor[min(rs)])
+    return {"ii_over_no_prompt": {str(r): common.ratio(comp[r], floor[r]) for r in rs},
+            "ii_flat_in_r": None if change is None else change - 1,
+            # the no-prompt GPT cannot depend on r: its change is the machine's drift
+            "no_prompt_floor_change": None if floor_change is None else floor_change - 1,
+            "iv_over_ii": common.ratio(kv, comp[max(rs)])}
 
 
 def derive(res: dict) -> None:
-    """Break-even tokens, fractions of the matmul peak, and the targets (measured value, met or not)."""
+    """Break-even tokens, fractions of the matmul peak, and the targets: "value" from median latencies (the
+    targets' definition), "value_p10" from the fastest decile of tokens (less sensitive to a busy machine)."""
     rows, specs = res["settings"], res["specialization"]
     peak = res["matmul_peak"]["flops_per_s"]
     for row in rows:
@@ -257,51 +279,45 @@ def derive(res: dict) -> None:
     for r in rs:
         for b in bs:
             ii = _row(rows, "ii_compiled", r, b)
-            if not ii:
-                continue
             for other in ("i_cgt_full", "iii_gpt_nocache", "iv_gpt_kvcache"):
                 x = _row(rows, other, r, b)
-                if not x or _lat(ii) is None or _lat(x) is None:
+                if not ii or not x or _lat(ii) is None or _lat(x) is None:
                     continue
-                # spec + ttft_ii + (n − 1)·lat_ii ≤ ttft_x + (n − 1)·lat_x
-                head = spec_by_r[r]["specialize"]["median"] + ii["ttft_s"]["median"] - x["ttft_s"]["median"]
-                gain = _lat(x) - _lat(ii)
-                if head <= 0:
-                    n = 1
-                elif gain <= 0:
-                    n = None
-                else:
-                    n = 1 + int(-(-head // gain))
-                res["break_even"].append({"r": r, "batch": b, "versus": other, "tokens": n,
-                                          "extra_first_token_s": head, "saving_per_token_s": gain})
+                entry = {"r": r, "batch": b, "versus": other,
+                         **_break_even(spec_by_r[r]["specialize"]["median"], ii, x, "median")}
+                entry["tokens_p10"] = _break_even(spec_by_r[r]["specialize"]["p10"], ii, x, "p10")["tokens"]
+                res["break_even"].append(entry)
     t = {}
     for b in bs:
-        floor = {r: _lat(_row(rows, "gpt_no_prompt", r, b)) for r in rs}
-        comp = {r: _lat(_row(rows, "ii_compiled", r, b)) for r in rs}
-        kv = _lat(_row(rows, "iv_gpt_kvcache", max(rs), b))
-        vals = {str(r): common.ratio(comp[r], floor[r]) for r in rs}
-        t[f"ii_over_no_prompt_b{b}"] = {"value": vals, "target": f"≤ {TARGETS['ii_over_no_prompt_max']} at every r",
-                                        "met": all(v is not None and v <= TARGETS["ii_over_no_prompt_max"] for v in vals.values())}
-        change = common.ratio(comp[max(rs)], comp[min(rs)])
-        change = None if change is None else change - 1
-        floor_change = common.ratio(floor[max(rs)], floor[min(rs)])
-        t[f"ii_flat_in_r_b{b}"] = {"value": change, "target": f"change {min(rs)}→{max(rs)} within ±5 %",
-                                   "met": change is not None and abs(change) <= TARGETS["ii_flat_in_r_max_change"],
-                                   # the no-prompt GPT cannot depend on r: its change is the machine's drift
-                                   "no_prompt_floor_change": None if floor_change is None else floor_change - 1}
-        speed = common.ratio(kv, comp[max(rs)])
-        t[f"iv_over_ii_at_r{max(rs)}_b{b}"] = {"value": speed, "target": "≥ 2 (per token)",
-                                              "met": speed is not None and speed >= TARGETS["iv_over_ii_at_max_r_min"]}
-    vals = {str(x["r"]): x["ratio_vs_cgt_forward"] for x in specs}
+        med, fast = _latency_targets(rows, rs, b, "median"), _latency_targets(rows, rs, b, "p10")
+        lim = TARGETS["ii_over_no_prompt_max"]
+        t[f"ii_over_no_prompt_b{b}"] = {
+            "value": med["ii_over_no_prompt"], "value_p10": fast["ii_over_no_prompt"], "target": f"≤ {lim} at every r",
+            "met": all(v is not None and v <= lim for v in med["ii_over_no_prompt"].values())}
+        lim = TARGETS["ii_flat_in_r_max_change"]
+        t[f"ii_flat_in_r_b{b}"] = {
+            "value": med["ii_flat_in_r"], "value_p10": fast["ii_flat_in_r"],
+            "target": f"change {min(rs)}→{max(rs)} within ±{100 * lim:.0f} %",
+            "met": med["ii_flat_in_r"] is not None and abs(med["ii_flat_in_r"]) <= lim,
+            "no_prompt_floor_change": med["no_prompt_floor_change"]}
+        lim = TARGETS["iv_over_ii_at_max_r_min"]
+        t[f"iv_over_ii_at_r{max(rs)}_b{b}"] = {
+            "value": med["iv_over_ii"], "value_p10": fast["iv_over_ii"], "target": f"≥ {lim} (per token)",
+            "met": med["iv_over_ii"] is not None and med["iv_over_ii"] >= lim}
     lim = TARGETS["specialize_over_forward_max"]
-    t["specialize_over_cgt_forward"] = {"value": vals, "target": f"≤ {lim} at every r",
-                                        "met": all(v is not None and v <= lim for v in vals.values())}
+    vals = {str(x["r"]): x["ratio_vs_cgt_forward"] for x in specs}
+    t["specialize_over_cgt_forward"] = {
+        "value": vals, "value_p10": {str(x["r"]): common.ratio(x["specialize"]["p10"], x["cgt_forward"]["p10"])
+                                     for x in specs},
+        "target": f"≤ {lim} at every r", "met": all(v is not None and v <= lim for v in vals.values())}
     t["specialize_over_gpt_forward"] = {"value": {str(x["r"]): x["ratio_vs_gpt_forward"] for x in specs},
                                         "target": "(reference: the plain GPT's prefill)", "met": None}
     if res.get("training"):
         v = res["training"]["step"]["ratio_median"]
         lim = TARGETS["training_step_ratio_max"]
-        t["training_step_ratio"] = {"value": v, "target": f"≤ {lim}", "met": v is not None and v <= lim}
+        step = res["training"]["step"]
+        t["training_step_ratio"] = {"value": v, "value_p10": common.ratio(step["cgt"]["p10"], step["gpt"]["p10"]),
+                                    "target": f"≤ {lim}", "met": v is not None and v <= lim}
     res["targets"] = t
 
 
@@ -353,14 +369,19 @@ def readme_tables(res: dict) -> str:
            f"load {env.get('load_average_1_5_15')} → {env.get('load_average_end')}; d_x {c['d_x']}, N {c['n_layer']}, heads {c['n_head']}, "
            f"d_y {c['d_y']}, ℓ {c['y_layer']}, K {c['n_templates']}, vocab {c['vocab_size']}; "
            f"matmul peak {res['matmul_peak']['flops_per_s'] / 1e9:.1f} GFLOP/s; {res['finished_utc']}", "",
-           "| target | measured | wanted | met |", "|---|---|---|---|"]
+           "| target | measured (medians) | fastest decile (p10) | wanted | met |", "|---|---|---|---|---|"]
+
+    def shown(v):
+        if isinstance(v, dict):
+            return ", ".join(f"r{k}: {common.fmt(x)}" for k, x in sorted(v.items(), key=lambda kv: int(kv[0])))
+        return common.fmt(v)
+
     for name, t in sorted(res["targets"].items()):
-        v = t["value"]
-        shown = (", ".join(f"r{k}: {common.fmt(x)}" for k, x in sorted(v.items(), key=lambda kv: int(kv[0])))
-                 if isinstance(v, dict) else common.fmt(v))
+        med = shown(t["value"])
         if t.get("no_prompt_floor_change") is not None:
-            shown += f" (no-prompt GPT: {common.fmt(t['no_prompt_floor_change'])})"
-        out.append(f"| {name} | {shown} | {t['target']} | {'—' if t['met'] is None else ('yes' if t['met'] else 'no')} |")
+            med += f" (no-prompt GPT: {common.fmt(t['no_prompt_floor_change'])})"
+        met = "—" if t["met"] is None else ("yes" if t["met"] else "no")
+        out.append(f"| {name} | {med} | {shown(t.get('value_p10'))} | {t['target']} | {met} |")
     out += ["", "| setting | r | b | s | TTFT ms | per token ms (p10–p90) | tok/s | peak MB | KV MB | GFLOP/token | % peak |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in sorted(rows, key=lambda x: (list(MODES).index(x["mode"]), x["batch"], x["r"])):
@@ -374,12 +395,13 @@ def readme_tables(res: dict) -> str:
                    f"{x['kv_cache_bytes_after_prefill'] * mb:.2f} | {x['flops_per_token'] / 1e9:.3g} | "
                    f"{'—' if frac is None else f'{100 * frac:.1f}'} |")
     out += ["", "| r | specialize ms | / CGT forward | / GPT forward | merged model MB | changed weights MB | "
-            "LoRA factors KB | break-even tokens vs (iv), b=" + str(min(res['args']['batches'])) + " |",
+            "LoRA factors KB | break-even tokens vs (iv), b=" + str(min(res['args']['batches'])) + " (fastest decile) |",
             "|---|---|---|---|---|---|---|---|"]
     for x in res["specialization"]:
-        be = [y["tokens"] for y in res["break_even"] if y["r"] == x["r"] and y["versus"] == "iv_gpt_kvcache"
+        be = [y for y in res["break_even"] if y["r"] == x["r"] and y["versus"] == "iv_gpt_kvcache"
               and y["batch"] == min(res["args"]["batches"])]
-        be_s = "never" if be and be[0] is None else (str(be[0]) if be else "—")
+        word = lambda n: "never" if n is None else str(n)  # noqa: E731
+        be_s = f"{word(be[0]['tokens'])} ({word(be[0].get('tokens_p10'))})" if be else "—"
         out.append(f"| {x['r']} | {x['specialize']['median'] * 1e3:.1f} | {common.fmt(x['ratio_vs_cgt_forward'])} | "
                    f"{common.fmt(x['ratio_vs_gpt_forward'])} | {x['merged_model_bytes'] * mb:.1f} | "
                    f"{x['merged_changed_weight_bytes'] * mb:.2f} | {x['lora_factor_bytes'] / 1024:.0f} | {be_s} |")
@@ -459,6 +481,7 @@ def main(argv: list[str] | None = None) -> dict:
     out_dir = Path(args.out)
     if args.from_json:
         res = common_read(args.from_json)
+        derive(res)  # derived figures follow the current code; the measurements are kept as they are
     else:
         torch.set_num_threads(args.threads)
         device = common.pick_device(args.device)
