@@ -97,6 +97,20 @@ def generation_flops(cfg: CGTConfig, mode: str, r: int, s: int) -> dict:
     return {"first_step": first, "per_later_token": sum(later) / max(1, len(later))}
 
 
+def step_bytes(cfg: CGTConfig, mode: str, r: int, s: int, batch: int, kv_elem: int = 4, w_elem: int = 4) -> float:
+    """Analytic bytes one incremental step reads (mean over the s − 1 later steps): every weight matrix once
+    (shared by the batch; token_flops with no keys is 2 × the weights multiplied) plus each row's KV cache.
+    At batch 1 decoding is bound by this traffic, not by FLOPs. (iii) recomputes: its weights only."""
+    kind = "cgt" if mode == "i_cgt_full" else "gpt"
+    weights = token_flops(cfg, 0, kind) // 2 * w_elem
+    if mode == "iii_gpt_nocache":
+        return float(weights)
+    per_key = 2 * (cfg.n_layer * cfg.d_x + (cfg.y_layer * cfg.d_y if kind == "cgt" else 0)) * kv_elem
+    start = 1 if mode in ("ii_compiled", "gpt_no_prompt") else r
+    keys = [start + j for j in range(1, s)] or [start]
+    return weights + batch * per_key * sum(keys) / len(keys)
+
+
 # ---------------------------------------------------------------------------------------------- timing
 def timed_generate(model, head: torch.nn.Module, idx: torch.Tensor, s: int, device: torch.device,
                    use_cache: bool = True) -> dict:
@@ -230,6 +244,7 @@ def summarize_runs(args, cfg, mode, r, b, s_run, runs, peak, device) -> list[dic
                "kv_cache_bytes_end": runs[0]["kv_end"] if s == s_run else None,
                "flops_first_step": b * fl["first_step"], "flops_per_token": b * fl["per_later_token"],
                "flops_per_token_per_row": fl["per_later_token"], "achieved_flops_per_s": achieved,
+               "bytes_per_step": step_bytes(cfg, mode, r, s, b, kv_elem=2 if device.type == "cuda" else 4),
                "capped": s_run < max(args.gen_lens)}
         out.append(row)
     return out
@@ -301,8 +316,12 @@ def derive(res: dict) -> None:
             "met": med["ii_flat_in_r"] is not None and abs(med["ii_flat_in_r"]) <= lim,
             "no_prompt_floor_change": med["no_prompt_floor_change"]}
         lim = TARGETS["iv_over_ii_at_max_r_min"]
+        iv_row, ii_row = _row(rows, "iv_gpt_kvcache", max(rs), b), _row(rows, "ii_compiled", max(rs), b)
         t[f"iv_over_ii_at_r{max(rs)}_b{b}"] = {
             "value": med["iv_over_ii"], "value_p10": fast["iv_over_ii"], "target": f"≥ {lim} (per token)",
+            "analytic_flop_ratio": iv_row and ii_row and common.ratio(iv_row["flops_per_token"], ii_row["flops_per_token"]),
+            "analytic_bytes_ratio": iv_row and ii_row and common.ratio(iv_row.get("bytes_per_step"),
+                                                                        ii_row.get("bytes_per_step")),
             "met": med["iv_over_ii"] is not None and med["iv_over_ii"] >= lim}
     lim = TARGETS["specialize_over_forward_max"]
     vals = {str(x["r"]): x["ratio_vs_cgt_forward"] for x in specs}
@@ -380,6 +399,9 @@ def readme_tables(res: dict) -> str:
         med = shown(t["value"])
         if t.get("no_prompt_floor_change") is not None:
             med += f" (no-prompt GPT: {common.fmt(t['no_prompt_floor_change'])})"
+        if t.get("analytic_flop_ratio") is not None:
+            med += (f" (analytic: FLOPs {common.fmt(t['analytic_flop_ratio'])}×, "
+                    f"bytes read {common.fmt(t.get('analytic_bytes_ratio'))}×)")
         met = "—" if t["met"] is None else ("yes" if t["met"] else "no")
         out.append(f"| {name} | {med} | {shown(t.get('value_p10'))} | {t['target']} | {met} |")
     out += ["", "| setting | r | b | s | TTFT ms | per token ms (p10–p90) | tok/s | peak MB | KV MB | GFLOP/token | % peak |",

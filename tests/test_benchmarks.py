@@ -175,6 +175,11 @@ def test_flop_model_matches_parameter_counts():
     iii = bench_cost.generation_flops(cfg, "iii_gpt_nocache", 8, 2)["per_later_token"]
     iv = bench_cost.generation_flops(cfg, "iv_gpt_kvcache", 8, 2)["per_later_token"]
     assert iii == bench_cost.prefill_flops(cfg, 9, "gpt") and iv == bench_cost.token_flops(cfg, 9, "gpt")
+    # bytes per decode step: the weights once, plus every row's KV cache (4 bytes × 2 × N·d per cached key)
+    weights = 4 * (linear_weights(model.gpt.blocks) + model.gpt.head.weight.numel())
+    assert bench_cost.step_bytes(cfg, "iii_gpt_nocache", 8, 3, 2) == weights
+    assert bench_cost.step_bytes(cfg, "iv_gpt_kvcache", 8, 3, 2) == weights + 2 * (2 * 4 * cfg.n_layer * cfg.d_x) * 9.5
+    assert bench_cost.step_bytes(cfg, "ii_compiled", 8, 3, 2) == bench_cost.step_bytes(cfg, "ii_compiled", 20, 3, 2)
     with pytest.raises(ValueError, match="kind"):
         bench_cost.token_flops(cfg, 1, "merged")
     with pytest.raises(ValueError, match="mode"):
