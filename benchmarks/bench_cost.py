@@ -404,8 +404,8 @@ def readme_tables(res: dict) -> str:
                     f"bytes read {common.fmt(t.get('analytic_bytes_ratio'))}×)")
         met = "—" if t["met"] is None else ("yes" if t["met"] else "no")
         out.append(f"| {name} | {med} | {shown(t.get('value_p10'))} | {t['target']} | {met} |")
-    out += ["", "| setting | r | b | s | TTFT ms | per token ms (p10–p90) | tok/s | peak MB | KV MB | GFLOP/token | % peak |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out += ["", "| setting | r | b | s | TTFT ms | per token ms (p10–p90) | tok/s | peak MB | KV MB | GFLOP/token | "
+                "% peak | MB read/step |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in sorted(rows, key=lambda x: (list(MODES).index(x["mode"]), x["batch"], x["r"])):
         if x["s"] != max(y["s"] for y in rows if y["mode"] == x["mode"]):
             continue
@@ -415,7 +415,7 @@ def readme_tables(res: dict) -> str:
         out.append(f"| {x['mode']} | {x['r']} | {x['batch']} | {x['s']} | {x['ttft_s']['median'] * 1e3:.1f} | {lat} | "
                    f"{x['throughput_tok_per_s']:.0f} | {x['peak_memory_bytes'] * mb:.0f} | "
                    f"{x['kv_cache_bytes_after_prefill'] * mb:.2f} | {x['flops_per_token'] / 1e9:.3g} | "
-                   f"{'—' if frac is None else f'{100 * frac:.1f}'} |")
+                   f"{'—' if frac is None else f'{100 * frac:.1f}'} | {x.get('bytes_per_step', 0) * mb:.1f} |")
     out += ["", "| r | specialize ms | / CGT forward | / GPT forward | merged model MB | changed weights MB | "
             "LoRA factors KB | break-even tokens vs (iv), b=" + str(min(res['args']['batches'])) + " (fastest decile) |",
             "|---|---|---|---|---|---|---|---|"]
