@@ -55,7 +55,7 @@ def embed_size(w) -> tuple[int, dict]:
 
 # ---------------------------------------------------------------------------------------------- explorer
 def test_colour_by_changes_trace_colours(ex):
-    assert ex.color_by == "topic" and len(ex.points) == 120
+    assert ex.color_by == "label" and len(ex.points) == 120
     by_topic = colors(ex.figure)
     assert set(by_topic) == {0, 1, 2}
     ex.color_picker.value = "position"                                 # the UI path: dropdown -> figure
@@ -133,11 +133,24 @@ def test_background_fit_reports_status_and_applies_when_wanted(model):
     assert ex.projection == "tsne" and "t-SNE ready" in ex.status.value
 
 
+@pytest.mark.slow
+def test_umap_fits_in_the_background_and_waits_to_be_picked(model):
+    ex = explore(model, torch.randint(0, 256, (10, 20)), background="umap")
+    assert ex.projection == "pca" and ex.coords.shape == (200, 2)      # first paint does not wait for UMAP
+    ex._threads["umap"].join(timeout=600)
+    assert "UMAP ready" in ex.status.value and "pick it under Projection" in ex.status.value
+    assert ex.projection == "pca"                                        # not switched behind the user's back
+    pca = ex.coords.copy()
+    ex.projection_picker.value = "umap"                                  # cached: shown at once
+    assert ex.projection == "umap" and "UMAP" in ex.figure.layout.xaxis.title.text
+    assert not np.allclose(np.column_stack([ex.figure.data[0].x, ex.figure.data[0].y]), pca)
+
+
 def test_subsampling_beyond_the_cap_is_stratified_and_visible(model):
     data = torch.randint(0, 256, (8, 40))
     ex = explore(model, data, labels=["x"] * 6 + ["rare"] * 2, max_points=50, background=None)
     assert len(ex.points) == 50 and ex.n_total == 320 and len(ex.figure.data[0].x) == 50
-    assert "showing 50 of 320 tokens" in ex.figure.layout.title.text and "stratified by topic" in ex.figure.layout.title.text
+    assert "showing 50 of 320 tokens" in ex.figure.layout.title.text and "stratified by label" in ex.figure.layout.title.text
     kept = dict(zip(*np.unique(ex.points.label, return_counts=True)))
     assert kept == {"rare": 12, "x": 38} or kept == {"rare": 13, "x": 37}
 
@@ -169,7 +182,7 @@ def test_positions_option(model):
     (torch.zeros(3, 4, dtype=torch.long), {"labels": ["a", "b"]}, ValueError, "labels must have one entry per sequence"),
     (torch.zeros(3, 4, dtype=torch.long), {"projection": "mds"}, ValueError, "projection must be one of"),
     (torch.zeros(3, 4, dtype=torch.long), {"max_points": 1}, ValueError, "max_points must be an int >= 2"),
-    (torch.zeros(3, 4, dtype=torch.long), {"color_by": "topic"}, ValueError, "color_by must be one of"),
+    (torch.zeros(3, 4, dtype=torch.long), {"color_by": "label"}, ValueError, "color_by must be one of"),
     (torch.zeros(3, 4, dtype=torch.long), {"positions": "last"}, ValueError, "positions must be"),
 ])
 def test_explorer_rejects_bad_data(model, data, kwargs, exc, words):

@@ -74,16 +74,17 @@ class Explorer(W.VBox):
         if self.ybar_full.shape[:2] != tuple(sequences.inputs.shape[:2]):
             raise ValueError(f"ybar must have shape (n, t, d_y) matching the sequences {tuple(sequences.inputs.shape[:2])}, "
                              f"got {self.ybar_full.shape}")
-        everything = A.collect_points(sequences, self.ybar_full, positions)
-        if len(everything) < 2:
-            raise ValueError(f"data with positions={positions!r} gives {len(everything)} token; the explorer needs at "
+        seq, pos = A.select_positions(sequences.lengths, positions, sequences.boundary)
+        if len(seq) < 2:
+            raise ValueError(f"data with positions={positions!r} gives {len(seq)} token; the explorer needs at "
                              f"least 2 points (pass more or longer sequences)")
-        strata = everything.label.astype(str) if everything.label is not None else everything.seq
-        shown = A.stratified_subsample(strata, max_points, seed)
-        self.n_total = len(everything)
-        self.points = everything.take(shown)
-        self._strata_name = "label" if everything.label is not None else "sequence"
-        self.label_name = "topic" if everything.label is not None else "label"
+        labelled = sequences.token_labels is not None
+        strata = sequences.token_labels[seq, pos].astype(str) if labelled else seq
+        shown = A.stratified_subsample(strata, max_points, seed)      # before hover text is built for them
+        self.n_total = len(seq)
+        self.points = A.points_at(sequences, self.ybar_full, seq[shown], pos[shown])
+        self._strata_name = "label" if labelled else "sequence"
+        self.label_name = sequences.label_name
 
         self._lock = threading.RLock()
         self._coords: dict[str, np.ndarray] = {}
@@ -182,7 +183,7 @@ class Explorer(W.VBox):
             if method in self._coords or (method in self._threads and self._threads[method].is_alive()):
                 return
             self._errors.pop(method, None)
-            hint = " (the first UMAP in a process also compiles numba: ~10–30 s)" if method == "umap" else ""
+            hint = " (the first UMAP in a process also compiles numba: ~20–60 s on a small CPU)" if method == "umap" else ""
             self._set_status(f"{METHOD_NAMES[method]}: fitting in the background on {len(self.points):,} points{hint}…",
                              "busy")
             thread = threading.Thread(target=self._fit_job, args=(method,), daemon=True, name=f"cgt-viz-{method}")
@@ -364,10 +365,8 @@ class Explorer(W.VBox):
             thread.join()
         offset = self.seqs.n
         ybar_new = A.collect_ybar(self.model, new.inputs)
-        pts = A.collect_points(new, ybar_new, self.positions)
-        pts.seq = pts.seq + offset
-        pts.hover = np.array([h.replace(f"seq {s - offset} ·", f"seq {s} ·", 1) for h, s in zip(pts.hover, pts.seq)],
-                             dtype=object)
+        seq, pos = A.select_positions(new.lengths, self.positions, new.boundary)
+        pts = A.points_at(new, ybar_new, seq, pos, seq_offset=offset)
         with self._lock:
             for method, proj in self.projectors.items():
                 self._coords[method] = np.concatenate([self._coords[method], proj.transform(pts.ybar)])

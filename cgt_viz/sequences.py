@@ -1,0 +1,294 @@
+"""What the views look at, normalised: token tensors, strings, batches or tasks -> `Sequences`.
+
+Used by `cgt_viz.analysis` (re-exported there) and the widgets. Shapes: n sequences, t positions.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+# ---------------------------------------------------------------------------------------------- checks
+def require_cgt(model: Any, name: str = "model") -> None:
+    """TypeError unless `model` has a y stream (a CGT): a plain GPT has no ȳ to look at."""
+    if not (isinstance(model, torch.nn.Module) and callable(getattr(model, "context", None))
+            and callable(getattr(model, "run_with_cache", None)) and hasattr(model, "templates")):
+        raise TypeError(f"{name} must be a CGT (a model with a y stream and a context summary ȳ), got "
+                        f"{type(model).__name__}; a plain GPT has no ȳ to show — train or load a CGT")
+
+
+def _device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Run in eval mode (no dropout, no VAE noise) and restore the caller's mode afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+# ---------------------------------------------------------------------------------------------- tokens
+class ByteTokenizer:
+    """UTF-8 bytes as tokens 0..255: the fallback when a model's config names no task."""
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, tokens) -> str:
+        return bytes(int(t) for t in tokens).decode("utf-8", errors="replace")
+
+
+def model_task(model: Any):
+    """The task recorded in `model.config.extra["task"]`, rebuilt; None when there is none."""
+    extra = getattr(getattr(model, "config", None), "extra", None) or {}
+    if "task" not in extra:
+        return None
+    try:
+        from .tasks import task_from_config
+        return task_from_config(model.config)
+    except (ImportError, ValueError, TypeError, KeyError):
+        return None
+
+
+def token_strings(tokens: Sequence[int], task=None, vocab_size: int | None = None) -> list[str]:
+    """Printable per-token strings: the task's `decode`, else bytes as characters, else the ids."""
+    if task is not None and callable(getattr(task, "decode", None)):
+        out = [str(s) for s in task.decode([int(t) for t in tokens])]
+    elif vocab_size is not None and 128 < vocab_size <= 256:   # bytes: printable ASCII as is, the rest escaped
+        out = [chr(int(t)) if 32 <= int(t) < 127 or int(t) in (9, 10) else f"\\x{int(t):02x}" for t in tokens]
+    else:
+        out = [str(int(t)) for t in tokens]
+    return [s.replace("\n", "⏎").replace("\t", "⇥") for s in out]
+
+
+# ---------------------------------------------------------------------------------------------- sequences
+@dataclass
+class Sequences:
+    """A set of sequences to look at, normalised from whatever the user passed.
+
+    inputs        (n, t) long tokens, right-padded with 0 past each row's length; or (n, t, f) floats
+    lengths       (n,) number of real positions per row
+    token_text    per row, one printable string per real position
+    token_labels  (n, t) object array of labels per token, or None
+    boundary      (n,) first position of the second excerpt (−1: none), or None
+    targets       (n, t) long (−100 = not scored) or (n, t, o) floats; None: next token (tokens mode)
+    loss_mask     (n, t) bool or None
+    """
+
+    inputs: torch.Tensor
+    lengths: np.ndarray
+    token_text: list[list[str]]
+    token_labels: np.ndarray | None = None
+    boundary: np.ndarray | None = None
+    targets: torch.Tensor | None = None
+    loss_mask: torch.Tensor | None = None
+    joiner: str = ""
+    label_name: str = "label"          # "topic" when the labels are a task's topics
+
+    @property
+    def n(self) -> int:
+        return int(self.inputs.shape[0])
+
+    @property
+    def t(self) -> int:
+        return int(self.inputs.shape[1])
+
+    def scoring(self, mode: str = "tokens") -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(targets, loss_mask) for losses; next-token targets with padding ignored when none were given."""
+        if self.targets is not None:
+            return self.targets, self.loss_mask
+        if mode != "tokens":
+            raise ValueError("these sequences carry no targets; vectors-mode losses need a task batch "
+                             "(pass a Task or a Batch as data)")
+        targets = torch.full_like(self.inputs, IGNORE_INDEX)
+        targets[:, :-1] = self.inputs[:, 1:]
+        real_next = torch.arange(self.t)[None, :] < torch.as_tensor(self.lengths)[:, None] - 1   # (n, t)
+        return targets.masked_fill(~real_next, IGNORE_INDEX), self.loss_mask
+
+
+def concat_sequences(a: Sequences, b: Sequences) -> Sequences:
+    """Rows of a, then rows of b, right-padded to the longer t (padding is never scored)."""
+    t = max(a.t, b.t)
+
+    def pad(x: torch.Tensor | None, n: int, fill) -> torch.Tensor | None:
+        return None if x is None else F.pad(x, (0, 0) * (x.dim() - 2) + (0, t - x.shape[1]), value=fill)
+
+    def labels(s: Sequences) -> np.ndarray | None:
+        if a.token_labels is None and b.token_labels is None:
+            return None
+        out = np.full((s.n, t), None, dtype=object)
+        if s.token_labels is not None:
+            out[:, :s.t] = s.token_labels
+        return out
+
+    def scoring(s: Sequences):
+        if a.targets is None and b.targets is None:
+            return None, None
+        tg, mk = s.scoring("tokens" if s.inputs.dim() == 2 else "vectors")
+        return pad(tg, s.n, IGNORE_INDEX), pad(mk if mk is not None else torch.ones(s.n, s.t, dtype=torch.bool), s.n, False)
+
+    (ta, ma), (tb, mb) = scoring(a), scoring(b)
+    bound = None
+    if a.boundary is not None or b.boundary is not None:
+        bound = np.concatenate([s.boundary if s.boundary is not None else np.full(s.n, -1) for s in (a, b)])
+    la, lb = labels(a), labels(b)
+    return Sequences(torch.cat([pad(a.inputs, a.n, 0), pad(b.inputs, b.n, 0)]), np.concatenate([a.lengths, b.lengths]),
+                     a.token_text + b.token_text, None if la is None else np.concatenate([la, lb]), bound,
+                     None if ta is None else torch.cat([ta, tb]), None if ma is None else torch.cat([ma, mb]),
+                     a.joiner if a.joiner == b.joiner else " ", a.label_name)
+
+
+def label_boundary(row_labels: np.ndarray | None, length: int) -> int | None:
+    """The first position whose label differs from position 0's (a topic switch), or None."""
+    if row_labels is None or length < 2:
+        return None
+    first = row_labels[0]
+    for p in range(1, length):
+        if row_labels[p] != first:
+            return p
+    return None
+
+
+def _check_labels(labels: Any, lengths: np.ndarray, t: int) -> np.ndarray | None:
+    """labels: one per sequence (n,) or one per token (n, t) / ragged per-row lists -> (n, t) object."""
+    if labels is None:
+        return None
+    n = len(lengths)
+    if isinstance(labels, torch.Tensor):
+        labels = labels.detach().cpu().numpy()
+    if isinstance(labels, (str, bytes)) or not hasattr(labels, "__len__"):
+        raise TypeError(f"labels must be a sequence with one label per sequence ({n}) or per token ({n}, t), "
+                        f"got {type(labels).__name__}")
+    if len(labels) != n:
+        raise ValueError(f"labels must have one entry per sequence (n = {n}) or shape (n, t) = ({n}, {t}); "
+                         f"got {len(labels)} entries")
+    out = np.empty((n, t), dtype=object)
+    for i, lab in enumerate(labels):
+        if isinstance(lab, (str, bytes)) or np.ndim(lab) == 0:
+            out[i, :] = lab.item() if isinstance(lab, np.generic) else lab
+            continue
+        lab = list(np.asarray(lab).tolist())
+        if len(lab) < lengths[i]:
+            raise ValueError(f"labels[{i}] has {len(lab)} entries but sequence {i} has {int(lengths[i])} tokens; "
+                             f"per-token labels need one label per token")
+        out[i, :len(lab[:t])] = lab[:t]
+    return out
+
+
+def _check_boundary(boundary: Any, n: int) -> np.ndarray | None:
+    if boundary is None:
+        return None
+    b = np.asarray(boundary.detach().cpu() if isinstance(boundary, torch.Tensor) else boundary)
+    if np.ndim(b) == 0:
+        b = np.full(n, int(b))
+    if b.shape != (n,) or not np.issubdtype(b.dtype, np.integer):
+        raise ValueError(f"boundary must be an int or {n} ints (one per sequence), got shape {b.shape} {b.dtype}")
+    return b.astype(np.int64)
+
+
+def prepare_sequences(model, data, labels=None, boundary=None, *, n_batches: int = 4, batch_size: int = 32,
+                      seed: int = 0, part: str = "val") -> Sequences:
+    """Normalise `data` into `Sequences`.
+
+    data: LongTensor (n, t) of tokens; a float tensor (n, t, input_dim) in vectors mode; a list of strings
+    (encoded with the model's task tokenizer, bytes when the config names no task); a `Batch`; or a Task
+    (n_batches batches of batch_size drawn with `seed`; `info["topic"]` becomes per-token labels and
+    `info["boundary"]` the excerpt boundary).
+    labels: None, one per sequence, or one per token. boundary: None, an int, or one int per sequence.
+    """
+    require_cgt(model)
+    from .tasks.base import Batch, Task
+    cfg = model.config
+    task = model_task(model)
+    token_labels_from_data = None
+    targets = loss_mask = None
+    if isinstance(data, Task):
+        task = data
+        g = torch.Generator().manual_seed(seed)
+        batches = [data.get_batch(batch_size, part=part, generator=g) for _ in range(n_batches)]
+        data = Batch(torch.cat([b.inputs for b in batches]), torch.cat([b.targets for b in batches]),
+                     None if batches[0].loss_mask is None else torch.cat([b.loss_mask for b in batches]),
+                     None, {k: torch.cat([b.info[k] for b in batches]) for k in batches[0].info
+                            if isinstance(batches[0].info[k], torch.Tensor)})
+    if isinstance(data, Batch):
+        info = data.info
+        targets, loss_mask = data.targets.cpu(), None if data.loss_mask is None else data.loss_mask.cpu()
+        if labels is None and isinstance(info.get("topic"), torch.Tensor):
+            names = getattr(task, "topics", None)
+            topic = info["topic"].cpu().numpy()
+            token_labels_from_data = (np.asarray(names, dtype=object)[topic] if names is not None
+                                      else topic.astype(object))
+        if boundary is None and isinstance(info.get("boundary"), torch.Tensor):
+            boundary = info["boundary"].cpu()
+        data = data.inputs
+    if isinstance(data, np.ndarray):
+        data = torch.from_numpy(data)
+    if isinstance(data, (list, tuple)):
+        if len(data) == 0:
+            raise ValueError("data is an empty list; pass at least one string or sequence")
+        if not all(isinstance(s, str) for s in data):
+            raise TypeError(f"data as a list must hold strings, got {sorted({type(s).__name__ for s in data})}")
+        if cfg.mode != "tokens":
+            raise TypeError("data is a list of strings but the model is in vectors mode; pass a float tensor "
+                            "(n, t, input_dim) or a Task")
+        tokenizer = getattr(task, "tokenizer", None)
+        if tokenizer is None:
+            if cfg.vocab_size < 256:
+                raise ValueError(f"data is a list of strings but the model's config names no task tokenizer and "
+                                 f"vocab_size={cfg.vocab_size} < 256 cannot hold bytes; pass token ids instead")
+            tokenizer = ByteTokenizer()
+        encoded = [list(tokenizer.encode(s)) for s in data]
+        for i, ids in enumerate(encoded):
+            if not 1 <= len(ids) <= cfg.block_size:
+                raise ValueError(f"data[{i}] encodes to {len(ids)} tokens; each string must give 1..block_size="
+                                 f"{cfg.block_size} tokens (nothing is clipped silently)")
+        lengths = np.array([len(ids) for ids in encoded], dtype=np.int64)
+        inputs = torch.zeros(len(encoded), int(lengths.max()), dtype=torch.long)
+        for i, ids in enumerate(encoded):
+            inputs[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+    elif isinstance(data, torch.Tensor):
+        inputs = data.detach().cpu()
+        want = "(n, t) token ids" if cfg.mode == "tokens" else f"(n, t, input_dim={cfg.input_dim}) floats"
+        if inputs.dim() == (1 if cfg.mode == "tokens" else 2):
+            inputs = inputs[None]
+        if inputs.dim() != (2 if cfg.mode == "tokens" else 3) or inputs.shape[0] == 0 or inputs.shape[1] == 0:
+            raise ValueError(f"data must have shape {want} with n, t >= 1, got shape {tuple(data.shape)}")
+        if cfg.mode == "tokens" and inputs.is_floating_point():
+            raise TypeError(f"data must hold integer token ids for a tokens-mode model, got dtype {inputs.dtype}")
+        if inputs.shape[1] > cfg.block_size:
+            raise ValueError(f"data has {inputs.shape[1]} positions but block_size is {cfg.block_size}")
+        if cfg.mode == "tokens":
+            inputs = inputs.long()
+            lo, hi = int(inputs.min()), int(inputs.max())
+            if lo < 0 or hi >= cfg.vocab_size:
+                raise ValueError(f"data holds token ids in [{lo}, {hi}]; allowed are 0..{cfg.vocab_size - 1}")
+        lengths = np.full(inputs.shape[0], inputs.shape[1], dtype=np.int64)
+    else:
+        raise TypeError(f"data must be a LongTensor (n, t), a list of strings, a Batch or a Task, "
+                        f"got {type(data).__name__}")
+    n, t = inputs.shape[:2]
+    if cfg.mode == "tokens":
+        text = [token_strings(inputs[i, :lengths[i]].tolist(), task, cfg.vocab_size) for i in range(n)]
+    else:
+        text = [[f"x{p}" for p in range(int(lengths[i]))] for i in range(n)]
+    joiner = "" if all(len(s) <= 1 for row in text[:8] for s in row) else " "
+    token_labels = _check_labels(labels, lengths, t)
+    label_name = "label"
+    if token_labels is None and token_labels_from_data is not None:
+        token_labels, label_name = token_labels_from_data, "topic"
+    if targets is not None and tuple(targets.shape[:2]) != (n, t):
+        raise ValueError(f"targets have shape {tuple(targets.shape)} but data has (n, t) = ({n}, {t})")
+    return Sequences(inputs, lengths, text, token_labels, _check_boundary(boundary, n), targets, loss_mask, joiner,
+                     label_name)
