@@ -34,8 +34,10 @@ demo: env   ## run notebook 01 headless and write an HTML report to runs/demo/
 	$(BIN)/jupyter nbconvert --to html --execute --ExecutePreprocessor.timeout=1200 \
 	  --output-dir runs/demo notebooks/01_synthetic_icl.ipynb
 
-bench: env   ## write benchmarks/results/*.json
+bench: env   ## write benchmarks/results/*.json (+ HTML plot, README tables): a few minutes on a CPU
 	$(BIN)/python benchmarks/bench_core.py
+	$(BIN)/python benchmarks/bench_cost.py
+	$(BIN)/python benchmarks/bench_explorer.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache runs/demo
