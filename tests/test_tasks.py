@@ -31,7 +31,7 @@ def bbc():
 # ---------------------------------------------------------------------------- SyntheticICL
 @pytest.mark.parametrize("family", FAMILIES)
 def test_icl_answers_follow_the_hidden_numbers(family):
-    task = SyntheticICL(family, P=7, n_pairs=10)
+    task = SyntheticICL(family, P=7, n_pairs=10, answer_tokens="value")
     b = task.get_batch(16, generator=gen())
     assert b.inputs.shape == b.targets.shape == b.loss_mask.shape == (16, 20)
     a, bb = b.info["task_params"][:, :1], b.info["task_params"][:, 1:]
@@ -47,6 +47,31 @@ def test_icl_answers_follow_the_hidden_numbers(family):
         assert (bb == 0).all()
     if family == "dihedral":
         assert set(a.flatten().tolist()) <= {1, 6}
+
+
+def test_icl_pair_answer_tokens_name_the_whole_demonstration():
+    task = SyntheticICL("affine", P=5, n_pairs=6, answer_tokens="pair")
+    assert task.vocab_size == 5 + 25
+    b = task.get_batch(32, generator=gen())
+    u, ans = b.inputs[:, 0::2], b.inputs[:, 1::2]
+    a, bb = b.info["task_params"][:, :1], b.info["task_params"][:, 1:]
+    assert torch.equal(ans, 5 + 5 * u + (a * u + bb) % 5)
+    assert torch.equal(task.answer_value(ans), (a * u + bb) % 5)
+    assert torch.equal(b.loss_mask, b.targets >= 5) and int(b.inputs.max()) < 30
+    assert task.decode([2, 5 + 5 * 2 + 4]) == ["u2", "2→4"]
+    with pytest.raises(ValueError, match="answer_tokens"):
+        SyntheticICL(answer_tokens="text")
+
+
+def test_icl_shift_fraction_mixes_pure_shifts_into_training_only():
+    task = SyntheticICL("affine", P=7, n_pairs=4, shift_fraction=1.0)
+    assert (task.get_batch(64, generator=gen()).info["task_params"][:, 0] == 1).all()
+    a_eval = task.eval_batch(2, 256, generator=gen()).info["task_params"][:, 0]
+    assert len(a_eval.unique()) == 6                                    # evaluation covers the whole family
+    half = SyntheticICL("affine", P=7, n_pairs=4, shift_fraction=0.5).get_batch(2000, generator=gen())
+    assert 0.5 < float((half.info["task_params"][:, 0] == 1).float().mean()) < 0.65   # 0.5 + 0.5/6
+    with pytest.raises(ValueError, match="shift_fraction"):
+        SyntheticICL(shift_fraction=1.5)
 
 
 def test_icl_is_deterministic_under_a_seed_and_varies_without():
@@ -83,7 +108,7 @@ def test_icl_eval_batch_queries_are_new_to_the_prompt():
 
 
 def test_icl_config_kwargs_round_trip_through_the_registry():
-    task = make_task("icl", family="dihedral", P=5, n_pairs=6)
+    task = make_task("icl", family="dihedral", P=5, n_pairs=6, answer_tokens="value")
     cfg = CGTConfig(d_x=16, n_head=2, d_y=8, n_head_y=1, n_layer=2, y_layer=1, **task.config_kwargs())
     assert cfg.vocab_size == 10 and cfg.block_size == 12 and cfg.aux_suffix_len == 2
     again = task_from_config(cfg)

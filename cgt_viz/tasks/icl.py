@@ -60,12 +60,18 @@ class SyntheticICL(Task):
     aux_min_pairs   the auxiliary split leaves at least this many demonstrations in the prefix
     novel_split     if True the auxiliary split is placed before a pair whose u is new to the prefix,
                     when the row has one (the specialised model must then infer f, not look it up)
+    answer_tokens   "value": the answer token is f(u) + P (vocabulary 2P); "pair": the answer token names
+                    the whole demonstration (u, f(u)) as P + u·P + f(u) (vocabulary P + P²), so one token
+                    carries a demonstration and in-context look-up needs no previous-token head
+    shift_fraction  share of training rows drawn with a = 1 (a pure shift) in a two-number family: the
+                    shift rows give a dense signal that shortens the plateau before in-context learning
+                    starts. `eval_batch` ignores it and draws (a, b) uniformly over the family.
     """
 
     name = "icl"
 
-    def __init__(self, family: str = "shift", P: int = 7, n_pairs: int = 16, aux_min_pairs: int = 1,
-                 novel_split: bool = False):
+    def __init__(self, family: str = "affine", P: int = 7, n_pairs: int = 20, aux_min_pairs: int = 1,
+                 novel_split: bool = False, shift_fraction: float = 0.0, answer_tokens: str = "pair"):
         if family not in FAMILIES:
             raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
         _check_int("P", P, 2)
@@ -76,10 +82,16 @@ class SyntheticICL(Task):
                              f"got {aux_min_pairs}")
         if not isinstance(novel_split, bool):
             raise TypeError(f"novel_split must be a bool, got {type(novel_split).__name__}")
+        if isinstance(shift_fraction, bool) or not isinstance(shift_fraction, (int, float)) \
+                or not 0 <= shift_fraction <= 1:
+            raise ValueError(f"shift_fraction must be a number in [0, 1], got {shift_fraction!r}")
+        if answer_tokens not in ("value", "pair"):
+            raise ValueError(f"answer_tokens must be 'value' or 'pair', got {answer_tokens!r}")
+        self.answer_tokens = answer_tokens
         if family == "dihedral" and P < 3:
             raise ValueError(f"P must be >= 3 for family 'dihedral' (a = ±1 must differ), got {P}")
         self.family, self.P, self.n_pairs = family, P, n_pairs
-        self.aux_min_pairs, self.novel_split = aux_min_pairs, novel_split
+        self.aux_min_pairs, self.novel_split, self.shift_fraction = aux_min_pairs, novel_split, float(shift_fraction)
         units = [a for a in range(1, P) if math.gcd(a, P) == 1]
         self.a_values = {"shift": [1], "affine": units, "dihedral": [1, P - 1], "mul": units}[family]
         self.b_values = [0] if family == "mul" else list(range(P))
@@ -87,7 +99,7 @@ class SyntheticICL(Task):
     # ------------------------------------------------------------------ registry
     @property
     def vocab_size(self) -> int:
-        return 2 * self.P
+        return 2 * self.P if self.answer_tokens == "value" else self.P + self.P ** 2
 
     @property
     def block_size(self) -> int:
@@ -100,7 +112,8 @@ class SyntheticICL(Task):
 
     def kwargs(self) -> dict[str, Any]:
         return {"family": self.family, "P": self.P, "n_pairs": self.n_pairs,
-                "aux_min_pairs": self.aux_min_pairs, "novel_split": self.novel_split}
+                "aux_min_pairs": self.aux_min_pairs, "novel_split": self.novel_split,
+                "shift_fraction": self.shift_fraction, "answer_tokens": self.answer_tokens}
 
     def config_kwargs(self) -> dict[str, Any]:
         return {"vocab_size": self.vocab_size, "block_size": self.block_size, "aux_suffix_len": 2,
@@ -110,20 +123,32 @@ class SyntheticICL(Task):
         return "SyntheticICL(" + ", ".join(f"{k}={v!r}" for k, v in self.kwargs().items()) + ")"
 
     # ------------------------------------------------------------------ sampling
-    def sample_params(self, batch_size: int, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Hidden numbers (a, b) per row: (b, 2) long, uniform over the family."""
+    def sample_params(self, batch_size: int, generator: torch.Generator | None = None,
+                      shift_fraction: float = 0.0) -> torch.Tensor:
+        """Hidden numbers (a, b) per row: (b, 2) long, uniform over the family; a share shift_fraction of
+        the rows (in expectation) gets a = 1."""
         a_vals, b_vals = torch.tensor(self.a_values), torch.tensor(self.b_values)
         a = a_vals[torch.randint(len(a_vals), (batch_size,), generator=generator)]
         b = b_vals[torch.randint(len(b_vals), (batch_size,), generator=generator)]
+        if shift_fraction > 0:
+            a = torch.where(torch.rand(batch_size, generator=generator) < shift_fraction, torch.ones_like(a), a)
         return torch.stack([a, b], dim=1)
 
     def apply(self, params: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """f_{a,b}(u) = (a·u + b) mod P: params (b, 2), u (b, n) -> (b, n) in 0..P−1."""
         return (params[:, :1] * u + params[:, 1:]) % self.P
 
+    def answer_token(self, u: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """Token id of the answer f(u) = value to the query u (see answer_tokens)."""
+        return value + self.P if self.answer_tokens == "value" else self.P + u * self.P + value
+
+    def answer_value(self, tokens: torch.Tensor) -> torch.Tensor:
+        """f(u) encoded by answer tokens (inverse of answer_token)."""
+        return tokens - self.P if self.answer_tokens == "value" else (tokens - self.P) % self.P
+
     def _assemble(self, params: torch.Tensor, u: torch.Tensor, split: torch.Tensor, device) -> Batch:
         """Interleave u and f(u) + P into (b, 2n) tokens and build targets, mask and info."""
-        answers = self.apply(params, u) + self.P
+        answers = self.answer_token(u, self.apply(params, u))
         seq = torch.stack([u, answers], dim=2).flatten(1)                   # (b, n, 2) -> (b, 2n)
         targets = torch.full_like(seq, IGNORE_INDEX)
         targets[:, :-1] = seq[:, 1:]
@@ -162,7 +187,7 @@ class SyntheticICL(Task):
         draw from the same distribution, the caller's generator makes them different)."""
         check_batch_size(batch_size)
         check_part(part)
-        params = self.sample_params(batch_size, generator)
+        params = self.sample_params(batch_size, generator, self.shift_fraction)
         u = torch.randint(self.P, (batch_size, self.n_pairs), generator=generator)
         return self._assemble(params, u, self._sample_split(u, generator), device)
 
@@ -196,9 +221,14 @@ class SyntheticICL(Task):
         return batch.to(device)
 
     def decode(self, tokens) -> list[str]:
-        """Query tokens print as 'u3', answer tokens as '→5'."""
+        """Query tokens print as 'u3', answer tokens as '→5' ("value") or '3→5' ("pair")."""
         out = []
         for t in tokens:
             t = int(t)
-            out.append(f"u{t}" if t < self.P else f"→{t - self.P}")
+            if t < self.P:
+                out.append(f"u{t}")
+            elif self.answer_tokens == "value":
+                out.append(f"→{t - self.P}")
+            else:
+                out.append(f"{(t - self.P) // self.P}→{(t - self.P) % self.P}")
         return out
