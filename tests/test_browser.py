@@ -10,6 +10,7 @@ Skipped when /usr/bin/chromium is missing, unless CGT_REQUIRE_BROWSER=1 (CI), wh
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -60,13 +61,13 @@ def _wait_for_server(url: str, proc: subprocess.Popen, log: Path, timeout: float
     raise RuntimeError(f"jupyter lab did not answer within {timeout} s:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture
-def lab(tmp_path):
-    """A JupyterLab server on a free port serving a temp copy of the test notebook; stopped by PID."""
-    _need_browser()
+@contextlib.contextmanager
+def jupyter_lab(tmp_path: Path, notebook: Path = NOTEBOOK):
+    """A JupyterLab server on a free port serving a temp copy of `notebook`; stopped by its PID on exit.
+    Yields (url, work folder, log file)."""
     work = tmp_path / "lab"
     work.mkdir()
-    shutil.copy(NOTEBOOK, work / "widgets.ipynb")
+    shutil.copy(notebook, work / notebook.name)
     port = _free_port()
     settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
@@ -74,7 +75,8 @@ def lab(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
                JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
                IPYTHONDIR=str(tmp_path / "ipython"), JUPYTER_DATA_DIR=str(tmp_path / "data"),
-               JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "ws"), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+               JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "ws"),
+               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
            "--ServerApp.token=", "--ServerApp.password=", f"--ServerApp.root_dir={work}",
            "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None",
@@ -97,6 +99,30 @@ def lab(tmp_path):
             proc.wait(timeout=5)
 
 
+@pytest.fixture
+def lab(tmp_path):
+    _need_browser()
+    with jupyter_lab(tmp_path) as running:
+        yield running
+
+
+PICK_POINT_JS = """() => {
+    // the explorer's point farthest from its neighbours (so the click picks it), in page pixels
+    const gd = document.querySelectorAll('.js-plotly-plot')[0];
+    const xs = gd.data[0].x, ys = gd.data[0].y, xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+    const px = Array.from(xs, x => xa.l2p(x)), py = Array.from(ys, y => ya.l2p(y));
+    let best = 0, bestGap = -1;
+    for (let i = 0; i < px.length; i += 1) {
+        let gap = Infinity;
+        for (let j = 0; j < px.length; j += 1) {
+            const d = Math.hypot(px[j] - px[i], py[j] - py[i]);
+            if (j !== i && d > 0 && d < gap) gap = d;
+        }
+        if (gap > bestGap && gap < Infinity) { bestGap = gap; best = i; }
+    }
+    const r = gd.querySelector('.nsewdrag').getBoundingClientRect();
+    return {px: r.left + px[best], py: r.top + py[best], hover: gd.data[0].hovertext[best]};
+}"""
 MONITOR_JS = """() => { const m = Array.from(document.querySelectorAll('.js-plotly-plot')).find(
     p => p.layout && p.layout.title && String(p.layout.title.text).startsWith('Live training')); """
 
@@ -164,8 +190,21 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
             after = page.evaluate("Array.from(document.querySelectorAll('.js-plotly-plot')[0].data[0].marker.color)")
             assert after != before and len(set(after)) > 3
             page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 5", timeout=30_000)
+
+            # a click on a point opens the linked smoothness strip and template inspector of its sequence
+            explorer.scroll_into_view_if_needed()
+            point = page.evaluate(PICK_POINT_JS)
+            page.mouse.move(point["px"] - 4, point["py"] - 4)
+            page.mouse.move(point["px"], point["py"])
+            page.wait_for_timeout(300)
+            page.mouse.click(point["px"], point["py"])
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 7", timeout=30_000)
+            titles = page.evaluate("Array.from(document.querySelectorAll('.js-plotly-plot'))"
+                                   ".map(p => String(p.layout && p.layout.title && p.layout.title.text))")
+            pos = int(point["hover"].split("pos ")[1].split("<")[0])
+            assert titles[1].startswith("Smoothness of ȳ · sequence") and titles[1].endswith(f"token {pos}"), titles
+            assert titles[2].startswith("κ-template inspector") and f"token {pos} " in titles[2], titles
             page.screenshot(path=str(ARTIFACTS / "browser_after_interaction.png"), full_page=False)
-            assert explorer.is_visible()
         except Exception:
             try:
                 page.screenshot(path=str(ARTIFACTS / "browser_failure.png"), full_page=True)
