@@ -76,7 +76,7 @@ def jupyter_lab(tmp_path: Path, notebook: Path = NOTEBOOK):
                JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
                IPYTHONDIR=str(tmp_path / "ipython"), JUPYTER_DATA_DIR=str(tmp_path / "data"),
                JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "ws"),
-               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CGT_BROWSER_TEST="1")
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
            "--ServerApp.token=", "--ServerApp.password=", f"--ServerApp.root_dir={work}",
            "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None",

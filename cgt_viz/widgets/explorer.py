@@ -381,7 +381,12 @@ class Explorer(W.VBox):
             self.color_options = self._color_options()
             if self.color_by not in self.color_options:
                 self.color_by = "position"
-            self.color_picker.options = list(self.color_options)
+            self._syncing = True
+            try:
+                self.color_picker.options = list(self.color_options)
+                self.color_picker.value = self.color_by
+            finally:
+                self._syncing = False
             fig = self._figure(self.projection)
             with self.figure.batch_update():
                 self._trace.update(fig.data[0].to_plotly_json(), overwrite=True)
