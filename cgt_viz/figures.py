@@ -121,7 +121,7 @@ def smoothness_figure(ybar: Any, tokens: Sequence[str] | None = None, *, boundar
         if arr.shape[0] != t:
             raise ValueError(f"overlay[{other!r}] must cover the same {t} positions, got shape {arr.shape}")
         series[other] = arr
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.04, row_heights=[0.3, 0.25, 0.45],
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.07, row_heights=[0.3, 0.25, 0.45],
                         subplot_titles=("‖ȳ_t − ȳ_t−1‖", "cos(ȳ_t, ȳ_t−1)", "ȳ_t (t × d_y)"))
     for i, (nm, arr) in enumerate(series.items()):
         step, cos = token_smoothness(arr)
@@ -164,11 +164,11 @@ def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: s
     t, K = coeffs.shape
     x, hover = _tokens_axis(tokens, t)
     ks = [f"k{k}" for k in range(K)]
-    at = f" at pos {highlight}" if highlight is not None else ""
+    at = f" at {highlight}" if highlight is not None else ""
     fig = make_subplots(rows=2, cols=3, specs=[[{"colspan": 3}, None, None], [{}, {}, {}]],
                         row_heights=[0.5, 0.5], vertical_spacing=0.16, horizontal_spacing=0.09,
-                        subplot_titles=(f"c_k(ȳ_t) over the sequence · {site}", "mean |c_k| per label",
-                                        f"singular values of ΔW(ȳ){at}", "Δ loss, template k ablated"))
+                        subplot_titles=(f"c_k(ȳ_t) over the sequence · {site}", "mean |c_k| by label",
+                                        f"σ_i of ΔW(ȳ){at}", "Δ loss, k ablated"))
     lim = float(np.abs(coeffs).max()) or 1.0
     fig.add_trace(go.Heatmap(z=coeffs.T, x=x, y=ks, colorscale="RdBu", zmin=-lim, zmax=lim, zmid=0,
                              colorbar=dict(len=0.45, y=0.78, title=dict(text="c_k")), customdata=np.array(hover)[None].repeat(K, 0),
@@ -196,6 +196,7 @@ def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: s
     if tokens is not None and t <= 80:
         fig.update_xaxes(tickvals=x, ticktext=[str(s) for s in tokens], tickangle=0, row=1, col=1)
     fig.update_xaxes(title_text="i", row=2, col=2)
+    fig.update_annotations(font_size=13)
     fig.update_layout(title=dict(text=title or "κ-template inspector", x=0.01), height=height, showlegend=False,
                       template="plotly_white", margin=dict(l=60, r=20, t=80, b=40))
     return fig

@@ -163,6 +163,9 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
             # every figure renders: explorer (WebGL scatter), smoothness strip, template inspector
             page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 4", timeout=30_000)
             page.wait_for_function("document.querySelectorAll('.js-plotly-plot canvas').length >= 1", timeout=30_000)
+            # every plot takes the width of the notebook, even those drawn while out of view or while busy
+            page.wait_for_function("""Array.from(document.querySelectorAll('.js-plotly-plot')).every(
+                gd => gd._fullLayout && Math.abs(gd._fullLayout.width - gd.clientWidth) <= 3)""", timeout=15_000)
             explorer = page.locator(".js-plotly-plot").first
             before = page.evaluate("Array.from(document.querySelectorAll('.js-plotly-plot')[0].data[0].marker.color)")
             n_points = page.evaluate("document.querySelectorAll('.js-plotly-plot')[0].data[0].x.length")

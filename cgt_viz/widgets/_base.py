@@ -68,7 +68,24 @@ export default () => {
       el.textContent = "loading plot…";
       const inner = await ready;
       el.textContent = "";
-      return inner.render({ model, el });
+      const cleanup = inner.render({ model, el });
+      // plotly sizes a plot from its container when it draws it; one drawn while hidden gets 700 px and
+      // anywidget sends no resize messages: follow the container's width instead
+      const fit = () => {
+        const full = el._fullLayout;
+        if (full && el.clientWidth > 0 && Math.abs(full.width - el.clientWidth) > 2 && el._responsiveChartHandler) {
+          el._responsiveChartHandler();
+        }
+      };
+      const drawn = (event) => { if (event.detail && event.detail.element === el) fit(); };
+      document.addEventListener("plotlywidget-after-render", drawn);
+      const observer = new ResizeObserver(fit);
+      observer.observe(el);
+      return () => {
+        observer.disconnect();
+        document.removeEventListener("plotlywidget-after-render", drawn);
+        if (typeof cleanup === "function") cleanup();
+      };
     },
   };
 };
@@ -124,6 +141,7 @@ class LeanFigureWidget(go.FigureWidget):
         shell = _kernel_shell()
         self._send_code = shell is not None if send_code is None else bool(send_code)
         super().__init__(*args, **kwargs)
+        self._config = {**self._config, "responsive": True}   # follow the width of the notebook
         if self._send_code:
             _carriers.append(weakref.ref(self))
             if shell is not None:

@@ -26,7 +26,7 @@ from cgt_viz.widgets import SmoothnessStrip, TemplateInspector
 torch.set_num_threads(1)
 model = CGT.from_pretrained({model!r}).eval()
 task = task_from_config(model.config)""",
-    """ex = explore(model, task, n_batches={batches}, batch_size=32, background=None, seed=0)
+    """ex = explore(model, task, n_batches={batches}, batch_size=32, background=None, seed=0, color_by={color!r})
 ex.set_projection("umap", wait=True)
 ex""",
     """i = int(ex.seqs.boundary.argsort()[len(ex.seqs.boundary) // 2])   # a row with a middling boundary
@@ -44,6 +44,7 @@ def main(argv=None) -> None:
     p.add_argument("--out", type=Path, default=Path("docs/img"))
     p.add_argument("--batches", type=int, default=8, help="batches of 32 sequences for the explorer")
     p.add_argument("--site", default=None, help="template site for the inspector (default: the first)")
+    p.add_argument("--color-by", default="topic", help="the explorer's colouring (topic, position, document, ...)")
     args = p.parse_args(argv)
 
     import test_browser as T
@@ -55,7 +56,8 @@ def main(argv=None) -> None:
         site = f"{layer}.{name}"
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(c.format(model=str(Path(args.model).resolve()), batches=args.batches,
-                                                   site=site)) for c in CELLS]
+                                                   site=site, color=args.color_by)) for c in CELLS]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     with tempfile.TemporaryDirectory(prefix="cgt-shots-") as tmp:
         nb_path = Path(tmp) / "shots.ipynb"
         nbformat.write(nb, nb_path)
@@ -71,7 +73,12 @@ def shoot(url: str, out: Path) -> None:
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=T.CHROMIUM, args=T.CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1180, "height": 900})
-        page.goto(url + "lab/tree/shots.ipynb", timeout=60_000)
+        page.goto(url + "lab/tree/shots.ipynb", wait_until="domcontentloaded", timeout=60_000)
+        try:
+            page.wait_for_function("window.jupyterapp && document.querySelector('.jp-Notebook .jp-Cell')", timeout=60_000)
+        except Exception:
+            page.screenshot(path=str(out / "failure.png"))
+            raise
         page.wait_for_function("""() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
             return w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel &&
                    w.sessionContext.session.kernel.status === 'idle'; }""", timeout=60_000)
