@@ -135,6 +135,8 @@ def smoothness_figure(ybar: Any, tokens: Sequence[str] | None = None, *, boundar
                              hovertemplate="pos %{x}, dim %{y}: %{z:.3f}<extra></extra>"), row=3, col=1)
     if boundary is not None and 0 <= boundary < t:
         _vline(fig, boundary - 0.5, "#d62728", "dash", "boundary")
+        fig.add_annotation(x=boundary - 0.5, y=0, yref="paper", yanchor="bottom", xanchor="left", text=" boundary",
+                           showarrow=False, font=dict(color="#d62728", size=11), bgcolor="rgba(255,255,255,0.75)")
     if highlight is not None and 0 <= highlight < t:
         fig.add_vrect(x0=highlight - 0.5, x1=highlight + 0.5, fillcolor="grey", opacity=0.25, line_width=0,
                       row="all", col=1)

@@ -72,7 +72,7 @@ def shoot(url: str, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=T.CHROMIUM, args=T.CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1180, "height": 900})
+        page = browser.new_page(viewport={"width": 1080, "height": 900})
         page.goto(url + "lab/tree/shots.ipynb", wait_until="domcontentloaded", timeout=60_000)
         try:
             page.wait_for_function("window.jupyterapp && document.querySelector('.jp-Notebook .jp-Cell')", timeout=60_000)
