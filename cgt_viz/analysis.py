@@ -478,7 +478,10 @@ TRAIN_TERMS = ("main", "aux", "smooth", "total")
 NOT_PLOTTED = ("kind", "step", "lr", "grad_norm")   # record fields that are not loss curves
 
 
-def training_series(history: Any) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, tuple[np.ndarray, np.ndarray]]]:
+Series = dict[str, tuple[np.ndarray, np.ndarray]]   # name -> (steps, values)
+
+
+def training_series(history: Any) -> tuple[Series, Series]:
     """Loss curves from a training history -> ({term: (steps, values)}, {eval metric: (steps, values)}).
 
     history: a `TrainHistory` (attributes step, main, ..., evals), a dict of equal-length lists (with "step"),
@@ -497,7 +500,8 @@ def training_series(history: Any) -> tuple[dict[str, tuple[np.ndarray, np.ndarra
                 if k not in NOT_PLOTTED and isinstance(v, (int, float)) and not isinstance(v, bool):
                     target.setdefault(k, []).append((rec["step"], float(v)))
     elif isinstance(history, dict) or hasattr(history, "step"):
-        get = (lambda k, d=None: history.get(k, d)) if isinstance(history, dict) else (lambda k, d=None: getattr(history, k, d))
+        def get(key, default=None):
+            return history.get(key, default) if isinstance(history, dict) else getattr(history, key, default)
         step = list(get("step", []) or [])
         for k in TRAIN_TERMS:
             vals = get(k)

@@ -129,7 +129,8 @@ def smoothness_figure(ybar: Any, tokens: Sequence[str] | None = None, *, boundar
         for row, vals in ((1, step), (2, cos)):
             fig.add_trace(go.Scatter(x=x, y=vals, mode="lines+markers" if t <= 200 else "lines", name=nm,
                                      legendgroup=nm, showlegend=row == 1, line=dict(color=color, width=1.5),
-                                     marker=dict(size=4), text=hover, hovertemplate="%{text}<br>%{y:.3f}<extra>" + nm + "</extra>"),
+                                     marker=dict(size=4), text=hover,
+                                     hovertemplate="%{text}<br>%{y:.3f}<extra>" + nm + "</extra>"),
                           row=row, col=1)
     fig.add_trace(go.Heatmap(z=ybar.T, x=x, colorscale="RdBu", zmid=0, showscale=False, name=f"ȳ {name}",
                              hovertemplate="pos %{x}, dim %{y}: %{z:.3f}<extra></extra>"), row=3, col=1)
@@ -173,7 +174,8 @@ def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: s
                                         f"σ_i of ΔW(ȳ){at}", "Δ loss, k ablated"))
     lim = float(np.abs(coeffs).max()) or 1.0
     fig.add_trace(go.Heatmap(z=coeffs.T, x=x, y=ks, colorscale="RdBu", zmin=-lim, zmax=lim, zmid=0,
-                             colorbar=dict(len=0.45, y=0.78, title=dict(text="c_k")), customdata=np.array(hover)[None].repeat(K, 0),
+                             colorbar=dict(len=0.45, y=0.78, title=dict(text="c_k")),
+                             customdata=np.array(hover)[None].repeat(K, 0),
                              hovertemplate="%{customdata}<br>%{y}: %{z:.3f}<extra></extra>"), row=1, col=1)
     if mean_abs is not None:
         mean_abs = np.asarray(mean_abs, dtype=np.float32)

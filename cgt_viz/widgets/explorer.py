@@ -69,7 +69,7 @@ class Explorer(W.VBox):
                              f"got {projection_params!r}")
         self.projection_params = {m: params.get(m, {}) for m in A.PROJECTIONS}
         self.model, self.seqs, self.seed, self.positions = model, sequences, seed, positions
-        self.max_points, self._linked_enabled = max_points, linked
+        self.max_points, self._linked_enabled, self.height = max_points, linked, height
         self.ybar_full = A.collect_ybar(model, sequences.inputs) if ybar is None else np.asarray(ybar, np.float32)
         if self.ybar_full.shape[:2] != tuple(sequences.inputs.shape[:2]):
             raise ValueError(f"ybar must have shape (n, t, d_y) matching the sequences {tuple(sequences.inputs.shape[:2])}, "
@@ -102,7 +102,7 @@ class Explorer(W.VBox):
             raise ValueError(f"color_by must be one of {list(self.color_options)}, got {color_by!r}")
         self.color_by = color_by
 
-        first = projection if projection == "pca" else "pca"
+        first = "pca"                           # always the first paint: instant; others follow when fitted
         t0 = time.perf_counter()
         self._fit_now(first)
         self.figure = figure_widget(self._figure(first))
@@ -146,19 +146,22 @@ class Explorer(W.VBox):
         m = len(self.points)
         if m < self.n_total:
             by = self.label_name if self._strata_name == "label" else "document"
-            return f"showing {m:,} of {self.n_total:,} tokens, a subsample stratified by {by} (max_points={self.max_points:,})"
+            return (f"showing {m:,} of {self.n_total:,} tokens, a subsample stratified by {by} "
+                    f"(max_points={self.max_points:,})")
         return f"{m:,} tokens from {len(np.unique(self.points.seq)):,} sequences"
 
     def _figure(self, method: str):
         values, kind = self.color_options[self.color_by]
         return ybar_map_figure(self._coords[method], values, self.points.hover, color_name=self.color_by,
                                color_kind=kind, note=self._note(), axis_names=self._axis_names(method),
+                               height=self.height,
                                title=f"ȳ of {len(self.points):,} tokens · {METHOD_NAMES[method]}")
 
     def _axis_names(self, method: str) -> tuple[str, str]:
         if method == "pca" and "pca" in self.projectors:
             ratio = self.projectors["pca"].reducer.explained_variance_ratio_
-            return tuple(f"PC {i + 1} ({100 * r:.0f}% of variance)" for i, r in enumerate(ratio[:2])) + ("PC 2",) * (2 - len(ratio[:2]))
+            names = [f"PC {i + 1} ({100 * r:.0f}% of variance)" for i, r in enumerate(ratio[:2])]
+            return tuple(names + ["PC 2"] * (2 - len(names)))
         return AXIS_NAMES[method]
 
     def figure_static(self):
@@ -183,7 +186,8 @@ class Explorer(W.VBox):
             if method in self._coords or (method in self._threads and self._threads[method].is_alive()):
                 return
             self._errors.pop(method, None)
-            hint = " (the first UMAP in a process also compiles numba: ~20–60 s on a small CPU)" if method == "umap" else ""
+            hint = (" (the first UMAP in a process also compiles numba: ~20–60 s on a small CPU)"
+                    if method == "umap" else "")
             self._set_status(f"{METHOD_NAMES[method]}: fitting in the background on {len(self.points):,} points{hint}…",
                              "busy")
             thread = threading.Thread(target=self._fit_job, args=(method,), daemon=True, name=f"cgt-viz-{method}")

@@ -68,7 +68,8 @@ class SmoothnessStrip(W.VBox):
         overlay = None if self.ybar_other is None else {self.names[1]: self.ybar_other[i, :length]}
         return smoothness_figure(self.ybar[i, :length], self.seqs.token_text[i], boundary=boundary_of(self.seqs, i),
                                  highlight=highlight, overlay=overlay, name=self.names[0], height=self.height,
-                                 title=f"Smoothness of ȳ · sequence {i}" + (f" · token {highlight}" if highlight is not None else ""))
+                                 title=f"Smoothness of ȳ · sequence {i}"
+                                       + (f" · token {highlight}" if highlight is not None else ""))
 
     def show(self, sequence: int, highlight: int | None = None) -> None:
         """Draw another sequence (and highlight one of its tokens)."""
