@@ -207,22 +207,36 @@ def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: s
 
 
 # ---------------------------------------------------------------------------------------------- compare
+CURVE_KEYS = {   # accepted spellings: analysis.compare_losses and evaluate.text_position_curves
+    "position": ("position", "positions"),
+    "prompted": ("prompted", "loss_prompted"),
+    "specialised": ("specialised", "specialized", "loss_specialised", "loss_specialized"),
+    "no_context": ("no_context", "loss_no_context"),
+}
+
+
 def compare_figure(losses: dict, *, boundary: float | None = None, split: int | None = None,
                    title: str | None = None, ylabel: str = "loss", height: int = 420) -> go.Figure:
     """Per-position loss after the split: prompted, specialised (ȳ frozen at the split), no context.
 
     losses: {"position": (m,), "prompted": (m,), "specialised": (m,), "no_context": (m,)} as returned by
-    `analysis.compare_losses`; boundary: the topic switch (red dashed line); split: s (black dotted line).
+    `analysis.compare_losses` (or the "positions" / "loss_<mode>" dict of `evaluate.text_position_curves`);
+    boundary: the topic switch (red dashed line); split: s (black dotted line).
     """
-    if not isinstance(losses, dict) or "position" not in losses:
-        raise ValueError(f"losses must be a dict with 'position' and per-position curves, got {type(losses).__name__}")
-    pos = _check_1d("losses['position']", losses["position"])
+    found = {} if not isinstance(losses, dict) else \
+        {name: next((k for k in keys if k in losses), None) for name, keys in CURVE_KEYS.items()}
+    if not found or found["position"] is None:
+        got = sorted(losses) if isinstance(losses, dict) else type(losses).__name__
+        raise ValueError(f"losses must be a dict with 'position' (or 'positions') and per-position curves "
+                         f"{[keys[0] for keys in list(CURVE_KEYS.values())[1:]]}, got {got}")
+    pos = _check_1d(f"losses[{found['position']!r}]", losses[found["position"]])
     fig = go.Figure()
     styles = {"prompted": ("#1f77b4", "solid"), "specialised": ("#d62728", "solid"), "no_context": ("#7f7f7f", "dot")}
-    for key, (color, dash) in styles.items():
-        if key in losses:
+    for name, (color, dash) in styles.items():
+        key = found[name]
+        if key is not None:
             fig.add_trace(go.Scatter(x=pos, y=_check_1d(f"losses[{key!r}]", losses[key], len(pos)), mode="lines+markers",
-                                     name=key.replace("_", "-"), line=dict(color=color, dash=dash), marker=dict(size=4)))
+                                     name=name.replace("_", "-"), line=dict(color=color, dash=dash), marker=dict(size=4)))
     if boundary is not None:
         _vline(fig, boundary - 0.5, "#d62728", "dash", "boundary")
         fig.add_annotation(x=boundary - 0.5, y=1, yref="paper", text="topic switch", showarrow=False,

@@ -95,8 +95,12 @@ def test_compare_figure_lines():
     assert [t.name for t in fig.data] == ["prompted", "specialised", "no-context"]
     assert np.allclose(fig.data[2].y, 3.0) and list(fig.data[0].x) == [5, 6, 7, 8, 9]
     assert shapes_at(fig) == [4.5, 6.5]
+    theirs = {"positions": np.arange(3), "loss_prompted": np.ones(3), "loss_specialized": np.zeros(3), "split": 1}
+    assert [t.name for t in Fg.compare_figure(theirs).data] == ["prompted", "specialised"]   # evaluate's spelling
     with pytest.raises(ValueError, match="losses must be a dict"):
         Fg.compare_figure([1, 2])
+    with pytest.raises(ValueError, match=r"got \['pos', 'prompted'\]"):
+        Fg.compare_figure({"pos": np.arange(3), "prompted": np.ones(3)})
     with pytest.raises(ValueError, match=r"losses\['prompted'\] must have shape \(5,\)"):
         Fg.compare_figure({"position": np.arange(5), "prompted": np.ones(4)})
 
