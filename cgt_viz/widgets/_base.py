@@ -66,7 +66,12 @@ export default () => {
     },
     async render({ model, el }) {
       el.textContent = "loading plot…";
+      const slow = setTimeout(() => {
+        el.textContent = "loading plot… (plotly's code comes from the kernel that made this widget: if that " +
+          "kernel is gone, re-run the cell)";
+      }, 10000);
       const inner = await ready;
+      clearTimeout(slow);
       el.textContent = "";
       const cleanup = inner.render({ model, el });
       // plotly sizes a plot from its container when it draws it; one drawn while hidden gets 700 px and
