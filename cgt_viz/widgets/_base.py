@@ -3,10 +3,13 @@ in-place figure replacement, and small UI helpers.
 
 Why `LeanFigureWidget`: plotly's `FigureWidget` is an anywidget whose synced `_esm` trait is the whole
 plotly.js widget bundle (~5 MB). Every saved copy of widget state (nbclient/nbconvert store it by default,
-JupyterLab when "save widget state" is on) then carries 5 MB per figure. Here `_esm` is a 2 KB loader;
-the bundle travels once per browser page in a `_bundle` trait that is emptied when the cell that made
-the widget finishes (so saved state stays small), or, for a page opened later, in one reply to a custom
-message. The browser caches the loaded module in `globalThis`, so every later figure reuses it.
+JupyterLab when "save widget state" is on) then carries 5 MB per figure. Here `_esm` is a 2 KB loader.
+The bundle still reaches the browser with each widget made in a cell (in its first message, as with
+plotly's own widget, so it also works while the kernel is busy training), but in a `_bundle` trait that
+is emptied when the cell finishes, so saved state stays small; a page opened later asks for it with one
+custom message. The browser loads it once and keeps the module in `globalThis` for every later figure.
+Trade-off: a saved notebook reopened without its kernel shows no plots (plain FigureWidget state would
+need 5 MB per figure); the figure functions in `cgt_viz.figures` are the way to static HTML.
 Set the environment variable CGT_VIZ_EMBED_PLOTLY=1 to use plain `go.FigureWidget` instead.
 """
 from __future__ import annotations
@@ -16,7 +19,6 @@ import threading
 import weakref
 from pathlib import Path
 
-import ipywidgets as W
 import plotly
 import plotly.graph_objects as go
 import traitlets
@@ -189,8 +191,3 @@ def replace_figure(fw: go.FigureWidget, fig: go.Figure) -> None:
 def html_status(text: str, kind: str = "info") -> str:
     colors = {"info": "#555", "busy": "#b26b00", "ok": "#2a7a2a", "error": "#b00020"}
     return f"<span style='color:{colors.get(kind, '#555')};font-size:12px'>{text}</span>"
-
-
-def labelled(widget: W.Widget, width: str = "auto") -> W.Widget:
-    widget.layout = W.Layout(width=width)
-    return widget
