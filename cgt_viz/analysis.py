@@ -15,9 +15,9 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from .layers import SITE_WEIGHTS
+from .model import per_position_loss
 from .sequences import (IGNORE_INDEX, ByteTokenizer, Sequences, _device, concat_sequences, eval_mode,  # noqa: F401
                         label_boundary, model_task, prepare_sequences, require_cgt, token_strings)
 
@@ -391,22 +391,6 @@ def ablated_template(model, site: Any, k: int) -> Iterator[None]:
             coeff.weight[k] = saved_w
             if saved_b is not None:
                 coeff.bias[k] = saved_b
-
-
-def per_position_loss(mode: str, out: torch.Tensor, targets: torch.Tensor,
-                      loss_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Loss at every position and whether it counts: out (b, t, v), targets (b, t) -> ((b, t), (b, t) bool).
-    Cross-entropy in tokens mode (−100 ignored), mean squared error in vectors mode."""
-    if mode == "tokens":
-        loss = F.cross_entropy(out.flatten(0, 1).float(), targets.flatten().clamp_min(0),
-                               reduction="none").view(targets.shape)
-        valid = targets != IGNORE_INDEX
-    else:
-        loss = (out.float() - targets.float()).pow(2).mean(-1)
-        valid = torch.ones_like(loss, dtype=torch.bool)
-    if loss_mask is not None:
-        valid = valid & loss_mask.bool()
-    return loss, valid
 
 
 def _masked_mean(loss: torch.Tensor, valid: torch.Tensor, dim=None) -> torch.Tensor:

@@ -75,17 +75,27 @@ def validate_inputs(cfg: CGTConfig, inp, name: str = "idx") -> torch.Tensor:
     return inp
 
 
-def masked_loss(cfg: CGTConfig, out: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Mean cross-entropy (tokens) or MSE (vectors) over positions where mask is true."""
-    if cfg.mode == "tokens":
-        per_pos = F.cross_entropy(out.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX,
-                                  reduction="none").view(targets.shape)
+def per_position_loss(mode: str, out: torch.Tensor, targets: torch.Tensor,
+                      loss_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Loss at every position and whether it counts: out (b, t, v), targets -> ((b, t) float, (b, t) bool).
+
+    Cross-entropy in tokens mode (targets (b, t), −100 not scored), mean squared error over the output
+    dims in vectors mode (targets (b, t, v)); loss_mask (b, t) narrows what counts."""
+    if mode == "tokens":
+        loss = F.cross_entropy(out.flatten(0, 1).float(), targets.flatten().clamp_min(0),
+                               reduction="none").view(targets.shape)
         valid = targets != IGNORE_INDEX
     else:
-        per_pos = (out.float() - targets.float()).pow(2).mean(-1)
-        valid = torch.ones_like(per_pos, dtype=torch.bool)
-    if mask is not None:
-        valid = valid & mask.bool()
+        loss = (out.float() - targets.float()).pow(2).mean(-1)
+        valid = torch.ones_like(loss, dtype=torch.bool)
+    if loss_mask is not None:
+        valid = valid & loss_mask.bool()
+    return loss, valid
+
+
+def masked_loss(cfg: CGTConfig, out: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean cross-entropy (tokens) or MSE (vectors) over positions where mask is true."""
+    per_pos, valid = per_position_loss(cfg.mode, out, targets, mask)
     w = valid.to(per_pos.dtype)
     return (per_pos * w).sum() / w.sum().clamp_min(1.0)
 

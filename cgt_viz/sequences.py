@@ -12,6 +12,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .tasks.tokenizer import ByteTokenizer
+
 IGNORE_INDEX = -100
 
 
@@ -40,16 +42,6 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------------------------- tokens
-class ByteTokenizer:
-    """UTF-8 bytes as tokens 0..255: the fallback when a model's config names no task."""
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, tokens) -> str:
-        return bytes(int(t) for t in tokens).decode("utf-8", errors="replace")
-
-
 def model_task(model: Any):
     """The task recorded in `model.config.extra["task"]`, rebuilt; None when there is none."""
     extra = getattr(getattr(model, "config", None), "extra", None) or {}
