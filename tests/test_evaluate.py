@@ -151,6 +151,8 @@ def test_text_curves_and_excerpt_ends(tmp_path):
     assert curves["positions"].tolist() == list(range(8, 32))
     for mode in ("prompted", "specialized", "no_context"):
         assert curves[f"loss_{mode}"].shape == (24,) and np.isfinite(curves[f"loss_{mode}"]).all()
+    row = evaluate_specialization(model, task, k_values=(4,), n_batches=1, batch_size=2)[0]   # prompt = 4 bytes
+    assert row["n_scored"] == 2 * (32 - 4) and np.isfinite(row["acc_specialized"])
     feats, labels = collect_excerpt_ends(model, task, n_batches=2, batch_size=2, part="train")
     assert feats.shape == (8, 8) and labels.shape == (8,) and set(labels.tolist()) <= {0, 1}
     with pytest.raises(ValueError, match="split"):
