@@ -14,7 +14,9 @@ the held-out queries):
 
     gap closed  G = (L_no_context − L_specialized) / (L_no_context − L_prompted)
 
-G = 1: the compiled model is as good as the prompted one; G = 0: compiling bought nothing.
+G = 1: the compiled model is as good as the prompted one; G = 0: compiling bought nothing. G can exceed
+1 when the specialised model beats the prompted one (the auxiliary loss trains it directly on queries).
+For SyntheticICL the held-out queries are values u that never occur in the prompt, so copying cannot help.
 """
 from __future__ import annotations
 
@@ -338,7 +340,11 @@ def collect_excerpt_ends(model: CGT, task, n_batches: int = 8, batch_size: int =
 
 
 def knn_topic_accuracy(features, labels, n_neighbors: int = 5, folds: int = 5, seed: int = 0) -> float:
-    """Cross-validated k-nearest-neighbour accuracy (cosine metric) of labels from features (n, e)."""
+    """Cross-validated k-nearest-neighbour accuracy (cosine metric) of labels from features (n, e).
+
+    Any class labels work: topics of text excerpts, or an ICL task id a·P + b, which shows whether ȳ
+    identifies the task even where a linear probe of a alone is weak (ȳ tends to code the answer table).
+    """
     from sklearn.model_selection import StratifiedKFold, cross_val_score
     from sklearn.neighbors import KNeighborsClassifier
 
