@@ -29,7 +29,8 @@ TASK_NAMES = ("icl", "regression", "text")
 # flags that define a run: (flag dest, default). None defaults are left to CGTConfig / train.
 TRAIN_DEFAULTS: dict[str, Any] = {"task": None, "model": "cgt", "steps": 2000, "batch_size": 32, "lr": 1e-3,
                                   "seed": 0, "warmup": None, "weight_decay": 0.01, "grad_clip": 1.0,
-                                  "eval_every": None, "eval_batches": 4, "checkpoint_every": None, "task_arg": []}
+                                  "eval_every": None, "eval_batches": 4, "checkpoint_every": None, "task_arg": [],
+                                  "aux_delay": 0, "aux_ramp": 0}
 MODEL_FLAGS = {"n_layer": int, "d_x": int, "n_head": int, "d_y": int, "n_head_y": int, "y_layer": int,
                "n_templates": int, "template_rank": int, "mlp_ratio": int, "dropout": float, "w_aux": float,
                "w_smooth": float, "smooth": str, "y_reads": str, "sites": str}
@@ -55,6 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", type=float, help=f"peak learning rate (default {TRAIN_DEFAULTS['lr']})")
     t.add_argument("--seed", type=int, help="seed of the model init and of every random stream (default 0)")
     t.add_argument("--warmup", type=int, help="warm-up updates (default min(100, steps // 10))")
+    t.add_argument("--aux-delay", type=int, help="updates with the auxiliary loss weighted 0 (default 0)")
+    t.add_argument("--aux-ramp", type=int, help="then updates to ramp its weight up to w_aux (default 0)")
     t.add_argument("--weight-decay", type=float)
     t.add_argument("--grad-clip", type=float)
     t.add_argument("--eval-every", type=int, help="evaluate every N steps (default steps // 20; 0 = never)")
@@ -210,7 +213,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                                eval_batches=settings["eval_batches"], seed=settings["seed"], device=args.device,
                                compile=args.compile, checkpoint_dir=out / "ckpt",
                                checkpoint_every=settings["checkpoint_every"], resume=args.resume,
-                               progress=not args.no_progress)
+                               progress=not args.no_progress, aux_delay=settings["aux_delay"],
+                               aux_ramp=settings["aux_ramp"])
     except TrainingDiverged as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -117,6 +117,13 @@ def lr_at(step: int, steps: int, lr: float, warmup: int, min_lr_ratio: float) ->
     return lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
+def aux_weight_scale(step: int, delay: int, ramp: int) -> float:
+    """Share of w_aux applied at update `step` (0-based): 0 before `delay`, then a linear ramp to 1."""
+    if step < delay:
+        return 0.0
+    return 1.0 if ramp == 0 else min(1.0, (step - delay + 1) / ramp)
+
+
 def resolve_device(device: str | torch.device) -> torch.device:
     """"auto" -> cuda > mps > cpu; anything else is checked to exist."""
     if isinstance(device, torch.device):
@@ -248,7 +255,7 @@ def train(model: nn.Module, task: Task, steps: int, batch_size: int, lr: float =
           callbacks: Iterable[Callable[[dict], None]] = (), seed: int = 0, device: str | torch.device = "auto",
           amp: bool = True, compile: bool = False, checkpoint_dir: str | os.PathLike | None = None,
           checkpoint_every: int | None = None, keep_checkpoints: int = 2, resume: bool = False,
-          progress: bool = True) -> tuple[nn.Module, TrainHistory]:
+          progress: bool = True, aux_delay: int = 0, aux_ramp: int = 0) -> tuple[nn.Module, TrainHistory]:
     """Train `model` (CGT or GPT) on batches of `task`; returns (model, history). The model is trained in place.
 
     steps           number of optimizer updates in the whole run (a resumed run continues up to it)
@@ -272,6 +279,11 @@ def train(model: nn.Module, task: Task, steps: int, batch_size: int, lr: float =
                     the checkpoint must come from the same model config, task and hyper-parameters
                     (`steps` may differ: the cosine then ends at the new last step, the warm-up is kept).
                     Without resume, a checkpoint_dir that holds a checkpoint is an error.
+
+    aux_delay, aux_ramp  weight the auxiliary loss by 0 for the first aux_delay updates, then ramp it linearly
+                    to w_aux over aux_ramp updates: on SyntheticICL, switching it on only after in-context
+                    learning has started reached G ≥ 0.9 in half the steps (the aux term is still computed
+                    and logged; "total" is what is optimised)
 
     Ctrl-C stops after the step in flight, checkpoints it and returns normally with history.interrupted = True.
     NaN/inf raises TrainingDiverged before the bad update (see the module docstring).
@@ -302,6 +314,9 @@ def train(model: nn.Module, task: Task, steps: int, batch_size: int, lr: float =
         raise ValueError(f"keep_checkpoints must be an int >= 0 (0 = keep all), got {keep_checkpoints!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    for name, value in (("aux_delay", aux_delay), ("aux_ramp", aux_ramp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an int >= 0 (number of updates), got {value!r}")
     callbacks = list(callbacks)
     for fn in callbacks:
         if not callable(fn):
@@ -338,7 +353,7 @@ def train(model: nn.Module, task: Task, steps: int, batch_size: int, lr: float =
 
 def _run(*, model, task, steps, batch_size, lr, warmup, min_lr_ratio, weight_decay, betas, grad_clip, eval_every,
          eval_batches, eval_fn, callbacks, seed, amp, compile, checkpoint_dir, checkpoint_every, keep_checkpoints,
-         resume, progress, dev, distributed, rank, world, **_unused) -> tuple[nn.Module, TrainHistory]:
+         resume, progress, aux_delay, aux_ramp, dev, distributed, rank, world, **_unused) -> tuple[nn.Module, TrainHistory]:
     if batch_size % world:
         raise ValueError(f"batch_size must be divisible by the number of ranks ({world}), got {batch_size}")
     lo, hi = rank * (batch_size // world), (rank + 1) * (batch_size // world)
@@ -361,7 +376,7 @@ def _run(*, model, task, steps, batch_size, lr, warmup, min_lr_ratio, weight_dec
     run_id = _json_safe({"model_class": type(model).__name__, "config": model.config.to_dict(),
                          "task": task_identity(task), "batch_size": batch_size, "lr": lr, "warmup": warmup,
                          "min_lr_ratio": min_lr_ratio, "weight_decay": weight_decay, "betas": list(betas),
-                         "grad_clip": grad_clip, "seed": seed})
+                         "grad_clip": grad_clip, "seed": seed, "aux_delay": aux_delay, "aux_ramp": aux_ramp})
     history, start = TrainHistory(), 0
     if ckpt is not None:
         diff = config_differences({k: v for k, v in ckpt.run.items() if k != "steps"}, run_id)
@@ -446,6 +461,9 @@ def _run(*, model, task, steps, batch_size, lr, warmup, min_lr_ratio, weight_dec
                     batch, split = _shard(batch, split, lo, hi)
                 with autocast():
                     out = loss_module(batch.inputs, batch.targets, batch.loss_mask, split)
+                aux_scale = aux_weight_scale(step, aux_delay, aux_ramp)
+                if aux_scale < 1:
+                    out = {**out, "total": out["total"] - (1 - aux_scale) * model.config.w_aux * out["aux"]}
                 out["total"].backward()
                 # one small all-reduce: the global-batch losses for logging, and whether any rank was interrupted
                 report = torch.stack([out[k].detach().float() for k in LOSS_TERMS]

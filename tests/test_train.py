@@ -244,3 +244,21 @@ def test_bad_model_task_and_resume_without_folder():
     with pytest.raises(ValueError, match="checkpoint_dir"):
         train(CGT(tiny_config(task)), task, 2, 2, resume=True)
     assert math.isfinite(lr_at(0, 1, 1e-3, 0, 0.1))
+
+
+def test_aux_delay_and_ramp_weight_the_aux_term_in_the_total():
+    from cgt_viz.train import aux_weight_scale
+    assert [aux_weight_scale(s, 2, 4) for s in range(7)] == [0, 0, 0.25, 0.5, 0.75, 1, 1]
+    assert aux_weight_scale(0, 0, 0) == 1.0
+    task = TinyTask()
+    cfg = tiny_config(task, w_aux=1.0)
+    records = []
+    train(fresh(cfg), task, steps=5, batch_size=4, aux_delay=2, aux_ramp=2, progress=False,
+          callbacks=[lambda r: records.append(r) if r["kind"] == "step" else None])
+    scales = [0.0, 0.0, 0.5, 1.0, 1.0]
+    for rec, scale in zip(records, scales):
+        want = rec["main"] + scale * rec["aux"] + cfg.w_smooth * rec["smooth"]
+        assert abs(rec["total"] - want) < 1e-5, (rec, scale)
+    assert records[0]["aux"] > 0  # still computed and logged while it does not count
+    with pytest.raises(ValueError, match="aux_delay"):
+        train(fresh(cfg), task, steps=2, batch_size=4, aux_delay=-1, progress=False)
