@@ -31,7 +31,7 @@ Why "pair" is the default (measured on 2 shared CPU cores, 1 thread each, d_x 64
 with "value" answers the model must first grow a previous-token head to pair each answer with its u,
 and "affine" never left the loss plateau at ln P within 1,200–3,000 steps (prompted accuracy at chance;
 also with the auxiliary loss delayed, with half the rows pure shifts, or with a shift-first curriculum);
-"shift" left it (after ~700 steps) only while the auxiliary loss was off or small. With "pair" answers
+"shift" left it after ~1,250 steps and compiled (G 1.01) at step 1,750. With "pair" answers
 "affine" P = 7 (42 hidden tasks), measured on held-out queries whose u is not in the prompt (k = 8):
 prompted accuracy 0.955 ± 0.05, gap closed 1.03 ± 0.04 after 3,000 steps (~4 CPU minutes, 3 seeds);
 with the auxiliary loss switched on only after in-context learning has started (w_aux 0 for 500 steps,
