@@ -27,9 +27,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .model import CGT, GPT
+from .model import CGT, GPT, per_position_loss
 
-IGNORE_INDEX = -100
+
 MODES = ("prompted", "specialized", "no_context", "baseline")
 
 
@@ -48,11 +48,8 @@ def _device_of(model: torch.nn.Module) -> torch.device:
 
 def _per_position(cfg, out: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-position loss (b, t) and, in tokens mode, per-position correctness (b, t) bool."""
-    if cfg.mode == "tokens":
-        safe = targets.clamp_min(0)
-        loss = F.cross_entropy(out.flatten(0, 1).float(), safe.flatten(), reduction="none").view(targets.shape)
-        return loss, out.argmax(-1) == targets
-    return (out.float() - targets.float()).pow(2).mean(-1), None
+    loss = per_position_loss(cfg.mode, out, targets)[0]
+    return loss, (out.argmax(-1) == targets) if cfg.mode == "tokens" else None
 
 
 def _check_k_values(k_values: Any) -> tuple[int, ...]:

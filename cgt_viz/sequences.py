@@ -12,9 +12,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .model import IGNORE_INDEX
 from .tasks.tokenizer import ByteTokenizer
-
-IGNORE_INDEX = -100
 
 
 # ---------------------------------------------------------------------------------------------- checks
