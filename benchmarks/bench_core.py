@@ -197,17 +197,7 @@ def measure_specialize(cgt: CGT, gpt: torch.nn.Module, device: torch.device, pro
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (the shared machine: 1)")
-    p.add_argument("--vocab", type=int, default=256)
-    p.add_argument("--d-x", type=int, default=256)
-    p.add_argument("--n-layer", type=int, default=4)
-    p.add_argument("--n-head", type=int, default=8)
-    p.add_argument("--d-y", type=int, default=128)
-    p.add_argument("--n-head-y", type=int, default=4)
-    p.add_argument("--y-layer", type=int, default=2)
-    p.add_argument("--n-templates", type=int, default=8)
-    p.add_argument("--template-rank", type=int, default=1)
+    common.add_model_args(p)
     p.add_argument("--block-size", type=int, default=1024)
     p.add_argument("--batch", type=int, default=8, help="training and merged-forward batch")
     p.add_argument("--seq", type=int, default=256, help="training and merged-forward sequence length")

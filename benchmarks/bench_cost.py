@@ -439,17 +439,7 @@ def readme_tables(res: dict) -> str:
 # ---------------------------------------------------------------------------------------------- main
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (the shared machine: 1)")
-    p.add_argument("--vocab", type=int, default=256)
-    p.add_argument("--d-x", type=int, default=256)
-    p.add_argument("--n-layer", type=int, default=4)
-    p.add_argument("--n-head", type=int, default=8)
-    p.add_argument("--d-y", type=int, default=128)
-    p.add_argument("--n-head-y", type=int, default=4)
-    p.add_argument("--y-layer", type=int, default=2)
-    p.add_argument("--n-templates", type=int, default=8)
-    p.add_argument("--template-rank", type=int, default=1)
+    common.add_model_args(p)
     p.add_argument("--prompt-lens", default="64,256,1024", help="prompt lengths r")
     p.add_argument("--gen-lens", default="16,64,256", help="generated lengths s")
     p.add_argument("--batches", default="1,8", help="batch sizes")

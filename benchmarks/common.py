@@ -262,3 +262,18 @@ def positive_int_list(name: str, text: str) -> list[int]:
     if not vals or any(v < 1 for v in vals):
         raise ValueError(f"{name} must be a comma-separated list of positive ints, got {text!r}")
     return vals
+
+
+def add_model_args(p) -> None:
+    """The device, thread and model-size flags both benchmark scripts share (the same-size CGT and GPT)."""
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (the shared machine: 1)")
+    p.add_argument("--vocab", type=int, default=256)
+    p.add_argument("--d-x", type=int, default=256)
+    p.add_argument("--n-layer", type=int, default=4)
+    p.add_argument("--n-head", type=int, default=8)
+    p.add_argument("--d-y", type=int, default=128)
+    p.add_argument("--n-head-y", type=int, default=4)
+    p.add_argument("--y-layer", type=int, default=2)
+    p.add_argument("--n-templates", type=int, default=8)
+    p.add_argument("--template-rank", type=int, default=1)
