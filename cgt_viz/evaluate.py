@@ -20,6 +20,7 @@ For SyntheticICL the held-out queries are values u that never occur in the promp
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Sequence
 
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .model import CGT, GPT, per_position_loss
+from .sequences import eval_mode
 
 
 MODES = ("prompted", "specialized", "no_context", "baseline")
@@ -95,14 +97,9 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
     if not hasattr(task, "eval_batch"):
         raise TypeError(f"task must provide eval_batch(k, batch_size, generator, device); {type(task).__name__} does not")
     cfg, device = model.config, _device_of(model)
-    was_training = model.training
-    model.eval()
-    if baseline is not None:
-        baseline_was_training = baseline.training
-        baseline.eval()
     x_only = model.x_only().eval()
     rows, merge_diff = [], float("nan")
-    try:
+    with eval_mode(model), (eval_mode(baseline) if baseline is not None else contextlib.nullcontext()):
         for k in ks:
             gen = torch.Generator().manual_seed(seed * 100_003 + k)
             sums = {m: [0.0, 0.0] for m in MODES}   # loss sum, correct sum
@@ -142,10 +139,6 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
             row["gap_closed_acc"] = gap_closed(-row["acc_no_context"], -row["acc_specialized"], -row["acc_prompted"])
             row["spec_merge_max_diff"] = merge_diff
             rows.append(row)
-    finally:
-        model.train(was_training)
-        if baseline is not None:
-            baseline.train(baseline_was_training)
     return rows
 
 
@@ -201,9 +194,7 @@ def collect_summaries(model: CGT, task, k: int = 8, n_batches: int = 4, batch_si
     _check_positive("n_batches", n_batches)
     device, gen = _device_of(model), torch.Generator().manual_seed(seed)
     feats, targets = [], []
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         for _ in range(n_batches):
             batch = task.eval_batch(k, batch_size, generator=gen, device=device)
             key = "task_params" if "task_params" in batch.info else "w" if "w" in batch.info else None
@@ -212,8 +203,6 @@ def collect_summaries(model: CGT, task, k: int = 8, n_batches: int = 4, batch_si
             s = int(batch.split[0])
             feats.append(model.context(batch.inputs[:, :s])[:, -1].float().cpu().numpy())
             targets.append(batch.info[key].cpu().numpy())
-    finally:
-        model.train(was_training)
     return np.concatenate(feats), np.concatenate(targets)
 
 
@@ -292,10 +281,8 @@ def text_position_curves(model: CGT, task, split: int | None = None, boundary: i
         raise ValueError(f"split must be an int in 1..{t - 1}, got {split!r}")
     device, gen = _device_of(model), torch.Generator().manual_seed(seed)
     x_only = model.x_only().eval()
-    was_training = model.training
-    model.eval()
     sums = {m: torch.zeros(t - split) for m in ("prompted", "specialized", "no_context")}
-    try:
+    with eval_mode(model):
         for _ in range(n_batches):
             batch = task.get_batch(batch_size, part=part, generator=gen, device=device, boundary=boundary)
             suffix, targets = batch.inputs[:, split:], batch.targets[:, split:]
@@ -305,8 +292,6 @@ def text_position_curves(model: CGT, task, split: int | None = None, boundary: i
                     "no_context": x_only(suffix)}
             for mode, out in outs.items():
                 sums[mode] += _per_position(model.config, out, targets)[0].sum(0).cpu()
-    finally:
-        model.train(was_training)
     n = n_batches * batch_size
     res: dict[str, Any] = {"positions": np.arange(split, t), "split": split, "boundary": boundary, "n_rows": n}
     for mode, total in sums.items():
@@ -322,17 +307,13 @@ def collect_excerpt_ends(model: CGT, task, n_batches: int = 8, batch_size: int =
     Returns features (2n, d_y) and topic labels (2n,)."""
     device, gen = _device_of(model), torch.Generator().manual_seed(seed)
     feats, labels = [], []
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         for _ in range(n_batches):
             batch = task.get_batch(batch_size, part=part, generator=gen, device=device)
             ybar = model.context(batch.inputs)                                  # (b, t, e)
             rows = torch.arange(ybar.shape[0], device=ybar.device)
             feats += [ybar[rows, batch.info["boundary"] - 1], ybar[:, -1]]
             labels += [batch.info["topic_a"], batch.info["topic_b"]]
-    finally:
-        model.train(was_training)
     return torch.cat(feats).float().cpu().numpy(), torch.cat(labels).cpu().numpy()
 
 
