@@ -67,6 +67,16 @@ def check_batch_size(batch_size: Any) -> None:
     _check_int("batch_size", batch_size, 1)
 
 
+def check_eval_size(k: Any, n_queries: Any, batch_size: Any, block_size: int) -> None:
+    """k demonstrations + n_queries queries, two positions each, must fit in block_size."""
+    _check_int("k", k, 1)
+    _check_int("n_queries", n_queries, 1)
+    check_batch_size(batch_size)
+    if 2 * (k + n_queries) > block_size:
+        raise ValueError(f"k={k} demonstrations + n_queries={n_queries} need {2 * (k + n_queries)} positions, "
+                         f"more than block_size = {block_size}; use k <= {block_size // 2 - n_queries}")
+
+
 def check_part(part: Any) -> None:
     if part not in ("train", "val"):
         raise ValueError(f"part must be 'train' or 'val', got {part!r}")
@@ -225,12 +235,7 @@ class SyntheticICL(Task):
         true only at the query u positions (their targets are the answers). The demonstrations are drawn
         from the values other than the queries' (so k may exceed P − n_queries).
         """
-        _check_int("k", k, 1)
-        _check_int("n_queries", n_queries, 1)
-        check_batch_size(batch_size)
-        if 2 * (k + n_queries) > self.block_size:
-            raise ValueError(f"k={k} demonstrations + n_queries={n_queries} need {2 * (k + n_queries)} tokens, "
-                             f"more than block_size = {self.block_size}; use k <= {self.n_pairs - n_queries}")
+        check_eval_size(k, n_queries, batch_size, self.block_size)
         if n_queries >= self.P:
             raise ValueError(f"n_queries must be < P = {self.P} so that demonstrations can avoid them, got {n_queries}")
         params = self.sample_params(batch_size, generator)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from .base import Batch, Task
-from .icl import _check_int, check_batch_size, check_part
+from .icl import _check_int, check_batch_size, check_eval_size, check_part
 
 
 class LinearRegression(Task):
@@ -87,12 +87,7 @@ class LinearRegression(Task):
     def eval_batch(self, k: int, batch_size: int, generator: torch.Generator | None = None,
                    device: str | torch.device = "cpu", n_queries: int = 1) -> Batch:
         """k demonstrations then n_queries fresh query examples; split = 2k, loss_mask on the query x positions."""
-        _check_int("k", k, 1)
-        _check_int("n_queries", n_queries, 1)
-        check_batch_size(batch_size)
-        if 2 * (k + n_queries) > self.block_size:
-            raise ValueError(f"k={k} demonstrations + n_queries={n_queries} need {2 * (k + n_queries)} positions, "
-                             f"more than block_size = {self.block_size}; use k <= {self.n_points - n_queries}")
+        check_eval_size(k, n_queries, batch_size, self.block_size)
         w = torch.randn(batch_size, self.dim, generator=generator)
         x = torch.randn(batch_size, k + n_queries, self.dim, generator=generator)
         split = torch.full((batch_size,), 2 * k, dtype=torch.long)
