@@ -1,0 +1,166 @@
+"""Argument checks shared by every public entry point.
+
+Each check raises TypeError (wrong kind of value) or ValueError (right kind, wrong value) with a message
+that names the argument, shows what was received and says what is allowed, e.g.
+
+    batch_size must be an int >= 1, got float 2.5
+    device must be 'auto', 'cpu', 'cuda[:N]' or 'mps' (a device this machine has), got str 'gpu0'
+
+`tests/test_audit.py` feeds every public entry point bad arguments and holds them to this standard.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import torch
+
+
+def describe(value: Any, limit: int = 60) -> str:
+    """A short, readable account of a received value: its type and its value (or shape and dtype)."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    if isinstance(value, np.ndarray):
+        return f"an ndarray of shape {value.shape} and dtype {value.dtype}"
+    text = repr(value)
+    if len(text) > limit:
+        text = text[:limit - 3] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None, *,
+              allow_none: bool = False, hint: str = "") -> int | None:
+    """An int (not a bool, not a float) in [lo, hi]; returns it as a Python int."""
+    if value is None and allow_none:
+        return None
+    rng = (f" in {lo}..{hi}" if lo is not None and hi is not None else f" >= {lo}" if lo is not None
+           else f" <= {hi}" if hi is not None else "")
+    want = f"{'None or ' if allow_none else ''}an int{rng}{hint}"
+    if not is_int(value):
+        raise TypeError(f"{name} must be {want}, got {describe(value)}")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ValueError(f"{name} must be {want}, got {value}")
+    return int(value)
+
+
+def check_float(name: str, value: Any, lo: float | None = None, hi: float | None = None, *,
+                lo_open: bool = False, hi_open: bool = False, allow_none: bool = False, hint: str = "") -> float | None:
+    """A finite real number in the given (half-)open or closed interval; returns it as a float."""
+    if value is None and allow_none:
+        return None
+    parts = []
+    if lo is not None:
+        parts.append(f"{'>' if lo_open else '>='} {lo}")
+    if hi is not None:
+        parts.append(f"{'<' if hi_open else '<='} {hi}")
+    want = f"{'None or ' if allow_none else ''}a finite number{' ' + ' and '.join(parts) if parts else ''}{hint}"
+    if not is_number(value):
+        raise TypeError(f"{name} must be {want}, got {describe(value)}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be {want}, got {v}")
+    if lo is not None and (v <= lo if lo_open else v < lo):
+        raise ValueError(f"{name} must be {want}, got {v}")
+    if hi is not None and (v >= hi if hi_open else v > hi):
+        raise ValueError(f"{name} must be {want}, got {v}")
+    return v
+
+
+def check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {describe(value)}")
+    return bool(value)
+
+
+def check_choice(name: str, value: Any, choices: Iterable[Any], *, allow_none: bool = False) -> Any:
+    choices = tuple(choices)
+    if value is None and allow_none:
+        return None
+    try:
+        ok = value in choices
+    except TypeError:  # unhashable or incomparable
+        ok = False
+    if not ok:
+        extra = " or None" if allow_none else ""
+        raise ValueError(f"{name} must be one of {choices}{extra}, got {describe(value)}")
+    return value
+
+
+def check_callable(name: str, value: Any, what: str = "a callable") -> Any:
+    if not callable(value):
+        raise TypeError(f"{name} must be {what}, got {describe(value)}")
+    return value
+
+
+def check_device(name: str, device: Any, *, allow_auto: bool = False) -> torch.device:
+    """A torch.device or a device string this machine has ("auto" too when allow_auto)."""
+    want = ("'auto', " if allow_auto else "") + "'cpu', 'cuda[:N]' or 'mps' (a device this machine has)"
+    if isinstance(device, torch.device):
+        dev = device
+    elif isinstance(device, str):
+        if device == "auto" and allow_auto:
+            from .train import resolve_device
+            return resolve_device(device)
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, ValueError):
+            raise ValueError(f"{name} must be {want}, got {describe(device)}") from None
+    else:
+        raise TypeError(f"{name} must be {want} or a torch.device, got {describe(device)}")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name} is {str(dev)!r} but CUDA is not available here; it must be {want}")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"{name} is {str(dev)!r} but this machine has {torch.cuda.device_count()} CUDA "
+                             f"device(s); it must be {want}")
+    elif dev.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise ValueError(f"{name} is 'mps' but MPS is not available here; it must be {want}")
+    elif dev.type not in ("cpu", "meta"):
+        raise ValueError(f"{name} must be {want}, got {describe(device)}")
+    return dev
+
+
+def check_height(name: str, value: Any) -> int:
+    """A figure height in pixels (plotly refuses heights below 10)."""
+    return check_int(name, value, 10, hint=" (pixels)")
+
+
+def check_array(name: str, value: Any, ndim: int | Sequence[int], *, finite: bool = True, min_rows: int = 0,
+                cols: int | None = None, what: str = "") -> np.ndarray:
+    """A numeric array-like (numpy, torch, nested lists) with the given number of dimensions, as float64."""
+    dims = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+    shape_word = what or " or ".join(f"{d}-D" for d in dims)
+    if isinstance(value, (str, bytes)) or value is None:
+        raise TypeError(f"{name} must be a {shape_word} array of numbers, got {describe(value)}")
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a {shape_word} array of numbers, got {describe(value)}") from None
+    if arr.ndim not in dims:
+        raise ValueError(f"{name} must be a {shape_word} array, got shape {arr.shape}")
+    if cols is not None and arr.ndim >= 2 and arr.shape[-1] != cols:
+        raise ValueError(f"{name} must have {cols} columns (last dimension), got shape {arr.shape}")
+    if arr.ndim >= 1 and arr.shape[0] < min_rows:
+        raise ValueError(f"{name} must have at least {min_rows} rows, got shape {arr.shape}")
+    if finite and arr.size and not np.isfinite(arr).all():
+        raise ValueError(f"{name} must be finite, got {int((~np.isfinite(arr)).sum())} NaN or inf value(s) "
+                         f"in shape {arr.shape}")
+    return arr
+
+
+def check_index(name: str, value: Any, n: int) -> int:
+    """An int position in 0..n-1 (negative indices are refused: they hide off-by-one mistakes)."""
+    return check_int(name, value, 0, n - 1)
