@@ -10,27 +10,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._checks import check_bool, check_choice, check_float, check_int, describe
+
 SITES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
 SMOOTH_KINDS = ("l2", "vae")
 Y_READS = ("post", "pre")
-
-
-def _check_int(name: str, value: Any, lo: int | None = None, hi: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if lo is not None and value < lo:
-        raise ValueError(f"{name} must be >= {lo}, got {value}")
-    if hi is not None and value > hi:
-        raise ValueError(f"{name} must be <= {hi}, got {value}")
-
-
-def _check_float(name: str, value: Any, lo: float = 0.0, lo_open: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    if value != value or value in (float("inf"), float("-inf")):
-        raise ValueError(f"{name} must be finite, got {value}")
-    if (value <= lo) if lo_open else (value < lo):
-        raise ValueError(f"{name} must be {'>' if lo_open else '>='} {lo}, got {value}")
 
 
 @dataclass
@@ -69,8 +53,8 @@ class CGTConfig:
     extra: dict = field(default_factory=dict)  # free-form metadata (task name, tokenizer, ...)
 
     def __post_init__(self) -> None:
-        if isinstance(self.sites, str):
-            raise TypeError(f"sites must be a tuple of site names from {SITES}, got the string {self.sites!r}")
+        if isinstance(self.sites, str) or not isinstance(self.sites, (tuple, list)):
+            raise TypeError(f"sites must be a tuple of site names from {SITES}, got {describe(self.sites)}")
         self.sites = tuple(self.sites)
         self.validate()
 
@@ -81,54 +65,52 @@ class CGTConfig:
                 "set exactly one of vocab_size (tokens mode) or input_dim (vectors mode); "
                 f"got vocab_size={self.vocab_size!r}, input_dim={self.input_dim!r}")
         if self.vocab_size is not None:
-            _check_int("vocab_size", self.vocab_size, lo=1)
+            check_int("vocab_size", self.vocab_size, 2)
             if self.output_dim is not None:
-                raise ValueError(f"output_dim is for vectors mode only; got output_dim={self.output_dim} "
-                                 f"with vocab_size={self.vocab_size}")
+                raise ValueError(f"output_dim is for vectors mode only and must be None with vocab_size set; "
+                                 f"got output_dim={self.output_dim!r} with vocab_size={self.vocab_size}")
         else:
-            _check_int("input_dim", self.input_dim, lo=1)
-            if self.output_dim is not None:
-                _check_int("output_dim", self.output_dim, lo=1)
-        _check_int("block_size", self.block_size, lo=1)
-        _check_int("n_layer", self.n_layer, lo=2)
-        _check_int("d_x", self.d_x, lo=1)
-        _check_int("n_head", self.n_head, lo=1)
+            check_int("input_dim", self.input_dim, 1)
+            check_int("output_dim", self.output_dim, 1, allow_none=True)
+        check_int("block_size", self.block_size, 1)
+        check_int("n_layer", self.n_layer, 2, hint=" (layers 1..y_layer carry y, the rest are modulated)")
+        check_int("d_x", self.d_x, 1)
+        check_int("n_head", self.n_head, 1)
         if self.d_x % self.n_head:
             raise ValueError(f"d_x must be divisible by n_head; got d_x={self.d_x}, n_head={self.n_head}")
-        _check_int("mlp_ratio", self.mlp_ratio, lo=1)
-        _check_float("dropout", self.dropout)
-        if self.dropout >= 1:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        _check_int("d_y", self.d_y, lo=1)
-        _check_int("n_head_y", self.n_head_y, lo=1)
+        check_int("mlp_ratio", self.mlp_ratio, 1)
+        check_float("dropout", self.dropout, 0.0, 1.0, hi_open=True)
+        check_bool("bias", self.bias)
+        check_int("d_y", self.d_y, 1)
+        check_int("n_head_y", self.n_head_y, 1)
         if self.d_y % self.n_head_y:
             raise ValueError(f"d_y must be divisible by n_head_y; got d_y={self.d_y}, n_head_y={self.n_head_y}")
-        _check_int("y_layer", self.y_layer)
-        if not 1 <= self.y_layer <= self.n_layer - 1:
-            raise ValueError(f"y_layer must be in 1..n_layer-1 = 1..{self.n_layer - 1}, got {self.y_layer}")
-        if self.y_reads not in Y_READS:
-            raise ValueError(f"y_reads must be one of {Y_READS}, got {self.y_reads!r}")
-        _check_int("n_templates", self.n_templates, lo=1)
-        _check_int("template_rank", self.template_rank, lo=1)
+        check_int("y_layer", self.y_layer, 1, self.n_layer - 1, hint=" (1..n_layer-1)")
+        check_choice("y_reads", self.y_reads, Y_READS)
+        check_bool("y_pos", self.y_pos)
+        check_int("n_templates", self.n_templates, 1)
+        check_int("template_rank", self.template_rank, 1)
         if not self.sites:
-            raise ValueError(f"sites must name at least one of {SITES}, got an empty tuple")
+            raise ValueError(f"sites must name at least one of {SITES}, got an empty tuple ()")
         for s in self.sites:
             if s not in SITES:
-                raise ValueError(f"unknown site {s!r} in sites; allowed: {SITES}")
+                raise ValueError(f"sites must be names from {SITES}; unknown site {s!r} in sites={self.sites}")
         if len(set(self.sites)) != len(self.sites):
             raise ValueError(f"sites must not repeat a name, got {self.sites}")
-        _check_float("w_aux", self.w_aux)
-        _check_float("w_smooth", self.w_smooth)
-        if self.smooth not in SMOOTH_KINDS:
-            raise ValueError(f"smooth must be one of {SMOOTH_KINDS}, got {self.smooth!r}")
-        _check_float("vae_sigma", self.vae_sigma, lo_open=True)
-        _check_float("vae_tau", self.vae_tau, lo_open=True)
-        _check_int("aux_min_prefix", self.aux_min_prefix, lo=1)
-        _check_int("aux_min_suffix", self.aux_min_suffix, lo=1)
-        if self.aux_suffix_len is not None:
-            _check_int("aux_suffix_len", self.aux_suffix_len, lo=1)
+        check_float("w_aux", self.w_aux, 0.0)
+        check_float("w_smooth", self.w_smooth, 0.0)
+        check_choice("smooth", self.smooth, SMOOTH_KINDS)
+        check_float("vae_sigma", self.vae_sigma, 0.0, lo_open=True)
+        check_float("vae_tau", self.vae_tau, 0.0, lo_open=True)
+        check_int("aux_min_prefix", self.aux_min_prefix, 1)
+        check_int("aux_min_suffix", self.aux_min_suffix, 1)
+        if self.aux_min_prefix + self.aux_min_suffix > self.block_size:
+            raise ValueError(f"aux_min_prefix + aux_min_suffix must be <= block_size = {self.block_size} (a split "
+                             f"must fit in the longest sequence), got aux_min_prefix={self.aux_min_prefix}, "
+                             f"aux_min_suffix={self.aux_min_suffix}")
+        check_int("aux_suffix_len", self.aux_suffix_len, 1, allow_none=True)
         if not isinstance(self.extra, dict):
-            raise TypeError(f"extra must be a dict, got {type(self.extra).__name__}")
+            raise TypeError(f"extra must be a dict (free-form metadata), got {describe(self.extra)}")
 
     # ------------------------------------------------------------------ derived
     @property
@@ -145,6 +127,7 @@ class CGTConfig:
 
     def site_dim(self, site: str) -> int:
         """Width of the input of the linear map at `site` (what the template acts on)."""
+        check_choice("site", site, SITES)
         return self.mlp_ratio * self.d_x if site == "mlp_out" else self.d_x
 
     # ------------------------------------------------------------------ (de)serialisation
@@ -156,11 +139,11 @@ class CGTConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "CGTConfig":
         if not isinstance(d, dict):
-            raise TypeError(f"config must be a dict, got {type(d).__name__}")
+            raise TypeError(f"d must be a dict of CGTConfig fields (as written by to_dict), got {describe(d)}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ValueError(f"unknown config keys {unknown}; allowed: {sorted(known)}")
+            raise ValueError(f"d holds unknown config keys {unknown}; allowed: {sorted(known)}")
         return cls(**d)
 
     def to_json(self) -> str:

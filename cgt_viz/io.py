@@ -14,6 +14,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from ._checks import check_device, describe
+
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 
@@ -85,6 +87,8 @@ class PretrainedMixin:
     config: Any
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a str or os.PathLike folder, got {describe(path)}")
         path = Path(path)
         if path.exists() and not path.is_dir():
             raise ValueError(f"path must be a directory (or not exist yet), got the file {str(path)!r}")
@@ -98,6 +102,9 @@ class PretrainedMixin:
     def from_pretrained(cls, path: str | os.PathLike, device: str | torch.device = "cpu"):
         from .config import CGTConfig
 
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a str or os.PathLike folder, got {describe(path)}")
+        device = check_device("device", device)
         path = Path(path)
         if not path.is_dir():
             raise FileNotFoundError(f"path must be a folder written by save_pretrained, got {str(path)!r}")
@@ -105,8 +112,8 @@ class PretrainedMixin:
         if not isinstance(meta, dict) or "config" not in meta or "model_class" not in meta:
             raise ValueError(f"{str(path / CONFIG_NAME)!r} lacks 'model_class'/'config'; not a cgt_viz model folder")
         if meta["model_class"] != cls.__name__:
-            raise ValueError(f"{str(path)!r} holds a {meta['model_class']}, not a {cls.__name__}; "
-                             f"load it with {meta['model_class']}.from_pretrained")
+            raise ValueError(f"path must hold a {cls.__name__} for {cls.__name__}.from_pretrained, but {str(path)!r} "
+                             f"holds a {meta['model_class']}; load it with {meta['model_class']}.from_pretrained")
         model = cls(CGTConfig.from_dict(meta["config"]))
         state = load_tensors(path / WEIGHTS_NAME, device="cpu")
         missing, unexpected = model.load_state_dict(state, strict=False)

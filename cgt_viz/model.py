@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ._checks import check_float, check_int, describe
 from .config import CGTConfig
 from .io import PretrainedMixin
 from .layers import SITE_WEIGHTS, Block, KVCache, SiteTemplates, YBlock
@@ -47,7 +48,7 @@ def _init_weights(module: nn.Module, n_layer: int) -> None:
 def validate_inputs(cfg: CGTConfig, inp, name: str = "idx") -> torch.Tensor:
     """Check a batch of inputs against the config: (b, t) integer tokens or (b, t, input_dim) floats."""
     if not isinstance(inp, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(inp).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor, got {describe(inp)}")
     if cfg.mode == "tokens":
         if inp.dtype in (torch.bool,) or inp.is_floating_point() or inp.is_complex():
             raise TypeError(f"{name} must hold integer token ids (torch.long), got dtype {inp.dtype}")
@@ -71,7 +72,7 @@ def validate_inputs(cfg: CGTConfig, inp, name: str = "idx") -> torch.Tensor:
             raise ValueError(f"{name} holds token ids in [{lo}, {hi}], allowed are 0..vocab_size-1 = 0..{cfg.vocab_size - 1}")
         return inp.long()
     if not torch.isfinite(inp).all():
-        raise ValueError(f"{name} holds NaN or inf values")
+        raise ValueError(f"{name} must be finite, got {int((~torch.isfinite(inp)).sum())} NaN or inf value(s)")
     return inp
 
 
@@ -102,7 +103,7 @@ def masked_loss(cfg: CGTConfig, out: torch.Tensor, targets: torch.Tensor, mask: 
 
 def _check_targets(cfg: CGTConfig, inp: torch.Tensor, targets, loss_mask) -> None:
     if not isinstance(targets, torch.Tensor):
-        raise TypeError(f"targets must be a torch.Tensor, got {type(targets).__name__}")
+        raise TypeError(f"targets must be a torch.Tensor, got {describe(targets)}")
     if cfg.mode == "tokens":
         if targets.shape != inp.shape:
             raise ValueError(f"targets must have the shape of idx {tuple(inp.shape)}, got {tuple(targets.shape)}")
@@ -156,15 +157,13 @@ class _Generation:
         if cfg.mode != "tokens":
             raise ValueError("generate needs a tokens-mode model (vocab_size set); this one is in vectors mode")
         idx = validate_inputs(cfg, idx)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-        if idx.shape[1] + max_new_tokens > cfg.block_size:
-            raise ValueError(f"prompt length {idx.shape[1]} + max_new_tokens {max_new_tokens} exceeds "
-                             f"block_size {cfg.block_size}")
-        if not isinstance(temperature, (int, float)) or temperature < 0:
-            raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
-        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-            raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
+        room = cfg.block_size - idx.shape[1]
+        check_int("max_new_tokens", max_new_tokens, 1, max(room, 1),
+                  hint=f" (block_size {cfg.block_size} - prompt length {idx.shape[1]})")
+        if room < 1:
+            raise ValueError(f"idx already fills block_size = {cfg.block_size}; the prompt must be shorter to generate")
+        check_float("temperature", temperature, 0.0, hint=" (0 = greedy)")
+        check_int("top_k", top_k, 1, allow_none=True)
         cache = self.new_cache() if use_cache else None
         logits = self._step(idx, cache, 0)[:, -1]
         for i in range(max_new_tokens):
@@ -182,7 +181,7 @@ class GPT(PretrainedMixin, _Generation, nn.Module):
     def __init__(self, config: CGTConfig):
         super().__init__()
         if not isinstance(config, CGTConfig):
-            raise TypeError(f"config must be a CGTConfig, got {type(config).__name__}")
+            raise TypeError(f"config must be a CGTConfig, got {describe(config)}")
         self.config = cfg = config
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_x) if cfg.mode == "tokens" else nn.Linear(cfg.input_dim, cfg.d_x)
         self.wpe = nn.Embedding(cfg.block_size, cfg.d_x)
@@ -225,7 +224,7 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
     def __init__(self, config: CGTConfig):
         super().__init__()
         if not isinstance(config, CGTConfig):
-            raise TypeError(f"config must be a CGTConfig, got {type(config).__name__}")
+            raise TypeError(f"config must be a CGTConfig, got {describe(config)}")
         self.config = cfg = config
         self.gpt = GPT(cfg)
         self.y_embed = nn.Embedding(cfg.vocab_size, cfg.d_y) if cfg.mode == "tokens" else nn.Linear(cfg.input_dim, cfg.d_y)
@@ -339,17 +338,17 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
         logits = self._full(validate_inputs(self.config, idx), record=record)[0]
         return logits, record
 
-    def _check_ybar(self, ybar_vec, batch: int | None = None) -> torch.Tensor:
+    def _check_ybar(self, ybar_vec, batch: int | None = None, name: str = "ybar_vec") -> torch.Tensor:
+        e = self.config.d_y
         if not isinstance(ybar_vec, torch.Tensor) or not ybar_vec.is_floating_point():
-            raise TypeError(f"ybar_vec must be a float tensor of shape (batch, d_y={self.config.d_y}), "
-                            f"got {type(ybar_vec).__name__}")
-        if ybar_vec.dim() == 1:
-            ybar_vec = ybar_vec[None]
-        if ybar_vec.dim() != 2 or ybar_vec.shape[1] != self.config.d_y:
-            raise ValueError(f"ybar_vec must have shape (batch, d_y={self.config.d_y}) or (d_y,), got {tuple(ybar_vec.shape)}")
-        if batch is not None and ybar_vec.shape[0] not in (1, batch):
-            raise ValueError(f"ybar_vec has {ybar_vec.shape[0]} rows but idx has {batch}; pass 1 or {batch}")
-        return ybar_vec
+            raise TypeError(f"{name} must be a float tensor of shape (batch, d_y={e}) or (d_y,), got {describe(ybar_vec)}")
+        if ybar_vec.dim() not in (1, 2) or ybar_vec.shape[-1] != e:
+            raise ValueError(f"{name} must have shape (batch, d_y={e}) or (d_y,), got shape {tuple(ybar_vec.shape)}")
+        if batch is not None and ybar_vec.dim() == 2 and ybar_vec.shape[0] not in (1, batch):
+            raise ValueError(f"{name} must have 1 or {batch} rows (one per row of idx), got shape {tuple(ybar_vec.shape)}")
+        if not torch.isfinite(ybar_vec).all():
+            raise ValueError(f"{name} must be finite, got {int((~torch.isfinite(ybar_vec)).sum())} NaN or inf value(s)")
+        return ybar_vec if ybar_vec.dim() == 2 else ybar_vec[None]
 
     def forward_specialized(self, idx: torch.Tensor, ybar_vec: torch.Tensor) -> torch.Tensor:
         """The specialised model, unmerged: x-only pass over idx (b, t) with T(ȳ) frozen at ybar_vec (b, e)."""
@@ -359,6 +358,13 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
 
     def coefficients(self, ybar: torch.Tensor) -> dict[str, torch.Tensor]:
         """c^κ(ȳ) for every site: ybar (..., e) -> {"ν.site": (..., K)}."""
+        e = self.config.d_y
+        if not isinstance(ybar, torch.Tensor) or not ybar.is_floating_point():
+            raise TypeError(f"ybar must be a float tensor of shape (..., d_y={e}), got {describe(ybar)}")
+        if ybar.dim() == 0 or ybar.shape[-1] != e:
+            raise ValueError(f"ybar must have shape (..., d_y={e}), got shape {tuple(ybar.shape)}")
+        if not torch.isfinite(ybar).all():
+            raise ValueError(f"ybar must be finite, got {int((~torch.isfinite(ybar)).sum())} NaN or inf value(s)")
         return {f"{layer}.{site}": self.templates[str(layer)][site].coefficients(ybar) for layer, site in self.template_sites}
 
     def lora_factors(self, ybar_vec: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -386,7 +392,8 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
         """The GPT whose weights are W + B @ A for one ȳ (e,): the specialised model from a summary."""
         ybar_vec = self._check_ybar(ybar_vec)
         if ybar_vec.shape[0] != 1:
-            raise ValueError(f"merged_gpt takes one summary, got {ybar_vec.shape[0]}; use specialize for a batch")
+            raise ValueError(f"ybar_vec must be one summary (d_y,) or (1, d_y) for merged_gpt, got shape "
+                             f"{tuple(ybar_vec.shape)}; use specialize for a batch of prompts")
         # the merged weights go straight into deepcopy's memo: x_only() would clone W only for it to be overwritten
         memo: dict[int, nn.Parameter] = {}
         with torch.no_grad():
@@ -407,17 +414,17 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
         item_dims = 1 if cfg.mode == "tokens" else 2
         if isinstance(prompt, (list, tuple)):
             if not prompt:
-                raise ValueError("prompt is an empty list; pass at least one prompt")
+                raise ValueError("prompt must hold at least one prompt, got an empty list []")
             if not all(isinstance(p, torch.Tensor) and p.dim() == item_dims for p in prompt):
                 shapes = [tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__ for p in prompt]
                 want = "(t,)" if cfg.mode == "tokens" else f"(t, input_dim={cfg.input_dim})"
                 raise ValueError(f"each prompt in the list must be a tensor of shape {want}, got {shapes}")
             return [self.specialize(p) for p in prompt]
         if not isinstance(prompt, torch.Tensor):
-            raise TypeError(f"prompt must be a tensor or a list of tensors, got {type(prompt).__name__}")
+            raise TypeError(f"prompt must be a tensor or a list of tensors, got {describe(prompt)}")
         if prompt.dim() == item_dims:
             if prompt.shape[0] == 0:
-                raise ValueError("prompt is empty; it must hold at least one position")
+                raise ValueError(f"prompt must hold at least one position, got shape {tuple(prompt.shape)}")
             prompt = prompt[None]
             single = True
         else:
@@ -431,16 +438,17 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
     def sample_split(self, batch: int, length: int, generator: torch.Generator | None = None,
                      device=None) -> torch.Tensor:
         """Per-row split s (number of prefix tokens), uniform in [aux_min_prefix, length − aux_min_suffix]."""
-        lo, hi = self.config.aux_min_prefix, length - self.config.aux_min_suffix
-        if lo > hi:
-            raise ValueError(f"sequences of length {length} are too short for the auxiliary split bounds "
-                             f"aux_min_prefix={self.config.aux_min_prefix}, aux_min_suffix={self.config.aux_min_suffix}")
+        cfg = self.config
+        check_int("batch", batch, 1)
+        check_int("length", length, cfg.aux_min_prefix + cfg.aux_min_suffix, cfg.block_size,
+                  hint=" (aux_min_prefix + aux_min_suffix .. block_size)")
+        lo, hi = cfg.aux_min_prefix, length - cfg.aux_min_suffix
         s = torch.randint(lo, hi + 1, (batch,), generator=generator)
         return s.to(device) if device is not None else s
 
     def _check_split(self, split, batch: int, length: int, device) -> torch.Tensor:
         if isinstance(split, bool) or not isinstance(split, (int, torch.Tensor)):
-            raise TypeError(f"split must be an int or a LongTensor of shape (batch,), got {type(split).__name__}")
+            raise TypeError(f"split must be an int or a LongTensor of shape (batch,), got {describe(split)}")
         split = torch.as_tensor(split, device=device)
         if split.is_floating_point() or split.dim() > 1 or (split.dim() == 1 and split.shape[0] != batch):
             raise ValueError(f"split must be an int or an integer tensor of shape ({batch},), got {tuple(split.shape)} "

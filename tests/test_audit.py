@@ -158,7 +158,8 @@ for _v, _shows in [(torch.zeros(5), "(5,)"), (torch.full((8,), math.nan), "NaN")
     case("CGT.coefficients", "ybar", [_v], lambda v: CGT_T.coefficients(v), shows=_shows)
 for _v, _shows in [(torch.zeros(5), "(5,)"), (torch.zeros(2, 8), "(2, 8)"), (torch.full((8,), math.inf), "inf")]:
     case("CGT.merged_gpt", "ybar_vec", [_v], lambda v: CGT_T.merged_gpt(v), shows=_shows)
-    case("CGT.lora_factors", "ybar_vec", [_v], lambda v: CGT_T.lora_factors(v), shows=_shows)
+for _v, _shows in [(torch.zeros(5), "(5,)"), (torch.zeros(2, 3, 8), "(2, 3, 8)"), (torch.full((8,), math.inf), "inf")]:
+    case("CGT.lora_factors", "ybar_vec", [_v], lambda v: CGT_T.lora_factors(v), shows=_shows)  # (b, e) is allowed
 for _v, _shows in [(torch.zeros(0, dtype=torch.long), "(0,)"), (torch.full((4,), 16), "16"),
                    (torch.zeros(13, dtype=torch.long), "13"), (torch.zeros(4), "float32"),
                    ([torch.zeros(3, dtype=torch.long), torch.zeros(0, dtype=torch.long)], "(0,)"), ([], "[]"),

@@ -231,7 +231,7 @@ def test_text_bad_inputs(tmp_path):
     with pytest.raises(ValueError, match="topic 'c' has 1 document"):
         TextMixture(root, block_size=64)
     one = write_corpus(tmp_path / "one", topics=("a",), n_docs=3)
-    with pytest.raises(ValueError, match="needs >= 2"):
+    with pytest.raises(ValueError, match="at least two topics"):
         TextMixture(one, block_size=64)
     ok = write_corpus(tmp_path / "ok", topics=("a", "b"), n_docs=2)
     with pytest.raises(ValueError, match="block_size"):

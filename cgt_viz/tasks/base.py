@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from .._checks import check_device
+
 
 @dataclass
 class Batch:
@@ -27,6 +29,7 @@ class Batch:
     info: dict[str, Any] = field(default_factory=dict)
 
     def to(self, device) -> "Batch":
+        device = check_device("device", device)
         move = lambda v: v.to(device) if isinstance(v, torch.Tensor) else v
         return Batch(move(self.inputs), move(self.targets), move(self.loss_mask), move(self.split),
                      {k: move(v) for k, v in self.info.items()})

@@ -50,27 +50,21 @@ from typing import Any
 
 import torch
 
+from .._checks import check_bool, check_choice, check_float, check_int
 from .base import Batch, Task
 
 FAMILIES = ("shift", "affine", "dihedral", "mul")
 IGNORE_INDEX = -100
 
 
-def _check_int(name: str, value: Any, lo: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < lo:
-        raise ValueError(f"{name} must be >= {lo}, got {value}")
-
-
 def check_batch_size(batch_size: Any) -> None:
-    _check_int("batch_size", batch_size, 1)
+    check_int("batch_size", batch_size, 1)
 
 
 def check_eval_size(k: Any, n_queries: Any, batch_size: Any, block_size: int) -> None:
     """k demonstrations + n_queries queries, two positions each, must fit in block_size."""
-    _check_int("k", k, 1)
-    _check_int("n_queries", n_queries, 1)
+    check_int("k", k, 1)
+    check_int("n_queries", n_queries, 1)
     check_batch_size(batch_size)
     if 2 * (k + n_queries) > block_size:
         raise ValueError(f"k={k} demonstrations + n_queries={n_queries} need {2 * (k + n_queries)} positions, "
@@ -110,19 +104,15 @@ class SyntheticICL(Task):
                  novel_split: bool = False, shift_fraction: float = 0.0, answer_tokens: str = "pair"):
         if family not in FAMILIES:
             raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
-        _check_int("P", P, 2)
-        _check_int("n_pairs", n_pairs, 2)
-        _check_int("aux_min_pairs", aux_min_pairs, 1)
+        check_int("P", P, 2)
+        check_int("n_pairs", n_pairs, 2)
+        check_int("aux_min_pairs", aux_min_pairs, 1)
         if aux_min_pairs > n_pairs - 1:
             raise ValueError(f"aux_min_pairs must be <= n_pairs − 1 = {n_pairs - 1} (the suffix needs a pair), "
                              f"got {aux_min_pairs}")
-        if not isinstance(novel_split, bool):
-            raise TypeError(f"novel_split must be a bool, got {type(novel_split).__name__}")
-        if isinstance(shift_fraction, bool) or not isinstance(shift_fraction, (int, float)) \
-                or not 0 <= shift_fraction <= 1:
-            raise ValueError(f"shift_fraction must be a number in [0, 1], got {shift_fraction!r}")
-        if answer_tokens not in ("value", "pair"):
-            raise ValueError(f"answer_tokens must be 'value' or 'pair', got {answer_tokens!r}")
+        check_bool("novel_split", novel_split)
+        check_float("shift_fraction", shift_fraction, 0.0, 1.0)
+        check_choice("answer_tokens", answer_tokens, ("value", "pair"))
         self.answer_tokens = answer_tokens
         if family == "dihedral" and P < 3:
             raise ValueError(f"P must be >= 3 for family 'dihedral' (a = ±1 must differ), got {P}")

@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from .base import Batch, Task
-from .icl import _check_int, check_batch_size, check_eval_size, check_part
+from .._checks import check_float, check_int
+from .icl import check_batch_size, check_eval_size, check_part
 
 
 class LinearRegression(Task):
@@ -35,11 +36,10 @@ class LinearRegression(Task):
     name = "regression"
 
     def __init__(self, dim: int = 16, n_points: int = 32, noise: float = 0.1, aux_min_points: int = 1):
-        _check_int("dim", dim, 1)
-        _check_int("n_points", n_points, 2)
-        _check_int("aux_min_points", aux_min_points, 1)
-        if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not noise >= 0 or noise == float("inf"):
-            raise ValueError(f"noise must be a finite number >= 0, got {noise!r}")
+        check_int("dim", dim, 1)
+        check_int("n_points", n_points, 2)
+        check_int("aux_min_points", aux_min_points, 1)
+        check_float("noise", noise, 0.0)
         if aux_min_points > n_points - 1:
             raise ValueError(f"aux_min_points must be <= n_points − 1 = {n_points - 1}, got {aux_min_points}")
         self.dim, self.n_points, self.noise, self.aux_min_points = dim, n_points, float(noise), aux_min_points

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from .base import Batch, Task
-from .icl import _check_int, check_batch_size, check_part
+from .._checks import check_float, check_int, describe
+from .icl import check_batch_size, check_part
 from .tokenizer import ByteTokenizer
 
 _CORPUS_MEMO: dict[str, dict[str, list[tuple[str, bytes]]]] = {}   # resolved root -> raw documents
@@ -58,7 +59,7 @@ def load_corpus(source: str | os.PathLike = "bbc") -> dict[str, list[tuple[str, 
         root, key = bbc_root(), "bbc"
     else:
         if not isinstance(source, (str, os.PathLike)):
-            raise TypeError(f"source must be 'bbc' or a folder path, got {type(source).__name__}")
+            raise TypeError(f"source must be 'bbc' or a folder path, got {describe(source)}")
         root = Path(source).expanduser()
         if not root.is_dir():
             raise ValueError(f"source folder {str(root)!r} does not exist (expected root/<topic>/*.txt)")
@@ -100,26 +101,28 @@ class TextMixture(Task):
 
     def __init__(self, source: str | os.PathLike = "bbc", block_size: int = 256, val_fraction: float = 0.1,
                  min_excerpt: int = 32, topics: list[str] | tuple[str, ...] | None = None):
-        _check_int("block_size", block_size, 2)
-        _check_int("min_excerpt", min_excerpt, 1)
+        check_int("block_size", block_size, 2)
+        check_int("min_excerpt", min_excerpt, 1)
         if 2 * min_excerpt > block_size + 1:
             raise ValueError(f"min_excerpt must be <= (block_size + 1) / 2 = {(block_size + 1) // 2} so both excerpts "
                              f"fit, got min_excerpt={min_excerpt} with block_size={block_size}")
-        if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 < val_fraction < 1:
-            raise ValueError(f"val_fraction must be a number in (0, 1), got {val_fraction!r}")
+        check_float("val_fraction", val_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
         self.source = source if source == "bbc" else str(source)
         self.block_size, self.val_fraction, self.min_excerpt = block_size, float(val_fraction), min_excerpt
         self.tokenizer = ByteTokenizer()
         corpus = load_corpus(source)
         if topics is not None:
             if isinstance(topics, str) or not all(isinstance(t, str) for t in topics):
-                raise TypeError(f"topics must be a list of topic names, got {topics!r}")
+                raise TypeError(f"topics must be a list of topic names, got {describe(topics)}")
             missing = sorted(set(topics) - set(corpus))
             if missing:
-                raise ValueError(f"topics {missing} are not in the corpus; available: {sorted(corpus)}")
+                raise ValueError(f"topics must be names from the corpus {sorted(corpus)}; unknown: {missing}")
+            if len(set(topics)) < 2:
+                raise ValueError(f"topics must name at least two topics of {sorted(corpus)}, got {list(topics)}")
             corpus = {t: corpus[t] for t in sorted(set(topics))}
         if len(corpus) < 2:
-            raise ValueError(f"source {self.source!r} has {len(corpus)} topic(s) {sorted(corpus)}; a mixture needs >= 2")
+            raise ValueError(f"source must hold at least two topics (folders root/<topic>/*.txt); {self.source!r} "
+                             f"has {len(corpus)}: {sorted(corpus)}")
         self.topics: list[str] = list(corpus)
         self._build(corpus)
 
@@ -201,7 +204,7 @@ class TextMixture(Task):
         if boundary is None:
             cut = torch.randint(m, t + 2 - m, (batch_size,), generator=generator)
         else:
-            _check_int("boundary", boundary, m)
+            check_int("boundary", boundary, m)
             if boundary > t + 1 - m:
                 raise ValueError(f"boundary must be in {m}..{t + 1 - m} (min_excerpt from each end), got {boundary}")
             cut = torch.full((batch_size,), boundary, dtype=torch.long)
@@ -220,7 +223,7 @@ class TextMixture(Task):
     def eval_batch(self, k: int, batch_size: int, generator: torch.Generator | None = None,
                    device: str | torch.device = "cpu", part: str = "val") -> Batch:
         """One document per row: a prompt of k tokens, then its continuation (scored, loss_mask) to block_size."""
-        _check_int("k", k, 1)
+        check_int("k", k, 1)
         if k > self.block_size - 1:
             raise ValueError(f"k={k} prompt tokens leave no continuation in block_size={self.block_size}; "
                              f"use k <= {self.block_size - 1}")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from .._checks import describe, is_int
+
 # how the invisible bytes print in hover text
 _VISIBLE = {9: "⇥", 10: "↵", 13: "␍", 32: "·"}
 
@@ -24,14 +26,16 @@ class ByteTokenizer:
             return list(text.encode("utf-8"))
         if isinstance(text, (bytes, bytearray)):
             return list(bytes(text))
-        raise TypeError(f"text must be str or bytes, got {type(text).__name__}")
+        raise TypeError(f"text must be str or bytes, got {describe(text)}")
 
     def decode(self, ids: Iterable[int]) -> str:
         """Token ids -> text; byte sequences that are not valid UTF-8 (a cut character) become '�'."""
-        ids = [int(i) for i in ids]
-        bad = [i for i in ids if not 0 <= i < 256]
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+            raise TypeError(f"ids must be an iterable of ints in 0..255, got {describe(ids)}")
+        ids = list(ids.tolist() if hasattr(ids, "tolist") else ids)
+        bad = [i for i in ids if not is_int(i) or not 0 <= i < 256]
         if bad:
-            raise ValueError(f"ids must be bytes in 0..255, got {bad[:5]}")
+            raise ValueError(f"ids must be ints in 0..255 (bytes), got {bad[:5]}")
         return bytes(ids).decode("utf-8", errors="replace")
 
     def token_str(self, token: int) -> str:
