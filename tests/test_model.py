@@ -340,7 +340,7 @@ def test_bad_inputs():
     for bad, exc, words in cases:
         with pytest.raises(exc, match=words):
             model(bad)
-    with pytest.raises(ValueError, match="prompt is empty"):
+    with pytest.raises(ValueError, match="prompt must hold at least one position"):
         model.specialize(torch.zeros(0, dtype=torch.long))
     with pytest.raises(ValueError, match="empty list"):
         model.specialize([])
