@@ -6,18 +6,20 @@ for the highlighted token and the boundary are layout shapes), so a widget can u
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
+from ._checks import check_array, check_bool, check_choice, check_float, check_height, check_int, describe
 from .analysis import token_smoothness, training_series
 
 PALETTE = qualitative.Plotly + qualitative.Dark24
 MAX_COLOR_CATEGORIES = 30     # more categories (e.g. documents) than this get no legend bar
 MODEL_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
+COLOR_KINDS = ("categorical", "continuous")
 
 
 def _tokens_axis(tokens: Sequence[str] | None, t: int) -> tuple[np.ndarray, list[str]]:
@@ -36,24 +38,54 @@ def _vline(fig: go.Figure, x: float, color: str, dash: str, name: str) -> None:
                   line=dict(color=color, dash=dash, width=1.5), name=name)
 
 
-def _check_1d(name: str, a: Any, n: int | None = None) -> np.ndarray:
-    a = np.asarray(a)
-    if a.ndim != 1 or (n is not None and len(a) != n):
-        want = f"({n},)" if n is not None else "1-D"
-        raise ValueError(f"{name} must have shape {want}, got {a.shape}")
-    return a
+def _check_shape(name: str, value: Any, want: str, fits: Callable[[tuple], bool], *,
+                 finite: bool = False) -> np.ndarray:
+    """A numeric array (check_array: any type of array-like, no strings) whose shape passes `fits`;
+    `want` says the shape in the message, e.g. "(N, 2) with N >= 1"."""
+    arr = check_array(name, value, range(8), finite=False, what=want.split(" with")[0])
+    if not fits(arr.shape):
+        raise ValueError(f"{name} must have shape {want}, got shape {arr.shape}")
+    return check_array(name, arr, arr.ndim) if finite else arr
 
+
+def _check_1d(name: str, a: Any, n: int | None = None, *, numeric: bool = True) -> np.ndarray:
+    """One value per entry: shape (n,) (or any 1-D when n is None); numeric=False keeps labels/strings."""
+    want = f"({n},)" if n is not None else "(m,)"
+    fits = lambda shape: len(shape) == 1 and (n is None or shape[0] == n)   # noqa: E731
+    if numeric:
+        return _check_shape(name, a, want, fits)
+    try:
+        arr = np.asarray(a)
+    except ValueError:   # ragged nesting
+        raise TypeError(f"{name} must have shape {want} (one per point), got {describe(a)}") from None
+    if not fits(arr.shape):
+        got = describe(a) if arr.ndim == 0 else f"shape {arr.shape}"
+        raise ValueError(f"{name} must have shape {want} (one per point), got {got}")
+    return arr
+
+
+def _check_position(name: str, value: Any, t: int) -> int | None:
+    """None or a position 0..t-1 of the drawn sequence."""
+    return check_int(name, value, 0, t - 1, allow_none=True, hint=" (a position in the sequence)")
 
 # ---------------------------------------------------------------------------------------------- colours
 def color_spec(values: Any, name: str = "label", kind: str | None = None) -> dict:
     """Marker settings colouring points by `values` (N,): categorical -> integer codes on a discrete
     colour scale with a labelled colour bar; continuous -> Viridis. kind: None (guess), "categorical",
     "continuous". Returns a dict for `go.Scattergl(marker=...)`."""
-    values = np.asarray(values)
+    check_choice("kind", kind, COLOR_KINDS, allow_none=True)
+    try:
+        values = np.asarray(values)
+    except ValueError:   # ragged nesting
+        raise TypeError(f"colour values must be 1-D (one per point), got {describe(values)}") from None
     if values.ndim != 1:
         raise ValueError(f"colour values must be 1-D (one per point), got shape {values.shape}")
+    numeric = np.issubdtype(values.dtype, np.number) and values.dtype != np.bool_
+    if kind == "continuous" and not numeric:
+        raise ValueError(f"kind='continuous' needs numeric colour values, got dtype {values.dtype}; "
+                         f"use kind='categorical' for labels")
     if kind is None:
-        kind = "continuous" if (np.issubdtype(values.dtype, np.number) and len(np.unique(values)) > 12) else "categorical"
+        kind = "continuous" if (numeric and len(np.unique(values)) > 12) else "categorical"
     if kind == "continuous":
         return dict(color=values.astype(np.float32), colorscale="Viridis", cmin=None, cmax=None, showscale=True,
                     colorbar=dict(title=dict(text=name), tickvals=None, ticktext=None))
@@ -79,15 +111,17 @@ def ybar_map_figure(coords: Any, color: Any = None, hover: Sequence[str] | None 
     coords (N, 2); color (N,) labels or numbers (None: one colour); hover (N,) HTML strings;
     note: a line under the title (e.g. "showing 20,000 of 100,000 tokens, stratified by topic").
     """
-    coords = np.asarray(coords, dtype=np.float32)
-    if coords.ndim != 2 or coords.shape[1] != 2 or len(coords) == 0:
-        raise ValueError(f"coords must have shape (N, 2) with N >= 1, got {coords.shape}")
+    coords = _check_shape("coords", coords, "(N, 2) with N >= 1",
+                          lambda shape: len(shape) == 2 and shape[1] == 2 and shape[0] >= 1, finite=True)
+    coords = coords.astype(np.float32)   # half the bytes sent to the browser
+    check_choice("color_kind", color_kind, COLOR_KINDS, allow_none=True)
+    height = check_height("height", height)
     n = len(coords)
     marker = dict(size=marker_size or (6 if n < 2000 else 4 if n < 20000 else 2.5), opacity=0.8 if n < 20000 else 0.6)
     if color is not None:
-        marker.update(color_spec(_check_1d("color", color, n), color_name, color_kind))
+        marker.update(color_spec(_check_1d("color", color, n, numeric=False), color_name, color_kind))
     if hover is not None:
-        hover = _check_1d("hover", np.asarray(hover, dtype=object), n)
+        hover = _check_1d("hover", np.asarray(hover, dtype=object), n, numeric=False)
     trace = go.Scattergl(x=coords[:, 0], y=coords[:, 1], mode="markers", marker=marker,
                          hovertext=hover, hoverinfo="text" if hover is not None else "x+y",
                          hoverlabel=dict(align="left"), unselected=dict(marker=dict(opacity=0.15)),
@@ -110,17 +144,18 @@ def smoothness_figure(ybar: Any, tokens: Sequence[str] | None = None, *, boundar
     heatmap t × d_y (row 3). ybar (t, e); tokens (t,) strings for the hover; boundary: first position of
     the second excerpt (a red dashed line); highlight: one position (a grey band); overlay: {name: ybar
     (t, e)} of other models on the same text (rows 1–2 only)."""
-    ybar = np.asarray(ybar, dtype=np.float32)
-    if ybar.ndim != 2 or ybar.shape[0] < 1:
-        raise ValueError(f"ybar must have shape (t, d_y) with t >= 1, got {ybar.shape}")
+    ybar = _check_shape("ybar", ybar, "(t, d_y) with t >= 1",
+                        lambda shape: len(shape) == 2 and shape[0] >= 1).astype(np.float32)
     t = ybar.shape[0]
     x, hover = _tokens_axis(tokens, t)
+    boundary, highlight = _check_position("boundary", boundary, t), _check_position("highlight", highlight, t)
+    height = check_height("height", height)
+    if overlay is not None and not isinstance(overlay, dict):
+        raise TypeError(f"overlay must be None or a dict {{name: ybar (t, e)}} of other models, got {describe(overlay)}")
     series = {name: ybar}
     for other, arr in (overlay or {}).items():
-        arr = np.asarray(arr, dtype=np.float32)
-        if arr.shape[0] != t:
-            raise ValueError(f"overlay[{other!r}] must cover the same {t} positions, got shape {arr.shape}")
-        series[other] = arr
+        series[other] = _check_shape(f"overlay[{other!r}]", arr, f"({t}, e) (the same {t} positions)",
+                                     lambda shape: len(shape) == 2 and shape[0] == t).astype(np.float32)
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.07, row_heights=[0.3, 0.25, 0.45],
                         subplot_titles=("‖ȳ_t − ȳ_t−1‖", "cos(ȳ_t, ȳ_t−1)", "ȳ_t (t × d_y)"))
     for i, (nm, arr) in enumerate(series.items()):
@@ -134,11 +169,11 @@ def smoothness_figure(ybar: Any, tokens: Sequence[str] | None = None, *, boundar
                           row=row, col=1)
     fig.add_trace(go.Heatmap(z=ybar.T, x=x, colorscale="RdBu", zmid=0, showscale=False, name=f"ȳ {name}",
                              hovertemplate="pos %{x}, dim %{y}: %{z:.3f}<extra></extra>"), row=3, col=1)
-    if boundary is not None and 0 <= boundary < t:
+    if boundary is not None:
         _vline(fig, boundary - 0.5, "#d62728", "dash", "boundary")
         fig.add_annotation(x=boundary - 0.5, y=0, yref="paper", yanchor="bottom", xanchor="left", text=" boundary",
                            showarrow=False, font=dict(color="#d62728", size=11), bgcolor="rgba(255,255,255,0.75)")
-    if highlight is not None and 0 <= highlight < t:
+    if highlight is not None:
         fig.add_vrect(x0=highlight - 0.5, x1=highlight + 0.5, fillcolor="grey", opacity=0.25, line_width=0,
                       row="all", col=1)
     if tokens is not None and t <= 80:
@@ -161,11 +196,12 @@ def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: s
 
     coeffs (t, K); mean_abs (L, K) with label_names (L,); singular_values (m,); ablation (K,) or None.
     """
-    coeffs = np.asarray(coeffs, dtype=np.float32)
-    if coeffs.ndim != 2 or coeffs.shape[0] < 1:
-        raise ValueError(f"coeffs must have shape (t, K) with t >= 1, got {coeffs.shape}")
+    coeffs = _check_shape("coeffs", coeffs, "(t, K) with t >= 1",
+                          lambda shape: len(shape) == 2 and shape[0] >= 1).astype(np.float32)
     t, K = coeffs.shape
     x, hover = _tokens_axis(tokens, t)
+    boundary, highlight = _check_position("boundary", boundary, t), _check_position("highlight", highlight, t)
+    height = check_height("height", height)
     ks = [f"k{k}" for k in range(K)]
     at = f" at {highlight}" if highlight is not None else ""
     fig = make_subplots(rows=2, cols=3, specs=[[{"colspan": 3}, None, None], [{}, {}, {}]],
@@ -178,9 +214,9 @@ def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: s
                              customdata=np.array(hover)[None].repeat(K, 0),
                              hovertemplate="%{customdata}<br>%{y}: %{z:.3f}<extra></extra>"), row=1, col=1)
     if mean_abs is not None:
-        mean_abs = np.asarray(mean_abs, dtype=np.float32)
+        mean_abs = check_array("mean_abs", mean_abs, 2, finite=False, what="(labels, K)").astype(np.float32)
         names = [str(s) for s in (label_names if label_names is not None else range(len(mean_abs)))]
-        if mean_abs.ndim != 2 or mean_abs.shape != (len(names), K):
+        if mean_abs.shape != (len(names), K):
             raise ValueError(f"mean_abs must have shape (labels={len(names)}, K={K}), got {mean_abs.shape}")
     else:
         mean_abs, names = np.zeros((0, K), np.float32), []
@@ -192,10 +228,10 @@ def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: s
     abl = np.zeros(0) if ablation is None else _check_1d("ablation", ablation, K)
     fig.add_trace(go.Bar(x=ks[:len(abl)], y=abl, marker_color=["#d62728" if v > 0 else "#2ca02c" for v in abl],
                          hovertemplate="%{x}: Δloss %{y:+.4f}<extra></extra>"), row=2, col=3)
-    if boundary is not None and 0 <= boundary < t:
+    if boundary is not None:
         _vline(fig, boundary - 0.5, "#d62728", "dash", "boundary")
         fig.layout.shapes[-1].update(yref="y domain", y0=0, y1=1)
-    if highlight is not None and 0 <= highlight < t:
+    if highlight is not None:
         fig.add_vrect(x0=highlight - 0.5, x1=highlight + 0.5, fillcolor="black", opacity=0.15, line_width=0, row=1, col=1)
     if tokens is not None and t <= 80:
         fig.update_xaxes(tickvals=x, ticktext=[str(s) for s in tokens], tickangle=0, row=1, col=1)
@@ -230,6 +266,9 @@ def compare_figure(losses: dict, *, boundary: float | None = None, split: int | 
         raise ValueError(f"losses must be a dict with 'position' (or 'positions') and per-position curves "
                          f"{[keys[0] for keys in list(CURVE_KEYS.values())[1:]]}, got {got}")
     pos = _check_1d(f"losses[{found['position']!r}]", losses[found["position"]])
+    boundary = check_float("boundary", boundary, allow_none=True)
+    split = check_int("split", split, allow_none=True)
+    height = check_height("height", height)
     fig = go.Figure()
     styles = {"prompted": ("#1f77b4", "solid"), "specialised": ("#d62728", "solid"), "no_context": ("#7f7f7f", "dot")}
     for name, (color, dash) in styles.items():
@@ -258,6 +297,9 @@ def training_curves_figure(history: Any, *, log_y: bool = True, title: str | Non
     history: a TrainHistory, a dict of lists, or a list of callback records (see analysis.training_series).
     Long curves are thinned to max_points per trace (every k-th step; the last step always kept).
     """
+    check_bool("log_y", log_y)
+    max_points = check_int("max_points", max_points, 2, hint=" (points drawn per curve)")
+    height = check_height("height", height)
     steps, evals = training_series(history)
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1, row_heights=[0.62, 0.38],
                         subplot_titles=("training losses", "evaluation"))
