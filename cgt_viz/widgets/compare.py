@@ -9,20 +9,23 @@ import ipywidgets as W
 import numpy as np
 
 from .. import analysis as A
+from .._checks import check_height, check_int
 from ..figures import compare_figure
 from ._base import figure_widget, html_status, replace_figure
 from .smoothness import boundary_of, sequences_of
 
-ALL = -1   # the sequence picker's value for "mean over all sequences"
+ALL = "all"   # the sequence picker's value for "mean over all sequences" (None means the same when constructing)
 
 
 class CompileCompare(W.VBox):
     """A split slider, a sequence picker (one or the mean of all), and `compare_figure`."""
 
-    def __init__(self, model, data, labels=None, *, split: int | None = None, sequence: int | None = None,
+    def __init__(self, model, data, labels=None, *, split: int | None = None, sequence: int | str | None = None,
                  boundary=None, height: int = 420, **prepare_kw):
+        """split: s, the prefix length (default: half the median excerpt boundary, else t // 2);
+        sequence: one row to show, or None / "all" for the mean over all rows."""
         A.require_cgt(model)
-        self.model, self.height = model, height
+        self.model, self.height = model, check_height("height", height)
         self.seqs = sequences_of(model, data, labels, boundary, **prepare_kw)
         t = self.seqs.t
         if t < 2:
@@ -48,20 +51,16 @@ class CompileCompare(W.VBox):
         super().__init__([W.HBox([self.slider, self.picker]), self.status, self.figure])
 
     def _check_split(self, split) -> int:
-        t = self.seqs.t
-        if isinstance(split, bool) or not isinstance(split, (int, np.integer)) or not 1 <= split <= t - 1:
-            raise ValueError(f"split must be an int in 1..{t - 1} (prefix and suffix non-empty), got {split!r}")
-        return int(split)
+        return check_int("split", split, 1, self.seqs.t - 1, hint=" (prefix and suffix non-empty)")
 
-    def _check_sequence(self, sequence) -> int:
-        if sequence == ALL:
+    def _check_sequence(self, sequence) -> int | str:
+        if isinstance(sequence, str) and sequence == ALL:
             return ALL
-        if isinstance(sequence, bool) or not isinstance(sequence, (int, np.integer)) or not 0 <= sequence < self.seqs.n:
-            raise ValueError(f"sequence must be None/-1 (mean of all) or an int in 0..{self.seqs.n - 1}, got {sequence!r}")
-        return int(sequence)
+        return check_int("sequence", sequence, 0, self.seqs.n - 1, hint=f" (or {ALL!r} for the mean of all)")
 
-    def losses(self, split: int | None = None, sequence: int | None = None) -> dict:
-        """analysis.compare_losses for one split over all sequences (sequence=None/-1) or one; cached."""
+    def losses(self, split: int | None = None, sequence: int | str | None = None) -> dict:
+        """analysis.compare_losses for one split over all sequences (sequence="all") or one; cached.
+        None keeps the current split / sequence."""
         split = self.split if split is None else self._check_split(split)
         seq = self.sequence if sequence is None else self._check_sequence(sequence)
         key = (split, seq)
@@ -72,7 +71,7 @@ class CompileCompare(W.VBox):
                                                 baseline=self.baseline)
         return self._cache[key]
 
-    def figure_for(self, split: int | None = None, sequence: int | None = None):
+    def figure_for(self, split: int | None = None, sequence: int | str | None = None):
         """The comparison as a static `go.Figure`."""
         split = self.split if split is None else self._check_split(split)
         seq = self.sequence if sequence is None else self._check_sequence(sequence)
@@ -86,8 +85,8 @@ class CompileCompare(W.VBox):
         return compare_figure(self.losses(split, seq), boundary=boundary, split=split, ylabel=ylabel,
                               height=self.height, title=f"Compile and compare · {what} · split s = {split}")
 
-    def show(self, split: int | None = None, sequence: int | None = None) -> None:
-        """Redraw for another split and/or sequence (-1: the mean over all)."""
+    def show(self, split: int | None = None, sequence: int | str | None = None) -> None:
+        """Redraw for another split and/or sequence ("all": the mean over all; None keeps the current)."""
         if split is not None:
             self.split = self._check_split(split)
         if sequence is not None:

@@ -10,6 +10,7 @@ go to the browser, so a saved notebook grows by the plotted points, not by ȳ.
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Any
@@ -18,11 +19,45 @@ import ipywidgets as W
 import numpy as np
 
 from .. import analysis as A
+from .._checks import (check_array, check_bool, check_choice, check_height, check_index, check_int,
+                       describe, is_number)
 from ..figures import color_spec, ybar_map_figure
 from ._base import figure_widget, html_status
+from .smoothness import _check_ybar
 
 AXIS_NAMES = {"pca": ("PC 1", "PC 2"), "umap": ("UMAP 1", "UMAP 2"), "tsne": ("t-SNE 1", "t-SNE 2")}
 METHOD_NAMES = {"pca": "PCA", "umap": "UMAP", "tsne": "t-SNE"}
+
+
+def _check_view_args(projection, background, max_points, projection_params, linked, height) -> dict:
+    """The explorer's own options (checked before any ȳ is collected) -> projection_params for every method."""
+    check_choice("projection", projection, A.PROJECTIONS)
+    check_choice("background", background, A.PROJECTIONS, allow_none=True)
+    check_int("max_points", max_points, 2, hint=" (points drawn)")
+    check_bool("linked", linked)
+    check_height("height", height)
+    want = f"None or a dict {{method: dict of keyword arguments}} with methods in {A.PROJECTIONS}"
+    if projection_params is None:
+        projection_params = {}
+    if not isinstance(projection_params, dict):
+        raise TypeError(f"projection_params must be {want}, got {describe(projection_params)}")
+    for method, kwargs in projection_params.items():
+        if method not in A.PROJECTIONS or not isinstance(kwargs, dict):
+            raise ValueError(f"projection_params must be {want}, got {{{method!r}: {describe(kwargs)}}}")
+    return {m: dict(projection_params.get(m, {})) for m in A.PROJECTIONS}
+
+
+def _check_pair(name: str, value) -> tuple[float, float]:
+    """A range (lo, hi) of two finite numbers, in either order."""
+    want = f"{name} must be a pair (lo, hi) of finite numbers, got {describe(value)}"
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+        raise TypeError(want)
+    if not all(is_number(v) for v in value):
+        raise TypeError(want)
+    lo, hi = (float(v) for v in value)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise ValueError(want)
+    return min(lo, hi), max(lo, hi)
 
 
 def explore(model, data, labels=None, *, positions: Any = "all", projection: str = "pca",
@@ -40,6 +75,8 @@ def explore(model, data, labels=None, *, positions: Any = "all", projection: str
     max_points cap on drawn points; beyond it a stratified subsample (by label, else by sequence) is drawn
     projection_params  {method: keyword arguments for its reducer}, e.g. {"umap": {"n_neighbors": 30}}
     """
+    A.require_cgt(model)
+    _check_view_args(projection, background, max_points, projection_params, linked, height)   # before the work
     seqs = A.prepare_sequences(model, data, labels, boundary, n_batches=n_batches, batch_size=batch_size, seed=seed)
     return Explorer(model, seqs, positions=positions, projection=projection, background=background,
                     color_by=color_by, max_points=max_points, seed=seed, linked=linked,
@@ -57,23 +94,12 @@ class Explorer(W.VBox):
         if not isinstance(sequences, A.Sequences):
             raise TypeError(f"sequences must be an analysis.Sequences (use cgt_viz.explore for raw data), "
                             f"got {type(sequences).__name__}")
-        for name, value in (("projection", projection), ("background", background)):
-            if value is not None and value not in A.PROJECTIONS:
-                raise ValueError(f"{name} must be one of {A.PROJECTIONS}{' or None' if name == 'background' else ''}, "
-                                 f"got {value!r}")
-        if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 2:
-            raise ValueError(f"max_points must be an int >= 2, got {max_points!r}")
-        params = dict(projection_params or {})
-        if any(m not in A.PROJECTIONS or not isinstance(v, dict) for m, v in params.items()):
-            raise ValueError(f"projection_params must map methods in {A.PROJECTIONS} to dicts of keyword arguments, "
-                             f"got {projection_params!r}")
-        self.projection_params = {m: params.get(m, {}) for m in A.PROJECTIONS}
+        self.projection_params = _check_view_args(projection, background, max_points, projection_params, linked,
+                                                  height)
         self.model, self.seqs, self.seed, self.positions = model, sequences, seed, positions
-        self.max_points, self._linked_enabled, self.height = max_points, linked, height
-        self.ybar_full = A.collect_ybar(model, sequences.inputs) if ybar is None else np.asarray(ybar, np.float32)
-        if self.ybar_full.shape[:2] != tuple(sequences.inputs.shape[:2]):
-            raise ValueError(f"ybar must have shape (n, t, d_y) matching the sequences {tuple(sequences.inputs.shape[:2])}, "
-                             f"got {self.ybar_full.shape}")
+        self.max_points, self._linked_enabled, self.height = int(max_points), bool(linked), int(height)
+        self.ybar_full = (A.collect_ybar(model, sequences.inputs) if ybar is None
+                          else _check_ybar(ybar, sequences, model))
         seq, pos = A.select_positions(sequences.lengths, positions, sequences.boundary)
         if len(seq) < 2:
             raise ValueError(f"data with positions={positions!r} gives {len(seq)} token; the explorer needs at "
@@ -98,8 +124,7 @@ class Explorer(W.VBox):
         self.color_options = self._color_options()
         if color_by is None:
             color_by = self.label_name if self.label_name in self.color_options else "position"
-        if color_by not in self.color_options:
-            raise ValueError(f"color_by must be one of {list(self.color_options)}, got {color_by!r}")
+        check_choice("color_by", color_by, self.color_options)
         self.color_by = color_by
 
         first = "pca"                           # always the first paint: instant; others follow when fitted
@@ -203,7 +228,7 @@ class Explorer(W.VBox):
             self._set_status(f"{METHOD_NAMES[method]} failed: {type(exc).__name__}: {exc}", "error")
             return
         self._set_status(f"{METHOD_NAMES[method]} ready ({time.perf_counter() - t0:.1f} s)"
-                         + ("" if self._wanted() == method else f" — pick it under Projection"), "ok")
+                         + ("" if self._wanted() == method else " — pick it under Projection"), "ok")
         if self._wanted() == method:
             self._show_projection(method)
 
@@ -212,8 +237,8 @@ class Explorer(W.VBox):
 
     def set_projection(self, method: str, wait: bool = False) -> None:
         """Show PCA, UMAP or t-SNE coordinates; fits (in the background unless wait=True) when not cached."""
-        if method not in A.PROJECTIONS:
-            raise ValueError(f"method must be one of {A.PROJECTIONS}, got {method!r}")
+        check_choice("method", method, A.PROJECTIONS)
+        check_bool("wait", wait)
         if self.projection_picker.value != method:
             self._syncing = True
             try:
@@ -256,8 +281,7 @@ class Explorer(W.VBox):
     # ------------------------------------------------------------------ colour
     def set_color(self, by: str) -> None:
         """Colour points by one of `color_options` (topic/label, position, document, excerpt half)."""
-        if by not in self.color_options:
-            raise ValueError(f"color_by must be one of {list(self.color_options)}, got {by!r}")
+        check_choice("color_by", by, self.color_options)   # the name explore() takes
         values, kind = self.color_options[by]
         spec = color_spec(values, by, kind)
         with self._lock, self.figure.batch_update():
@@ -276,25 +300,41 @@ class Explorer(W.VBox):
     # ------------------------------------------------------------------ selection
     def select(self, points) -> None:
         """Select drawn points by index (0..M−1); [] clears. Also what a box/lasso in the browser calls."""
-        idx = np.asarray(points, dtype=np.int64).reshape(-1)
-        if idx.size and (idx.min() < 0 or idx.max() >= len(self.points)):
-            raise ValueError(f"points must be indices in 0..{len(self.points) - 1}, got values in "
-                             f"[{idx.min()}, {idx.max()}]")
+        idx = self._check_points(points)
         self._selected = np.unique(idx)
         self._trace.selectedpoints = self._selected.tolist() if idx.size else None
         self._describe_selection()
 
+    def _check_points(self, points) -> np.ndarray:
+        """Indices of drawn points: a list/array of ints in 0..M−1 -> (k,) int64."""
+        m = len(self.points)
+        want = f"a list of point indices (ints in 0..{m - 1})"
+        if isinstance(points, (str, bytes, dict)) or not hasattr(points, "__len__"):
+            raise TypeError(f"points must be {want}, got {describe(points)}")
+        idx = np.asarray(points).reshape(-1)
+        if idx.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        if not np.issubdtype(idx.dtype, np.integer):
+            raise TypeError(f"points must be {want}, got {describe(points)}")
+        bad = idx[(idx < 0) | (idx >= m)]
+        if bad.size:
+            raise ValueError(f"points must be indices in 0..{m - 1}, got {describe(points)} "
+                             f"({bad.size} out of range, e.g. {int(bad[0])})")
+        return idx.astype(np.int64)
+
     def select_box(self, x: tuple[float, float], y: tuple[float, float]) -> None:
-        """Select the drawn points inside a rectangle of the current projection."""
+        """Select the drawn points inside a rectangle of the current projection; x, y: (lo, hi) ranges."""
+        (x0, x1), (y0, y1) = _check_pair("x", x), _check_pair("y", y)
         xy = self.coords
-        inside = (xy[:, 0] >= min(x)) & (xy[:, 0] <= max(x)) & (xy[:, 1] >= min(y)) & (xy[:, 1] <= max(y))
+        inside = (xy[:, 0] >= x0) & (xy[:, 0] <= x1) & (xy[:, 1] >= y0) & (xy[:, 1] <= y1)
         self.select(np.nonzero(inside)[0])
 
     def select_lasso(self, xs, ys) -> None:
         """Select the drawn points inside a polygon (vertices xs, ys) of the current projection."""
-        xs, ys = np.asarray(xs, float), np.asarray(ys, float)
-        if xs.shape != ys.shape or xs.ndim != 1 or len(xs) < 3:
-            raise ValueError(f"xs and ys must be two equal-length lists of >= 3 vertices, got {xs.shape} and {ys.shape}")
+        xs, ys = check_array("xs", xs, 1), check_array("ys", ys, 1)
+        if len(xs) < 3 or xs.shape != ys.shape:
+            raise ValueError(f"xs and ys must be two equal-length lists of >= 3 vertices, got shapes {xs.shape} "
+                             f"and {ys.shape}")
         px, py = self.coords[:, 0][:, None], self.coords[:, 1][:, None]
         x0, y0, x1, y1 = xs, ys, np.roll(xs, -1), np.roll(ys, -1)
         crosses = ((y0 > py) != (y1 > py)) & (px < (x1 - x0) * (py - y0) / np.where(y1 == y0, 1e-12, y1 - y0) + x0)
@@ -328,18 +368,18 @@ class Explorer(W.VBox):
 
     def open_point(self, point: int) -> None:
         """Open the linked views for the sequence of drawn point `point`, its token highlighted."""
-        if not 0 <= int(point) < len(self.points):
-            raise ValueError(f"point must be in 0..{len(self.points) - 1}, got {point}")
+        point = check_index("point", point, len(self.points))
         self.open_sequence(int(self.points.seq[point]), int(self.points.pos[point]))
 
     def open_sequence(self, sequence: int, position: int | None = None) -> None:
         """Show the smoothness strip and the template inspector of one sequence below the map."""
+        sequence = check_index("sequence", sequence, self.seqs.n)
+        position = check_int("position", position, 0, int(self.seqs.lengths[sequence]) - 1, allow_none=True,
+                             hint=f" (a token of sequence {sequence})")
         if not self._linked_enabled:
             return
         from .smoothness import SmoothnessStrip
         from .templates import TemplateInspector
-        if not 0 <= int(sequence) < self.seqs.n:
-            raise ValueError(f"sequence must be in 0..{self.seqs.n - 1}, got {sequence}")
         if self._strip is None:
             self._strip = SmoothnessStrip(self.model, self.seqs, ybar=self.ybar_full, sequence=sequence,
                                           highlight=position)

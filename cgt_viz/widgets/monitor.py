@@ -15,6 +15,7 @@ import time
 import ipywidgets as W
 import numpy as np
 
+from .._checks import check_bool, check_float, check_height, check_int
 from ..analysis import NOT_PLOTTED
 from ..figures import thin, training_curves_figure
 from ._base import figure_widget, html_status, replace_figure
@@ -27,12 +28,10 @@ class TrainingMonitor(W.VBox):
 
     def __init__(self, *, min_interval: float = 0.5, log_y: bool = True, max_points: int = 2000,
                  title: str = "Training", height: int = 460):
-        if isinstance(min_interval, bool) or not isinstance(min_interval, (int, float)) or min_interval < 0:
-            raise ValueError(f"min_interval must be a number of seconds >= 0, got {min_interval!r}")
-        if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 2:
-            raise ValueError(f"max_points must be an int >= 2, got {max_points!r}")
-        self.min_interval, self.log_y, self.max_points = float(min_interval), log_y, max_points
-        self.title, self.height = title, height
+        self.min_interval = check_float("min_interval", min_interval, 0, hint=" (seconds between redraws)")
+        self.log_y = check_bool("log_y", log_y)
+        self.max_points = check_int("max_points", max_points, 2, hint=" (points drawn per curve)")
+        self.title, self.height = title, check_height("height", height)
         self.records: list[dict] = []
         self._steps: dict[str, tuple[list, list]] = {}
         self._evals: dict[str, tuple[list, list]] = {}

@@ -9,6 +9,7 @@ import ipywidgets as W
 import numpy as np
 
 from .. import analysis as A
+from .._checks import check_array, check_height, check_index, check_int
 from ..figures import smoothness_figure
 from ._base import figure_widget, replace_figure
 
@@ -21,17 +22,25 @@ def sequences_of(model, data, labels=None, boundary=None, **prepare_kw) -> A.Seq
 
 
 def boundary_of(seqs: A.Sequences, i: int) -> int | None:
-    """The excerpt boundary of row i: given, else where the per-token label first changes, else None."""
+    """The excerpt boundary of row i among its input positions: given, else where the per-token label first
+    changes, else None (also when the second excerpt starts only in the targets, boundary == length)."""
+    length = int(seqs.lengths[i])
     if seqs.boundary is not None and seqs.boundary[i] >= 0:
-        return int(seqs.boundary[i])
+        b = int(seqs.boundary[i])
+        return b if b < length else None
     labels = None if seqs.token_labels is None else seqs.token_labels[i]
-    return A.label_boundary(labels, int(seqs.lengths[i]))
+    return A.label_boundary(labels, length)
 
 
-def check_index(name: str, value, n: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < n:
-        raise ValueError(f"{name} must be an int in 0..{n - 1}, got {value!r}")
-    return int(value)
+def _check_ybar(ybar, seqs: A.Sequences, model) -> np.ndarray:
+    """Precomputed ȳ of `seqs`: (n, t, d_y) as float32 (no copy when it already is)."""
+    want = (seqs.n, seqs.t, model.config.d_y)
+    if not (isinstance(ybar, np.ndarray) and ybar.dtype == np.float32):
+        ybar = check_array("ybar", ybar, range(8), finite=False, what="(n, t, d_y)")
+    if ybar.shape != want:
+        raise ValueError(f"ybar must have shape (n, t, d_y) = {want} (the sequences and the model's d_y), "
+                         f"got shape {ybar.shape}")
+    return ybar.astype(np.float32)
 
 
 class SmoothnessStrip(W.VBox):
@@ -48,12 +57,12 @@ class SmoothnessStrip(W.VBox):
                                  f"vocab_size {other.config.vocab_size} vs {model.config.vocab_size}")
         if not (isinstance(names, (tuple, list)) and len(names) == 2 and all(isinstance(s, str) for s in names)):
             raise ValueError(f"names must be two strings (model, other), got {names!r}")
-        self.model, self.other, self.names, self.height = model, other, tuple(names), height
+        self.model, self.other, self.names, self.height = model, other, tuple(names), check_height("height", height)
         self.seqs = sequences_of(model, data, labels, boundary, **prepare_kw)
-        self.ybar = A.collect_ybar(model, self.seqs.inputs) if ybar is None else ybar
-        self.ybar_other = None if other is None else A.collect_ybar(other, self.seqs.inputs)
         self.sequence = check_index("sequence", sequence, self.seqs.n)
-        self.highlight = highlight
+        self.highlight = self._check_highlight(highlight, self.sequence)
+        self.ybar = A.collect_ybar(model, self.seqs.inputs) if ybar is None else _check_ybar(ybar, self.seqs, model)
+        self.ybar_other = None if other is None else A.collect_ybar(other, self.seqs.inputs)
         self.figure = figure_widget(self.figure_for(self.sequence, highlight))
         self.picker = W.BoundedIntText(value=self.sequence, min=0, max=self.seqs.n - 1, description="sequence",
                                        layout=W.Layout(width="180px"))
@@ -61,9 +70,15 @@ class SmoothnessStrip(W.VBox):
         self.picker.observe(self._on_pick, names="value")
         super().__init__([W.HBox([self.picker, W.HTML(f"<small>{self.seqs.n} sequences</small>")]), self.figure])
 
+    def _check_highlight(self, highlight, sequence: int) -> int | None:
+        """None or a token position of `sequence`."""
+        return check_int("highlight", highlight, 0, int(self.seqs.lengths[sequence]) - 1, allow_none=True,
+                         hint=f" (a token of sequence {sequence})")
+
     def figure_for(self, sequence: int, highlight: int | None = None):
         """The strip of one sequence as a static `go.Figure`."""
         i = check_index("sequence", sequence, self.seqs.n)
+        highlight = self._check_highlight(highlight, i)
         length = int(self.seqs.lengths[i])
         overlay = None if self.ybar_other is None else {self.names[1]: self.ybar_other[i, :length]}
         return smoothness_figure(self.ybar[i, :length], self.seqs.token_text[i], boundary=boundary_of(self.seqs, i),
@@ -73,8 +88,9 @@ class SmoothnessStrip(W.VBox):
 
     def show(self, sequence: int, highlight: int | None = None) -> None:
         """Draw another sequence (and highlight one of its tokens)."""
-        self.sequence = check_index("sequence", sequence, self.seqs.n)
-        self.highlight = highlight
+        sequence = check_index("sequence", sequence, self.seqs.n)
+        self.highlight = self._check_highlight(highlight, sequence)
+        self.sequence = sequence
         replace_figure(self.figure, self.figure_for(self.sequence, highlight))
         if self.picker.value != self.sequence:
             self._syncing = True

@@ -11,9 +11,10 @@ import ipywidgets as W
 import numpy as np
 
 from .. import analysis as A
+from .._checks import check_height, check_index, check_int
 from ..figures import template_figure
 from ._base import figure_widget, html_status, replace_figure
-from .smoothness import boundary_of, check_index, sequences_of
+from .smoothness import _check_ybar, boundary_of, sequences_of
 
 
 class TemplateInspector(W.VBox):
@@ -24,9 +25,8 @@ class TemplateInspector(W.VBox):
                  boundary=None, ybar: np.ndarray | None = None, ablation_sequences: int = 32, height: int = 620,
                  **prepare_kw):
         A.require_cgt(model)
-        if isinstance(ablation_sequences, bool) or not isinstance(ablation_sequences, int) or ablation_sequences < 1:
-            raise ValueError(f"ablation_sequences must be an int >= 1, got {ablation_sequences!r}")
-        self.model, self.height, self.ablation_sequences = model, height, ablation_sequences
+        ablation_sequences = check_int("ablation_sequences", ablation_sequences, 1)
+        self.model, self.height, self.ablation_sequences = model, check_height("height", height), ablation_sequences
         self.sites = [f"{layer}.{name}" for layer, name in model.template_sites]
         self.site = "{}.{}".format(*A.parse_site(model, site if site is not None else self.sites[0]))
         self._ablation: dict[str, np.ndarray] = {}
@@ -56,7 +56,7 @@ class TemplateInspector(W.VBox):
     def set_data(self, seqs: A.Sequences, ybar: np.ndarray | None = None, redraw: bool = True) -> None:
         """Replace the sequences (and their ȳ); cached per-label means and ablations are dropped."""
         self.seqs = seqs
-        self.ybar = A.collect_ybar(self.model, seqs.inputs) if ybar is None else np.asarray(ybar, np.float32)
+        self.ybar = A.collect_ybar(self.model, seqs.inputs) if ybar is None else _check_ybar(ybar, seqs, self.model)
         self._means: dict[str, tuple[list, np.ndarray]] = {}
         self._ablation.clear()
         if redraw:
