@@ -5,6 +5,7 @@ Used by `cgt_viz.analysis` (re-exported there) and the widgets. Shapes: n sequen
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -12,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ._checks import describe, is_int
 from .model import IGNORE_INDEX
 from .tasks.tokenizer import ByteTokenizer
 
@@ -23,6 +25,46 @@ def require_cgt(model: Any, name: str = "model") -> None:
             and callable(getattr(model, "run_with_cache", None)) and hasattr(model, "templates")):
         raise TypeError(f"{name} must be a CGT (a model with a y stream and a context summary ȳ), got "
                         f"{type(model).__name__}; a plain GPT has no ȳ to show — train or load a CGT")
+
+
+def check_task_fits(model: Any, task: Any, name: str = "task", *, needs: str = "get_batch") -> None:
+    """TypeError unless `task` is a task object with the method `needs`; ValueError unless its sequences fit the
+    model (same mode, tokens < vocab_size or the same input/output dims, block_size no longer than the model's)."""
+    if not callable(getattr(task, needs, None)) or not callable(getattr(task, "config_kwargs", None)):
+        raise TypeError(f"{name} must be a task with {needs}() and config_kwargs() (e.g. make_task('icl')), "
+                        f"got {describe(task)}")
+    try:
+        want, cfg = task.config_kwargs(), model.config
+    except NotImplementedError:   # a custom task that does not say what it fixes: nothing to compare
+        return
+    if "vocab_size" in want:
+        gives = f"tokens (vocab_size={want['vocab_size']})"
+    else:
+        gives = f"vectors (input_dim={want.get('input_dim')}, output_dim={want.get('output_dim')})"
+    reads = (f"tokens (vocab_size={cfg.vocab_size})" if cfg.mode == "tokens"
+             else f"vectors (input_dim={cfg.input_dim}, output_dim={cfg.output_dim})")
+    fits = (cfg.mode == "tokens" and "vocab_size" in want and want["vocab_size"] <= cfg.vocab_size) or \
+           (cfg.mode != "tokens" and "vocab_size" not in want and want.get("input_dim") == cfg.input_dim
+            and want.get("output_dim") == cfg.output_dim)
+    if not fits:
+        raise ValueError(f"{name} does not fit the model: {type(task).__name__} gives {gives} but the model reads "
+                         f"{reads}; pass the task the model was trained on")
+    if want.get("block_size", 0) > cfg.block_size:
+        raise ValueError(f"{name} does not fit the model: {type(task).__name__} has block_size={want['block_size']} "
+                         f"but the model only takes {cfg.block_size} positions; the task's block_size must be "
+                         f"<= {cfg.block_size}")
+
+
+def require_text_task(task: Any, name: str = "task") -> None:
+    """TypeError unless `task` is a text task: one whose get_batch takes `boundary` (e.g. TextMixture)."""
+    get_batch = getattr(task, "get_batch", None)
+    try:
+        takes = callable(get_batch) and "boundary" in inspect.signature(get_batch).parameters
+    except (TypeError, ValueError):
+        takes = False
+    if not takes:
+        raise TypeError(f"{name} must be a text task (one whose get_batch takes boundary, e.g. TextMixture), "
+                        f"got {describe(task)}")
 
 
 def _device(model: torch.nn.Module) -> torch.device:
@@ -161,10 +203,10 @@ def _check_labels(labels: Any, lengths: np.ndarray, t: int) -> np.ndarray | None
         labels = labels.detach().cpu().numpy()
     if isinstance(labels, (str, bytes)) or not hasattr(labels, "__len__"):
         raise TypeError(f"labels must be a sequence with one label per sequence ({n}) or per token ({n}, t), "
-                        f"got {type(labels).__name__}")
+                        f"got {describe(labels)}")
     if len(labels) != n:
         raise ValueError(f"labels must have one entry per sequence (n = {n}) or shape (n, t) = ({n}, {t}); "
-                         f"got {len(labels)} entries")
+                         f"got {len(labels)} entries ({describe(labels)})")
     out = np.empty((n, t), dtype=object)
     for i, lab in enumerate(labels):
         if isinstance(lab, (str, bytes)) or np.ndim(lab) == 0:
@@ -178,15 +220,30 @@ def _check_labels(labels: Any, lengths: np.ndarray, t: int) -> np.ndarray | None
     return out
 
 
-def _check_boundary(boundary: Any, n: int) -> np.ndarray | None:
+def _check_boundary(boundary: Any, lengths: np.ndarray) -> np.ndarray | None:
+    """boundary: None, one int for every row, or one int per row: the first position of the second excerpt,
+    in 0..length (length: it starts in the targets only), or −1 for a row without one -> (n,) int64."""
     if boundary is None:
         return None
-    b = np.asarray(boundary.detach().cpu() if isinstance(boundary, torch.Tensor) else boundary)
-    if np.ndim(b) == 0:
-        b = np.full(n, int(b))
-    if b.shape != (n,) or not np.issubdtype(b.dtype, np.integer):
-        raise ValueError(f"boundary must be an int or {n} ints (one per sequence), got shape {b.shape} {b.dtype}")
-    return b.astype(np.int64)
+    n = len(lengths)
+    if isinstance(boundary, torch.Tensor):
+        boundary = boundary.detach().cpu().numpy()
+    if is_int(boundary):
+        b = np.full(n, int(boundary), dtype=np.int64)
+    else:
+        b = np.asarray(boundary) if not isinstance(boundary, (str, bytes)) else np.asarray(None)
+        if not np.issubdtype(b.dtype, np.integer):
+            raise TypeError(f"boundary must be an int or {n} ints (one per sequence), got {describe(boundary)}")
+        b = np.full(n, int(b)) if b.ndim == 0 else b
+        if b.shape != (n,):
+            raise ValueError(f"boundary must be an int or {n} ints (one per sequence), got {describe(boundary)}")
+        b = b.astype(np.int64)
+    bad = (b != -1) & ((b < 0) | (b > lengths))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"boundary must be -1 (none) or a position in 0..length (the first token of the second "
+                         f"excerpt), got {int(b[i])} for sequence {i} of length {int(lengths[i])}")
+    return b
 
 
 def prepare_sequences(model, data, labels=None, boundary=None, *, n_batches: int = 4, batch_size: int = 32,
@@ -206,6 +263,7 @@ def prepare_sequences(model, data, labels=None, boundary=None, *, n_batches: int
     token_labels_from_data = None
     targets = loss_mask = None
     if isinstance(data, Task):
+        check_task_fits(model, data, "data")
         task = data
         g = torch.Generator().manual_seed(seed)
         batches = [data.get_batch(batch_size, part=part, generator=g) for _ in range(n_batches)]
@@ -281,5 +339,5 @@ def prepare_sequences(model, data, labels=None, boundary=None, *, n_batches: int
         token_labels, label_name = token_labels_from_data, "topic"
     if targets is not None and tuple(targets.shape[:2]) != (n, t):
         raise ValueError(f"targets have shape {tuple(targets.shape)} but data has (n, t) = ({n}, {t})")
-    return Sequences(inputs, lengths, text, token_labels, _check_boundary(boundary, n), targets, loss_mask, joiner,
+    return Sequences(inputs, lengths, text, token_labels, _check_boundary(boundary, lengths), targets, loss_mask, joiner,
                      label_name)
