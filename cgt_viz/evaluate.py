@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ._checks import check_array, check_choice, check_float, check_int, describe, is_int, is_number
 from .model import CGT, GPT, per_position_loss
-from .sequences import eval_mode
+from .sequences import check_task_fits, eval_mode, require_text_task
 
 
 MODES = ("prompted", "specialized", "no_context", "baseline")
@@ -38,6 +39,15 @@ MODES = ("prompted", "specialized", "no_context", "baseline")
 # ---------------------------------------------------------------------------- small helpers
 def gap_closed(loss_no_context: float, loss_specialized: float, loss_prompted: float, eps: float = 1e-8) -> float:
     """G = (L_nc − L_spec) / (L_nc − L_prompt); NaN when the prompt does not help (denominator ≤ eps)."""
+    for name, value in (("loss_no_context", loss_no_context), ("loss_specialized", loss_specialized),
+                        ("loss_prompted", loss_prompted)):
+        check_float(name, value)
+    check_float("eps", eps, 0.0)
+    return _gap(float(loss_no_context), float(loss_specialized), float(loss_prompted), eps)
+
+
+def _gap(loss_no_context: float, loss_specialized: float, loss_prompted: float, eps: float = 1e-8) -> float:
+    """gap_closed without the checks: NaN in (e.g. accuracy of a vectors task) gives NaN out."""
     denom = loss_no_context - loss_prompted
     if not math.isfinite(denom) or denom <= eps:
         return float("nan")
@@ -54,21 +64,28 @@ def _per_position(cfg, out: torch.Tensor, targets: torch.Tensor) -> tuple[torch.
     return loss, (out.argmax(-1) == targets) if cfg.mode == "tokens" else None
 
 
-def _check_k_values(k_values: Any) -> tuple[int, ...]:
-    if isinstance(k_values, int):
+def _check_k_values(k_values: Any, task) -> tuple[int, ...]:
+    """An int >= 1 or a non-empty sequence of them, each a prompt size the task can build."""
+    want = "an int >= 1 or a non-empty list of ints >= 1"
+    if is_int(k_values):
         k_values = (k_values,)
-    try:
-        ks = tuple(k_values)
-    except TypeError:
-        raise TypeError(f"k_values must be an int or a sequence of ints, got {type(k_values).__name__}") from None
-    if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
-        raise ValueError(f"k_values must be a non-empty sequence of ints >= 1, got {k_values!r}")
-    return ks
+    if isinstance(k_values, (str, bytes)) or not isinstance(k_values, Iterable):
+        raise TypeError(f"k_values must be {want}, got {describe(k_values)}")
+    ks = tuple(k_values)
+    if not all(is_int(k) for k in ks):
+        raise TypeError(f"k_values must be {want}, got {describe(k_values)}")
+    if not ks or min(ks) < 1:
+        raise ValueError(f"k_values must be {want}, got {list(ks)}")
+    for k in ks:   # one row per k: the task says whether k demonstrations fit its sequences
+        try:
+            task.eval_batch(int(k), 1, generator=torch.Generator().manual_seed(0))
+        except ValueError as err:
+            raise ValueError(f"k_values must be prompt sizes this task can build, got {list(ks)}: {err}") from None
+    return tuple(int(k) for k in ks)
 
 
-def _check_positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+def _check_positive(name: str, value: Any) -> int:
+    return check_int(name, value, 1)
 
 
 # ---------------------------------------------------------------------------- the comparison
@@ -88,14 +105,20 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
     on accuracy), and spec_merge_max_diff (max |logit difference| of the merged check, NaN if skipped).
     """
     if not isinstance(model, CGT):
-        raise TypeError(f"model must be a CGT, got {type(model).__name__}")
-    if baseline is not None and not isinstance(baseline, GPT):
-        raise TypeError(f"baseline must be a GPT or None, got {type(baseline).__name__}")
-    ks = _check_k_values(k_values)
+        raise TypeError(f"model must be a CGT, got {describe(model)}")
+    if baseline is not None:
+        if not isinstance(baseline, GPT):
+            raise TypeError(f"baseline must be a GPT or None, got {describe(baseline)}")
+        check_task_fits(baseline, task, needs="eval_batch")
+        for field in ("mode", "vocab_size", "input_dim", "output_dim"):
+            if getattr(baseline.config, field) != getattr(model.config, field):
+                raise ValueError(f"baseline must read and predict what the model does: its {field} is "
+                                 f"{getattr(baseline.config, field)!r}, the model's {getattr(model.config, field)!r}")
     _check_positive("n_batches", n_batches)
     _check_positive("batch_size", batch_size)
-    if not hasattr(task, "eval_batch"):
-        raise TypeError(f"task must provide eval_batch(k, batch_size, generator, device); {type(task).__name__} does not")
+    check_int("seed", seed, 0)
+    check_task_fits(model, task, needs="eval_batch")
+    ks = _check_k_values(k_values, task)
     cfg, device = model.config, _device_of(model)
     x_only = model.x_only().eval()
     rows, merge_diff = [], float("nan")
@@ -134,9 +157,9 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
                 have = mode != "baseline" or baseline is not None
                 row[f"loss_{mode}"] = sums[mode][0] / n_scored if have else float("nan")
                 row[f"acc_{mode}"] = sums[mode][1] / n_scored if (have and cfg.mode == "tokens") else float("nan")
-            row["gap_closed"] = gap_closed(row["loss_no_context"], row["loss_specialized"], row["loss_prompted"])
+            row["gap_closed"] = _gap(row["loss_no_context"], row["loss_specialized"], row["loss_prompted"])
             # the same ratio on accuracy (higher is better, so the signs flip)
-            row["gap_closed_acc"] = gap_closed(-row["acc_no_context"], -row["acc_specialized"], -row["acc_prompted"])
+            row["gap_closed_acc"] = _gap(-row["acc_no_context"], -row["acc_specialized"], -row["acc_prompted"])
             row["spec_merge_max_diff"] = merge_diff
             rows.append(row)
     return rows
@@ -144,7 +167,19 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
 
 # ---------------------------------------------------------------------------- statistics over seeds
 def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
-    """Mean and half-width of the t-interval at `level` (half-width NaN for fewer than 2 finite values)."""
+    """Mean and half-width of the t-interval at `level` (half-width NaN for fewer than 2 finite values).
+
+    values: numbers; None, NaN and inf are skipped (e.g. a column that is NaN without a baseline)."""
+    check_float("level", level, 0.0, 1.0, lo_open=True, hi_open=True)
+    if isinstance(values, (torch.Tensor, np.ndarray)):
+        values = np.asarray(values.detach().cpu() if isinstance(values, torch.Tensor) else values).ravel().tolist()
+    if isinstance(values, (str, bytes, dict)) or not isinstance(values, Iterable):
+        raise TypeError(f"values must be a sequence of numbers, got {describe(values)}")
+    values = list(values)
+    odd = [v for v in values if v is not None and not is_number(v)]
+    if odd:
+        raise TypeError(f"values must be a sequence of numbers (None and NaN are skipped), got {describe(odd[0])} "
+                        f"among them")
     arr = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float)
     if arr.size == 0:
         return float("nan"), float("nan")
@@ -162,11 +197,14 @@ def seeds_summary(runs: Sequence[Sequence[dict]], by: str = "k", level: float = 
     Returns one row per value of `by`: `by`, n_seeds, and for each numeric column c, c_mean and c_ci95
     (the half-width of the `level` t-interval; the name keeps "ci95" whatever the level).
     """
-    if not runs or any(not isinstance(r, (list, tuple)) for r in runs):
-        raise ValueError("runs must be a non-empty list with one list of rows per seed")
+    if not isinstance(runs, (list, tuple)) or not runs or any(not isinstance(r, (list, tuple)) for r in runs):
+        raise TypeError(f"runs must be a non-empty list with one list of rows (dicts) per seed, got {describe(runs)}")
+    check_float("level", level, 0.0, 1.0, lo_open=True, hi_open=True)
     groups: dict[Any, list[dict]] = {}
     for rows in runs:
         for row in rows:
+            if not isinstance(row, dict):
+                raise TypeError(f"runs must hold lists of rows (dicts), got a row {describe(row)}")
             if by not in row:
                 raise ValueError(f"every row needs the column by={by!r}; got a row with {sorted(row)}")
             groups.setdefault(row[by], []).append(row)
@@ -190,8 +228,13 @@ def collect_summaries(model: CGT, task, k: int = 8, n_batches: int = 4, batch_si
 
     Returns features (n, d_y) and targets: task_params (n, 2) for icl, w (n, dim) for regression.
     """
+    if not isinstance(model, CGT):
+        raise TypeError(f"model must be a CGT, got {describe(model)}")
     _check_positive("k", k)
     _check_positive("n_batches", n_batches)
+    _check_positive("batch_size", batch_size)
+    check_int("seed", seed, 0)
+    check_task_fits(model, task, needs="eval_batch")
     device, gen = _device_of(model), torch.Generator().manual_seed(seed)
     feats, targets = [], []
     with eval_mode(model):
@@ -211,25 +254,31 @@ def linear_probe(features, targets, kind: str = "auto", test_fraction: float = 0
 
     features (n, e); targets (n,) or (n, m). kind "classification" (logistic regression, accuracy per
     column, chance = share of the most common value), "regression" (ridge, R² per column), or "auto"
-    (integer targets -> classification). Returns {"kind", "scores": [per column], "chance": [...], "mean"}.
+    (float targets -> regression, anything else -> classification). features must be finite, with at
+    least 8 rows; test_fraction in (0, 1) must leave at least 2 rows for training. Returns {"kind", "scores": [per column], "chance": [...], "mean"}.
     """
     from sklearn.linear_model import LogisticRegression, RidgeCV
     from sklearn.model_selection import train_test_split
     from sklearn.preprocessing import StandardScaler
 
-    X = np.asarray(features, dtype=float)
-    Y = np.asarray(targets)
+    X = check_array("features", features, 2, min_rows=8, what="2-D (n, e)")
+    Y = _labels_array("targets", targets, (1, 2))
     if Y.ndim == 1:
         Y = Y[:, None]
-    if X.ndim != 2 or Y.ndim != 2 or X.shape[0] != Y.shape[0]:
+    if X.shape[0] != Y.shape[0]:
         raise ValueError(f"features must be (n, e) and targets (n,) or (n, m) with the same n; "
-                         f"got {X.shape} and {np.asarray(targets).shape}")
-    if X.shape[0] < 8:
-        raise ValueError(f"features has {X.shape[0]} rows; a probe needs at least 8")
+                         f"got {X.shape} and {np.shape(targets)}")
+    check_choice("kind", kind, ("auto", "classification", "regression"))
+    check_float("test_fraction", test_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
+    n_test = math.ceil(test_fraction * X.shape[0])       # how train_test_split rounds
+    if X.shape[0] - n_test < 2:
+        raise ValueError(f"test_fraction must leave at least 2 of the {X.shape[0]} rows for training, "
+                         f"got {test_fraction}")
+    check_int("seed", seed, 0)
     if kind == "auto":
-        kind = "classification" if np.issubdtype(Y.dtype, np.integer) else "regression"
-    if kind not in ("classification", "regression"):
-        raise ValueError(f"kind must be 'auto', 'classification' or 'regression', got {kind!r}")
+        kind = "regression" if np.issubdtype(Y.dtype, np.floating) else "classification"   # ints, bools, strings
+    if kind == "regression" and not np.issubdtype(Y.dtype, np.number):
+        raise TypeError(f"targets must be numbers for a regression probe, got dtype {Y.dtype}")
     idx_train, idx_test = train_test_split(np.arange(X.shape[0]), test_size=test_fraction, random_state=seed)
     scaler = StandardScaler().fit(X[idx_train])
     Xtr, Xte = scaler.transform(X[idx_train]), scaler.transform(X[idx_test])
@@ -252,17 +301,44 @@ def linear_probe(features, targets, kind: str = "auto", test_fraction: float = 0
 
 def smoothness_stats(ybar) -> dict[str, float]:
     """Token-to-token change of ȳ: ybar (t, e) or (b, t, e) -> mean ‖ȳ_t − ȳ_{t−1}‖ and mean cosine."""
-    y = torch.as_tensor(np.asarray(ybar) if not isinstance(ybar, torch.Tensor) else ybar).float()
+    y = torch.from_numpy(check_array("ybar", ybar, (2, 3), what="(t, e) or (b, t, e)")).float()
     if y.dim() == 2:
         y = y[None]
-    if y.dim() != 3 or y.shape[1] < 2:
-        raise ValueError(f"ybar must be (t, e) or (b, t, e) with t >= 2, got shape {tuple(y.shape)}")
+    if y.shape[1] < 2:
+        raise ValueError(f"ybar must be (t, e) or (b, t, e) with t >= 2 positions, got shape {tuple(y.shape)}")
     prev, cur = y[:, :-1], y[:, 1:]
     return {"mean_step_norm": float((cur - prev).norm(dim=-1).mean()),
             "mean_cosine": float(F.cosine_similarity(cur, prev, dim=-1).mean())}
 
 
+def _labels_array(name: str, values: Any, ndim: int | tuple[int, ...]) -> np.ndarray:
+    """Class labels or targets (numbers or strings) as an array with ndim dimensions and no NaN."""
+    dims = (ndim,) if isinstance(ndim, int) else ndim
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu().numpy()
+    if isinstance(values, (str, bytes, dict)) or values is None or not hasattr(values, "__len__"):
+        raise TypeError(f"{name} must be an array of shape {' or '.join('(n,)' if d == 1 else '(n, m)' for d in dims)}, "
+                        f"got {describe(values)}")
+    arr = np.asarray(values)
+    if arr.ndim not in dims or arr.dtype == object:
+        raise ValueError(f"{name} must be an array of shape {' or '.join('(n,)' if d == 1 else '(n, m)' for d in dims)}, "
+                         f"got shape {arr.shape} and dtype {arr.dtype}")
+    if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
+        raise ValueError(f"{name} must be finite, got {int((~np.isfinite(arr)).sum())} NaN or inf value(s)")
+    return arr
+
+
 # ---------------------------------------------------------------------------- text
+def _check_text_call(model, task, n_batches, batch_size, seed) -> None:
+    if not isinstance(model, CGT):
+        raise TypeError(f"model must be a CGT, got {describe(model)}")
+    require_text_task(task)
+    check_task_fits(model, task)
+    _check_positive("n_batches", n_batches)
+    _check_positive("batch_size", batch_size)
+    check_int("seed", seed, 0)
+
+
 @torch.no_grad()
 def text_position_curves(model: CGT, task, split: int | None = None, boundary: int | None = None,
                          n_batches: int = 4, batch_size: int = 32, seed: int = 0, part: str = "val") -> dict[str, Any]:
@@ -274,11 +350,11 @@ def text_position_curves(model: CGT, task, split: int | None = None, boundary: i
     same positions. Returns positions (m,) (absolute, split..t−1), loss_prompted/specialized/no_context (m,)
     means over rows, plus split, boundary and n_rows.
     """
+    _check_text_call(model, task, n_batches, batch_size, seed)
     t = task.block_size
-    boundary = t // 2 if boundary is None else boundary
+    boundary = t // 2 if boundary is None else check_int("boundary", boundary, 1, t - 1)
     split = boundary // 2 if split is None else split
-    if isinstance(split, bool) or not isinstance(split, int) or not 1 <= split < t:
-        raise ValueError(f"split must be an int in 1..{t - 1}, got {split!r}")
+    check_int("split", split, 1, t - 1)
     device, gen = _device_of(model), torch.Generator().manual_seed(seed)
     x_only = model.x_only().eval()
     sums = {m: torch.zeros(t - split) for m in ("prompted", "specialized", "no_context")}
@@ -305,6 +381,7 @@ def collect_excerpt_ends(model: CGT, task, n_batches: int = 8, batch_size: int =
     """ȳ at the last token of each excerpt (boundary − 1 with topic A, t − 1 with topic B).
 
     Returns features (2n, d_y) and topic labels (2n,)."""
+    _check_text_call(model, task, n_batches, batch_size, seed)
     device, gen = _device_of(model), torch.Generator().manual_seed(seed)
     feats, labels = [], []
     with eval_mode(model):
@@ -322,17 +399,24 @@ def knn_topic_accuracy(features, labels, n_neighbors: int = 5, folds: int = 5, s
 
     Any class labels work: topics of text excerpts, or an ICL task id a·P + b, which shows whether ȳ
     identifies the task even where a linear probe of a alone is weak (ȳ tends to code the answer table).
+    folds must be in 2..(size of the smallest class) and n_neighbors at most the rows of a training fold.
     """
     from sklearn.model_selection import StratifiedKFold, cross_val_score
     from sklearn.neighbors import KNeighborsClassifier
 
-    X, y = np.asarray(features, dtype=float), np.asarray(labels)
-    if X.ndim != 2 or y.ndim != 1 or X.shape[0] != y.shape[0]:
-        raise ValueError(f"features must be (n, e) and labels (n,); got {X.shape} and {y.shape}")
+    X = check_array("features", features, 2, what="2-D (n, e)")
+    y = _labels_array("labels", labels, 1)
+    if X.shape[0] != y.shape[0]:
+        raise ValueError(f"features must be (n, e) and labels (n,) with the same n; got {X.shape} and {y.shape}")
     _, counts = np.unique(y, return_counts=True)
-    folds = min(folds, int(counts.min()))
-    if folds < 2:
-        raise ValueError("labels needs at least 2 examples of every class for cross-validation")
+    if counts.min() < 2:
+        raise ValueError(f"labels must have at least 2 examples of every class for cross-validation; the "
+                         f"smallest class has {int(counts.min())}")
+    check_int("folds", folds, 2, int(counts.min()), hint=" (folds <= the size of the smallest class)")
+    check_int("seed", seed, 0)
+    # the smallest training fold: every class gives up at most ceil(count / folds) rows to the test fold
+    n_train = int(X.shape[0] - np.ceil(counts / folds).sum())
+    check_int("n_neighbors", n_neighbors, 1, n_train, hint=f" (the rows of a training fold with folds={folds})")
     clf = KNeighborsClassifier(n_neighbors=n_neighbors, metric="cosine")
     cv = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
     return float(cross_val_score(clf, X, y, cv=cv).mean())
