@@ -16,8 +16,9 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
+from ._checks import check_array, check_choice, check_float, check_int, describe, is_int
 from .layers import SITE_WEIGHTS
-from .model import per_position_loss
+from .model import GPT, per_position_loss, validate_inputs
 from .sequences import (IGNORE_INDEX, ByteTokenizer, Sequences, _device, concat_sequences, eval_mode,  # noqa: F401
                         label_boundary, model_task, prepare_sequences, require_cgt, token_strings)
 
@@ -29,6 +30,8 @@ PROJECTIONS = ("pca", "umap", "tsne")
 def collect_ybar(model, inputs: torch.Tensor, batch_size: int = 64) -> np.ndarray:
     """ȳ at every position: inputs (n, t) -> (n, t, e) float32, in chunks of batch_size sequences."""
     require_cgt(model)
+    inputs = validate_inputs(model.config, inputs, "inputs")
+    check_int("batch_size", batch_size, 1)
     dev = _device(model)
     with eval_mode(model):
         chunks = [model.context(inputs[i:i + batch_size].to(dev)).float().cpu()
@@ -40,10 +43,14 @@ def collect_ybar(model, inputs: torch.Tensor, batch_size: int = 64) -> np.ndarra
 def collect_cache(model, inputs: torch.Tensor, names: Sequence[str], batch_size: int = 64) -> dict[str, np.ndarray]:
     """The named outputs of `run_with_cache` (e.g. "ybar", "coeffs.3.attn_in"): {name: (n, t, ...)}."""
     require_cgt(model)
+    inputs = validate_inputs(model.config, inputs, "inputs")
+    check_int("batch_size", batch_size, 1)
     allowed = model.cache_names()
-    unknown = [nm for nm in names if nm not in allowed]
+    if isinstance(names, (str, bytes)) or not isinstance(names, (list, tuple)) or not names:
+        raise TypeError(f"names must be a non-empty list of cache names (e.g. ['ybar']), got {describe(names)}")
+    unknown = [nm for nm in names if not isinstance(nm, str) or nm not in allowed]
     if unknown:
-        raise ValueError(f"names {unknown} are not cache names of this model; allowed: {allowed}")
+        raise ValueError(f"names must be cache names of this model, got {unknown}; allowed: {allowed}")
     dev = _device(model)
     out: dict[str, list[torch.Tensor]] = {nm: [] for nm in names}
     with eval_mode(model):
@@ -61,27 +68,57 @@ def select_positions(lengths: np.ndarray, positions: Any = "all",
     positions: "all"; "ends" (the last token of each excerpt: boundary−1 and the last position);
     an int k (every k-th position, starting at k−1); or a list of positions (those that exist per row).
     """
-    lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = _check_lengths(lengths)
+    want = "'all', 'ends', an int k >= 1 (every k-th token) or a non-empty list of positions (ints >= 0)"
+    if isinstance(positions, str):
+        check_choice("positions", positions, ("all", "ends"))
+    elif is_int(positions):
+        if positions < 1:
+            raise ValueError(f"positions must be {want}, got {positions}")
+    elif isinstance(positions, (list, tuple, np.ndarray, torch.Tensor)):
+        flat = np.asarray(positions.detach().cpu() if isinstance(positions, torch.Tensor) else positions, dtype=object)
+        if flat.ndim != 1 or len(flat) == 0 or not all(is_int(q) for q in flat) or min(flat) < 0:
+            raise ValueError(f"positions must be {want}, got {describe(positions)}")
+        listed = np.asarray(flat.tolist(), dtype=np.int64)
+    else:
+        raise ValueError(f"positions must be {want}, got {describe(positions)}")
+    if boundary is not None:
+        boundary = np.asarray(boundary)
+        if boundary.shape != lengths.shape or not np.issubdtype(boundary.dtype, np.integer):
+            raise ValueError(f"boundary must be one int per sequence ({len(lengths)}), got {describe(boundary)}")
     seqs, poss = [], []
     for i, length in enumerate(lengths):
         if isinstance(positions, str) and positions == "all":
             p = np.arange(length)
-        elif isinstance(positions, str) and positions == "ends":
+        elif isinstance(positions, str):          # "ends"
             b = -1 if boundary is None else int(boundary[i])
             p = np.unique([q for q in (b - 1, length - 1) if 0 <= q < length])
-        elif isinstance(positions, (int, np.integer)) and not isinstance(positions, bool) and positions >= 1:
+        elif is_int(positions):
             p = np.arange(positions - 1, length, positions)
-        elif isinstance(positions, (list, tuple, np.ndarray)) and len(positions) > 0:
-            p = np.unique([int(q) for q in positions if 0 <= int(q) < length])
-        else:
-            raise ValueError(f"positions must be 'all', 'ends', an int k >= 1 (every k-th token) or a non-empty "
-                             f"list of positions, got {positions!r}")
+        else:                                     # a list: the positions each row has
+            p = np.unique(listed[listed < length])
         seqs.append(np.full(len(p), i, dtype=np.int64))
         poss.append(np.asarray(p, dtype=np.int64))
     seq, pos = np.concatenate(seqs), np.concatenate(poss)
     if len(seq) == 0:
-        raise ValueError(f"positions={positions!r} selects no token of these sequences (lengths {lengths.tolist()[:8]})")
+        raise ValueError(f"positions={positions!r} selects no token of these sequences (lengths "
+                         f"{lengths.tolist()[:8]}); positions must be below the longest length {int(lengths.max(initial=0))}")
     return seq, pos
+
+
+def _check_lengths(lengths: Any) -> np.ndarray:
+    """Sequence lengths: a 1-D array of ints >= 1 -> (n,) int64."""
+    if isinstance(lengths, torch.Tensor):
+        lengths = lengths.detach().cpu().numpy()
+    want = "a non-empty 1-D array of ints >= 1 (one per sequence)"
+    arr = np.asarray(lengths) if not isinstance(lengths, (str, bytes)) else np.asarray(None)
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"lengths must be {want}, got {describe(lengths)}")
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"lengths must be {want}, got {describe(lengths)}")
+    if arr.min() < 1:
+        raise ValueError(f"lengths must be {want}, got a length {int(arr.min())} in {describe(lengths)}")
+    return arr.astype(np.int64)
 
 
 @dataclass
@@ -181,13 +218,14 @@ def points_at(seqs: Sequences, ybar_full: np.ndarray, seq: np.ndarray, pos: np.n
 
 
 # ---------------------------------------------------------------------------------------------- projection
-def _as_points(X: Any, name: str = "X") -> np.ndarray:
-    X = np.asarray(X.detach().cpu() if isinstance(X, torch.Tensor) else X, dtype=np.float32)
-    if X.ndim != 2:
-        raise ValueError(f"{name} must be a 2-D array (points, features), got shape {X.shape}")
-    if not np.isfinite(X).all():
-        raise ValueError(f"{name} holds NaN or inf values")
-    return X
+def _as_points(X: Any, name: str = "X", cols: int | None = None) -> np.ndarray:
+    """Finite points (N, e) with e >= 1 (or exactly `cols` columns) -> float32."""
+    X = check_array(name, X, 2, cols=cols, what="2-D (points, features)")
+    if X.shape[1] == 0:
+        raise ValueError(f"{name} must have at least one feature column, got shape {X.shape}")
+    return X.astype(np.float32)
+
+
 
 
 class Projector:
@@ -199,23 +237,50 @@ class Projector:
     """
 
     def __init__(self, method: str = "pca", seed: int = 0, **params):
-        if method not in PROJECTIONS:
-            raise ValueError(f"method must be one of {PROJECTIONS}, got {method!r}")
+        check_choice("method", method, PROJECTIONS)
+        check_int("seed", seed, 0)
+        if method == "pca" and params:
+            raise TypeError(f"params must be empty for a pca projection (it has no settings), got {sorted(params)}")
+        if "n_components" in params:
+            raise TypeError(f"params must not set n_components: the projection is always 2-D, got "
+                            f"{describe(params['n_components'])}")
+        if method == "umap" and "n_neighbors" in params:
+            check_int("n_neighbors", params["n_neighbors"], 2)
+        if method == "tsne" and "perplexity" in params:
+            check_float("perplexity", params["perplexity"], 0.0, lo_open=True)
         self.method, self.seed, self.params = method, seed, params
         self.reducer = None
         self._fit_X = self._fit_Y = None
+        self._width: int | None = None
+
+    def _check_params(self, reducer_cls, n: int) -> None:
+        """Unknown settings and settings that do not fit n points, refused here with the value shown."""
+        import inspect
+        known = set(inspect.signature(reducer_cls).parameters) - {"n_components"}
+        unknown = sorted(set(self.params) - known)
+        if unknown:
+            raise TypeError(f"params {unknown} are not {self.method} settings; allowed: {sorted(known)}")
+        if "n_neighbors" in self.params:
+            check_int("n_neighbors", self.params["n_neighbors"], 2, n - 1, hint=f" (fewer than the {n} points)")
+        if "perplexity" in self.params:
+            check_float("perplexity", self.params["perplexity"], 0.0, n, lo_open=True, hi_open=True,
+                        hint=f" (the number of points, {n})")
 
     def fit_transform(self, X) -> np.ndarray:
+        """X (N, e) finite -> (N, 2) float32; N >= 2 for pca, >= 4 for umap and tsne."""
         X = _as_points(X)
         n = X.shape[0]
         need = 2 if self.method == "pca" else 4
         if n < need:
-            raise ValueError(f"a {self.method} projection needs at least {need} points, got {n}")
+            raise ValueError(f"X must have at least {need} points, got {n} (a {self.method} projection; "
+                             f"shape {X.shape})")
+        self._width = X.shape[1]
         if self.method == "pca":
             self.reducer = _PCA()
             Y = self.reducer.fit_transform(X)
         elif self.method == "umap":
             import umap
+            self._check_params(umap.UMAP, n)
             # PCA init and fewer optimisation epochs than UMAP's defaults (200-500): ~4 s instead of ~20-50 s
             # for 20k points on one thread, with the same clusters; override through params
             kw = dict(n_neighbors=min(15, n - 1), min_dist=0.1, random_state=self.seed, n_jobs=1,
@@ -226,6 +291,7 @@ class Projector:
             Y = self.reducer.fit_transform(X)
         else:
             from sklearn.manifold import TSNE
+            self._check_params(TSNE, n)
             kw = dict(perplexity=min(30.0, (n - 1) / 3), init="pca", random_state=self.seed)
             kw.update(self.params)
             self.reducer = TSNE(n_components=2, **kw)
@@ -236,7 +302,7 @@ class Projector:
     def transform(self, X) -> np.ndarray:
         if self.reducer is None:
             raise ValueError(f"this {self.method} projector is not fitted yet; call fit_transform first")
-        X = _as_points(X)
+        X = _as_points(X, cols=self._width)
         if self.method != "tsne":
             return _pad2(self.reducer.transform(X))
         from sklearn.neighbors import NearestNeighbors
@@ -276,10 +342,14 @@ def _pad2(Y: np.ndarray) -> np.ndarray:
 def stratified_subsample(strata: np.ndarray, cap: int, seed: int = 0) -> np.ndarray:
     """At most `cap` indices, sorted, with every stratum represented in proportion (at least one each when
     cap allows). strata (N,) any hashable labels -> (≤ cap,) int64. N ≤ cap returns all indices."""
-    strata = np.asarray(strata)
+    if isinstance(strata, torch.Tensor):
+        strata = strata.detach().cpu().numpy()
+    strata = np.asarray(strata) if not isinstance(strata, (str, bytes)) else np.asarray(None)
+    if strata.ndim != 1:
+        raise ValueError(f"strata must be a 1-D array with one label per point, got {describe(strata)}")
     n = len(strata)
-    if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 1:
-        raise ValueError(f"cap must be an int >= 1, got {cap!r}")
+    check_int("cap", cap, 1)
+    check_int("seed", seed, 0)
     if n <= cap:
         return np.arange(n)
     _, inverse, counts = np.unique(strata.astype(str) if strata.dtype == object else strata,
@@ -304,11 +374,11 @@ def stratified_subsample(strata: np.ndarray, cap: int, seed: int = 0) -> np.ndar
 
 # ---------------------------------------------------------------------------------------------- smoothness
 def token_smoothness(ybar: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """‖ȳ_t − ȳ_{t−1}‖ and cosine(ȳ_t, ȳ_{t−1}) along the sequence: (..., t, e) -> two (..., t) arrays,
-    NaN at t = 0 (no predecessor)."""
-    ybar = np.asarray(ybar, dtype=np.float64)
-    if ybar.ndim < 2 or ybar.shape[-2] < 1:
-        raise ValueError(f"ybar must have shape (..., t, e) with t >= 1, got {ybar.shape}")
+    """‖ȳ_t − ȳ_{t−1}‖ and cosine(ȳ_t, ȳ_{t−1}) along the sequence: (t, e) -> two (t,) arrays (or
+    (n, t, e) -> two (n, t)), NaN at t = 0 (no predecessor)."""
+    ybar = check_array("ybar", ybar, range(8))            # numbers, finite; the shape is checked next
+    if ybar.ndim not in (2, 3) or ybar.shape[-2] < 1 or ybar.shape[-1] < 1:   # t = 1 is all NaN: a one-token text
+        raise ValueError(f"ybar must have shape (t, e) or (n, t, e) with t, e >= 1, got shape {ybar.shape}")
     prev, cur = ybar[..., :-1, :], ybar[..., 1:, :]
     step = np.linalg.norm(cur - prev, axis=-1)
     denom = np.linalg.norm(cur, axis=-1) * np.linalg.norm(prev, axis=-1)
@@ -325,13 +395,13 @@ def parse_site(model, site: Any) -> tuple[int, str]:
     if isinstance(site, str) and "." in site:
         layer, _, name = site.partition(".")
         key = (int(layer), name) if layer.isdigit() else None
-    elif isinstance(site, (tuple, list)) and len(site) == 2:
-        key = (int(site[0]), str(site[1]))
+    elif isinstance(site, (tuple, list)) and len(site) == 2 and is_int(site[0]) and isinstance(site[1], str):
+        key = (int(site[0]), site[1])
     else:
         key = None
     if key not in allowed:
         raise ValueError(f"site must be one of {[f'{lay}.{s}' for lay, s in allowed]} (or a (layer, site) pair), "
-                         f"got {site!r}")
+                         f"got {describe(site)}")
     return key
 
 
@@ -340,8 +410,17 @@ def site_coefficients(model, ybar: np.ndarray, site: Any) -> np.ndarray:
     """c^κ(ȳ) for one site: ybar (..., e) -> (..., K)."""
     layer, name = parse_site(model, site)
     temp = model.templates[str(layer)][name]
-    y = torch.as_tensor(np.asarray(ybar, dtype=np.float32), device=_device(model))
-    return temp.coefficients(y).float().cpu().numpy()
+    y = _check_ybar(model, "ybar", ybar, (1, 2, 3), "(..., d_y)")
+    return temp.coefficients(torch.from_numpy(y).to(_device(model))).float().cpu().numpy()
+
+
+def _check_ybar(model, name: str, ybar: Any, ndim: tuple[int, ...], shape: str) -> np.ndarray:
+    """Finite summaries whose last dimension is the model's d_y -> float32."""
+    arr = check_array(name, ybar, ndim, what=shape)
+    d_y = model.config.d_y
+    if arr.shape[-1] != d_y:
+        raise ValueError(f"{name} must have shape {shape} with d_y = {d_y} values last, got shape {arr.shape}")
+    return arr.astype(np.float32)
 
 
 def mean_abs_by_label(coeffs: np.ndarray, labels: np.ndarray) -> tuple[list, np.ndarray]:
@@ -360,9 +439,10 @@ def delta_w_singular_values(model, ybar_vec: np.ndarray, site: Any) -> np.ndarra
     """Singular values of the effective update ΔW(ȳ) = B @ A at one site for one summary ȳ (e,) -> (K·r,)."""
     layer, name = parse_site(model, site)
     weight_name = f"blocks.{layer - 1}.{SITE_WEIGHTS[name]}.weight"
-    y = torch.as_tensor(np.asarray(ybar_vec, dtype=np.float32), device=_device(model))
-    if y.dim() != 1:
-        raise ValueError(f"ybar_vec must be one summary of shape (d_y,), got shape {tuple(y.shape)}")
+    y = _check_ybar(model, "ybar_vec", ybar_vec, (1, 2, 3), "(d_y,)")
+    if y.ndim != 1:
+        raise ValueError(f"ybar_vec must be one summary of shape (d_y,), got shape {y.shape}")
+    y = torch.from_numpy(y).to(_device(model))
     lora_a, lora_b = model.lora_factors(y)[weight_name]                 # A (K·r, i), B (o, K·r)
     # ΔW = B A has rank ≤ K·r: its singular values are those of R_B R_Aᵀ from two thin QRs (cheap)
     r_b = torch.linalg.qr(lora_b.double())[1]
@@ -376,8 +456,8 @@ def ablated_template(model, site: Any, k: int) -> Iterator[None]:
     layer, name = parse_site(model, site)
     coeff = model.templates[str(layer)][name].coeff
     K = coeff.weight.shape[0]
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < K:
-        raise ValueError(f"k must be a template index in 0..{K - 1}, got {k!r}")
+    if not is_int(k) or not 0 <= k < K:
+        raise (ValueError if is_int(k) else TypeError)(f"k must be a template index in 0..{K - 1}, got {describe(k)}")
     saved_w = coeff.weight.data[k].clone()
     saved_b = None if coeff.bias is None else coeff.bias.data[k].clone()
     with torch.no_grad():
@@ -391,6 +471,45 @@ def ablated_template(model, site: Any, k: int) -> Iterator[None]:
             coeff.weight[k] = saved_w
             if saved_b is not None:
                 coeff.bias[k] = saved_b
+
+
+def _check_templates(templates: Any, K: int) -> list[int]:
+    """None or a non-empty list of template indices in 0..K−1."""
+    want = f"None or a non-empty list of template indices in 0..{K - 1}"
+    if isinstance(templates, torch.Tensor):
+        templates = templates.tolist()
+    if isinstance(templates, (str, bytes)) or not isinstance(templates, (list, tuple, range, np.ndarray)):
+        raise TypeError(f"templates must be {want}, got {describe(templates)}")
+    ks = list(np.asarray(templates, dtype=object).ravel()) if isinstance(templates, np.ndarray) else list(templates)
+    if not ks or not all(is_int(k) and 0 <= k < K for k in ks):
+        raise ValueError(f"templates must be {want}, got {describe(templates)}")
+    return [int(k) for k in ks]
+
+
+def _check_scored(model, inputs: Any, targets: Any, loss_mask: Any):
+    """inputs, targets and loss_mask as `model.loss` takes them (shapes, dtypes, token range) -> the tensors."""
+    cfg = model.config
+    inputs = validate_inputs(cfg, inputs, "inputs")
+    if not isinstance(targets, torch.Tensor):
+        raise TypeError(f"targets must be a torch.Tensor, got {describe(targets)}")
+    if cfg.mode == "tokens":
+        if targets.is_floating_point() or targets.dtype == torch.bool or tuple(targets.shape) != tuple(inputs.shape):
+            raise ValueError(f"targets must be integer token ids of the shape of inputs {tuple(inputs.shape)}, got "
+                             f"{describe(targets)}")
+        bad = (targets != IGNORE_INDEX) & ((targets < 0) | (targets >= cfg.vocab_size))
+        if bad.any():
+            raise ValueError(f"targets must be in 0..{cfg.vocab_size - 1} or {IGNORE_INDEX} (not scored), "
+                             f"got {int(targets[bad][0])}")
+    else:
+        want = (*inputs.shape[:2], cfg.output_dim)
+        if not targets.is_floating_point() or tuple(targets.shape) != want:
+            raise ValueError(f"targets must be floats of shape (n, t, output_dim) = {want}, got {describe(targets)}")
+    if loss_mask is not None:
+        if not isinstance(loss_mask, torch.Tensor) or tuple(loss_mask.shape) != tuple(inputs.shape[:2]):
+            raise ValueError(f"loss_mask must be None or a bool tensor of shape (n, t) = {tuple(inputs.shape[:2])}, "
+                             f"got {describe(loss_mask)}")
+        loss_mask = loss_mask.bool()
+    return inputs, targets, loss_mask
 
 
 def _masked_mean(loss: torch.Tensor, valid: torch.Tensor, dim=None) -> torch.Tensor:
@@ -408,7 +527,8 @@ def template_ablation(model, inputs: torch.Tensor, targets: torch.Tensor, site: 
     inputs, targets, loss_mask as for `model.loss`; the model's weights are restored afterwards."""
     layer, name = parse_site(model, site)
     K = model.templates[str(layer)][name].coeff.weight.shape[0]
-    ks = list(range(K)) if templates is None else [int(k) for k in templates]
+    ks = list(range(K)) if templates is None else _check_templates(templates, K)
+    inputs, targets, loss_mask = _check_scored(model, inputs, targets, loss_mask)
     dev = _device(model)
     inputs, targets = inputs.to(dev), targets.to(dev)
     loss_mask = None if loss_mask is None else loss_mask.to(dev)
@@ -437,9 +557,14 @@ def compare_losses(model, inputs: torch.Tensor, targets: torch.Tensor, split: in
     baseline: a cached `model.x_only()` to reuse (made here when None).
     """
     require_cgt(model)
+    inputs, targets, loss_mask = _check_scored(model, inputs, targets, loss_mask)
     t = inputs.shape[1]
-    if isinstance(split, bool) or not isinstance(split, (int, np.integer)) or not 1 <= split <= t - 1:
-        raise ValueError(f"split must be an int in 1..{t - 1} (prefix and suffix non-empty), got {split!r}")
+    if t < 2:
+        raise ValueError(f"inputs must have at least 2 positions to split into a prefix and a suffix, got shape "
+                         f"{tuple(inputs.shape)}")
+    split = check_int("split", split, 1, t - 1, hint=" (prefix and suffix non-empty)")
+    if baseline is not None:
+        _check_baseline(model, baseline)
     dev, mode = _device(model), model.config.mode
     inputs, targets = inputs.to(dev), targets.to(dev)
     mask = None if loss_mask is None else loss_mask.to(dev)
@@ -455,6 +580,17 @@ def compare_losses(model, inputs: torch.Tensor, targets: torch.Tensor, split: in
     for key, logits in (("prompted", full), ("specialised", spec), ("no_context", plain)):
         out[key] = _masked_mean(*per_position_loss(mode, logits, tail, tail_mask), dim=0).cpu().numpy()
     return out
+
+
+def _check_baseline(model, baseline: Any) -> None:
+    """A GPT (e.g. `model.x_only()`) that reads and predicts what the model does."""
+    if not isinstance(baseline, GPT):
+        raise TypeError(f"baseline must be None or a plain GPT such as model.x_only(), got {describe(baseline)}")
+    for field in ("mode", "vocab_size", "input_dim", "output_dim"):
+        mine, theirs = getattr(model.config, field), getattr(baseline.config, field)
+        if mine != theirs:
+            raise ValueError(f"baseline must read and predict what the model does: its {field} is {theirs!r}, "
+                             f"the model's {mine!r}")
 
 
 # ---------------------------------------------------------------------------------------------- training
@@ -491,7 +627,8 @@ def training_series(history: Any) -> tuple[Series, Series]:
             vals = get(k)
             if vals is not None and len(vals):
                 if len(vals) != len(step):
-                    raise ValueError(f"history[{k!r}] has {len(vals)} values but history['step'] has {len(step)}")
+                    raise ValueError(f"history[{k!r}] has {len(vals)} values but history['step'] has {len(step)}; "
+                                     f"every series must have one value per step")
                 steps[k] = list(zip(step, vals))
         for rec in get("evals", []) or []:
             for k, v in rec.items():
