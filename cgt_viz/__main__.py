@@ -119,8 +119,9 @@ def make_task_by_name(name: str, kwargs: dict[str, Any]):
         try:
             cls = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as err:
-            raise CLIError(f"--task {name!r}: cannot import {attr!r} from module {module!r} ({err})") from None
-        task = cls(**kwargs)
+            raise CLIError(f"--task must be one of {', '.join(TASK_NAMES)} or an importable module:Class, got "
+                           f"{name!r}: cannot import {attr!r} from module {module!r} ({err})") from None
+        task = _with_task_args(cls, kwargs)
         if not isinstance(task, Task):
             raise CLIError(f"--task {name!r} is not a cgt_viz.tasks.base.Task subclass")
         return task
@@ -130,7 +131,18 @@ def make_task_by_name(name: str, kwargs: dict[str, Any]):
         from .tasks import make_task
     except ImportError:
         raise CLIError("the task registry (cgt_viz.tasks.make_task) is not available in this installation") from None
-    return make_task(name, **kwargs)
+    return _with_task_args(make_task, kwargs, name)
+
+
+def _with_task_args(build, kwargs: dict[str, Any], *args):
+    """Build the task; an error caused by the --task-arg values is reported as theirs."""
+    try:
+        return build(*args, **kwargs)
+    except (TypeError, ValueError) as err:
+        if not kwargs:
+            raise
+        given = " ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        raise CLIError(f"--task-arg {given}: {err}") from None
 
 
 # --------------------------------------------------------------------------------------------- train
@@ -241,7 +253,7 @@ def load_run(run: str | os.PathLike, device: str = "cpu"):
 
     run = Path(run)
     if not (run / RUN_FILE).is_file():
-        raise CLIError(f"{str(run)!r} is not a run folder (no {RUN_FILE}); create one with: python -m cgt_viz train")
+        raise CLIError(f"run must be a run folder written by `python -m cgt_viz train`; {str(run)!r} has no {RUN_FILE}")
     info = read_json(run / RUN_FILE)
     cls = GPT if info.get("model_class") == "GPT" else CGT
     if (run / "model" / "config.json").is_file():
@@ -277,12 +289,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from .io import write_json
     from .train import resolve_device
 
-    device = resolve_device(args.device)
-    model, task, _ = load_run(args.run, device=device)
-    try:
+    try:  # the flags first: a typo is reported before any file is read
         ks = tuple(int(k) for k in args.k.split(","))
     except ValueError:
         raise CLIError(f"--k must be comma-separated ints, e.g. 4,8,16, got {args.k!r}") from None
+    if min(ks) < 1:
+        raise CLIError(f"--k must be comma-separated ints >= 1 (prompt sizes), got {args.k!r}")
+    device = resolve_device(args.device)
+    model, task, _ = load_run(args.run, device=device)
     try:
         from .evaluate import evaluate_specialization
     except ImportError:
@@ -356,7 +370,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     run = Path(args.run)
     if not (run / RUN_FILE).is_file():
-        raise CLIError(f"{str(run)!r} is not a run folder (no {RUN_FILE})")
+        raise CLIError(f"run must be a run folder written by `python -m cgt_viz train`; {str(run)!r} has no {RUN_FILE}")
     info = read_json(run / RUN_FILE)
     history = _history_of(run)
     figures = [_curves_figure(history)]

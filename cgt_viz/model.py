@@ -123,6 +123,16 @@ def _check_targets(cfg: CGTConfig, inp: torch.Tensor, targets, loss_mask) -> Non
             raise ValueError(f"loss_mask must be a tensor of shape (batch, time) = {tuple(inp.shape[:2])}, got {got}")
 
 
+def check_batch_fits(cfg: CGTConfig, batch, task, name: str = "task") -> None:
+    """A batch drawn from `task` must be valid input for a model with config cfg; else the error names the task."""
+    try:
+        inputs = validate_inputs(cfg, batch.inputs, name="inputs")
+        _check_targets(cfg, inputs, batch.targets, batch.loss_mask)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"{name} {task!r} does not fit the model; its batches must suit the model's config, but "
+                        f"their {err}. Build the model with CGTConfig(**task.config_kwargs(), ...)") from None
+
+
 def _take_positions(seq: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """seq (b, t) or (b, t, f), src (b, m) positions (clamped to t−1) -> (b, m) or (b, m, f)."""
     src = src.clamp(max=seq.shape[1] - 1)

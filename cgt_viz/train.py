@@ -47,7 +47,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from ._checks import check_callable, check_float, check_int, describe
 from .checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
+from .model import check_batch_fits
 from .tasks.base import Batch, Task
 
 LOSS_TERMS = ("main", "aux", "smooth", "total")
@@ -214,14 +216,6 @@ def config_differences(saved: Any, now: Any, prefix: str = "", labels: tuple[str
     return [] if saved == now else [f"{prefix} ({labels[0]} {saved!r}, {labels[1]} {now!r})"]
 
 
-def _check_positive(name: str, value: Any, kind: type) -> None:
-    ok_type = (int,) if kind is int else (int, float)
-    if isinstance(value, bool) or not isinstance(value, ok_type):
-        raise TypeError(f"{name} must be {'an int' if kind is int else 'a number'} > 0, got {type(value).__name__} {value!r}")
-    if not value > 0 or (kind is float and not math.isfinite(value)):
-        raise ValueError(f"{name} must be > 0, got {value!r}")
-
-
 class _StopFlag:
     """Turns the first SIGINT/SIGTERM into a flag checked between steps; a second one raises at once."""
 
@@ -290,42 +284,38 @@ def train(model: nn.Module, task: Task, steps: int, batch_size: int, lr: float =
     """
     # ---------------------------------------------------------------- arguments
     if not isinstance(model, nn.Module) or not callable(getattr(model, "loss", None)):
-        raise TypeError(f"model must be a cgt_viz CGT or GPT (an nn.Module with .loss), got {type(model).__name__}")
+        raise TypeError(f"model must be a cgt_viz CGT or GPT (an nn.Module with .loss), got {describe(model)}")
     if not isinstance(task, Task):
-        raise TypeError(f"task must be a cgt_viz.tasks.base.Task (e.g. make_task('icl')), got {type(task).__name__}")
-    _check_positive("steps", steps, int)
-    _check_positive("batch_size", batch_size, int)
-    _check_positive("lr", lr, float)
-    if warmup is not None and (isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0):
-        raise ValueError(f"warmup must be an int >= 0 (number of updates), got {warmup!r}")
-    if not (isinstance(min_lr_ratio, (int, float)) and 0 <= min_lr_ratio <= 1):
-        raise ValueError(f"min_lr_ratio must be a number in [0, 1], got {min_lr_ratio!r}")
-    if not (isinstance(weight_decay, (int, float)) and weight_decay >= 0):
-        raise ValueError(f"weight_decay must be a number >= 0, got {weight_decay!r}")
-    if grad_clip is not None:
-        _check_positive("grad_clip", grad_clip, float)
+        raise TypeError(f"task must be a cgt_viz.tasks.base.Task (e.g. make_task('icl')), got {describe(task)}")
+    check_int("steps", steps, 1)
+    check_int("batch_size", batch_size, 1)
+    check_float("lr", lr, 0.0, lo_open=True)
+    check_int("warmup", warmup, 0, allow_none=True, hint=" (number of updates)")
+    check_float("min_lr_ratio", min_lr_ratio, 0.0, 1.0)
+    check_float("weight_decay", weight_decay, 0.0)
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise TypeError(f"betas must be a pair (beta1, beta2) of numbers in [0, 1), got {describe(betas)}")
+    for i, beta in enumerate(betas):
+        check_float(f"betas[{i}]", beta, 0.0, 1.0, hi_open=True)
+    check_float("grad_clip", grad_clip, 0.0, lo_open=True, allow_none=True)
     eval_every = max(1, steps // 20) if eval_every is None else eval_every
-    if isinstance(eval_every, bool) or not isinstance(eval_every, int) or eval_every < 0:
-        raise ValueError(f"eval_every must be an int >= 0 (0 = never), got {eval_every!r}")
-    _check_positive("eval_batches", eval_batches, int)
+    check_int("eval_every", eval_every, 0, hint=" (0 = never)")
+    check_int("eval_batches", eval_batches, 1)
     checkpoint_every = max(1, steps // 10) if checkpoint_every is None else checkpoint_every
-    _check_positive("checkpoint_every", checkpoint_every, int)
-    if isinstance(keep_checkpoints, bool) or not isinstance(keep_checkpoints, int) or keep_checkpoints < 0:
-        raise ValueError(f"keep_checkpoints must be an int >= 0 (0 = keep all), got {keep_checkpoints!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
-    for name, value in (("aux_delay", aux_delay), ("aux_ramp", aux_ramp)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an int >= 0 (number of updates), got {value!r}")
+    check_int("checkpoint_every", checkpoint_every, 1)
+    check_int("keep_checkpoints", keep_checkpoints, 0, hint=" (0 = keep all)")
+    check_int("seed", seed, 0)
+    check_int("aux_delay", aux_delay, 0, hint=" (number of updates)")
+    check_int("aux_ramp", aux_ramp, 0, hint=" (number of updates)")
+    if isinstance(callbacks, (str, bytes)) or not hasattr(callbacks, "__iter__"):
+        raise TypeError(f"callbacks must be a list of callables taking one dict, got {describe(callbacks)}")
     callbacks = list(callbacks)
     for fn in callbacks:
-        if not callable(fn):
-            raise TypeError(f"callbacks must be callables taking one dict, got {type(fn).__name__}")
-    if eval_fn is not None and not callable(eval_fn):
-        raise TypeError(f"eval_fn must be a callable (model, step) -> dict, got {type(eval_fn).__name__}")
+        check_callable("callbacks", fn, "a list of callables taking one dict")
+    if eval_fn is not None:
+        check_callable("eval_fn", eval_fn, "a callable (model, step) -> dict")
     if resume and checkpoint_dir is None:
-        raise ValueError("resume=True needs checkpoint_dir (the folder to resume from)")
-
+        raise ValueError("resume=True needs checkpoint_dir (the folder to resume from); checkpoint_dir must be set")
     # ---------------------------------------------------------------- processes and device
     world = int(os.environ.get("WORLD_SIZE", "1"))
     own_group = False
@@ -456,6 +446,8 @@ def _run(*, model, task, steps, batch_size, lr, warmup, min_lr_ratio, weight_dec
                 for group in optimizer.param_groups:
                     group["lr"] = cur_lr
                 batch = task.get_batch(batch_size, part="train", generator=generators["batch"], device=dev)
+                if step == start:  # a task that does not fit the model is named, not reported as a bad idx
+                    check_batch_fits(model.config, batch, task)
                 split = _draw_split(model, batch, generators["split"], always=False)
                 if distributed:
                     batch, split = _shard(batch, split, lo, hi)

@@ -242,10 +242,10 @@ case("ByteTokenizer.decode", "ids", [[300], [-1], "abc", [1.5]], lambda v: ByteT
 # ------------------------------------------------------------------------------------------ train
 TRAIN_ARGS = {
     "steps": POS_INT, "batch_size": POS_INT, "lr": POS_FLOAT, "warmup": [-1, 1.5, "3"],
-    "min_lr_ratio": FRACTION, "weight_decay": NONNEG_FLOAT, "betas": [(1.5, 0.9), (0.9,), "0.9", (0.9, -0.1)],
+    "min_lr_ratio": FRACTION, "weight_decay": NONNEG_FLOAT, "betas": [(0.9,), "0.9"],
     "grad_clip": [0.0, -1.0, math.nan, "1"], "eval_every": [-1, 1.5, "5"], "eval_batches": [0, 1.5],
-    "callbacks": [[5], 5, "print"], "seed": [1.5, "0", None], "device": ["nonsense", 5, "cuda:99"],
-    "checkpoint_every": [0, -1, 1.5], "keep_checkpoints": [0, 1.5], "aux_delay": [-1, 1.5], "aux_ramp": [-1, 1.5],
+    "callbacks": [5, "print"], "seed": [1.5, "0", None], "device": ["nonsense", 5, "cuda:99"],
+    "checkpoint_every": [0, -1, 1.5], "keep_checkpoints": [-1, 1.5], "aux_delay": [-1, 1.5], "aux_ramp": [-1, 1.5],
     "eval_fn": [5, "evaluate"],
 }
 for _arg, _values in TRAIN_ARGS.items():
@@ -253,6 +253,11 @@ for _arg, _values in TRAIN_ARGS.items():
         _values = ["nonsense", 5] + (["cuda:99"] if not torch.cuda.is_available() else [])
     case("train", _arg, _values,
          lambda v, a=_arg: train(icl_model(), ICL, **{"steps": 2, "batch_size": 2, "progress": False, a: v}))
+for _v, _shows in [((1.5, 0.9), "1.5"), ((0.9, -0.1), "-0.1")]:  # the message shows the bad element
+    case("train", "betas", [_v], lambda v: train(icl_model(), ICL, steps=1, batch_size=2, progress=False, betas=v),
+         shows=_shows)
+case("train", "callbacks", [[print, 5]], lambda v: train(icl_model(), ICL, steps=1, batch_size=2, progress=False,
+                                                         callbacks=v), shows="5")
 case("train", "model", ["model", None], lambda v: train(v, ICL, steps=1, batch_size=2, progress=False))
 case("train", "task", ["icl", None], lambda v: train(CGT_ICL, v, steps=1, batch_size=2, progress=False))
 # a task that does not fit the model is refused before any step runs, naming what differs
@@ -449,7 +454,7 @@ CLI_FLAGS = {
 }
 for _flag, _values in CLI_FLAGS.items():
     for _v in _values:
-        case("cli train", _flag, [_v], lambda v, f=_flag: ("<cli>", f, v), shows=_v.split("=")[0])
+        case("cli train", _flag, [_v], lambda v, f=_flag: ("<cli>", f, v), shows=_v.split("=")[0].split(",")[-1])
 for _v in ["0", "a,b", "4,x"]:
     case("cli evaluate", "--k", [_v], lambda v: ("<cli-eval>", "--k", v), shows=_v)
 case("cli evaluate", "run", ["/nonexistent/run"], lambda v: ("<cli-eval-run>", v))

@@ -88,8 +88,8 @@ def test_gpt_baseline_run(tmp_path):
     (["train", *TINY, "--out", "{out}", "--d-y", "7", "--n-head-y", "2"], "d_y must be divisible by n_head_y"),
     (["train", "--out", "{out}"], "--task is required"),
     (["train", "--task", "no_such_module:Task", "--out", "{out}"], "cannot import"),
-    (["evaluate", "{out}"], "not a run folder"),
-    (["report", "{out}"], "not a run folder"),
+    (["evaluate", "{out}"], "must be a run folder"),
+    (["report", "{out}"], "must be a run folder"),
 ])
 def test_bad_input_exits_2_with_a_message(tmp_path, capsys, argv, message):
     argv = [a.replace("{out}", str(tmp_path / "run")) for a in argv]

@@ -10,6 +10,7 @@ task a saved model was trained on.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from .base import Batch, Task
@@ -29,7 +30,9 @@ def make_task(name: str, **kwargs: Any) -> Task:
         return TASKS[name](**kwargs)
     except TypeError as err:
         if "unexpected keyword" in str(err):
-            raise TypeError(f"task {name!r}: {err}") from None
+            allowed = [p for p in inspect.signature(TASKS[name]).parameters if p != "self"]
+            unknown = sorted(set(kwargs) - set(allowed))
+            raise TypeError(f"task {name!r} got unknown arguments {unknown}; its arguments must be among {allowed}") from None
         raise
 
 
