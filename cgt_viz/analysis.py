@@ -18,9 +18,10 @@ import torch
 
 from ._checks import check_array, check_choice, check_float, check_int, describe, is_int
 from .layers import SITE_WEIGHTS
-from .model import GPT, per_position_loss, validate_inputs
+from .model import per_position_loss, validate_inputs
 from .sequences import (IGNORE_INDEX, ByteTokenizer, Sequences, _device, concat_sequences, eval_mode,  # noqa: F401
-                        label_boundary, model_task, prepare_sequences, require_cgt, token_strings)
+                        label_boundary, model_task, prepare_sequences, require_cgt, token_strings,
+                        check_baseline, check_lengths, check_scored, check_templates)
 
 PROJECTIONS = ("pca", "umap", "tsne")
 
@@ -68,7 +69,7 @@ def select_positions(lengths: np.ndarray, positions: Any = "all",
     positions: "all"; "ends" (the last token of each excerpt: boundary−1 and the last position);
     an int k (every k-th position, starting at k−1); or a list of positions (those that exist per row).
     """
-    lengths = _check_lengths(lengths)
+    lengths = check_lengths(lengths)
     want = "'all', 'ends', an int k >= 1 (every k-th token) or a non-empty list of positions (ints >= 0)"
     if isinstance(positions, str):
         check_choice("positions", positions, ("all", "ends"))
@@ -104,21 +105,6 @@ def select_positions(lengths: np.ndarray, positions: Any = "all",
         raise ValueError(f"positions={positions!r} selects no token of these sequences (lengths "
                          f"{lengths.tolist()[:8]}); positions must be below the longest length {int(lengths.max(initial=0))}")
     return seq, pos
-
-
-def _check_lengths(lengths: Any) -> np.ndarray:
-    """Sequence lengths: a 1-D array of ints >= 1 -> (n,) int64."""
-    if isinstance(lengths, torch.Tensor):
-        lengths = lengths.detach().cpu().numpy()
-    want = "a non-empty 1-D array of ints >= 1 (one per sequence)"
-    arr = np.asarray(lengths) if not isinstance(lengths, (str, bytes)) else np.asarray(None)
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"lengths must be {want}, got {describe(lengths)}")
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"lengths must be {want}, got {describe(lengths)}")
-    if arr.min() < 1:
-        raise ValueError(f"lengths must be {want}, got a length {int(arr.min())} in {describe(lengths)}")
-    return arr.astype(np.int64)
 
 
 @dataclass
@@ -473,45 +459,6 @@ def ablated_template(model, site: Any, k: int) -> Iterator[None]:
                 coeff.bias[k] = saved_b
 
 
-def _check_templates(templates: Any, K: int) -> list[int]:
-    """None or a non-empty list of template indices in 0..K−1."""
-    want = f"None or a non-empty list of template indices in 0..{K - 1}"
-    if isinstance(templates, torch.Tensor):
-        templates = templates.tolist()
-    if isinstance(templates, (str, bytes)) or not isinstance(templates, (list, tuple, range, np.ndarray)):
-        raise TypeError(f"templates must be {want}, got {describe(templates)}")
-    ks = list(np.asarray(templates, dtype=object).ravel()) if isinstance(templates, np.ndarray) else list(templates)
-    if not ks or not all(is_int(k) and 0 <= k < K for k in ks):
-        raise ValueError(f"templates must be {want}, got {describe(templates)}")
-    return [int(k) for k in ks]
-
-
-def _check_scored(model, inputs: Any, targets: Any, loss_mask: Any):
-    """inputs, targets and loss_mask as `model.loss` takes them (shapes, dtypes, token range) -> the tensors."""
-    cfg = model.config
-    inputs = validate_inputs(cfg, inputs, "inputs")
-    if not isinstance(targets, torch.Tensor):
-        raise TypeError(f"targets must be a torch.Tensor, got {describe(targets)}")
-    if cfg.mode == "tokens":
-        if targets.is_floating_point() or targets.dtype == torch.bool or tuple(targets.shape) != tuple(inputs.shape):
-            raise ValueError(f"targets must be integer token ids of the shape of inputs {tuple(inputs.shape)}, got "
-                             f"{describe(targets)}")
-        bad = (targets != IGNORE_INDEX) & ((targets < 0) | (targets >= cfg.vocab_size))
-        if bad.any():
-            raise ValueError(f"targets must be in 0..{cfg.vocab_size - 1} or {IGNORE_INDEX} (not scored), "
-                             f"got {int(targets[bad][0])}")
-    else:
-        want = (*inputs.shape[:2], cfg.output_dim)
-        if not targets.is_floating_point() or tuple(targets.shape) != want:
-            raise ValueError(f"targets must be floats of shape (n, t, output_dim) = {want}, got {describe(targets)}")
-    if loss_mask is not None:
-        if not isinstance(loss_mask, torch.Tensor) or tuple(loss_mask.shape) != tuple(inputs.shape[:2]):
-            raise ValueError(f"loss_mask must be None or a bool tensor of shape (n, t) = {tuple(inputs.shape[:2])}, "
-                             f"got {describe(loss_mask)}")
-        loss_mask = loss_mask.bool()
-    return inputs, targets, loss_mask
-
-
 def _masked_mean(loss: torch.Tensor, valid: torch.Tensor, dim=None) -> torch.Tensor:
     w = valid.float()
     if dim is None:
@@ -527,8 +474,8 @@ def template_ablation(model, inputs: torch.Tensor, targets: torch.Tensor, site: 
     inputs, targets, loss_mask as for `model.loss`; the model's weights are restored afterwards."""
     layer, name = parse_site(model, site)
     K = model.templates[str(layer)][name].coeff.weight.shape[0]
-    ks = list(range(K)) if templates is None else _check_templates(templates, K)
-    inputs, targets, loss_mask = _check_scored(model, inputs, targets, loss_mask)
+    ks = list(range(K)) if templates is None else check_templates(templates, K)
+    inputs, targets, loss_mask = check_scored(model, inputs, targets, loss_mask)
     dev = _device(model)
     inputs, targets = inputs.to(dev), targets.to(dev)
     loss_mask = None if loss_mask is None else loss_mask.to(dev)
@@ -557,14 +504,14 @@ def compare_losses(model, inputs: torch.Tensor, targets: torch.Tensor, split: in
     baseline: a cached `model.x_only()` to reuse (made here when None).
     """
     require_cgt(model)
-    inputs, targets, loss_mask = _check_scored(model, inputs, targets, loss_mask)
+    inputs, targets, loss_mask = check_scored(model, inputs, targets, loss_mask)
     t = inputs.shape[1]
     if t < 2:
         raise ValueError(f"inputs must have at least 2 positions to split into a prefix and a suffix, got shape "
                          f"{tuple(inputs.shape)}")
     split = check_int("split", split, 1, t - 1, hint=" (prefix and suffix non-empty)")
     if baseline is not None:
-        _check_baseline(model, baseline)
+        check_baseline(model, baseline)
     dev, mode = _device(model), model.config.mode
     inputs, targets = inputs.to(dev), targets.to(dev)
     mask = None if loss_mask is None else loss_mask.to(dev)
@@ -580,17 +527,6 @@ def compare_losses(model, inputs: torch.Tensor, targets: torch.Tensor, split: in
     for key, logits in (("prompted", full), ("specialised", spec), ("no_context", plain)):
         out[key] = _masked_mean(*per_position_loss(mode, logits, tail, tail_mask), dim=0).cpu().numpy()
     return out
-
-
-def _check_baseline(model, baseline: Any) -> None:
-    """A GPT (e.g. `model.x_only()`) that reads and predicts what the model does."""
-    if not isinstance(baseline, GPT):
-        raise TypeError(f"baseline must be None or a plain GPT such as model.x_only(), got {describe(baseline)}")
-    for field in ("mode", "vocab_size", "input_dim", "output_dim"):
-        mine, theirs = getattr(model.config, field), getattr(baseline.config, field)
-        if mine != theirs:
-            raise ValueError(f"baseline must read and predict what the model does: its {field} is {theirs!r}, "
-                             f"the model's {mine!r}")
 
 
 # ---------------------------------------------------------------------------------------------- training

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ._checks import check_array, check_choice, check_float, check_int, describe, is_int, is_number
 from .model import CGT, GPT, per_position_loss
-from .sequences import check_task_fits, eval_mode, require_text_task
+from .sequences import check_baseline, check_task_fits, eval_mode, require_text_task
 
 
 MODES = ("prompted", "specialized", "no_context", "baseline")
@@ -107,13 +107,8 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
     if not isinstance(model, CGT):
         raise TypeError(f"model must be a CGT, got {describe(model)}")
     if baseline is not None:
-        if not isinstance(baseline, GPT):
-            raise TypeError(f"baseline must be a GPT or None, got {describe(baseline)}")
-        check_task_fits(baseline, task, needs="eval_batch")
-        for field in ("mode", "vocab_size", "input_dim", "output_dim"):
-            if getattr(baseline.config, field) != getattr(model.config, field):
-                raise ValueError(f"baseline must read and predict what the model does: its {field} is "
-                                 f"{getattr(baseline.config, field)!r}, the model's {getattr(model.config, field)!r}")
+        check_baseline(model, baseline)
+        check_task_fits(baseline, task, "task", needs="eval_batch")
     _check_positive("n_batches", n_batches)
     _check_positive("batch_size", batch_size)
     check_int("seed", seed, 0)

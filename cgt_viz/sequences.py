@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import describe, is_int
-from .model import IGNORE_INDEX
+from .model import GPT, IGNORE_INDEX, validate_inputs
 from .tasks.tokenizer import ByteTokenizer
 
 
@@ -80,6 +80,71 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         model.train(was_training)
+
+
+def check_lengths(lengths: Any) -> np.ndarray:
+    """Sequence lengths: a 1-D array of ints >= 1 -> (n,) int64."""
+    if isinstance(lengths, torch.Tensor):
+        lengths = lengths.detach().cpu().numpy()
+    want = "a non-empty 1-D array of ints >= 1 (one per sequence)"
+    arr = np.asarray(lengths) if not isinstance(lengths, (str, bytes)) else np.asarray(None)
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"lengths must be {want}, got {describe(lengths)}")
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"lengths must be {want}, got {describe(lengths)}")
+    if arr.min() < 1:
+        raise ValueError(f"lengths must be {want}, got a length {int(arr.min())} in {describe(lengths)}")
+    return arr.astype(np.int64)
+
+
+def check_templates(templates: Any, K: int) -> list[int]:
+    """None or a non-empty list of template indices in 0..K−1."""
+    want = f"None or a non-empty list of template indices in 0..{K - 1}"
+    if isinstance(templates, torch.Tensor):
+        templates = templates.tolist()
+    if isinstance(templates, (str, bytes)) or not isinstance(templates, (list, tuple, range, np.ndarray)):
+        raise TypeError(f"templates must be {want}, got {describe(templates)}")
+    ks = list(np.asarray(templates, dtype=object).ravel()) if isinstance(templates, np.ndarray) else list(templates)
+    if not ks or not all(is_int(k) and 0 <= k < K for k in ks):
+        raise ValueError(f"templates must be {want}, got {describe(templates)}")
+    return [int(k) for k in ks]
+
+
+def check_scored(model, inputs: Any, targets: Any, loss_mask: Any):
+    """inputs, targets and loss_mask as `model.loss` takes them (shapes, dtypes, token range) -> the tensors."""
+    cfg = model.config
+    inputs = validate_inputs(cfg, inputs, "inputs")
+    if not isinstance(targets, torch.Tensor):
+        raise TypeError(f"targets must be a torch.Tensor, got {describe(targets)}")
+    if cfg.mode == "tokens":
+        if targets.is_floating_point() or targets.dtype == torch.bool or tuple(targets.shape) != tuple(inputs.shape):
+            raise ValueError(f"targets must be integer token ids of the shape of inputs {tuple(inputs.shape)}, got "
+                             f"{describe(targets)}")
+        bad = (targets != IGNORE_INDEX) & ((targets < 0) | (targets >= cfg.vocab_size))
+        if bad.any():
+            raise ValueError(f"targets must be in 0..{cfg.vocab_size - 1} or {IGNORE_INDEX} (not scored), "
+                             f"got {int(targets[bad][0])}")
+    else:
+        want = (*inputs.shape[:2], cfg.output_dim)
+        if not targets.is_floating_point() or tuple(targets.shape) != want:
+            raise ValueError(f"targets must be floats of shape (n, t, output_dim) = {want}, got {describe(targets)}")
+    if loss_mask is not None:
+        if not isinstance(loss_mask, torch.Tensor) or tuple(loss_mask.shape) != tuple(inputs.shape[:2]):
+            raise ValueError(f"loss_mask must be None or a bool tensor of shape (n, t) = {tuple(inputs.shape[:2])}, "
+                             f"got {describe(loss_mask)}")
+        loss_mask = loss_mask.bool()
+    return inputs, targets, loss_mask
+
+
+def check_baseline(model, baseline: Any) -> None:
+    """A GPT (e.g. `model.x_only()`) that reads and predicts what the model does."""
+    if not isinstance(baseline, GPT):
+        raise TypeError(f"baseline must be None or a plain GPT such as model.x_only(), got {describe(baseline)}")
+    for field in ("mode", "vocab_size", "input_dim", "output_dim"):
+        mine, theirs = getattr(model.config, field), getattr(baseline.config, field)
+        if mine != theirs:
+            raise ValueError(f"baseline must read and predict what the model does: its {field} is {theirs!r}, "
+                             f"the model's {mine!r}")
 
 
 # ---------------------------------------------------------------------------------------------- tokens
