@@ -45,10 +45,16 @@ def _init_weights(module: nn.Module, n_layer: int) -> None:
             nn.init.normal_(p, 0.0, 0.02 / (2 * n_layer) ** 0.5)
 
 
-def validate_inputs(cfg: CGTConfig, inp, name: str = "idx") -> torch.Tensor:
-    """Check a batch of inputs against the config: (b, t) integer tokens or (b, t, input_dim) floats."""
+def validate_inputs(cfg: CGTConfig, inp, name: str = "idx", device: torch.device | None = None) -> torch.Tensor:
+    """Check a batch of inputs against the config: (b, t) integer tokens or (b, t, input_dim) floats.
+
+    With `device` (the model's), inputs elsewhere are refused with a message saying where to move them:
+    moving silently would hide a copy per call in a training loop."""
     if not isinstance(inp, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {describe(inp)}")
+    if device is not None and inp.device != device:
+        raise ValueError(f"{name} must be on the model's device {str(device)!r}, got a tensor on {str(inp.device)!r}; "
+                         f"move it with {name}.to({str(device)!r}) (or move the model)")
     if cfg.mode == "tokens":
         if inp.dtype in (torch.bool,) or inp.is_floating_point() or inp.is_complex():
             raise TypeError(f"{name} must hold integer token ids (torch.long), got dtype {inp.dtype}")
@@ -66,6 +72,8 @@ def validate_inputs(cfg: CGTConfig, inp, name: str = "idx") -> torch.Tensor:
     if t > cfg.block_size:
         raise ValueError(f"{name} has {t} positions but block_size is {cfg.block_size}; "
                          f"pass at most {cfg.block_size} (nothing is clipped silently)")
+    if inp.device.type == "meta":  # shapes only: a meta tensor has no values to check
+        return inp.long() if cfg.mode == "tokens" else inp
     if cfg.mode == "tokens":
         lo, hi = int(inp.min()), int(inp.max())
         if lo < 0 or hi >= cfg.vocab_size:
@@ -104,13 +112,16 @@ def masked_loss(cfg: CGTConfig, out: torch.Tensor, targets: torch.Tensor, mask: 
 def _check_targets(cfg: CGTConfig, inp: torch.Tensor, targets, loss_mask) -> None:
     if not isinstance(targets, torch.Tensor):
         raise TypeError(f"targets must be a torch.Tensor, got {describe(targets)}")
+    for name, t in (("targets", targets), ("loss_mask", loss_mask)):
+        if isinstance(t, torch.Tensor) and t.device != inp.device:
+            raise ValueError(f"{name} must be on the device of idx {str(inp.device)!r}, got a tensor on {str(t.device)!r}")
     if cfg.mode == "tokens":
         if targets.shape != inp.shape:
             raise ValueError(f"targets must have the shape of idx {tuple(inp.shape)}, got {tuple(targets.shape)}")
         if targets.is_floating_point():
             raise TypeError(f"targets must hold integer token ids, got dtype {targets.dtype}")
         bad = (targets != IGNORE_INDEX) & ((targets < 0) | (targets >= cfg.vocab_size))
-        if bad.any():
+        if targets.device.type != "meta" and bad.any():
             raise ValueError(f"targets must be in 0..{cfg.vocab_size - 1} or {IGNORE_INDEX} (ignored), "
                              f"got {targets[bad][0].item()}")
     else:
@@ -156,6 +167,11 @@ class _Generation:
 
     config: CGTConfig
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model's parameters are; inputs must be there too."""
+        return next(self.parameters()).device
+
     def new_cache(self) -> list[KVCache]:
         return [KVCache() for _ in range(self._n_attention)]
 
@@ -166,7 +182,7 @@ class _Generation:
         cfg = self.config
         if cfg.mode != "tokens":
             raise ValueError("generate needs a tokens-mode model (vocab_size set); this one is in vectors mode")
-        idx = validate_inputs(cfg, idx)
+        idx = validate_inputs(cfg, idx, device=self.device)
         room = cfg.block_size - idx.shape[1]
         check_int("max_new_tokens", max_new_tokens, 1, max(room, 1),
                   hint=f" (block_size {cfg.block_size} - prompt length {idx.shape[1]})")
@@ -216,12 +232,12 @@ class GPT(PretrainedMixin, _Generation, nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """idx (b, t) -> logits (b, t, v)."""
-        return self._step(validate_inputs(self.config, idx), None, 0)
+        return self._step(validate_inputs(self.config, idx, device=self.device), None, 0)
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor | None = None,
              split=None) -> dict[str, torch.Tensor]:
         """The same dict as CGT.loss; a GPT has only the main term (`split` is accepted and unused)."""
-        idx = validate_inputs(self.config, idx)
+        idx = validate_inputs(self.config, idx, device=self.device)
         _check_targets(self.config, idx, targets, loss_mask)
         main = masked_loss(self.config, self._step(idx, None, 0), targets, loss_mask)
         zero = main.new_zeros(())
@@ -336,16 +352,16 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
     # ------------------------------------------------------------------ public API
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """Full ("not fixed") mode: idx (b, t) -> logits (b, t, v)."""
-        return self._full(validate_inputs(self.config, idx))[0]
+        return self._full(validate_inputs(self.config, idx, device=self.device))[0]
 
     def context(self, idx: torch.Tensor) -> torch.Tensor:
         """ȳ at every token: idx (b, t) -> (b, t, e). Deterministic (the posterior mean under "vae")."""
-        return self._lower(validate_inputs(self.config, idx))[1]
+        return self._lower(validate_inputs(self.config, idx, device=self.device))[1]
 
     def run_with_cache(self, idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """logits (b, t, v) and every named activation (see the module docstring for names and shapes)."""
         record: dict[str, torch.Tensor] = {}
-        logits = self._full(validate_inputs(self.config, idx), record=record)[0]
+        logits = self._full(validate_inputs(self.config, idx, device=self.device), record=record)[0]
         return logits, record
 
     def _check_ybar(self, ybar_vec, batch: int | None = None, name: str = "ybar_vec") -> torch.Tensor:
@@ -356,13 +372,16 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
             raise ValueError(f"{name} must have shape (batch, d_y={e}) or (d_y,), got shape {tuple(ybar_vec.shape)}")
         if batch is not None and ybar_vec.dim() == 2 and ybar_vec.shape[0] not in (1, batch):
             raise ValueError(f"{name} must have 1 or {batch} rows (one per row of idx), got shape {tuple(ybar_vec.shape)}")
-        if not torch.isfinite(ybar_vec).all():
+        if ybar_vec.device != self.device:
+            raise ValueError(f"{name} must be on the model's device {str(self.device)!r}, got a tensor on "
+                             f"{str(ybar_vec.device)!r}; move it with {name}.to({str(self.device)!r})")
+        if ybar_vec.device.type != "meta" and not torch.isfinite(ybar_vec).all():
             raise ValueError(f"{name} must be finite, got {int((~torch.isfinite(ybar_vec)).sum())} NaN or inf value(s)")
         return ybar_vec if ybar_vec.dim() == 2 else ybar_vec[None]
 
     def forward_specialized(self, idx: torch.Tensor, ybar_vec: torch.Tensor) -> torch.Tensor:
         """The specialised model, unmerged: x-only pass over idx (b, t) with T(ȳ) frozen at ybar_vec (b, e)."""
-        idx = validate_inputs(self.config, idx)
+        idx = validate_inputs(self.config, idx, device=self.device)
         ybar_vec = self._check_ybar(ybar_vec, idx.shape[0])
         return self._specialized(idx, ybar_vec.expand(idx.shape[0], -1))
 
@@ -373,7 +392,7 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
             raise TypeError(f"ybar must be a float tensor of shape (..., d_y={e}), got {describe(ybar)}")
         if ybar.dim() == 0 or ybar.shape[-1] != e:
             raise ValueError(f"ybar must have shape (..., d_y={e}), got shape {tuple(ybar.shape)}")
-        if not torch.isfinite(ybar).all():
+        if ybar.device.type != "meta" and not torch.isfinite(ybar).all():
             raise ValueError(f"ybar must be finite, got {int((~torch.isfinite(ybar)).sum())} NaN or inf value(s)")
         return {f"{layer}.{site}": self.templates[str(layer)][site].coefficients(ybar) for layer, site in self.template_sites}
 
@@ -439,7 +458,7 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
             single = True
         else:
             single = prompt.dim() == item_dims + 1 and prompt.shape[0] == 1
-        prompt = validate_inputs(cfg, prompt, name="prompt")
+        prompt = validate_inputs(cfg, prompt, name="prompt", device=self.device)
         ybar = self._lower(prompt)[1][:, -1]  # (b, e): the summary after the last prompt token
         models = [self.merged_gpt(row) for row in ybar]
         return models[0] if single else models
@@ -456,10 +475,14 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
         s = torch.randint(lo, hi + 1, (batch,), generator=generator)
         return s.to(device) if device is not None else s
 
-    def _check_split(self, split, batch: int, length: int, device) -> torch.Tensor:
+    def _check_split(self, split, batch: int, length: int) -> torch.Tensor:
+        """The split as a CPU LongTensor (batch,): its values decide shapes, so they live on the host (no
+        device sync per use on a GPU, and a model on the meta device still runs)."""
         if isinstance(split, bool) or not isinstance(split, (int, torch.Tensor)):
             raise TypeError(f"split must be an int or a LongTensor of shape (batch,), got {describe(split)}")
-        split = torch.as_tensor(split, device=device)
+        if isinstance(split, torch.Tensor) and split.device.type == "meta":
+            raise ValueError("split must hold values (an int or a CPU/GPU tensor), got a tensor on the meta device")
+        split = torch.as_tensor(split).cpu()
         if split.is_floating_point() or split.dim() > 1 or (split.dim() == 1 and split.shape[0] != batch):
             raise ValueError(f"split must be an int or an integer tensor of shape ({batch},), got {tuple(split.shape)} "
                              f"{split.dtype}")
@@ -478,7 +501,7 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
         split: None (sampled per row), an int, or a LongTensor (b,) of prefix lengths.
         """
         cfg = self.config
-        idx = validate_inputs(cfg, idx)
+        idx = validate_inputs(cfg, idx, device=self.device)
         _check_targets(cfg, idx, targets, loss_mask)
         b, t = idx.shape[:2]
         noise = self.training and cfg.smooth == "vae"
@@ -486,8 +509,7 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
         main = masked_loss(cfg, logits, targets, loss_mask)
 
         if cfg.w_aux > 0 or split is not None:
-            s = (self.sample_split(b, t, generator, idx.device) if split is None
-                 else self._check_split(split, b, t, idx.device))
+            s = self.sample_split(b, t, generator) if split is None else self._check_split(split, b, t)
             aux = self._aux_loss(idx, targets, loss_mask, ybar, s)
         else:
             aux = main.new_zeros(())
@@ -505,13 +527,15 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
         return {"main": main, "aux": aux, "smooth": smooth, "total": total}
 
     def _aux_loss(self, idx, targets, loss_mask, ybar, split):
+        """split: CPU LongTensor (b,) — its values set the shapes below; a device copy indexes the tensors."""
         b, t = idx.shape[:2]
+        split_dev = split.to(idx.device)
         rows = torch.arange(b, device=idx.device)
-        ytilde = ybar[rows, split - 1]                               # (b, e)
+        ytilde = ybar[rows, split_dev - 1]                           # (b, e)
         m = t - int(split.min())
         if self.config.aux_suffix_len is not None:
             m = min(m, self.config.aux_suffix_len)
-        src = split[:, None] + torch.arange(m, device=idx.device)    # (b, m) source positions of the suffix
+        src = split_dev[:, None] + torch.arange(m, device=idx.device)  # (b, m) source positions of the suffix
         valid = src < t                                              # padded slots are masked out below
         suffix, suffix_targets = _take_positions(idx, src), _take_positions(targets, src)
         mask = valid if loss_mask is None else valid & _take_positions(loss_mask.bool(), src)
@@ -520,6 +544,7 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
         logits = None
         for group in torch.argsort(split).chunk(_AUX_GROUPS):
             m_group = min(m, t - int(split[group].min()))
+            group = group.to(idx.device)
             out = self._specialized(suffix[group, :m_group], ytilde[group])
             if logits is None:
                 logits = out.new_zeros(b, m, out.shape[-1])
@@ -529,10 +554,11 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
     def aux_logits(self, idx: torch.Tensor, split: int | torch.Tensor) -> torch.Tensor:
         """Logits of the auxiliary path for an explicit split (all rows' suffixes left-aligned, padded at the end
         with the last token): (b, t − min(split), v). Row i's first t − split_i positions are its suffix."""
-        idx = validate_inputs(self.config, idx)
+        idx = validate_inputs(self.config, idx, device=self.device)
         b, t = idx.shape[:2]
-        split = self._check_split(split, b, t, idx.device)
+        split = self._check_split(split, b, t)
+        split_dev = split.to(idx.device)
         ybar = self._lower(idx)[1]
-        ytilde = ybar[torch.arange(b, device=idx.device), split - 1]
-        src = split[:, None] + torch.arange(t - int(split.min()), device=idx.device)
+        ytilde = ybar[torch.arange(b, device=idx.device), split_dev - 1]
+        src = split_dev[:, None] + torch.arange(t - int(split.min()), device=idx.device)
         return self._specialized(_take_positions(idx, src), ytilde)

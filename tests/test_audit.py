@@ -338,7 +338,7 @@ case("ybar_map_figure", "hover", [["a"]], lambda v: F.ybar_map_figure(_C2, hover
 case("ybar_map_figure", "color_kind", ["nonsense"], lambda v: F.ybar_map_figure(_C2, [1, 2, 3, 4], color_kind=v))
 case("ybar_map_figure", "height", [0, -5, "tall"], lambda v: F.ybar_map_figure(_C2, height=v))
 _YB = np.random.default_rng(0).normal(size=(6, 4))
-case("smoothness_figure", "ybar", [np.zeros(6), np.zeros((1, 4)), np.zeros((2, 3, 4))], lambda v: F.smoothness_figure(v),
+case("smoothness_figure", "ybar", [np.zeros(6), np.zeros((2, 3, 4))], lambda v: F.smoothness_figure(v),
      shows="")
 case("smoothness_figure", "tokens", [["a", "b"]], lambda v: F.smoothness_figure(_YB, v), shows="2")
 case("smoothness_figure", "boundary", [10, -1, 1.5], lambda v: F.smoothness_figure(_YB, boundary=v))

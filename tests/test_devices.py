@@ -1,0 +1,95 @@
+"""Models and inputs on different devices (issue 7: "a model moved between devices").
+
+No GPU is needed for most of this: PyTorch's "meta" device is a real second device (tensors with shapes
+and no data), so a model moved there must run every entry point on meta inputs without creating a tensor
+on the CPU internally (e.g. a torch.arange without device=), and must refuse CPU inputs with a message
+that says where to move them. The CUDA round trip at the end runs only where CUDA exists.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cgt_viz import CGT, GPT, CGTConfig
+
+torch.set_num_threads(1)
+META = torch.device("meta")
+
+
+def small(**kw) -> CGTConfig:
+    base = dict(vocab_size=16, block_size=12, n_layer=3, d_x=16, n_head=2, d_y=8, n_head_y=1, y_layer=1,
+                n_templates=2, sites=("attn_in", "attn_out", "mlp_in", "mlp_out"))
+    return CGTConfig(**{**base, **kw})
+
+
+@pytest.fixture(params=["post", "pre"])
+def meta_cgt(request):
+    torch.manual_seed(0)
+    return CGT(small(y_reads=request.param, smooth="vae", w_smooth=0.1)).to(META)
+
+
+def test_every_model_entry_point_runs_on_another_device(meta_cgt):
+    model = meta_cgt
+    idx = torch.zeros(2, 8, dtype=torch.long, device=META)
+    assert model.device == META
+    outs = {"forward": model(idx), "context": model.context(idx), "x_only": model.x_only()(idx),
+            "aux_logits": model.aux_logits(idx, 3),
+            "forward_specialized": model.forward_specialized(idx, torch.zeros(2, 8, device=META))}
+    logits, cache = model.run_with_cache(idx)
+    outs.update({f"cache {k}": v for k, v in cache.items()})
+    model.train()
+    outs.update({f"loss {k}": v for k, v in model.loss(idx, idx).items()})           # sampled splits
+    outs.update({f"loss@3 {k}": v for k, v in model.loss(idx, idx, split=3).items()})
+    model.eval()
+    gpt = model.specialize(idx[0, :4])
+    outs["specialised"] = gpt(idx)
+    outs.update({f"lora {k}": a for k, (a, _) in model.lora_factors(torch.zeros(8, device=META)).items()})
+    assert all(v.device == META for v in outs.values()), [k for k, v in outs.items() if v.device != META]
+    assert outs["forward"].shape == (2, 8, 16) and outs["context"].shape == (2, 8, 8)
+    assert all(p.device == META for p in gpt.parameters())
+
+
+@pytest.mark.parametrize("call", [
+    lambda m, x: m(x), lambda m, x: m.context(x), lambda m, x: m.run_with_cache(x),
+    lambda m, x: m.loss(x, x), lambda m, x: m.aux_logits(x, 2), lambda m, x: m.specialize(x[0]),
+    lambda m, x: m.generate(x, 1), lambda m, x: m.forward_specialized(x, torch.zeros(8)),
+    lambda m, x: m.x_only()(x),
+], ids=["forward", "context", "run_with_cache", "loss", "aux_logits", "specialize", "generate",
+        "forward_specialized", "x_only"])
+def test_inputs_left_on_the_old_device_are_refused_with_where_to_move_them(call):
+    model = CGT(small()).to(META)
+    with pytest.raises(ValueError, match=r"(idx|prompt) must be on the model's device 'meta'.*\.to\('meta'\)"):
+        call(model, torch.zeros(2, 6, dtype=torch.long))
+
+
+def test_summaries_and_targets_on_the_wrong_device_are_named():
+    model = CGT(small()).to(META)
+    idx = torch.zeros(2, 6, dtype=torch.long, device=META)
+    with pytest.raises(ValueError, match="ybar_vec must be on the model's device"):
+        model.forward_specialized(idx, torch.zeros(8))
+    with pytest.raises(ValueError, match="ybar_vec must be on the model's device"):
+        model.merged_gpt(torch.zeros(8))
+    with pytest.raises(ValueError, match="targets must be on the device of idx"):
+        model.loss(idx, torch.zeros(2, 6, dtype=torch.long))
+
+
+def test_a_plain_gpt_refuses_inputs_on_another_device():
+    gpt = GPT(small()).to(META)
+    assert gpt(torch.zeros(1, 4, dtype=torch.long, device=META)).device == META
+    with pytest.raises(ValueError, match="idx must be on the model's device 'meta'"):
+        gpt(torch.zeros(1, 4, dtype=torch.long))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_round_trip_gives_the_cpu_answer():
+    torch.manual_seed(0)
+    model = CGT(small()).eval()
+    idx = torch.randint(0, 16, (2, 8))
+    ref = model(idx)
+    spec_ref = model.specialize(idx[0, :4])(idx)
+    model.cuda()
+    torch.testing.assert_close(model(idx.cuda()).cpu(), ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(model.specialize(idx[0, :4].cuda())(idx.cuda()).cpu(), spec_ref, atol=1e-4, rtol=1e-4)
+    model.cpu()
+    torch.testing.assert_close(model(idx), ref, atol=1e-5, rtol=1e-5)
