@@ -97,7 +97,15 @@ class TrainHistory:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainHistory":
+        if not isinstance(d, dict):
+            raise TypeError(f"d must be a dict as written by TrainHistory.to_dict, got {describe(d)}")
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        for name in ("step", "main", "aux", "smooth", "total", "lr", "grad_norm", "evals"):
+            if name in known and not isinstance(known[name], list):
+                raise TypeError(f"d[{name!r}] must be a list (one entry per step), got {describe(known[name])}")
+        lengths = {k: len(known[k]) for k in ("step", "main", "aux", "smooth", "total") if k in known}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"d must hold per-step lists of one length, got lengths {lengths}")
         return cls(**known)
 
     def to_dataframe(self):

@@ -31,7 +31,7 @@ from cgt_viz.tasks.icl import SyntheticICL
 from cgt_viz.tasks.regression import LinearRegression
 from cgt_viz.tasks.text import TextMixture
 from cgt_viz.tasks.tokenizer import ByteTokenizer
-from cgt_viz.train import train
+from cgt_viz.train import TrainHistory, train
 
 torch.set_num_threads(1)
 
@@ -266,6 +266,11 @@ case("train", "task", [ICL], lambda v: train(icl_model(), SyntheticICL(n_pairs=1
 case("train", "task", [ICL], lambda v: train(CGT_T, v, steps=1, batch_size=2, progress=False), shows="vocab_size")
 case("train", "resume", [True], lambda v: train(CGT_ICL, ICL, steps=1, batch_size=2, progress=False, resume=v),
      shows="checkpoint_dir")
+
+case("TrainHistory.from_dict", "d", ["history", 5, {"step": 5}], lambda v: TrainHistory.from_dict(v), shows="")
+_POINTS = A.Points(np.zeros((3, 2)), np.zeros(3, int), np.arange(3), np.zeros(3, int), np.array(["a"] * 3, object),
+                   np.array(["a"] * 3, object), None, np.zeros(3, bool))
+case("Points.take", "rows", [[3], [-1], [0.5], "all"], lambda v: _POINTS.take(v))
 
 # ------------------------------------------------------------------------------------------ evaluate
 case("evaluate_specialization", "model", [GPT_T, "m"], lambda v: E.evaluate_specialization(v, ICL, k_values=2),
@@ -571,6 +576,9 @@ NOT_AUDITED = {  # public names with no bad-argument cases here, and why
     "TemplateInspector.show": "as the constructor's sequence/token/site", "SmoothnessStrip.figure_for": "as show",
     "CompileCompare.figure_for": "as losses", "CompileCompare.show": "as losses",
     "Projector": "method and X cases", "seeds_summary": "runs and by cases",
+    "ByteTokenizer": "no arguments", "Points.concat": "internal (Explorer.add)", "Points.frame": "internal (selection)",
+    "TrainHistory.to_dict": "no arguments", "TrainHistory.to_dataframe": "no arguments",
+    "TrainHistory.evals_dataframe": "no arguments", "check_batch_fits": "the checker itself (train task cases)",
 }
 
 
