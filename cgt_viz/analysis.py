@@ -129,7 +129,14 @@ class Points:
 
     def take(self, rows: np.ndarray) -> "Points":
         """The subset of points `rows` (an index array), in that order."""
-        rows = np.asarray(rows, dtype=np.int64)
+        raw = np.asarray(rows)
+        if raw.size and (raw.dtype.kind not in "iu" or raw.ndim != 1):
+            raise TypeError(f"rows must be a 1-D array of int indices, got {describe(rows)}")
+        rows = raw.astype(np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= len(self.ybar)):
+            bad = rows[(rows < 0) | (rows >= len(self.ybar))]
+            raise ValueError(f"rows must be indices in 0..{len(self.ybar) - 1}, got {len(bad)} outside, e.g. "
+                             f"{bad[:5].tolist()}")
         return Points(self.ybar[rows], self.seq[rows], self.pos[rows], self.token_id[rows], self.token[rows],
                       self.hover[rows], None if self.label is None else self.label[rows], self.half[rows])
 

@@ -321,7 +321,7 @@ case("Projector.fit_transform", "X", [np.zeros(5), np.zeros((1, 3)), np.full((5,
 case("Projector.transform", "X", [np.zeros((3, 4))],
      lambda v: (p := A.Projector("pca")).fit_transform(np.random.rand(9, 3)) is None or p.transform(v), shows="4")
 case("stratified_subsample", "cap", [0, -1, 1.5], lambda v: A.stratified_subsample(np.arange(10), v))
-case("token_smoothness", "ybar", [np.zeros(5), np.zeros((2, 3, 4))], lambda v: A.token_smoothness(v), shows="")
+case("token_smoothness", "ybar", [np.zeros(5), np.zeros((2, 3, 4, 5))], lambda v: A.token_smoothness(v), shows="")
 case("parse_site", "site", ["9.attn_in", "1.nope", "attn_in", 5, None], lambda v: A.parse_site(CGT_T, v))
 case("site_coefficients", "ybar", [np.zeros((3, 5))], lambda v: A.site_coefficients(CGT_T, v, "2.attn_in"), shows="5")
 case("delta_w_singular_values", "ybar_vec", [np.zeros(5), np.zeros((2, 8))],
