@@ -19,7 +19,7 @@ import torch
 from ._checks import check_array, check_choice, check_float, check_int, describe, is_int
 from .layers import SITE_WEIGHTS
 from .model import per_position_loss, validate_inputs
-from .sequences import (IGNORE_INDEX, ByteTokenizer, Sequences, _device, concat_sequences, eval_mode,  # noqa: F401
+from .sequences import (IGNORE_INDEX, ByteTokenizer, Sequences, _as_model_input, _device, concat_sequences, eval_mode,  # noqa: F401
                         label_boundary, model_task, prepare_sequences, require_cgt, token_strings,
                         check_baseline, check_lengths, check_scored, check_templates)
 
@@ -404,7 +404,7 @@ def site_coefficients(model, ybar: np.ndarray, site: Any) -> np.ndarray:
     layer, name = parse_site(model, site)
     temp = model.templates[str(layer)][name]
     y = _check_ybar(model, "ybar", ybar, (1, 2, 3), "(..., d_y)")
-    return temp.coefficients(torch.from_numpy(y).to(_device(model))).float().cpu().numpy()
+    return temp.coefficients(_as_model_input(model, y)).float().cpu().numpy()
 
 
 def _check_ybar(model, name: str, ybar: Any, ndim: tuple[int, ...], shape: str) -> np.ndarray:
@@ -435,7 +435,7 @@ def delta_w_singular_values(model, ybar_vec: np.ndarray, site: Any) -> np.ndarra
     y = _check_ybar(model, "ybar_vec", ybar_vec, (1, 2, 3), "(d_y,)")
     if y.ndim != 1:
         raise ValueError(f"ybar_vec must be one summary of shape (d_y,), got shape {y.shape}")
-    y = torch.from_numpy(y).to(_device(model))
+    y = _as_model_input(model, y)
     lora_a, lora_b = model.lora_factors(y)[weight_name]                 # A (K·r, i), B (o, K·r)
     # ΔW = B A has rank ≤ K·r: its singular values are those of R_B R_Aᵀ from two thin QRs (cheap)
     r_b = torch.linalg.qr(lora_b.double())[1]

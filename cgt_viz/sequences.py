@@ -68,7 +68,18 @@ def require_text_task(task: Any, name: str = "task") -> None:
 
 
 def _device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
+    """Where the model is now (asked on every call: a model may move between views)."""
+    device = next(model.parameters()).device
+    if device.type == "meta":
+        raise ValueError("model must hold weights to be viewed, but its parameters are on the meta device (shapes "
+                         "only); move it with model.to('cpu') / model.to('cuda') after loading weights")
+    return device
+
+
+def _as_model_input(model: torch.nn.Module, array: np.ndarray) -> torch.Tensor:
+    """A float array as a tensor on the model's device and in its parameters' dtype (a model may have been
+    moved to float64 or bfloat16 after a view was built)."""
+    return torch.as_tensor(array).to(device=_device(model), dtype=next(model.parameters()).dtype)
 
 
 @contextlib.contextmanager

@@ -93,3 +93,49 @@ def test_cuda_round_trip_gives_the_cpu_answer():
     torch.testing.assert_close(model.specialize(idx[0, :4].cuda())(idx.cuda()).cpu(), spec_ref, atol=1e-4, rtol=1e-4)
     model.cpu()
     torch.testing.assert_close(model(idx), ref, atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------- views of a model that moved
+def viewed_model():
+    torch.manual_seed(0)
+    cfg = CGTConfig(vocab_size=256, block_size=32, n_layer=3, d_x=16, n_head=2, d_y=8, n_head_y=1, y_layer=1,
+                    n_templates=2)
+    return CGT(cfg).eval(), torch.randint(0, 256, (3, 12), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_views_keep_working_after_the_model_moves_to_another_dtype(dtype):
+    from cgt_viz import CompileCompare, TemplateInspector, explore
+    from cgt_viz import analysis as A
+    model, data = viewed_model()
+    explorer, inspector = explore(model, data, background=None), TemplateInspector(model, data)
+    ybar32 = A.collect_ybar(model, data)
+    coeffs32 = A.site_coefficients(model, ybar32[0], "2.attn_in")
+    model.to(dtype)                                   # after the views were built
+    explorer.open_point(3)                            # builds the linked strip + inspector on the moved model
+    inspector.show(sequence=1, token=2)
+    ablation = inspector.ablate()
+    CompileCompare(model, data).show(sequence=0)
+    explorer.add(data[:1])
+    assert explorer.inspector is not None and len(explorer.points) == 4 * 12   # 3 + 1 sequences of 12 tokens
+    tol = 1e-5 if dtype == torch.float64 else 5e-2
+    np.testing.assert_allclose(A.collect_ybar(model, data), ybar32, atol=tol * 10, rtol=tol * 10)
+    np.testing.assert_allclose(A.site_coefficients(model, ybar32[0], "2.attn_in"), coeffs32, atol=tol, rtol=tol)
+    assert all(np.isfinite(v).all() for v in ablation.values() if isinstance(v, np.ndarray))
+
+
+def test_a_model_moved_to_the_meta_device_is_refused_clearly_and_the_view_stays_usable():
+    from cgt_viz import explore
+    from cgt_viz import analysis as A
+    model, data = viewed_model()
+    explorer = explore(model, data, background=None)
+    state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    model.to(META)
+    with pytest.raises(ValueError, match="meta device"):
+        explorer.open_point(3)
+    with pytest.raises(ValueError, match="meta device"):
+        A.collect_ybar(model, data)
+    assert explorer.strip is None and explorer.inspector is None   # nothing half-built
+    model.to_empty(device="cpu").load_state_dict(state)             # back with its weights
+    explorer.open_point(3)
+    assert explorer.strip is not None and explorer.inspector is not None

@@ -381,11 +381,11 @@ class Explorer(W.VBox):
         from .smoothness import SmoothnessStrip
         from .templates import TemplateInspector
         if self._strip is None:
-            self._strip = SmoothnessStrip(self.model, self.seqs, ybar=self.ybar_full, sequence=sequence,
-                                          highlight=position)
-            self._inspector = TemplateInspector(self.model, self.seqs, ybar=self.ybar_full, sequence=sequence,
-                                                token=position)
-            self.linked.children = [self._strip, self._inspector]
+            # both views are built before either is kept: a failure leaves the explorer as it was
+            strip = SmoothnessStrip(self.model, self.seqs, ybar=self.ybar_full, sequence=sequence, highlight=position)
+            inspector = TemplateInspector(self.model, self.seqs, ybar=self.ybar_full, sequence=sequence, token=position)
+            self._strip, self._inspector = strip, inspector
+            self.linked.children = [strip, inspector]
         else:
             self._strip.show(sequence, position)
             self._inspector.show(sequence=sequence, token=position)
