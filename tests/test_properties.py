@@ -94,5 +94,8 @@ def test_invalid_configs_name_the_field(data):
     except (ValueError, TypeError) as err:
         named = field if field != "sites" else "site"
         assert named in str(err), f"error for {field}={value!r} does not name it: {err}"
+        shown = [r(v) for v in (value if field == "sites" else [value]) for r in (str, repr)]
+        assert any(v in str(err) for v in shown), f"error for {field}={value!r} does not show the value: {err}"
+        assert "must" in str(err), f"error for {field}={value!r} does not say what is allowed: {err}"
     else:
         raise AssertionError(f"CGTConfig accepted {field}={value!r}")
