@@ -60,12 +60,17 @@ _SPLIT_STREAM, _VAL_STREAM, _VAL_SPLIT_STREAM = 1_000_003, 2_000_029, 3_000_017
 class TrainingDiverged(RuntimeError):
     """A loss term or the gradient norm became NaN/inf; the model holds the weights of the last good step."""
 
-    def __init__(self, step: int, term: str, value: float, history: "TrainHistory", checkpoint: Path | None):
+    def __init__(self, step: int, term: str, value: float, history: "TrainHistory", checkpoint: Path | None,
+                 weights_finite: bool = True):
         self.step, self.term, self.value, self.history, self.checkpoint = step, term, value, history, checkpoint
+        self.weights_finite = weights_finite
         kept = (f"the last good checkpoint is {str(checkpoint)!r}" if checkpoint is not None
                 else "no checkpoint was written")
+        state = ("no update was applied" if weights_finite else
+                 "no update was applied, but the weights are already NaN/inf: the previous update overflowed, so "
+                 "reload the last good checkpoint")
         super().__init__(f"training diverged at step {step}: the {term} loss is {value} "
-                         f"(no update was applied; {kept}). Try a lower lr, a longer warmup or grad_clip.")
+                         f"({state}; {kept}). Try a lower lr, a longer warmup or grad_clip.")
 
 
 @dataclass
@@ -412,6 +417,9 @@ def _run(*, model, task, steps, batch_size, lr, warmup, min_lr_ratio, weight_dec
         nonlocal last_ckpt
         if checkpoint_dir is None or not is_main:
             return last_ckpt
+        if not all(bool(torch.isfinite(p).all()) for p in params):  # never overwrite good checkpoints with NaN
+            raise TrainingDiverged(step, "weights after the update", float("nan"), history, last_ckpt,
+                                   weights_finite=False)
         state = {k: v for k, v in model.state_dict().items()}
         last_ckpt = save_checkpoint(checkpoint_dir, step, {**run_id, "steps": steps}, state, optimizer.state_dict(),
                                     capture_rng(generators), history.to_dict(), keep=keep_checkpoints)
@@ -480,7 +488,8 @@ def _run(*, model, task, steps, batch_size, lr, warmup, min_lr_ratio, weight_dec
                     term, value = bad[0] if bad else ("gradient norm of the total", grad_norm)
                     if is_main:
                         emit({"kind": "end", "step": step})
-                    raise TrainingDiverged(step + 1, term, value, history, last_ckpt)
+                    finite = all(bool(torch.isfinite(p).all()) for p in params)
+                    raise TrainingDiverged(step + 1, term, value, history, last_ckpt, weights_finite=finite)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 step += 1

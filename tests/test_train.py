@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cgt_viz import CGT, GPT, CGTConfig
-from cgt_viz.checkpoint import list_checkpoints, load_checkpoint
+from cgt_viz.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from cgt_viz.tasks.base import Batch, Task
 from cgt_viz.train import TrainHistory, TrainingDiverged, lr_at, param_groups, resolve_device, train
 
@@ -262,3 +262,27 @@ def test_aux_delay_and_ramp_weight_the_aux_term_in_the_total():
     assert records[0]["aux"] > 0  # still computed and logged while it does not count
     with pytest.raises(ValueError, match="aux_delay"):
         train(fresh(cfg), task, steps=2, batch_size=4, aux_delay=-1, progress=False)
+
+
+def test_an_update_that_overflows_the_weights_is_reported_as_such(tmp_path, monkeypatch):
+    """An update with finite gradients can still overflow (e.g. a huge lr): simulate it by corrupting one weight
+    after the first optimizer step; the next loss is NaN and the error must not claim the weights are good."""
+    real_step = torch.optim.AdamW.step
+
+    def overflowing_step(self, *args, **kwargs):
+        out = real_step(self, *args, **kwargs)
+        with torch.no_grad():
+            self.param_groups[0]["params"][0].fill_(float("inf"))
+        return out
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", overflowing_step)
+    task = TinyTask()
+    model = fresh(tiny_config(task))
+    with pytest.raises(TrainingDiverged, match="weights are already NaN/inf") as info:
+        train(model, task, steps=5, batch_size=4, eval_every=0, **QUIET)
+    assert info.value.step == 2 and not info.value.weights_finite
+    # with checkpoints: the step-1 checkpoint would hold the inf weights, so it is refused and none is written
+    model = fresh(tiny_config(task))
+    with pytest.raises(TrainingDiverged, match="step 1: the weights after the update") as info:
+        train(model, task, steps=5, batch_size=4, eval_every=0, checkpoint_dir=tmp_path, checkpoint_every=1, **QUIET)
+    assert info.value.checkpoint is None and latest_checkpoint(tmp_path) is None
