@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
 from ._checks import check_bool, check_choice, check_float, check_int, describe
 

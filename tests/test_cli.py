@@ -1,7 +1,6 @@
 """The CLI: train / evaluate / report, exit codes, and kill-then-resume giving the uninterrupted weights."""
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
