@@ -165,6 +165,8 @@ for _v, _shows in [(torch.zeros(0, dtype=torch.long), "(0,)"), (torch.full((4,),
                    ([torch.zeros(3, dtype=torch.long), torch.zeros(0, dtype=torch.long)], "(0,)"), ([], "[]"),
                    ("hello", "str"), (torch.zeros(2, 2, 2, dtype=torch.long), "(2, 2, 2)")]:
     case("CGT.specialize", "prompt", [_v], lambda v: CGT_T.specialize(v), shows=_shows)
+case("CGT.specialize", "share_weights", ["yes", 1, None], lambda v: CGT_T.specialize(IDX[0], share_weights=v))
+case("CGT.merged_gpt", "share_weights", ["yes", 0], lambda v: CGT_T.merged_gpt(YBAR[0], share_weights=v))
 case("CGT.sample_split", "batch", POS_INT, lambda v: CGT_T.sample_split(v, 8))
 case("CGT.sample_split", "length", [1, 0, 13, 2.5, None], lambda v: CGT_T.sample_split(2, v))
 case("CGT.generate", "max_new_tokens", [0, -1, 2.5, 100], lambda v: CGT_T.generate(IDX[:, :2], v))

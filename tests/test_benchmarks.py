@@ -123,11 +123,12 @@ def test_bench_core_writes_json(tmp_path):
         assert _finite_positive(block["ratio_median"]) and _finite_positive(block["ratio_min"])
     assert _finite_positive(res["merged_forward"]["ratio_median"])
     assert [x["prompt_len"] for x in res["specialize"]] == [4, 8]
-    assert all(_finite_positive(x["ratio_median"]) for x in res["specialize"])
+    assert all(_finite_positive(x["ratio_median"]) and _finite_positive(x["shared"]["ratio_median"])
+               for x in res["specialize"])
     tf = res["training_flops"]
     assert tf["ratio_main_only"] < tf["ratio_aux_exact"] <= tf["ratio_aux_grouped"] <= tf["ratio_aux_padded"]
     assert set(res["summary"]) == {"training_step_ratio", "training_fwd_bwd_ratio", "merged_forward_ratio",
-                                   "specialize_ratio"}
+                                   "specialize_ratio", "specialize_shared_ratio"}
     assert "| CGT train step (main + aux) / GPT step |" in (tmp_path / "README.md").read_text()
 
 

@@ -91,6 +91,26 @@ def test_batched_specialize_matches_single_prompts(cfg):
     torch.testing.assert_close(specs[0](rest), model.specialize(prompts[0:1, :3])(rest), atol=1e-5, rtol=1e-4)
 
 
+def test_shared_weight_specialisation_equals_the_copy_and_shares_only_untouched_weights(cfg):
+    model = trained_like(cfg)
+    prompts, rest = make_inputs(cfg, b=2, t=7), make_inputs(cfg, b=1, t=5, seed=3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    copies, shared = model.specialize(prompts), model.specialize(prompts, share_weights=True)
+    modulated = set(model.lora_factors(model.context(prompts[:1])[0, -1]))
+    for own, light in zip(copies, shared):
+        torch.testing.assert_close(light(rest), own(rest), atol=0, rtol=0)
+        for name, p in light.named_parameters():
+            cgt_p = model.gpt.get_parameter(name)
+            assert (p is cgt_p) == (name not in modulated), name     # shared exactly where no template acts
+            assert own.get_parameter(name) is not cgt_p                # the default copies everything
+    assert shared[0].get_parameter(sorted(modulated)[0]) is not shared[1].get_parameter(sorted(modulated)[0])
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, before[k], atol=0, rtol=0)       # the CGT itself is untouched
+    with torch.no_grad():                                             # the default copy is independent
+        next(copies[0].parameters()).add_(1.0)
+    torch.testing.assert_close(model.state_dict(), before, atol=0, rtol=0)
+
+
 def test_aux_path_with_different_splits_per_row(cfg):
     model = trained_like(cfg)
     seq = make_inputs(cfg, b=3, t=12)
