@@ -109,16 +109,18 @@ def masked_loss(cfg: CGTConfig, out: torch.Tensor, targets: torch.Tensor, mask: 
     return (per_pos * w).sum() / w.sum().clamp_min(1.0)
 
 
-def _check_targets(cfg: CGTConfig, inp: torch.Tensor, targets, loss_mask) -> None:
+def check_targets(cfg: CGTConfig, inp: torch.Tensor, targets, loss_mask, inputs_name: str = "idx") -> None:
+    """targets (and loss_mask) as the loss takes them for validated inputs `inp` of shape (b, t[, input_dim])."""
     if not isinstance(targets, torch.Tensor):
         raise TypeError(f"targets must be a torch.Tensor, got {describe(targets)}")
     for name, t in (("targets", targets), ("loss_mask", loss_mask)):
         if isinstance(t, torch.Tensor) and t.device != inp.device:
-            raise ValueError(f"{name} must be on the device of idx {str(inp.device)!r}, got a tensor on {str(t.device)!r}")
+            raise ValueError(f"{name} must be on the device of {inputs_name} {str(inp.device)!r}, got a tensor on "
+                             f"{str(t.device)!r}")
     if cfg.mode == "tokens":
         if targets.shape != inp.shape:
-            raise ValueError(f"targets must have the shape of idx {tuple(inp.shape)}, got {tuple(targets.shape)}")
-        if targets.is_floating_point():
+            raise ValueError(f"targets must have the shape of {inputs_name} {tuple(inp.shape)}, got {tuple(targets.shape)}")
+        if targets.is_floating_point() or targets.dtype == torch.bool:
             raise TypeError(f"targets must hold integer token ids, got dtype {targets.dtype}")
         bad = (targets != IGNORE_INDEX) & ((targets < 0) | (targets >= cfg.vocab_size))
         if targets.device.type != "meta" and bad.any():
@@ -128,17 +130,19 @@ def _check_targets(cfg: CGTConfig, inp: torch.Tensor, targets, loss_mask) -> Non
         want = (*inp.shape[:2], cfg.out_dim)
         if tuple(targets.shape) != want:
             raise ValueError(f"targets must have shape (batch, time, output_dim) = {want}, got {tuple(targets.shape)}")
+        if not targets.is_floating_point():
+            raise TypeError(f"targets must be floats in vectors mode, got dtype {targets.dtype}")
     if loss_mask is not None:
         if not isinstance(loss_mask, torch.Tensor) or tuple(loss_mask.shape) != tuple(inp.shape[:2]):
-            got = tuple(loss_mask.shape) if isinstance(loss_mask, torch.Tensor) else type(loss_mask).__name__
-            raise ValueError(f"loss_mask must be a tensor of shape (batch, time) = {tuple(inp.shape[:2])}, got {got}")
+            raise ValueError(f"loss_mask must be None or a tensor of shape (batch, time) = {tuple(inp.shape[:2])}, "
+                             f"got {describe(loss_mask)}")
 
 
 def check_batch_fits(cfg: CGTConfig, batch, task, name: str = "task") -> None:
     """A batch drawn from `task` must be valid input for a model with config cfg; else the error names the task."""
     try:
         inputs = validate_inputs(cfg, batch.inputs, name="inputs")
-        _check_targets(cfg, inputs, batch.targets, batch.loss_mask)
+        check_targets(cfg, inputs, batch.targets, batch.loss_mask, inputs_name="inputs")
     except (TypeError, ValueError) as err:
         raise type(err)(f"{name} {task!r} does not fit the model; its batches must suit the model's config, but "
                         f"their {err}. Build the model with CGTConfig(**task.config_kwargs(), ...)") from None
@@ -238,7 +242,7 @@ class GPT(PretrainedMixin, _Generation, nn.Module):
              split=None) -> dict[str, torch.Tensor]:
         """The same dict as CGT.loss; a GPT has only the main term (`split` is accepted and unused)."""
         idx = validate_inputs(self.config, idx, device=self.device)
-        _check_targets(self.config, idx, targets, loss_mask)
+        check_targets(self.config, idx, targets, loss_mask)
         main = masked_loss(self.config, self._step(idx, None, 0), targets, loss_mask)
         zero = main.new_zeros(())
         return {"main": main, "aux": zero, "smooth": zero, "total": main}
@@ -509,7 +513,7 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
         """
         cfg = self.config
         idx = validate_inputs(cfg, idx, device=self.device)
-        _check_targets(cfg, idx, targets, loss_mask)
+        check_targets(cfg, idx, targets, loss_mask)
         b, t = idx.shape[:2]
         noise = self.training and cfg.smooth == "vae"
         logits, ybar, mu, sigma = self._full(idx, noise=noise)

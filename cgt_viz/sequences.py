@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import describe, is_int
-from .model import GPT, IGNORE_INDEX, validate_inputs
+from .model import GPT, IGNORE_INDEX, check_targets, validate_inputs
 from .tasks.tokenizer import ByteTokenizer
 
 
@@ -123,28 +123,9 @@ def check_templates(templates: Any, K: int) -> list[int]:
 
 def check_scored(model, inputs: Any, targets: Any, loss_mask: Any):
     """inputs, targets and loss_mask as `model.loss` takes them (shapes, dtypes, token range) -> the tensors."""
-    cfg = model.config
-    inputs = validate_inputs(cfg, inputs, "inputs")
-    if not isinstance(targets, torch.Tensor):
-        raise TypeError(f"targets must be a torch.Tensor, got {describe(targets)}")
-    if cfg.mode == "tokens":
-        if targets.is_floating_point() or targets.dtype == torch.bool or tuple(targets.shape) != tuple(inputs.shape):
-            raise ValueError(f"targets must be integer token ids of the shape of inputs {tuple(inputs.shape)}, got "
-                             f"{describe(targets)}")
-        bad = (targets != IGNORE_INDEX) & ((targets < 0) | (targets >= cfg.vocab_size))
-        if bad.any():
-            raise ValueError(f"targets must be in 0..{cfg.vocab_size - 1} or {IGNORE_INDEX} (not scored), "
-                             f"got {int(targets[bad][0])}")
-    else:
-        want = (*inputs.shape[:2], cfg.output_dim)
-        if not targets.is_floating_point() or tuple(targets.shape) != want:
-            raise ValueError(f"targets must be floats of shape (n, t, output_dim) = {want}, got {describe(targets)}")
-    if loss_mask is not None:
-        if not isinstance(loss_mask, torch.Tensor) or tuple(loss_mask.shape) != tuple(inputs.shape[:2]):
-            raise ValueError(f"loss_mask must be None or a bool tensor of shape (n, t) = {tuple(inputs.shape[:2])}, "
-                             f"got {describe(loss_mask)}")
-        loss_mask = loss_mask.bool()
-    return inputs, targets, loss_mask
+    inputs = validate_inputs(model.config, inputs, "inputs")
+    check_targets(model.config, inputs, targets, loss_mask, inputs_name="inputs")
+    return inputs, targets, None if loss_mask is None else loss_mask.bool()
 
 
 def check_baseline(model, baseline: Any) -> None:

@@ -581,6 +581,7 @@ NOT_AUDITED = {  # public names with no bad-argument cases here, and why
     "ByteTokenizer": "no arguments", "Points.concat": "internal (Explorer.add)", "Points.frame": "internal (selection)",
     "TrainHistory.to_dict": "no arguments", "TrainHistory.to_dataframe": "no arguments",
     "TrainHistory.evals_dataframe": "no arguments", "check_batch_fits": "the checker itself (train task cases)",
+    "check_targets": "the checker itself (every targets/loss_mask case)",
 }
 
 
