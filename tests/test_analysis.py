@@ -319,3 +319,17 @@ def test_training_series_from_every_history_shape():
         A.training_series({"step": [1, 2], "main": [1.0]})
     with pytest.raises(TypeError, match="history must be"):
         A.training_series(3)
+
+
+def test_vectors_model_with_default_output_dim_is_scored():
+    """output_dim left to default (= input_dim): targets (n, t, input_dim) are what the loss takes."""
+    torch.manual_seed(0)
+    model = CGT(CGTConfig(input_dim=3, block_size=16, n_layer=3, d_x=16, n_head=2, d_y=8, n_head_y=1, y_layer=1,
+                          n_templates=2)).eval()
+    inputs, targets = torch.randn(2, 10, 3), torch.randn(2, 10, 3)
+    out = A.compare_losses(model, inputs, targets, 4)
+    for key in ("prompted", "specialised", "no_context"):
+        assert out[key].shape == (6,) and np.isfinite(out[key]).all()
+    ablation = A.template_ablation(model, inputs, targets, "2.attn_in")
+    with torch.no_grad():
+        np.testing.assert_allclose(ablation["base"], model.loss(inputs, targets)["main"].item(), rtol=1e-5)
