@@ -18,6 +18,7 @@ sys.path.insert(0, str(BENCH))
 import bench_core  # noqa: E402
 import bench_cost  # noqa: E402
 import common  # noqa: E402
+import text_topic_reference  # noqa: E402
 
 from cgt_viz import CGT, CGTConfig  # noqa: E402
 
@@ -216,3 +217,13 @@ def test_peak_memory_window_sees_a_large_allocation():
     after = common.peak_memory_bytes(cpu)
     del big
     assert after["kind"] == "rss_peak" and after["bytes"] - before >= 60 * 2 ** 20
+
+
+def test_text_topic_reference_reads_the_excerpts_ceiling(tmp_path):
+    res = text_topic_reference.main(["--block-sizes", "64,256", "--n-batches", "2", "--batch-size", "16",
+                                     "--out", str(tmp_path)])
+    assert json.loads((tmp_path / "text_topic_reference.json").read_text())["rows"] == res["rows"]
+    short, long = res["rows"]
+    assert short["n_excerpts"] == long["n_excerpts"] == 64
+    assert short["mean_excerpt_bytes"] == 32 and long["mean_excerpt_bytes"] == 128   # block_size / 2 on average
+    assert all(0 < r[k] <= 1 for r in res["rows"] for k in ("chance", "byte_histogram_knn", "tfidf_knn", "tfidf_logistic"))
