@@ -138,6 +138,21 @@ def check_targets(cfg: CGTConfig, inp: torch.Tensor, targets, loss_mask, inputs_
                              f"got {describe(loss_mask)}")
 
 
+def _fold_affine_ln_y(module, state_dict, prefix, *args) -> None:
+    """Checkpoints written when LN_y had a gain g and bias β: fold them into every coefficient map, exactly:
+    A (g ⊙ ŷ + β) + b = (A diag g) ŷ + (A β + b)."""
+    gain = state_dict.pop(prefix + "ln_y.weight", None)
+    shift = state_dict.pop(prefix + "ln_y.bias", None)
+    if gain is None and shift is None:
+        return
+    for key in [k for k in state_dict if k.startswith(prefix + "templates.") and k.endswith(".coeff.weight")]:
+        weight, bias_key = state_dict[key], key[:-len("weight")] + "bias"
+        if shift is not None:
+            state_dict[bias_key] = state_dict[bias_key] + weight @ shift
+        if gain is not None:
+            state_dict[key] = weight * gain
+
+
 def check_batch_fits(cfg: CGTConfig, batch, task, name: str = "task") -> None:
     """A batch drawn from `task` must be valid input for a model with config cfg; else the error names the task."""
     try:
@@ -261,7 +276,10 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
         self.y_wpe = nn.Embedding(cfg.block_size, cfg.d_y) if cfg.y_pos else None
         self.y_blocks = nn.ModuleList(YBlock(cfg.d_x, cfg.d_y, cfg.n_head_y, cfg.mlp_ratio, cfg.bias, cfg.dropout)
                                       for _ in range(cfg.y_layer))
-        self.ln_y = nn.LayerNorm(cfg.d_y, bias=cfg.bias)
+        # no learnable gain/bias: ȳ keeps a fixed scale (‖ȳ_t‖² = d_y), so the smoothness penalty cannot be met by
+        # shrinking a gain, and c = A ȳ + b absorbs any affine map anyway (old checkpoints are folded on load)
+        self.ln_y = nn.LayerNorm(cfg.d_y, elementwise_affine=False)
+        self.register_load_state_dict_pre_hook(_fold_affine_ln_y)
         _init_weights(nn.ModuleList([self.y_embed, self.y_blocks] + ([self.y_wpe] if self.y_wpe is not None else [])),
                       cfg.n_layer)
         if cfg.smooth == "vae":  # log σ of the posterior N(μ_t, σ_t²) over ȳ_t

@@ -399,3 +399,31 @@ def test_from_pretrained_rejects_damaged_files(tmp_path):
         CGT.from_pretrained(path)
     with pytest.raises(FileNotFoundError):
         CGT.from_pretrained(tmp_path / "nope")
+
+
+def test_checkpoints_with_an_affine_summary_norm_load_as_the_same_model(tmp_path):
+    """Models saved when LN_y had a gain and bias load with both folded into the coefficient maps, exactly."""
+    cfg = make_cfg("tokens", sites=("attn_in", "mlp_out"), n_templates=3, template_rank=2, y_layer=2)
+    legacy = trained_like(cfg)
+    legacy.ln_y = torch.nn.LayerNorm(cfg.d_y)                 # the old module: a learnable gain and bias
+    with torch.no_grad():
+        legacy.ln_y.weight.uniform_(0.2, 2.0)
+        legacy.ln_y.bias.normal_(0, 0.5)
+    seq = make_inputs(cfg, b=2, t=10)
+    legacy.save_pretrained(tmp_path / "old")
+    loaded = CGT.from_pretrained(tmp_path / "old")
+    assert not any(name.startswith("ln_y") for name in loaded.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(seq), legacy(seq), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(loaded.specialize(seq[0, :5])(seq[:, 5:]),
+                                   legacy.specialize(seq[0, :5])(seq[:, 5:]), atol=1e-5, rtol=1e-4)
+
+
+def test_the_summary_has_a_fixed_scale():
+    model = trained_like(make_cfg("tokens", sites=("attn_in",), n_templates=2, template_rank=1, y_layer=2))
+    assert list(model.ln_y.parameters()) == []               # no gain that a penalty on ȳ could shrink
+    with torch.no_grad():
+        y = model.run_with_cache(make_inputs(model.config, b=2, t=9))[1]
+    ybar, y_l = y["ybar"], y[f"y.{model.config.y_layer}"]
+    torch.testing.assert_close(ybar, (y_l - y_l.mean(-1, keepdim=True)) / (y_l.var(-1, unbiased=False, keepdim=True)
+                                                                           + 1e-5).sqrt(), atol=1e-5, rtol=1e-4)
