@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from ._checks import check_bool, check_choice, check_float, check_int, describe
 
 SITES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
-SMOOTH_KINDS = ("l2", "vae")
+SMOOTH_KINDS = ("l2", "vae", "relative")
 Y_READS = ("post", "pre")
 
 
@@ -43,7 +43,8 @@ class CGTConfig:
     # --- losses: total = main + w_aux * aux + w_smooth * smooth ---
     w_aux: float = 1.0                 # w_C, auxiliary specialisation loss
     w_smooth: float = 0.0              # w_D, smoothness of ybar along the sequence
-    smooth: str = "l2"                 # "l2": mean ||ybar_t − ybar_{t−1}||²; "vae": noisy ybar + KL
+    smooth: str = "l2"                 # "l2": mean ||ybar_t − ybar_{t−1}||²; "vae": noisy ybar + KL;
+                                       # "relative": l2 / (2 · variance of ybar over the batch), see model.py
     vae_sigma: float = 0.1             # "vae": initial posterior std of ybar
     vae_tau: float = 1.0               # "vae": random-walk prior std
     aux_min_prefix: int = 1            # s_min: the split leaves at least this many prefix tokens

@@ -547,6 +547,12 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
             smooth = main.new_zeros(())
         elif cfg.smooth == "l2":
             smooth = (mu[:, 1:] - mu[:, :-1]).pow(2).sum(-1).mean()
+        elif cfg.smooth == "relative":
+            # the l2 step over twice the spread of ȳ across all tokens of the batch (≈ 1 − lag-1 autocorrelation):
+            # unlike l2 it cannot be met by a constant ȳ plus a small informative part, and it rewards ȳ that
+            # differs between sequences while drifting slowly within one
+            spread = (mu - mu.mean((0, 1), keepdim=True)).pow(2).sum(-1).mean()
+            smooth = (mu[:, 1:] - mu[:, :-1]).pow(2).sum(-1).mean() / (2 * spread + 1e-6)
         else:  # KL( N(μ_t, σ_t²) || N(μ_{t−1}, τ²) ), summed over dims, mean over tokens
             tau2 = cfg.vae_tau ** 2
             var = sigma[:, 1:].pow(2)

@@ -264,7 +264,7 @@ def test_loss_mask_changes_main_loss():
     assert not torch.allclose(full, last)
 
 
-@pytest.mark.parametrize("smooth", ["l2", "vae"])
+@pytest.mark.parametrize("smooth", ["l2", "vae", "relative"])
 def test_smoothness_term(smooth):
     cfg = make_cfg(smooth=smooth, w_smooth=0.5)
     model = trained_like(cfg).train()
@@ -276,6 +276,10 @@ def test_smoothness_term(smooth):
     if smooth == "l2":
         want = (mu[:, 1:] - mu[:, :-1]).pow(2).sum(-1).mean()
         torch.testing.assert_close(losses["smooth"], want)
+    elif smooth == "relative":
+        step = (mu[:, 1:] - mu[:, :-1]).pow(2).sum(-1).mean()
+        spread = (mu - mu.mean((0, 1))).pow(2).sum(-1).mean()
+        torch.testing.assert_close(losses["smooth"], step / (2 * spread + 1e-6))
     else:
         # training adds noise to ȳ: two passes differ; evaluation is deterministic
         assert not torch.equal(model.loss(inp, tgt)["main"], model.loss(inp, tgt)["main"])
@@ -283,6 +287,23 @@ def test_smoothness_term(smooth):
         torch.testing.assert_close(model.loss(inp, tgt)["main"], model.loss(inp, tgt)["main"])
         _, cache = model.run_with_cache(inp)
         assert cache["ybar_sigma"].shape == cache["ybar"].shape and (cache["ybar_sigma"] > 0).all()
+
+
+def test_relative_smoothness_ignores_offset_and_scale():
+    """A constant offset or a rescaling of ȳ (the ways the l2 penalty can be met without smoothing) leaves the
+    relative penalty unchanged, and a ȳ constant within each sequence but different across them scores 0."""
+    def relative(mu):  # CGT.loss's formula, restated on plain tensors
+        step = (mu[:, 1:] - mu[:, :-1]).pow(2).sum(-1).mean()
+        return step / (2 * (mu - mu.mean((0, 1))).pow(2).sum(-1).mean() + 1e-6)
+    g = torch.Generator().manual_seed(0)
+    mu = torch.randn(4, 10, 6, generator=g)
+    torch.testing.assert_close(relative(mu + 50.0), relative(mu), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(relative(0.01 * mu), relative(mu), rtol=1e-3, atol=1e-4)
+    per_sequence = torch.randn(4, 1, 6, generator=g).expand(4, 10, 6)
+    assert relative(per_sequence) == 0 and relative(mu) > 0.5
+    model = trained_like(make_cfg(smooth="relative", w_smooth=1.0)).train()
+    inp = make_inputs(model.config)
+    torch.testing.assert_close(model.loss(inp, make_targets(model.config, inp))["smooth"], relative(model.context(inp)))
 
 
 def test_gpt_loss_has_the_same_keys():
