@@ -34,9 +34,10 @@ from cgt_viz.train import train  # noqa: E402
 RECIPES = {
     "icl": dict(task={}, model=dict(n_layer=4, d_x=64, n_head=4, d_y=32, n_head_y=2, y_layer=2, n_templates=16),
                 steps=3000, batch_size=32, k=8),
-    "regression": dict(task=dict(dim=16, n_points=24, noise=0.1),
-                       model=dict(n_layer=4, d_x=64, n_head=4, d_y=32, n_head_y=2, y_layer=2, n_templates=16),
-                       steps=1500, batch_size=32, k=16),
+    "regression": dict(task=dict(dim=4, n_points=16, noise=0.1),   # recipe: cgt_viz/tasks/regression.py
+                       model=dict(n_layer=4, d_x=64, n_head=4, d_y=32, n_head_y=2, y_layer=2, n_templates=16,
+                                  sites=("attn_in", "attn_out", "mlp_in", "mlp_out")),
+                       steps=3000, batch_size=32, k=4, train=dict(aux_delay=500, aux_ramp=250), curriculum=1000),
     "text": dict(task=dict(block_size=128), model=dict(n_layer=4, d_x=128, n_head=4, d_y=64, n_head_y=2, y_layer=2,
                                                         n_templates=8, template_rank=2),
                  steps=1500, batch_size=32, k=64, w_smooth=0.05),
@@ -50,7 +51,9 @@ def run_one(name: str, seed: int, steps: int | None, eval_batches: int) -> dict:
     model = CGT(CGTConfig(**task.config_kwargs(), **recipe["model"]))
     steps = steps or recipe["steps"]
     t0 = time.perf_counter()
-    model, history = train(model, task, steps=steps, batch_size=recipe["batch_size"], seed=seed, progress=False)
+    callbacks = [task.curriculum(min(recipe["curriculum"], steps))] if "curriculum" in recipe else []
+    model, history = train(model, task, steps=steps, batch_size=recipe["batch_size"], seed=seed, progress=False,
+                           callbacks=callbacks, **recipe.get("train", {}))
     out = {"task": name, "seed": seed, "steps": steps, "train_seconds": time.perf_counter() - t0}
     row = evaluate_specialization(model, task, k_values=(recipe["k"],), n_batches=eval_batches, batch_size=64,
                                   seed=1000 + seed)[0]

@@ -136,18 +136,37 @@ def test_bad_batch_arguments():
 
 
 # ---------------------------------------------------------------------------- LinearRegression
-def test_regression_targets_are_the_linear_function_of_x():
-    task = LinearRegression(dim=4, n_points=6, noise=0.0)
+@pytest.mark.parametrize("layout", ["pair", "split"])
+def test_regression_targets_are_the_linear_function_of_x(layout):
+    task = LinearRegression(dim=4, n_points=6, noise=0.0, layout=layout)
     b = task.get_batch(8, generator=gen())
     assert b.inputs.shape == (8, 12, 5) and b.targets.shape == (8, 12, 1)
     x, w = b.inputs[:, 0::2, :4], b.info["w"]
     y = torch.einsum("bnd,bd->bn", x, w) / 2.0
     assert torch.allclose(b.targets[:, 0::2, 0], y, atol=1e-5)
     assert torch.allclose(b.inputs[:, 1::2, 4], y, atol=1e-5)            # the y channel carries y_i
-    assert (b.inputs[:, 1::2, :4] == 0).all() and (b.inputs[:, 0::2, 4] == 0).all()
+    assert (b.inputs[:, 0::2, 4] == 0).all()                             # x positions never show y
+    if layout == "pair":                                                 # the y position repeats its own x
+        assert torch.equal(b.inputs[:, 1::2, :4], x)
+    else:
+        assert (b.inputs[:, 1::2, :4] == 0).all()
     assert torch.equal(b.loss_mask[0], torch.tensor([True, False] * 6))
     assert (b.split % 2 == 0).all()
     assert torch.equal(task.get_batch(8, generator=gen()).inputs, b.inputs)
+    assert task.decode(b.inputs[0, :2]) == ["x", f"y={float(y[0, 0]):.2f}"]
+    assert task_from_config(CGTConfig(d_x=16, n_head=2, d_y=8, n_head_y=1, n_layer=2, y_layer=1,
+                                      **task.config_kwargs())).layout == layout
+
+
+def test_regression_layouts_hold_the_same_examples_and_reject_unknown_layouts():
+    pair = LinearRegression(dim=3, n_points=5, layout="pair").eval_batch(3, 4, generator=gen(1))
+    split = LinearRegression(dim=3, n_points=5, layout="split").eval_batch(3, 4, generator=gen(1))
+    assert torch.equal(pair.targets, split.targets) and torch.equal(pair.loss_mask, split.loss_mask)
+    assert torch.equal(pair.inputs[:, 0::2], split.inputs[:, 0::2])       # same x positions, the query too
+    assert torch.equal(pair.inputs[:, 1::2, 3], split.inputs[:, 1::2, 3])
+    assert LinearRegression().layout == "pair"
+    with pytest.raises(ValueError, match=r"layout must be one of \('pair', 'split'\), got str 'interleaved'"):
+        LinearRegression(layout="interleaved")
 
 
 def test_regression_noise_and_eval_batch():
@@ -166,6 +185,36 @@ def test_regression_noise_and_eval_batch():
         task.eval_batch(6, 2)
     with pytest.raises(ValueError, match="noise"):
         LinearRegression(noise=-1)
+
+
+def test_regression_active_dims_curriculum():
+    task = LinearRegression(dim=4, n_points=6, noise=0.0)
+    full = task.get_batch(512, generator=gen(3))
+    task.set_active_dims(2)
+    b = task.get_batch(512, generator=gen(3))
+    assert (b.inputs[..., 2:4] == 0).all() and (b.info["w"][:, 2:] == 0).all()
+    assert torch.equal(b.inputs[:, 0::2, :2], full.inputs[:, 0::2, :2])    # the same draws, masked
+    y = torch.einsum("bnd,bd->bn", b.inputs[:, 0::2, :4], b.info["w"]) / 2.0
+    assert torch.allclose(b.targets[:, 0::2, 0], y, atol=1e-5)
+    assert 0.85 < float(y.std()) < 1.15                                    # w rescaled: Var(y) stays ≈ 1
+    assert (task.eval_batch(2, 8, generator=gen()).inputs[:, 0::2, 2:4] != 0).all()   # eval: the full task
+    task.set_active_dims(None)
+    assert torch.equal(task.get_batch(512, generator=gen(3)).inputs, full.inputs)
+
+    grow = task.curriculum(10)
+    assert task.active_dims == 1                                           # set at once, before step 1
+    seen = []
+    for step in range(1, 13):
+        grow({"kind": "eval", "step": step, "val_main": 1.0})               # other events change nothing
+        grow({"kind": "step", "step": step, "main": 1.0})
+        seen.append(task.active_dims)
+    assert seen == sorted(seen) and seen[0] < 4 and seen[9:] == [4, 4, 4]
+    for call, arg in ((lambda v: task.set_active_dims(v), "n"), (lambda v: task.curriculum(v), "steps"),
+                      (lambda v: task.curriculum(5, start=v), "start")):
+        with pytest.raises(ValueError, match=rf"{arg} must be an int .*got 0"):
+            call(0)
+    with pytest.raises(ValueError, match=r"n must be an int in 1\.\.4, got 5"):
+        task.set_active_dims(5)
 
 
 # ---------------------------------------------------------------------------- TextMixture
