@@ -218,6 +218,10 @@ case("LinearRegression.get_batch", "batch_size", [0, 1.5], lambda v: REG.get_bat
 case("LinearRegression.get_batch", "part", ["test"], lambda v: REG.get_batch(2, part=v))
 case("LinearRegression.eval_batch", "k", [0, 4, 1.5], lambda v: REG.eval_batch(v, 2))
 case("LinearRegression.eval_batch", "n_queries", [0, 5], lambda v: REG.eval_batch(1, 2, n_queries=v))
+case("LinearRegression", "layout", ["interleaved", 1], lambda v: LinearRegression(layout=v))
+case("LinearRegression.set_active_dims", "n", [0, 3, 1.5], lambda v: REG.set_active_dims(v))
+case("LinearRegression.curriculum", "steps", [0, 1.5], lambda v: REG.curriculum(v))
+case("LinearRegression.curriculum", "start", [0, 3, 1.5], lambda v: REG.curriculum(10, start=v))
 
 
 def text_corpus(tmp):

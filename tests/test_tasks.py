@@ -304,3 +304,11 @@ def test_registry_errors():
     with pytest.raises(ValueError, match="task"):
         task_from_config(CGTConfig(vocab_size=4, block_size=8))
     assert isinstance(make_task("regression", dim=3), LinearRegression)
+
+
+def test_a_regression_model_saved_before_layouts_rebuilds_its_split_layout():
+    kw = LinearRegression(dim=2, n_points=4, layout="split").config_kwargs()
+    old = {**kw, "extra": {"task": {k: v for k, v in kw["extra"]["task"].items() if k != "layout"}}}
+    assert "layout" not in old["extra"]["task"]
+    assert task_from_config(old).layout == "split"
+    assert task_from_config(LinearRegression(dim=2, n_points=4).config_kwargs()).layout == "pair"

@@ -44,6 +44,8 @@ def task_from_config(cfg) -> Task:
         raise ValueError("cfg.extra has no 'task' entry {'name': ..., <kwargs>}; "
                          "build the config with **task.config_kwargs() to record it")
     kwargs = {k: v for k, v in spec.items() if k != "name"}
+    if spec["name"] == "regression" and "layout" not in kwargs:
+        kwargs["layout"] = "split"   # saved before layouts existed: the only layout there was
     return make_task(spec["name"], **kwargs)
 
 
