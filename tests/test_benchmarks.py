@@ -18,6 +18,7 @@ sys.path.insert(0, str(BENCH))
 import bench_core  # noqa: E402
 import bench_cost  # noqa: E402
 import common  # noqa: E402
+import smoothness_sweep  # noqa: E402
 import text_topic_reference  # noqa: E402
 
 from cgt_viz import CGT, CGTConfig  # noqa: E402
@@ -227,3 +228,12 @@ def test_text_topic_reference_reads_the_excerpts_ceiling(tmp_path):
     assert short["n_excerpts"] == long["n_excerpts"] == 64
     assert short["mean_excerpt_bytes"] == 32 and long["mean_excerpt_bytes"] == 128   # block_size / 2 on average
     assert all(0 < r[k] <= 1 for r in res["rows"] for k in ("chance", "byte_histogram_knn", "tfidf_knn", "tfidf_logistic"))
+
+
+def test_smoothness_sweep_writes_one_row_per_weight(tmp_path):
+    res = smoothness_sweep.main(["--steps", "2", "--weights", "0,0.5", "--smooth", "relative", "--batch-size", "4",
+                                 "--block-size", "64", "--eval-batches", "1", "--out", str(tmp_path)])
+    assert [r["w_smooth"] for r in res["rows"]] == [0.0, 0.5]
+    assert json.loads((tmp_path / "smoothness_sweep_relative.json").read_text())["rows"] == res["rows"]
+    for row in res["rows"]:
+        assert -1 <= row["adjacent_cosine"] <= 1 and row["ybar_spread"] >= 0 and math.isfinite(row["before_specialized"])
