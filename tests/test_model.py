@@ -1,6 +1,5 @@
 """Invariants of the core model: the algebra of specialisation, the one-way x/y coupling, causality,
 round trips, the KV cache and the errors on bad input."""
-import itertools
 
 import pytest
 import torch
