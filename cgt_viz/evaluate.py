@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_array, check_choice, check_float, check_int, describe, is_int, is_number
-from .model import CGT, GPT, per_position_loss
-from .sequences import check_baseline, check_task_fits, eval_mode, require_text_task
+from .model import CGT, GPT, check_task_fits, per_position_loss
+from .sequences import check_baseline, eval_mode, require_text_task
 
 
 MODES = ("prompted", "specialized", "no_context", "baseline")

@@ -18,7 +18,7 @@ Named outputs (`CGT.run_with_cache`; shapes for an input of b sequences of lengt
 from __future__ import annotations
 
 import copy
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn as nn
@@ -153,14 +153,32 @@ def _fold_affine_ln_y(module, state_dict, prefix, *args) -> None:
             state_dict[key] = weight * gain
 
 
-def check_batch_fits(cfg: CGTConfig, batch, task, name: str = "task") -> None:
-    """A batch drawn from `task` must be valid input for a model with config cfg; else the error names the task."""
+def check_task_fits(model: Any, task: Any, name: str = "task", *, needs: str = "get_batch") -> None:
+    """TypeError unless `task` is a task object with the method `needs`; ValueError unless its sequences fit the
+    model (same mode, tokens < vocab_size or the same input/output dims, block_size no longer than the model's)."""
+    if not callable(getattr(task, needs, None)) or not callable(getattr(task, "config_kwargs", None)):
+        raise TypeError(f"{name} must be a task with {needs}() and config_kwargs() (e.g. make_task('icl')), "
+                        f"got {describe(task)}")
     try:
-        inputs = validate_inputs(cfg, batch.inputs, name="inputs")
-        check_targets(cfg, inputs, batch.targets, batch.loss_mask, inputs_name="inputs")
-    except (TypeError, ValueError) as err:
-        raise type(err)(f"{name} {task!r} does not fit the model; its batches must suit the model's config, but "
-                        f"their {err}. Build the model with CGTConfig(**task.config_kwargs(), ...)") from None
+        want, cfg = task.config_kwargs(), model.config
+    except NotImplementedError:   # a custom task that does not say what it fixes: nothing to compare
+        return
+    if "vocab_size" in want:
+        gives = f"tokens (vocab_size={want['vocab_size']})"
+    else:
+        gives = f"vectors (input_dim={want.get('input_dim')}, output_dim={want.get('output_dim')})"
+    reads = (f"tokens (vocab_size={cfg.vocab_size})" if cfg.mode == "tokens"
+             else f"vectors (input_dim={cfg.input_dim}, output_dim={cfg.output_dim})")
+    fits = (cfg.mode == "tokens" and "vocab_size" in want and want["vocab_size"] <= cfg.vocab_size) or \
+           (cfg.mode != "tokens" and "vocab_size" not in want and want.get("input_dim") == cfg.input_dim
+            and want.get("output_dim") == cfg.output_dim)
+    if not fits:
+        raise ValueError(f"{name} does not fit the model: {type(task).__name__} gives {gives} but the model reads "
+                         f"{reads}; pass the task the model was trained on")
+    if want.get("block_size", 0) > cfg.block_size:
+        raise ValueError(f"{name} does not fit the model: {type(task).__name__} has block_size={want['block_size']} "
+                         f"but the model only takes {cfg.block_size} positions; the task's block_size must be "
+                         f"<= {cfg.block_size}")
 
 
 def _take_positions(seq: torch.Tensor, src: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import describe, is_int
-from .model import GPT, IGNORE_INDEX, check_targets, validate_inputs
+from .model import GPT, IGNORE_INDEX, check_targets, check_task_fits, validate_inputs
 from .tasks.tokenizer import ByteTokenizer
 
 
@@ -25,34 +25,6 @@ def require_cgt(model: Any, name: str = "model") -> None:
             and callable(getattr(model, "run_with_cache", None)) and hasattr(model, "templates")):
         raise TypeError(f"{name} must be a CGT (a model with a y stream and a context summary ȳ), got "
                         f"{type(model).__name__}; a plain GPT has no ȳ to show — train or load a CGT")
-
-
-def check_task_fits(model: Any, task: Any, name: str = "task", *, needs: str = "get_batch") -> None:
-    """TypeError unless `task` is a task object with the method `needs`; ValueError unless its sequences fit the
-    model (same mode, tokens < vocab_size or the same input/output dims, block_size no longer than the model's)."""
-    if not callable(getattr(task, needs, None)) or not callable(getattr(task, "config_kwargs", None)):
-        raise TypeError(f"{name} must be a task with {needs}() and config_kwargs() (e.g. make_task('icl')), "
-                        f"got {describe(task)}")
-    try:
-        want, cfg = task.config_kwargs(), model.config
-    except NotImplementedError:   # a custom task that does not say what it fixes: nothing to compare
-        return
-    if "vocab_size" in want:
-        gives = f"tokens (vocab_size={want['vocab_size']})"
-    else:
-        gives = f"vectors (input_dim={want.get('input_dim')}, output_dim={want.get('output_dim')})"
-    reads = (f"tokens (vocab_size={cfg.vocab_size})" if cfg.mode == "tokens"
-             else f"vectors (input_dim={cfg.input_dim}, output_dim={cfg.output_dim})")
-    fits = (cfg.mode == "tokens" and "vocab_size" in want and want["vocab_size"] <= cfg.vocab_size) or \
-           (cfg.mode != "tokens" and "vocab_size" not in want and want.get("input_dim") == cfg.input_dim
-            and want.get("output_dim") == cfg.output_dim)
-    if not fits:
-        raise ValueError(f"{name} does not fit the model: {type(task).__name__} gives {gives} but the model reads "
-                         f"{reads}; pass the task the model was trained on")
-    if want.get("block_size", 0) > cfg.block_size:
-        raise ValueError(f"{name} does not fit the model: {type(task).__name__} has block_size={want['block_size']} "
-                         f"but the model only takes {cfg.block_size} positions; the task's block_size must be "
-                         f"<= {cfg.block_size}")
 
 
 def require_text_task(task: Any, name: str = "task") -> None:

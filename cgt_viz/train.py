@@ -49,7 +49,7 @@ import torch.nn as nn
 
 from ._checks import check_callable, check_float, check_int, describe
 from .checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
-from .model import check_batch_fits
+from .model import check_task_fits
 from .tasks.base import Batch, Task
 
 LOSS_TERMS = ("main", "aux", "smooth", "total")
@@ -327,6 +327,7 @@ def train(model: nn.Module, task: Task, steps: int, batch_size: int, lr: float =
         check_callable("callbacks", fn, "a list of callables taking one dict")
     if eval_fn is not None:
         check_callable("eval_fn", eval_fn, "a callable (model, step) -> dict")
+    check_task_fits(model, task)   # named here, not reported as a bad idx at the first step
     if resume and checkpoint_dir is None:
         raise ValueError("resume=True needs checkpoint_dir (the folder to resume from); checkpoint_dir must be set")
     # ---------------------------------------------------------------- processes and device
@@ -462,8 +463,6 @@ def _run(*, model, task, steps, batch_size, lr, warmup, min_lr_ratio, weight_dec
                 for group in optimizer.param_groups:
                     group["lr"] = cur_lr
                 batch = task.get_batch(batch_size, part="train", generator=generators["batch"], device=dev)
-                if step == start:  # a task that does not fit the model is named, not reported as a bad idx
-                    check_batch_fits(model.config, batch, task)
                 split = _draw_split(model, batch, generators["split"], always=False)
                 if distributed:
                     batch, split = _shard(batch, split, lo, hi)

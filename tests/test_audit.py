@@ -584,7 +584,7 @@ NOT_AUDITED = {  # public names with no bad-argument cases here, and why
     "Projector": "method and X cases", "seeds_summary": "runs and by cases",
     "ByteTokenizer": "no arguments", "Points.concat": "internal (Explorer.add)", "Points.frame": "internal (selection)",
     "TrainHistory.to_dict": "no arguments", "TrainHistory.to_dataframe": "no arguments",
-    "TrainHistory.evals_dataframe": "no arguments", "check_batch_fits": "the checker itself (train task cases)",
+    "TrainHistory.evals_dataframe": "no arguments", "check_task_fits": "the checker itself (train/evaluate task cases)",
     "check_targets": "the checker itself (every targets/loss_mask case)",
 }
 
