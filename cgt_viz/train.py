@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ._checks import check_callable, check_float, check_int, describe
+from ._checks import check_callable, check_device, check_float, check_int, describe
 from .checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
 from .model import check_task_fits
 from .tasks.base import Batch, Task
@@ -141,23 +141,7 @@ def aux_weight_scale(step: int, delay: int, ramp: int) -> float:
 
 def resolve_device(device: str | torch.device) -> torch.device:
     """"auto" -> cuda > mps > cpu; anything else is checked to exist."""
-    if isinstance(device, torch.device):
-        return device
-    if not isinstance(device, str):
-        raise TypeError(f"device must be a str or torch.device, got {type(device).__name__} {device!r}")
-    if device == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise ValueError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got {device!r}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} but CUDA is not available here; use device='auto' or 'cpu'")
-    return dev
+    return check_device("device", device, allow_auto=True)
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
