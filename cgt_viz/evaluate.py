@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ._checks import check_array, check_choice, check_float, check_int, describe, is_int, is_number
 from .model import CGT, GPT, check_task_fits, per_position_loss
-from .sequences import check_baseline, eval_mode, require_text_task
+from .sequences import _device, check_baseline, eval_mode, require_text_task
 
 
 MODES = ("prompted", "specialized", "no_context", "baseline")
@@ -52,10 +52,6 @@ def _gap(loss_no_context: float, loss_specialized: float, loss_prompted: float, 
     if not math.isfinite(denom) or denom <= eps:
         return float("nan")
     return float((loss_no_context - loss_specialized) / denom)
-
-
-def _device_of(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
 
 
 def _per_position(cfg, out: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -114,7 +110,7 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
     check_int("seed", seed, 0)
     check_task_fits(model, task, needs="eval_batch")
     ks = _check_k_values(k_values, task)
-    cfg, device = model.config, _device_of(model)
+    cfg, device = model.config, _device(model)
     x_only = model.x_only().eval()
     rows, merge_diff = [], float("nan")
     with eval_mode(model), (eval_mode(baseline) if baseline is not None else contextlib.nullcontext()):
@@ -230,7 +226,7 @@ def collect_summaries(model: CGT, task, k: int = 8, n_batches: int = 4, batch_si
     _check_positive("batch_size", batch_size)
     check_int("seed", seed, 0)
     check_task_fits(model, task, needs="eval_batch")
-    device, gen = _device_of(model), torch.Generator().manual_seed(seed)
+    device, gen = _device(model), torch.Generator().manual_seed(seed)
     feats, targets = [], []
     with eval_mode(model):
         for _ in range(n_batches):
@@ -350,7 +346,7 @@ def text_position_curves(model: CGT, task, split: int | None = None, boundary: i
     boundary = t // 2 if boundary is None else check_int("boundary", boundary, 1, t - 1)
     split = boundary // 2 if split is None else split
     check_int("split", split, 1, t - 1)
-    device, gen = _device_of(model), torch.Generator().manual_seed(seed)
+    device, gen = _device(model), torch.Generator().manual_seed(seed)
     x_only = model.x_only().eval()
     sums = {m: torch.zeros(t - split) for m in ("prompted", "specialized", "no_context")}
     with eval_mode(model):
@@ -377,7 +373,7 @@ def collect_excerpt_ends(model: CGT, task, n_batches: int = 8, batch_size: int =
 
     Returns features (2n, d_y) and topic labels (2n,)."""
     _check_text_call(model, task, n_batches, batch_size, seed)
-    device, gen = _device_of(model), torch.Generator().manual_seed(seed)
+    device, gen = _device(model), torch.Generator().manual_seed(seed)
     feats, labels = [], []
     with eval_mode(model):
         for _ in range(n_batches):
