@@ -80,10 +80,6 @@ def _check_k_values(k_values: Any, task) -> tuple[int, ...]:
     return tuple(int(k) for k in ks)
 
 
-def _check_positive(name: str, value: Any) -> int:
-    return check_int(name, value, 1)
-
-
 # ---------------------------------------------------------------------------- the comparison
 @torch.no_grad()
 def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4, 8, 16), n_batches: int = 4,
@@ -105,8 +101,8 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
     if baseline is not None:
         check_baseline(model, baseline)
         check_task_fits(baseline, task, "task", needs="eval_batch")
-    _check_positive("n_batches", n_batches)
-    _check_positive("batch_size", batch_size)
+    check_int("n_batches", n_batches, 1)
+    check_int("batch_size", batch_size, 1)
     check_int("seed", seed, 0)
     check_task_fits(model, task, needs="eval_batch")
     ks = _check_k_values(k_values, task)
@@ -221,9 +217,9 @@ def collect_summaries(model: CGT, task, k: int = 8, n_batches: int = 4, batch_si
     """
     if not isinstance(model, CGT):
         raise TypeError(f"model must be a CGT, got {describe(model)}")
-    _check_positive("k", k)
-    _check_positive("n_batches", n_batches)
-    _check_positive("batch_size", batch_size)
+    check_int("k", k, 1)
+    check_int("n_batches", n_batches, 1)
+    check_int("batch_size", batch_size, 1)
     check_int("seed", seed, 0)
     check_task_fits(model, task, needs="eval_batch")
     device, gen = _device(model), torch.Generator().manual_seed(seed)
@@ -325,8 +321,8 @@ def _check_text_call(model, task, n_batches, batch_size, seed) -> None:
         raise TypeError(f"model must be a CGT, got {describe(model)}")
     require_text_task(task)
     check_task_fits(model, task)
-    _check_positive("n_batches", n_batches)
-    _check_positive("batch_size", batch_size)
+    check_int("n_batches", n_batches, 1)
+    check_int("batch_size", batch_size, 1)
     check_int("seed", seed, 0)
 
 
