@@ -41,7 +41,7 @@ class CGTConfig:
     template_rank: int = 1             # r
     sites: tuple[str, ...] = ("attn_in", "mlp_in")   # subset of SITES
     # --- losses: total = main + w_aux * aux + w_smooth * smooth ---
-    w_aux: float = 1.0                 # w_C, auxiliary specialisation loss
+    w_aux: float = 1.0                 # w_C, auxiliary specialization loss
     w_smooth: float = 0.0              # w_D, smoothness of ybar along the sequence
     smooth: str = "l2"                 # "l2": mean ||ybar_t − ybar_{t−1}||²; "vae": noisy ybar + KL;
                                        # "relative": l2 / (2 · variance of ybar over the batch), see model.py

@@ -15,7 +15,7 @@ the held-out queries):
     gap closed  G = (L_no_context − L_specialized) / (L_no_context − L_prompted)
 
 G = 1: the compiled model is as good as the prompted one; G = 0: compiling bought nothing. G can exceed
-1 when the specialised model beats the prompted one (the auxiliary loss trains it directly on queries).
+1 when the specialized model beats the prompted one (the auxiliary loss trains it directly on queries).
 For SyntheticICL the held-out queries are values u that never occur in the prompt, so copying cannot help.
 """
 from __future__ import annotations
@@ -29,11 +29,13 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_array, check_choice, check_float, check_int, describe, is_int, is_number
-from .model import CGT, GPT, check_task_fits, per_position_loss
-from .sequences import _device, check_baseline, eval_mode, require_text_task
+from .comparison import MODES, comparison_logits
+from .losses import per_position_loss
+from .model import CGT, GPT
+from .tasks.base import check_task_fits
+from .sequences import model_device, check_baseline, eval_mode, require_text_task
 
 
-MODES = ("prompted", "specialized", "no_context", "baseline")
 
 
 # ---------------------------------------------------------------------------- small helpers
@@ -85,7 +87,7 @@ def _check_k_values(k_values: Any, task) -> tuple[int, ...]:
 def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4, 8, 16), n_batches: int = 4,
                             batch_size: int = 64, baseline: GPT | None = None, seed: int = 0,
                             check_merged: bool = True) -> list[dict[str, Any]]:
-    """Prompted vs specialised vs no-context (vs baseline GPT) on held-out queries after k demonstrations.
+    """Prompted vs specialized vs no-context (vs baseline GPT) on held-out queries after k demonstrations.
 
     model      a CGT; task: any task with `eval_batch(k, batch_size, generator, device)` (all built-in tasks)
     k_values   prompt sizes (demonstrations for icl/regression, prompt tokens for text)
@@ -106,7 +108,7 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
     check_int("seed", seed, 0)
     check_task_fits(model, task, needs="eval_batch")
     ks = _check_k_values(k_values, task)
-    cfg, device = model.config, _device(model)
+    cfg, device = model.config, model_device(model)
     x_only = model.x_only().eval()
     rows, merge_diff = [], float("nan")
     with eval_mode(model), (eval_mode(baseline) if baseline is not None else contextlib.nullcontext()):
@@ -122,12 +124,7 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
                 s = int(split[0])
                 prompt, queries = batch.inputs[:, :s], batch.inputs[:, s:]
                 targets, mask = batch.targets[:, s:], batch.loss_mask[:, s:].bool()
-                ybar = model.context(prompt)[:, -1]                               # (b, e)
-                outs = {"prompted": model(batch.inputs)[:, s:],
-                        "specialized": model.forward_specialized(queries, ybar),
-                        "no_context": x_only(queries)}
-                if baseline is not None:
-                    outs["baseline"] = baseline(batch.inputs)[:, s:]
+                outs = comparison_logits(model, batch.inputs, s, x_only, baseline)
                 if check_merged and math.isnan(merge_diff):
                     merged = model.specialize(prompt[0])
                     merge_diff = float((merged(queries[:1]) - outs["specialized"][:1]).abs().max())
@@ -222,7 +219,7 @@ def collect_summaries(model: CGT, task, k: int = 8, n_batches: int = 4, batch_si
     check_int("batch_size", batch_size, 1)
     check_int("seed", seed, 0)
     check_task_fits(model, task, needs="eval_batch")
-    device, gen = _device(model), torch.Generator().manual_seed(seed)
+    device, gen = model_device(model), torch.Generator().manual_seed(seed)
     feats, targets = [], []
     with eval_mode(model):
         for _ in range(n_batches):
@@ -333,7 +330,7 @@ def text_position_curves(model: CGT, task, split: int | None = None, boundary: i
 
     Rows have excerpt A at positions < boundary and excerpt B from boundary on (default boundary =
     block_size // 2, split = boundary // 2). Prompted: the full CGT on the whole row; specialized: ȳ at
-    position split − 1, the x-only specialised model on positions split.. alone; no_context: x_only on the
+    position split − 1, the x-only specialized model on positions split.. alone; no_context: x_only on the
     same positions. Returns positions (m,) (absolute, split..t−1), loss_prompted/specialized/no_context (m,)
     means over rows, plus split, boundary and n_rows.
     """
@@ -342,18 +339,14 @@ def text_position_curves(model: CGT, task, split: int | None = None, boundary: i
     boundary = t // 2 if boundary is None else check_int("boundary", boundary, 1, t - 1)
     split = boundary // 2 if split is None else split
     check_int("split", split, 1, t - 1)
-    device, gen = _device(model), torch.Generator().manual_seed(seed)
+    device, gen = model_device(model), torch.Generator().manual_seed(seed)
     x_only = model.x_only().eval()
-    sums = {m: torch.zeros(t - split) for m in ("prompted", "specialized", "no_context")}
+    sums = {m: torch.zeros(t - split) for m in MODES[:3]}
     with eval_mode(model):
         for _ in range(n_batches):
             batch = task.get_batch(batch_size, part=part, generator=gen, device=device, boundary=boundary)
-            suffix, targets = batch.inputs[:, split:], batch.targets[:, split:]
-            ybar = model.context(batch.inputs[:, :split])[:, -1]
-            outs = {"prompted": model(batch.inputs)[:, split:],
-                    "specialized": model.forward_specialized(suffix, ybar),
-                    "no_context": x_only(suffix)}
-            for mode, out in outs.items():
+            targets = batch.targets[:, split:]
+            for mode, out in comparison_logits(model, batch.inputs, split, x_only).items():
                 sums[mode] += _per_position(model.config, out, targets)[0].sum(0).cpu()
     n = n_batches * batch_size
     res: dict[str, Any] = {"positions": np.arange(split, t), "split": split, "boundary": boundary, "n_rows": n}
@@ -369,7 +362,7 @@ def collect_excerpt_ends(model: CGT, task, n_batches: int = 8, batch_size: int =
 
     Returns features (2n, d_y) and topic labels (2n,)."""
     _check_text_call(model, task, n_batches, batch_size, seed)
-    device, gen = _device(model), torch.Generator().manual_seed(seed)
+    device, gen = model_device(model), torch.Generator().manual_seed(seed)
     feats, labels = [], []
     with eval_mode(model):
         for _ in range(n_batches):

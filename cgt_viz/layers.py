@@ -182,3 +182,15 @@ SITE_WEIGHTS = {
     "mlp_in": "mlp.c_fc",
     "mlp_out": "mlp.c_proj",
 }
+
+
+def init_weights(module: nn.Module, n_layer: int) -> None:
+    """GPT-2 initialisation: N(0, 0.02) weights, zero biases, residual writes (c_proj) scaled by depth."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+    for name, p in module.named_parameters():
+        if name.endswith("c_proj.weight"):
+            nn.init.normal_(p, 0.0, 0.02 / (2 * n_layer) ** 0.5)

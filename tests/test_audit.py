@@ -166,6 +166,14 @@ for _v, _shows in [(torch.zeros(0, dtype=torch.long), "(0,)"), (torch.full((4,),
                    ("hello", "str"), (torch.zeros(2, 2, 2, dtype=torch.long), "(2, 2, 2)")]:
     case("CGT.specialize", "prompt", [_v], lambda v: CGT_T.specialize(v), shows=_shows)
 case("CGT.specialize", "share_weights", ["yes", 1, None], lambda v: CGT_T.specialize(IDX[0], share_weights=v))
+for _v, _shows in [({"2.attn_in": [2]}, "2"), ({"9.attn_in": [0]}, "9.attn_in"), ({"2.attn_in": []}, "[]"),
+                   ({"2.attn_in": [0.5]}, "0.5"), (["2.attn_in"], "list")]:
+    case("CGT.forward", "ablate", [_v], lambda v: CGT_T(IDX, ablate=v), shows=_shows)
+    case("CGT.run_with_cache", "ablate", [_v], lambda v: CGT_T.run_with_cache(IDX, ablate=v), shows=_shows)
+    case("CGT.forward_specialized", "ablate", [_v], lambda v: CGT_T.forward_specialized(IDX, YBAR, ablate=v),
+         shows=_shows)
+for _v, _shows in [("ybar2", "ybar2"), (["ybar", "coeffs.9.*"], "coeffs.9.*"), (3, "int"), ([b"ybar"], "list")]:
+    case("CGT.run_with_cache", "names", [_v], lambda v: CGT_T.run_with_cache(IDX, names=v), shows=_shows)
 case("CGT.merged_gpt", "share_weights", ["yes", 0], lambda v: CGT_T.merged_gpt(YBAR[0], share_weights=v))
 case("CGT.sample_split", "batch", POS_INT, lambda v: CGT_T.sample_split(v, 8))
 case("CGT.sample_split", "length", [1, 0, 13, 2.5, None], lambda v: CGT_T.sample_split(2, v))
@@ -361,7 +369,7 @@ case("template_figure", "tokens", [["a"]], lambda v: F.template_figure(np.zeros(
 case("template_figure", "highlight", [6], lambda v: F.template_figure(np.zeros((6, 2)), highlight=v))
 case("template_figure", "mean_abs", [np.zeros((3, 5))], lambda v: F.template_figure(np.zeros((6, 2)), mean_abs=v),
      shows="5")
-case("compare_figure", "losses", [5, {}, {"prompted": [1.0, 2.0], "specialised": [1.0]}],
+case("compare_figure", "losses", [5, {}, {"prompted": [1.0, 2.0], "specialized": [1.0]}],
      lambda v: F.compare_figure(v), shows="")
 case("training_curves_figure", "history", [5, "h"], lambda v: F.training_curves_figure(v), shows="")
 case("training_curves_figure", "max_points", [0, 1, 2.5], lambda v: F.training_curves_figure({"step": [1], "main": [1.0]},
@@ -551,7 +559,7 @@ NOT_AUDITED = {  # public names with no bad-argument cases here, and why
     "CGTConfig.to_dict": "no arguments", "CGTConfig.to_json": "no arguments",
     "CGT.cache_names": "no arguments", "CGT.x_only": "no arguments", "CGT.new_cache": "no arguments",
     "GPT.new_cache": "no arguments", "GPT.embed_inputs": "internal step of forward (validated there)",
-    "validate_inputs": "the checker itself (every idx case)",
+    "fold_affine_ln_y": "a load-time migration (test_model: old checkpoints load exactly)",
     "per_position_loss": "internal: called with validated tensors", "masked_loss": "internal: as above",
     "PretrainedMixin": "base class (CGT/GPT save/load cases)", "atomic_write": "internal I/O (test_checkpoint)",
     "write_json": "internal I/O", "read_json": "internal I/O", "save_tensors": "internal I/O",
@@ -565,7 +573,7 @@ NOT_AUDITED = {  # public names with no bad-argument cases here, and why
     "check_eval_size": "the checker itself", "check_part": "the checker itself",
     "Points": "a record built by collect_points", "collect_points": "internal: fed by prepare_sequences",
     "points_at": "internal (Explorer.open_point)", "mean_abs_by_label": "internal (TemplateInspector)",
-    "ablated_template": "internal context manager (template_ablation)", "thin": "internal (figures)",
+"thin": "internal (figures)",
     "sequences_of": "internal (widget constructors)", "boundary_of": "internal", "check_index": "the checker itself",
     "Explorer": "constructed by explore (explore cases); Explorer(sequences=...) type-checked",
     "Explorer.figure_static": "no arguments", "TrainingMonitor.figure_static": "no arguments",
@@ -584,7 +592,7 @@ NOT_AUDITED = {  # public names with no bad-argument cases here, and why
     "Projector": "method and X cases", "seeds_summary": "runs and by cases",
     "ByteTokenizer": "no arguments", "Points.concat": "internal (Explorer.add)", "Points.frame": "internal (selection)",
     "TrainHistory.to_dict": "no arguments", "TrainHistory.to_dataframe": "no arguments",
-    "TrainHistory.evals_dataframe": "no arguments", "check_task_fits": "the checker itself (train/evaluate task cases)",
+    "TrainHistory.evals_dataframe": "no arguments",
     "check_targets": "the checker itself (every targets/loss_mask case)",
 }
 

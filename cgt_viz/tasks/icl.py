@@ -18,7 +18,7 @@ positions, even indices), so the model is scored only where the hidden function 
     "shift"     f(u) = (u + b) mod P                        a = 1, b ∈ 0..P−1      (one number)
     "mul"       f(u) = a·u mod P                            a coprime to P, b = 0  (one number)
 
-`Batch.split` (the auxiliary split, a prefix length) falls on a pair boundary, so the specialised model's
+`Batch.split` (the auxiliary split, a prefix length) falls on a pair boundary, so the specialized model's
 suffix starts with a query pair (u, A); with `cfg.aux_suffix_len = 2` (set by `config_kwargs`) the
 auxiliary pass sees exactly that one pair, which a calibration run found works best.
 
@@ -51,10 +51,10 @@ from typing import Any
 import torch
 
 from .._checks import check_bool, check_choice, check_float, check_int
+from ..contracts import IGNORE_INDEX
 from .base import Batch, Task
 
 FAMILIES = ("shift", "affine", "dihedral", "mul")
-IGNORE_INDEX = -100
 
 
 def check_batch_size(batch_size: Any) -> None:
@@ -88,7 +88,7 @@ class SyntheticICL(Task):
     n_pairs         pairs per training sequence (block_size = 2·n_pairs)
     aux_min_pairs   the auxiliary split leaves at least this many demonstrations in the prefix
     novel_split     if True the auxiliary split is placed before a pair whose u is new to the prefix,
-                    when the row has one (the specialised model must then infer f, not look it up)
+                    when the row has one (the specialized model must then infer f, not look it up)
     answer_tokens   "value": the answer token is f(u) + P (vocabulary 2P); "pair": the answer token names
                     the whole demonstration (u, f(u)) as P + u·P + f(u) (vocabulary P + P²), so one token
                     carries a demonstration and in-context look-up needs no previous-token head

@@ -31,7 +31,7 @@ rank-1 templates, batch 32, AdamW with warm-up + cosine, 16 points, noise 0.1; k
   the auxiliary loss only starts to fall after ~2,000 steps (G 0.25 at 3,000). A curriculum over the
   active dimension (`curriculum`, after Garg et al.: train on x with 1 live coordinate, growing linearly to
   dim by step 1,000) lets the compiled path form while the task is easy. Over 3 seeds at 3,000 steps (~4.5
-  CPU minutes each): prompted 0.33 / 0.46 / 0.39, specialised 0.42 / 0.64 / 0.78, no context ≈ 0.98,
+  CPU minutes each): prompted 0.33 / 0.46 / 0.39, specialized 0.42 / 0.64 / 0.78, no context ≈ 0.98,
   G = 0.86 / 0.65 / 0.34; the auxiliary loss is still falling at the end, but 5,000 steps with a 1,500-step
   curriculum gave seed 1 no more (G 0.66). Without aux_delay (aux from step 0) seed 2 did not compile (G 0.00).
 
