@@ -57,7 +57,7 @@ def collect_cache(model, inputs: torch.Tensor, names: Sequence[str], batch_size:
     out: dict[str, list[torch.Tensor]] = {nm: [] for nm in names}
     with eval_mode(model):
         for i in range(0, inputs.shape[0], batch_size):
-            _, cache = model.run_with_cache(inputs[i:i + batch_size].to(dev))
+            _, cache = model.run_with_cache(inputs[i:i + batch_size].to(dev), names=list(names))
             for nm in names:
                 out[nm].append(cache[nm].float().cpu())
     return {nm: torch.cat(v).numpy() for nm, v in out.items()}

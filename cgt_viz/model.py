@@ -354,7 +354,7 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         # Padding every row to the longest suffix wastes ~45 % of the pass for uniform splits: rows sorted by
         # suffix length run in up to AUX_LENGTH_GROUPS groups, each only as long as its own longest suffix.
         logits = None
-        for group in torch.argsort(split).chunk(AUX_LENGTH_GROUPS):
+        for group in aux_length_groups(split):
             m_group = min(m, t - int(split[group].min()))
             group = group.to(idx.device)
             out = self._specialized(suffix[group, :m_group], ytilde[group])
@@ -373,6 +373,12 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         ytilde = self._lower(idx)[1][torch.arange(b, device=idx.device), split_dev - 1]   # (b, e)
         src = split_dev[:, None] + torch.arange(t - int(split.min()), device=idx.device)
         return self._specialized(take_positions(idx, src), ytilde)
+
+
+def aux_length_groups(split: torch.Tensor) -> list[torch.Tensor]:
+    """The auxiliary pass's row groups for a CPU split (b,): rows sorted by suffix length, in up to
+    AUX_LENGTH_GROUPS chunks, each padded only to its own longest suffix."""
+    return list(torch.argsort(split).chunk(AUX_LENGTH_GROUPS))
 
 
 class _Record(dict):
