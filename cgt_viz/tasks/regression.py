@@ -14,34 +14,16 @@ in-context learner approaches noise² once it has seen ≳ dim examples (≈ 0.1
 `Batch.split` falls on an example boundary (the suffix starts with [x_q; 0], [x_q; y_q]), like SyntheticICL,
 and `config_kwargs` sets `aux_suffix_len = 2`; `info["w"]` (b, dim) is the hidden vector for probing.
 
-Why "pair", and the recipe (measured on 2 shared CPU cores, 1 thread; d_x 64, 4 layers, d_y 32, ℓ = 2, 16
-rank-1 templates, batch 32, AdamW with warm-up + cosine, 16 points, noise 0.1; k = dim demonstrations,
-`evaluate_specialization(..., n_batches=4, seed=1)`; notes in the README):
-
-* "split" never left the predict-0 plateau (dim 4, 1,500 steps, lr 1e-3 with aux or 3e-3 without: prompted
-  MSE 0.98 = no context): like value-only answers in SyntheticICL, it first needs a previous-token head to
-  pair y_i with x_i. With "pair" one attention layer suffices (query x_q, keys x_j, values y_j) and the
-  prompted MSE falls below no context within 500 steps (dim 4: 0.59 vs 0.98 after 1,500 steps).
-* Compiling the prompt needs more: with the default sites (attn_in, mlp_in) and no schedule G stayed ≈ 0
-  (dim 4, 1,500 and 3,000 steps; dim 1, 1,500 steps, although ȳ already encodes w there). Templates at all
-  four sites (`sites=("attn_in", "attn_out", "mlp_in", "mlp_out")`) with lr 3e-3 made dim 1 compile (G 1.00
-  in 1,000 steps); lr 3e-3 at dim 4 kept the model on the plateau, so lr stays 1e-3. In the recipe below,
-  the default two sites instead of four gave G 0.34 instead of 0.86 (seed 0).
-* At dim 4, ȳ carries almost nothing about w at initialisation (linear-probe R² 0.02, vs 0.67 at dim 1), and
-  the auxiliary loss only starts to fall after ~2,000 steps (G 0.25 at 3,000). A curriculum over the
-  active dimension (`curriculum`, after Garg et al.: train on x with 1 live coordinate, growing linearly to
-  dim by step 1,000) lets the compiled path form while the task is easy. Over 3 seeds at 3,000 steps (~4.5
-  CPU minutes each): prompted 0.33 / 0.46 / 0.39, specialized 0.42 / 0.64 / 0.78, no context ≈ 0.98,
-  G = 0.86 / 0.65 / 0.34; the auxiliary loss is still falling at the end, but 5,000 steps with a 1,500-step
-  curriculum gave seed 1 no more (G 0.66). Without aux_delay (aux from step 0) seed 2 did not compile (G 0.00).
+Why "pair": with "split" the model must first pair y_i with x_i through a previous-token head; with "pair"
+one attention layer suffices (query x_q, keys x_j, values y_j). The recipe below (templates at all four
+sites, a delayed auxiliary loss, a curriculum over the active dimension) and what each part changed are
+measured in the README.
 
     task = LinearRegression(dim=4, n_points=16)
     cfg = CGTConfig(d_x=64, n_layer=4, n_head=4, d_y=32, n_head_y=2, y_layer=2, n_templates=16,
                     sites=("attn_in", "attn_out", "mlp_in", "mlp_out"), **task.config_kwargs())
     model, history = train(CGT(cfg), task, steps=3000, batch_size=32, lr=1e-3, aux_delay=500, aux_ramp=250,
                            callbacks=[task.curriculum(1000)])
-
-The target G ≥ 0.8 is met by one seed in three, at dim 4; dim 16 (the paper's) was not tried at this budget.
 """
 from __future__ import annotations
 
