@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from .._checks import check_bool, check_choice, check_float, check_int
+from .._checks import Bool, Choice, Device, Float, Generator, Int, checked, check_int
 from ..contracts import IGNORE_INDEX
 from .base import Batch, Task
 
@@ -92,19 +92,13 @@ class SyntheticICL(Task):
 
     name = "icl"
 
+    @checked(family=Choice(*FAMILIES), P=Int(2), n_pairs=Int(2), aux_min_pairs=Int(1), novel_split=Bool(),
+             shift_fraction=Float(0.0, 1.0), answer_tokens=Choice("value", "pair"))
     def __init__(self, family: str = "affine", P: int = 7, n_pairs: int = 20, aux_min_pairs: int = 1,
                  novel_split: bool = False, shift_fraction: float = 0.0, answer_tokens: str = "pair"):
-        if family not in FAMILIES:
-            raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
-        check_int("P", P, 2)
-        check_int("n_pairs", n_pairs, 2)
-        check_int("aux_min_pairs", aux_min_pairs, 1)
         if aux_min_pairs > n_pairs - 1:
             raise ValueError(f"aux_min_pairs must be <= n_pairs − 1 = {n_pairs - 1} (the suffix needs a pair), "
                              f"got {aux_min_pairs}")
-        check_bool("novel_split", novel_split)
-        check_float("shift_fraction", shift_fraction, 0.0, 1.0)
-        check_choice("answer_tokens", answer_tokens, ("value", "pair"))
         self.answer_tokens = answer_tokens
         if family == "dihedral" and P < 3:
             raise ValueError(f"P must be >= 3 for family 'dihedral' (a = ±1 must differ), got {P}")
@@ -199,16 +193,16 @@ class SyntheticICL(Task):
         scores = torch.rand(b, n, generator=generator).masked_fill(~allowed, -1.0)
         return 2 * scores.argmax(1)
 
+    @checked(batch_size=Int(1), part=Choice("train", "val"), generator=Generator(), device=Device())
     def get_batch(self, batch_size: int, part: str = "train", generator: torch.Generator | None = None,
                   device: str | torch.device = "cpu") -> Batch:
         """batch_size sequences of n_pairs pairs; part is accepted for the Task contract ("train"/"val"
         draw from the same distribution, the caller's generator makes them different)."""
-        check_batch_size(batch_size)
-        check_part(part)
         params = self.sample_params(batch_size, generator, self.shift_fraction)
         u = torch.randint(self.P, (batch_size, self.n_pairs), generator=generator)
         return self._assemble(params, u, self._sample_split(u, generator), device)
 
+    @checked(k=Int(1), batch_size=Int(1), generator=Generator(), device=Device(), n_queries=Int(1))
     def eval_batch(self, k: int, batch_size: int, generator: torch.Generator | None = None,
                    device: str | torch.device = "cpu", n_queries: int = 1) -> Batch:
         """k demonstrations, then n_queries held-out query pairs whose u never occurs in the demonstrations.

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from .base import Batch, Task
-from .._checks import check_choice, check_float, check_int
-from .icl import check_batch_size, check_eval_size, check_part
+from .._checks import Choice, Device, Float, Generator, Int, checked, check_int
+from .icl import check_eval_size
 
 LAYOUTS = ("pair", "split")
 
@@ -52,15 +52,11 @@ class LinearRegression(Task):
 
     name = "regression"
 
+    @checked(dim=Int(1), n_points=Int(2), noise=Float(0.0), aux_min_points=Int(1), layout=Choice(*LAYOUTS))
     def __init__(self, dim: int = 16, n_points: int = 32, noise: float = 0.1, aux_min_points: int = 1,
                  layout: str = "pair"):
-        check_int("dim", dim, 1)
-        check_int("n_points", n_points, 2)
-        check_int("aux_min_points", aux_min_points, 1)
-        check_float("noise", noise, 0.0)
         if aux_min_points > n_points - 1:
             raise ValueError(f"aux_min_points must be <= n_points − 1 = {n_points - 1}, got {aux_min_points}")
-        check_choice("layout", layout, LAYOUTS)
         self.dim, self.n_points, self.noise, self.aux_min_points = dim, n_points, float(noise), aux_min_points
         self.layout = layout
         self.active_dims = dim
@@ -98,11 +94,10 @@ class LinearRegression(Task):
         loss_mask[:, 0::2] = True
         return Batch(inputs, targets, loss_mask, split, {"w": w, "y": y}).to(device)
 
+    @checked(batch_size=Int(1), part=Choice("train", "val"), generator=Generator(), device=Device())
     def get_batch(self, batch_size: int, part: str = "train", generator: torch.Generator | None = None,
                   device: str | torch.device = "cpu") -> Batch:
         """batch_size sequences of n_points examples; "train" and "val" share the distribution."""
-        check_batch_size(batch_size)
-        check_part(part)
         w = torch.randn(batch_size, self.dim, generator=generator)
         x = torch.randn(batch_size, self.n_points, self.dim, generator=generator)
         j = torch.randint(self.aux_min_points, self.n_points, (batch_size,), generator=generator)
@@ -118,6 +113,7 @@ class LinearRegression(Task):
         always draws the full task, so evaluations measure the real thing."""
         self.active_dims = self.dim if n is None else check_int("n", n, 1, self.dim)
 
+    @checked(steps=Int(1))
     def curriculum(self, steps: int, start: int = 1):
         """A `train` callback that grows the active dimension linearly from `start` (set now) to dim at step
         `steps` (Garg et al. 2022); see the module docstring for the measured recipe.
@@ -127,7 +123,6 @@ class LinearRegression(Task):
         The dimension lives on the task, set by the callback after each step: a resumed run passes the same
         callback (its first step still draws `start` dims), and under torchrun, where only rank 0 calls
         callbacks, the other ranks would keep `start`; use it for single-process training."""
-        check_int("steps", steps, 1)
         check_int("start", start, 1, self.dim)
         self.set_active_dims(start)
 
@@ -136,6 +131,7 @@ class LinearRegression(Task):
                 self.set_active_dims(min(self.dim, start + (self.dim - start) * event["step"] // steps))
         return grow
 
+    @checked(k=Int(1), batch_size=Int(1), generator=Generator(), device=Device(), n_queries=Int(1))
     def eval_batch(self, k: int, batch_size: int, generator: torch.Generator | None = None,
                    device: str | torch.device = "cpu", n_queries: int = 1) -> Batch:
         """k demonstrations then n_queries fresh query examples; split = 2k, loss_mask on the query x positions."""
