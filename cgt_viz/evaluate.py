@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_array, check_choice, check_float, check_int, describe, is_int, is_number
+from ._checks import Bool, Choice, Float, Int, check_array, check_float, check_int, checked, describe, is_int, is_number
 from .comparison import MODES, comparison_logits
 from .losses import per_position_loss
 from .model import CGT, GPT
@@ -84,6 +84,7 @@ def _check_k_values(k_values: Any, task) -> tuple[int, ...]:
 
 # ---------------------------------------------------------------------------- the comparison
 @torch.no_grad()
+@checked(n_batches=Int(1), batch_size=Int(1), seed=Int(0), check_merged=Bool())
 def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4, 8, 16), n_batches: int = 4,
                             batch_size: int = 64, baseline: GPT | None = None, seed: int = 0,
                             check_merged: bool = True) -> list[dict[str, Any]]:
@@ -103,9 +104,6 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
     if baseline is not None:
         check_baseline(model, baseline)
         check_task_fits(baseline, task, "task", needs="eval_batch")
-    check_int("n_batches", n_batches, 1)
-    check_int("batch_size", batch_size, 1)
-    check_int("seed", seed, 0)
     check_task_fits(model, task, needs="eval_batch")
     ks = _check_k_values(k_values, task)
     cfg, device = model.config, model_device(model)
@@ -150,11 +148,11 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
 
 
 # ---------------------------------------------------------------------------- statistics over seeds
+@checked(level=Float(0.0, 1.0, lo_open=True, hi_open=True))
 def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
     """Mean and half-width of the t-interval at `level` (half-width NaN for fewer than 2 finite values).
 
     values: numbers; None, NaN and inf are skipped (e.g. a column that is NaN without a baseline)."""
-    check_float("level", level, 0.0, 1.0, lo_open=True, hi_open=True)
     if isinstance(values, (torch.Tensor, np.ndarray)):
         values = np.asarray(values.detach().cpu() if isinstance(values, torch.Tensor) else values).ravel().tolist()
     if isinstance(values, (str, bytes, dict)) or not isinstance(values, Iterable):
@@ -174,6 +172,7 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float]
     return float(arr.mean()), float(half)
 
 
+@checked(level=Float(0.0, 1.0, lo_open=True, hi_open=True))
 def seeds_summary(runs: Sequence[Sequence[dict]], by: str = "k", level: float = 0.95) -> list[dict[str, Any]]:
     """Mean ± interval over seeds of every numeric column.
 
@@ -183,7 +182,6 @@ def seeds_summary(runs: Sequence[Sequence[dict]], by: str = "k", level: float = 
     """
     if not isinstance(runs, (list, tuple)) or not runs or any(not isinstance(r, (list, tuple)) for r in runs):
         raise TypeError(f"runs must be a non-empty list with one list of rows (dicts) per seed, got {describe(runs)}")
-    check_float("level", level, 0.0, 1.0, lo_open=True, hi_open=True)
     groups: dict[Any, list[dict]] = {}
     for rows in runs:
         for row in rows:
@@ -206,6 +204,7 @@ def seeds_summary(runs: Sequence[Sequence[dict]], by: str = "k", level: float = 
 
 # ---------------------------------------------------------------------------- what ȳ encodes
 @torch.no_grad()
+@checked(k=Int(1), n_batches=Int(1), batch_size=Int(1), seed=Int(0))
 def collect_summaries(model: CGT, task, k: int = 8, n_batches: int = 4, batch_size: int = 128,
                       seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """ȳ at the last token of a k-demonstration prompt and the hidden numbers it should encode.
@@ -214,10 +213,6 @@ def collect_summaries(model: CGT, task, k: int = 8, n_batches: int = 4, batch_si
     """
     if not isinstance(model, CGT):
         raise TypeError(f"model must be a CGT, got {describe(model)}")
-    check_int("k", k, 1)
-    check_int("n_batches", n_batches, 1)
-    check_int("batch_size", batch_size, 1)
-    check_int("seed", seed, 0)
     check_task_fits(model, task, needs="eval_batch")
     device, gen = model_device(model), torch.Generator().manual_seed(seed)
     feats, targets = [], []
@@ -233,6 +228,7 @@ def collect_summaries(model: CGT, task, k: int = 8, n_batches: int = 4, batch_si
     return np.concatenate(feats), np.concatenate(targets)
 
 
+@checked(kind=Choice("auto", "classification", "regression"), test_fraction=Float(0.0, 1.0, lo_open=True, hi_open=True), seed=Int(0))
 def linear_probe(features, targets, kind: str = "auto", test_fraction: float = 0.25, seed: int = 0) -> dict[str, Any]:
     """How well a linear map decodes each target column from ȳ, on held-out rows.
 
@@ -252,13 +248,10 @@ def linear_probe(features, targets, kind: str = "auto", test_fraction: float = 0
     if X.shape[0] != Y.shape[0]:
         raise ValueError(f"features must be (n, e) and targets (n,) or (n, m) with the same n; "
                          f"got {X.shape} and {np.shape(targets)}")
-    check_choice("kind", kind, ("auto", "classification", "regression"))
-    check_float("test_fraction", test_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
     n_test = math.ceil(test_fraction * X.shape[0])       # how train_test_split rounds
     if X.shape[0] - n_test < 2:
         raise ValueError(f"test_fraction must leave at least 2 of the {X.shape[0]} rows for training, "
                          f"got {test_fraction}")
-    check_int("seed", seed, 0)
     if kind == "auto":
         kind = "regression" if np.issubdtype(Y.dtype, np.floating) else "classification"   # ints, bools, strings
     if kind == "regression" and not np.issubdtype(Y.dtype, np.number):
@@ -374,6 +367,7 @@ def collect_excerpt_ends(model: CGT, task, n_batches: int = 8, batch_size: int =
     return torch.cat(feats).float().cpu().numpy(), torch.cat(labels).cpu().numpy()
 
 
+@checked(seed=Int(0))
 def knn_topic_accuracy(features, labels, n_neighbors: int = 5, folds: int = 5, seed: int = 0) -> float:
     """Cross-validated k-nearest-neighbour accuracy (cosine metric) of labels from features (n, e).
 
@@ -393,7 +387,6 @@ def knn_topic_accuracy(features, labels, n_neighbors: int = 5, folds: int = 5, s
         raise ValueError(f"labels must have at least 2 examples of every class for cross-validation; the "
                          f"smallest class has {int(counts.min())}")
     check_int("folds", folds, 2, int(counts.min()), hint=" (folds <= the size of the smallest class)")
-    check_int("seed", seed, 0)
     # the smallest training fold: every class gives up at most ceil(count / folds) rows to the test fold
     n_train = int(X.shape[0] - np.ceil(counts / folds).sum())
     check_int("n_neighbors", n_neighbors, 1, n_train, hint=f" (the rows of a training fold with folds={folds})")
