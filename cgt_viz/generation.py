@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_float, check_int
+from ._checks import Bool, Float, Int, checked, check_int
 from .contracts import check_inputs
 from .layers import KVCache
 
@@ -32,6 +32,7 @@ class Generation:
         return [KVCache() for _ in range(self._n_attention)]
 
     @torch.no_grad()
+    @checked(temperature=Float(0.0, hint=" (0 = greedy)"), top_k=Int(1, none=True), use_cache=Bool())
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, use_cache: bool = True) -> torch.Tensor:
         """Extend idx (b, t) by max_new_tokens tokens; temperature=0 is greedy. Returns (b, t + new)."""
@@ -44,8 +45,6 @@ class Generation:
                   hint=f" (block_size {cfg.block_size} - prompt length {idx.shape[1]})")
         if room < 1:
             raise ValueError(f"idx already fills block_size = {cfg.block_size}; the prompt must be shorter to generate")
-        check_float("temperature", temperature, 0.0, hint=" (0 = greedy)")
-        check_int("top_k", top_k, 1, allow_none=True)
         cache = self.new_cache() if use_cache else None
         logits = self._step(idx, cache, 0)[:, -1]
         for i in range(max_new_tokens):

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn as nn
 
-from ._checks import check_bool, check_int, describe
+from ._checks import Bool, Int, check_int, checked, describe
 from .config import CGTConfig
 from .contracts import (cache_name_filter, check_ablate, check_inputs, check_prompts, check_split,
                         check_summaries, check_summary, check_targets)
@@ -252,13 +252,13 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         """A GPT with the same x weights and T = I: the model with no context at all."""
         return copy.deepcopy(self.gpt)
 
+    @checked(share_weights=Bool())
     def merged_gpt(self, ybar_vec: torch.Tensor, share_weights: bool = False) -> GPT:
         """The GPT whose weights are W + B @ A for one ȳ (e,): the specialized model from a summary.
 
         share_weights=True: the weights no template touches are this CGT's own tensors, not copies, so N
         specialized models cost N × the modulated weights only. It is for inference: training such a model
         also changes the CGT (and its siblings)."""
-        check_bool("share_weights", share_weights)
         ybar_vec = check_summary(self.config, ybar_vec, self.device)
         if ybar_vec.shape[0] != 1:
             raise ValueError(f"ybar_vec must be one summary (d_y,) or (1, d_y) for merged_gpt, got shape "
@@ -273,6 +273,7 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         return copy.deepcopy(self.gpt, memo)
 
     @torch.no_grad()
+    @checked(share_weights=Bool())
     def specialize(self, prompt: torch.Tensor | Sequence[torch.Tensor], share_weights: bool = False) -> GPT | list[GPT]:
         """Compile a prompt into the weights: one forward pass, then W' = W + B @ A at every site.
 
@@ -280,7 +281,6 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         In vectors mode a prompt is (t, input_dim), (b, t, input_dim) or a list of (t, input_dim).
         share_weights: see merged_gpt (faster and smaller, for inference only).
         """
-        check_bool("share_weights", share_weights)
         prompt, single = check_prompts(self.config, prompt, self.device)
         if isinstance(prompt, list):
             return [self.specialize(p, share_weights) for p in prompt]
@@ -289,11 +289,11 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         return models[0] if single else models
 
     # ------------------------------------------------------------------ losses
+    @checked(batch=Int(1))
     def sample_split(self, batch: int, length: int, generator: torch.Generator | None = None,
                      device=None) -> torch.Tensor:
         """Per-row split s (number of prefix tokens), uniform in [aux_min_prefix, length − aux_min_suffix]."""
         cfg = self.config
-        check_int("batch", batch, 1)
         check_int("length", length, cfg.aux_min_prefix + cfg.aux_min_suffix, cfg.block_size,
                   hint=" (aux_min_prefix + aux_min_suffix .. block_size)")
         s = torch.randint(cfg.aux_min_prefix, length - cfg.aux_min_suffix + 1, (batch,), generator=generator)

@@ -165,7 +165,6 @@ for _v, _shows in [(torch.zeros(0, dtype=torch.long), "(0,)"), (torch.full((4,),
                    ([torch.zeros(3, dtype=torch.long), torch.zeros(0, dtype=torch.long)], "(0,)"), ([], "[]"),
                    ("hello", "str"), (torch.zeros(2, 2, 2, dtype=torch.long), "(2, 2, 2)")]:
     case("CGT.specialize", "prompt", [_v], lambda v: CGT_T.specialize(v), shows=_shows)
-case("CGT.specialize", "share_weights", ["yes", 1, None], lambda v: CGT_T.specialize(IDX[0], share_weights=v))
 for _v, _shows in [({"2.attn_in": [2]}, "2"), ({"9.attn_in": [0]}, "9.attn_in"), ({"2.attn_in": []}, "[]"),
                    ({"2.attn_in": [0.5]}, "0.5"), (["2.attn_in"], "list")]:
     case("CGT.forward", "ablate", [_v], lambda v: CGT_T(IDX, ablate=v), shows=_shows)
@@ -174,12 +173,8 @@ for _v, _shows in [({"2.attn_in": [2]}, "2"), ({"9.attn_in": [0]}, "9.attn_in"),
          shows=_shows)
 for _v, _shows in [("ybar2", "ybar2"), (["ybar", "coeffs.9.*"], "coeffs.9.*"), (3, "int"), ([b"ybar"], "list")]:
     case("CGT.run_with_cache", "names", [_v], lambda v: CGT_T.run_with_cache(IDX, names=v), shows=_shows)
-case("CGT.merged_gpt", "share_weights", ["yes", 0], lambda v: CGT_T.merged_gpt(YBAR[0], share_weights=v))
-case("CGT.sample_split", "batch", POS_INT, lambda v: CGT_T.sample_split(v, 8))
 case("CGT.sample_split", "length", [1, 0, 13, 2.5, None], lambda v: CGT_T.sample_split(2, v))
 case("CGT.generate", "max_new_tokens", [0, -1, 2.5, 100], lambda v: CGT_T.generate(IDX[:, :2], v))
-case("CGT.generate", "temperature", [-1.0, math.nan, "1"], lambda v: CGT_T.generate(IDX[:, :2], 1, temperature=v))
-case("CGT.generate", "top_k", [0, 2.5], lambda v: CGT_T.generate(IDX[:, :2], 1, top_k=v))
 case("CGT.generate", "generate", [None], lambda v: CGT_V.generate(VEC, 1), shows="vectors")
 
 # ------------------------------------------------------------------------------------------ save / load
@@ -518,6 +513,10 @@ DECLARED = {
     "LinearRegression.eval_batch": (LinearRegression.eval_batch,
                                     lambda **kw: REG.eval_batch(**{"k": 1, "batch_size": 2, **kw})),
     "LinearRegression.curriculum": (LinearRegression.curriculum, lambda **kw: REG.curriculum(**{"steps": 10, **kw})),
+    "CGT.specialize": (CGT.specialize, lambda **kw: CGT_T.specialize(IDX[0], **kw)),
+    "CGT.merged_gpt": (CGT.merged_gpt, lambda **kw: CGT_T.merged_gpt(YBAR[0], **kw)),
+    "CGT.sample_split": (CGT.sample_split, lambda **kw: CGT_T.sample_split(**{"batch": 2, "length": 8, **kw})),
+    "CGT.generate": (CGT.generate, lambda **kw: CGT_T.generate(IDX[:, :2], 1, **kw)),
     "evaluate_specialization": (E.evaluate_specialization,
                                 lambda **kw: E.evaluate_specialization(CGT_ICL, ICL, k_values=2, **kw)),
     "mean_ci": (E.mean_ci, lambda **kw: E.mean_ci([1.0, 2.0], **kw)),
