@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from cgt_viz import CGT, GPT, CGTConfig
+from cgt_viz.config import FIELD_CONSTRAINTS
 from cgt_viz import analysis as A
 from cgt_viz import evaluate as E
 from cgt_viz import figures as F
@@ -96,14 +97,11 @@ def icl_model() -> CGT:
 CGT_ICL = icl_model()
 
 # ------------------------------------------------------------------------------------------ config
-CFG_FIELDS = {
-    "vocab_size": [0, 1, 2.5, "16"], "block_size": POS_INT, "n_layer": [1, 0, 2.5], "d_x": [0, -2, 7, 2.5],
-    "n_head": [0, 3, 1.5], "mlp_ratio": [0, 1.5], "dropout": [-0.1, 1.0, math.nan, "0"], "d_y": [0, 1.5],
-    "n_head_y": [0, 3], "y_layer": [0, 3, 2.5], "y_reads": CHOICE, "y_pos": ["yes", 1], "bias": ["no", 0],
-    "n_templates": [0, -1, 1.5], "template_rank": [0, 2.5], "sites": [("nope",), "attn_in", (), 5],
-    "w_aux": NONNEG_FLOAT, "w_smooth": NONNEG_FLOAT, "smooth": CHOICE, "vae_sigma": POS_FLOAT[:4],
-    "vae_tau": POS_FLOAT[:4], "aux_min_prefix": [0, 1.5, 12], "aux_min_suffix": [0, 1.5, 12],
-    "aux_suffix_len": [0, 1.5, "2"], "extra": [5, "x"], "input_dim": [0, 2.5], "output_dim": [0, "2"],
+CFG_FIELDS = {   # each field's declared contract (FIELD_CONSTRAINTS), plus the bounds that relate fields
+    **{name: c.bad_values() for name, c in FIELD_CONSTRAINTS.items()},
+    "vocab_size": [0, 1, 2.5, "16"], "d_x": [0, -2, 7, 2.5], "n_head": [0, 3, 1.5], "n_head_y": [0, 3],
+    "y_layer": [0, 3, 2.5], "sites": [("nope",), "attn_in", (), 5], "aux_min_prefix": [0, 1.5, 12],
+    "aux_min_suffix": [0, 1.5, 12], "extra": [5, "x"], "input_dim": [0, 2.5], "output_dim": [0, "2"],
 }
 for _field, _values in CFG_FIELDS.items():
     case("CGTConfig", _field if _field != "sites" else "site", _values, lambda v, f=_field: tok_cfg(**{f: v}))
