@@ -24,6 +24,7 @@ FIELD_CONSTRAINTS = {
     "w_aux": Float(0.0), "w_smooth": Float(0.0), "smooth": Choice(*SMOOTH_KINDS),
     "vae_sigma": Float(0.0, lo_open=True), "vae_tau": Float(0.0, lo_open=True),
     "aux_min_prefix": Int(1), "aux_min_suffix": Int(1), "aux_suffix_len": Int(1, none=True),
+    "aux_row_fraction": Float(0.0, 1.0, lo_open=True),
 }
 
 
@@ -61,6 +62,7 @@ class CGTConfig:
     aux_min_prefix: int = 1            # s_min: the split leaves at least this many prefix tokens
     aux_min_suffix: int = 1            # m_min: ... and at least this many suffix tokens
     aux_suffix_len: int | None = None  # if set, the aux pass sees only this many suffix tokens
+    aux_row_fraction: float = 1.0      # in training, the aux pass runs on this random share of the rows (>= 1 row)
     extra: dict = field(default_factory=dict)  # free-form metadata (task name, tokenizer, ...)
 
     def __post_init__(self) -> None:

@@ -1,4 +1,4 @@
-"""Per-position scoring shared by the model's losses, evaluation and the views.
+"""Per-position scoring shared by the model's losses, evaluation and the views, and the smoothness penalties.
 
 Shapes: b batch, t time, v output width (vocab or output_dim), m selected positions, f features.
 """
@@ -41,3 +41,23 @@ def take_positions(seq: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     if seq.dim() == 3:
         src = src[..., None].expand(-1, -1, seq.shape[-1])
     return seq.gather(1, src)
+
+
+def smoothness_penalty(kind: str, mu: torch.Tensor, sigma: torch.Tensor | None, tau: float) -> torch.Tensor:
+    """How much ȳ moves from token to token: mu (b, t, e) with t >= 2 (sigma (b, t, e) for "vae") -> scalar.
+
+    "l2"        mean_t ‖ȳ_t − ȳ_{t−1}‖²
+    "relative"  the l2 step over twice the spread of ȳ across all tokens of the batch (≈ 1 − lag-1
+                autocorrelation): unlike l2 it cannot be met by a constant ȳ plus a small informative part, and
+                it rewards ȳ that differs between sequences while drifting slowly within one
+    "vae"       KL( N(μ_t, σ_t²) ‖ N(μ_{t−1}, τ²) ), summed over dims, mean over tokens
+    """
+    step = (mu[:, 1:] - mu[:, :-1]).pow(2)
+    if kind == "l2":
+        return step.sum(-1).mean()
+    if kind == "relative":
+        spread = (mu - mu.mean((0, 1), keepdim=True)).pow(2).sum(-1).mean()
+        return step.sum(-1).mean() / (2 * spread + 1e-6)
+    tau2 = tau ** 2
+    var = sigma[:, 1:].pow(2)
+    return (0.5 * (var / tau2 + step / tau2 - 1 - torch.log(var / tau2))).sum(-1).mean()

@@ -19,6 +19,7 @@ Input contracts (shapes, dtypes, devices, ranges) live in `contracts.py`; each e
 from __future__ import annotations
 
 import copy
+import math
 from typing import Callable, Sequence
 
 import torch
@@ -26,12 +27,12 @@ import torch.nn as nn
 
 from ._checks import Bool, Int, check_int, checked, describe
 from .config import CGTConfig
-from .contracts import (cache_name_filter, check_ablate, check_inputs, check_prompts, check_split,
+from .contracts import (IGNORE_INDEX, cache_name_filter, check_ablate, check_inputs, check_prompts, check_split,
                         check_summaries, check_summary, check_targets)
 from .generation import Generation
 from .io import PretrainedMixin, fold_affine_ln_y
 from .layers import SITE_WEIGHTS, Block, SiteTemplates, YBlock, init_weights
-from .losses import masked_loss, take_positions
+from .losses import masked_loss, per_position_loss, smoothness_penalty, take_positions
 
 AUX_LENGTH_GROUPS = 4   # the auxiliary pass runs rows in up to this many suffix-length groups
 
@@ -316,34 +317,23 @@ class CGT(PretrainedMixin, Generation, nn.Module):
 
         if cfg.w_aux > 0 or split is not None:
             s = self.sample_split(b, t, generator) if split is None else check_split(split, b, t)
-            aux = self._aux_loss(idx, targets, loss_mask, ybar, s)
+            n_aux = max(1, math.ceil(cfg.aux_row_fraction * b)) if self.training else b
+            keep = torch.randperm(b, generator=generator)[:n_aux] if n_aux < b else None   # a cheaper step
+            aux = self._aux_loss(idx, targets, loss_mask, ybar, s, keep)
         else:
             aux = main.new_zeros(())
 
-        if t < 2:
-            smooth = main.new_zeros(())
-        elif cfg.smooth == "l2":
-            smooth = (mu[:, 1:] - mu[:, :-1]).pow(2).sum(-1).mean()
-        elif cfg.smooth == "relative":
-            # the l2 step over twice the spread of ȳ across all tokens of the batch (≈ 1 − lag-1 autocorrelation):
-            # unlike l2 it cannot be met by a constant ȳ plus a small informative part, and it rewards ȳ that
-            # differs between sequences while drifting slowly within one
-            spread = (mu - mu.mean((0, 1), keepdim=True)).pow(2).sum(-1).mean()
-            smooth = (mu[:, 1:] - mu[:, :-1]).pow(2).sum(-1).mean() / (2 * spread + 1e-6)
-        else:  # KL( N(μ_t, σ_t²) || N(μ_{t−1}, τ²) ), summed over dims, mean over tokens
-            tau2 = cfg.vae_tau ** 2
-            var = sigma[:, 1:].pow(2)
-            kl = 0.5 * (var / tau2 + (mu[:, 1:] - mu[:, :-1]).pow(2) / tau2 - 1 - torch.log(var / tau2))
-            smooth = kl.sum(-1).mean()
+        smooth = smoothness_penalty(cfg.smooth, mu, sigma, cfg.vae_tau) if t >= 2 else main.new_zeros(())
         total = main + cfg.w_aux * aux + cfg.w_smooth * smooth
         return {"main": main, "aux": aux, "smooth": smooth, "total": total}
 
-    def _aux_loss(self, idx, targets, loss_mask, ybar, split):
-        """split: CPU LongTensor (b,) — its values set the shapes below; a device copy indexes the tensors."""
+    def _aux_loss(self, idx, targets, loss_mask, ybar, split, keep=None):
+        """split: CPU LongTensor (b,) — its values set the shapes below; a device copy indexes the tensors.
+        keep: CPU rows (n,) that run the pass (None: all); their loss sum × b/n over the scored positions of
+        every row is an unbiased estimate of the all-rows loss."""
         b, t = idx.shape[:2]
         split_dev = split.to(idx.device)
-        rows = torch.arange(b, device=idx.device)
-        ytilde = ybar[rows, split_dev - 1]                           # (b, e)
+        ytilde = ybar[torch.arange(b, device=idx.device), split_dev - 1]   # (b, e)
         m = t - int(split.min())
         if self.config.aux_suffix_len is not None:
             m = min(m, self.config.aux_suffix_len)
@@ -351,6 +341,13 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         valid = src < t                                              # padded slots are masked out below
         suffix, suffix_targets = take_positions(idx, src), take_positions(targets, src)
         mask = valid if loss_mask is None else valid & take_positions(loss_mask.bool(), src)
+        if self.config.mode == "tokens":
+            mask = mask & (suffix_targets != IGNORE_INDEX)
+        count = mask.sum().clamp_min(1).to(ybar.dtype)
+        if keep is not None:
+            k = keep.to(idx.device)
+            split, suffix, suffix_targets, mask, ytilde = split[keep], suffix[k], suffix_targets[k], mask[k], ytilde[k]
+        n = suffix.shape[0]
         # Padding every row to the longest suffix wastes ~45 % of the pass for uniform splits: rows sorted by
         # suffix length run in up to AUX_LENGTH_GROUPS groups, each only as long as its own longest suffix.
         logits = None
@@ -359,9 +356,10 @@ class CGT(PretrainedMixin, Generation, nn.Module):
             group = group.to(idx.device)
             out = self._specialized(suffix[group, :m_group], ytilde[group])
             if logits is None:
-                logits = out.new_zeros(b, m, out.shape[-1])
+                logits = out.new_zeros(n, m, out.shape[-1])
             logits[group, :m_group] = out                            # the rest is padding, masked out
-        return masked_loss(self.config, logits, suffix_targets, mask)
+        loss, scored = per_position_loss(self.config.mode, logits, suffix_targets, mask)
+        return (loss * scored).sum() * (b / n) / count
 
     def aux_logits(self, idx: torch.Tensor, split: int | torch.Tensor) -> torch.Tensor:
         """Logits of the auxiliary path for an explicit split (all rows' suffixes left-aligned, padded at the end
