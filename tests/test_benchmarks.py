@@ -164,27 +164,27 @@ def test_flop_model_matches_parameter_counts():
         return sum(m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear))
 
     gpt = 2 * (linear_weights(model.gpt.blocks) + model.gpt.head.weight.numel())
-    assert bench_cost.token_flops(cfg, 0, "gpt") == gpt
+    assert common.token_flops(cfg, 0, "gpt") == gpt
     templates = sum(2 * (t.U.numel() + t.V.numel()) for site in model.templates.values() for t in site.values())
     coeffs = sum(2 * t.coeff.weight.numel() for site in model.templates.values() for t in site.values())
-    assert bench_cost.token_flops(cfg, 0, "specialized") == gpt + templates
-    assert bench_cost.token_flops(cfg, 0, "cgt") == gpt + templates + coeffs + 2 * linear_weights(model.y_blocks)
+    assert common.token_flops(cfg, 0, "specialized") == gpt + templates
+    assert common.token_flops(cfg, 0, "cgt") == gpt + templates + coeffs + 2 * linear_weights(model.y_blocks)
     # attention: 4 d FLOPs per key per x layer (QKᵀ and AV), 4 e per key per y layer
-    assert bench_cost.token_flops(cfg, 10, "gpt") - bench_cost.token_flops(cfg, 0, "gpt") == 10 * 4 * cfg.d_x * cfg.n_layer
-    assert (bench_cost.token_flops(cfg, 10, "cgt") - bench_cost.token_flops(cfg, 0, "cgt")
+    assert common.token_flops(cfg, 10, "gpt") - common.token_flops(cfg, 0, "gpt") == 10 * 4 * cfg.d_x * cfg.n_layer
+    assert (common.token_flops(cfg, 10, "cgt") - common.token_flops(cfg, 0, "cgt")
             == 10 * 4 * (cfg.d_x * cfg.n_layer + cfg.d_y * cfg.y_layer))
-    assert bench_cost.prefill_flops(cfg, 3, "gpt") == sum(bench_cost.token_flops(cfg, j, "gpt") for j in (1, 2, 3))
+    assert common.prefill_flops(cfg, 3, "gpt") == sum(common.token_flops(cfg, j, "gpt") for j in (1, 2, 3))
     # (iii) recomputes everything: its per-token cost is a whole prefill, (iv) only one token
     iii = bench_cost.generation_flops(cfg, "iii_gpt_nocache", 8, 2)["per_later_token"]
     iv = bench_cost.generation_flops(cfg, "iv_gpt_kvcache", 8, 2)["per_later_token"]
-    assert iii == bench_cost.prefill_flops(cfg, 9, "gpt") and iv == bench_cost.token_flops(cfg, 9, "gpt")
+    assert iii == common.prefill_flops(cfg, 9, "gpt") and iv == common.token_flops(cfg, 9, "gpt")
     # bytes per decode step: the weights once, plus every row's KV cache (4 bytes × 2 × N·d per cached key)
     weights = 4 * (linear_weights(model.gpt.blocks) + model.gpt.head.weight.numel())
     assert bench_cost.step_bytes(cfg, "iii_gpt_nocache", 8, 3, 2) == weights
     assert bench_cost.step_bytes(cfg, "iv_gpt_kvcache", 8, 3, 2) == weights + 2 * (2 * 4 * cfg.n_layer * cfg.d_x) * 9.5
     assert bench_cost.step_bytes(cfg, "ii_compiled", 8, 3, 2) == bench_cost.step_bytes(cfg, "ii_compiled", 20, 3, 2)
     with pytest.raises(ValueError, match="kind"):
-        bench_cost.token_flops(cfg, 1, "merged")
+        common.token_flops(cfg, 1, "merged")
     with pytest.raises(ValueError, match="mode"):
         bench_cost.generation_flops(cfg, "v", 8, 2)
 
