@@ -316,11 +316,9 @@ def build_models(args, block_size: int, device: torch.device) -> tuple[CGT, torc
 
 # ---------------------------------------------------------------------------------------------- training step
 def measure_training(cgt: CGT, gpt: torch.nn.Module, device: torch.device, batch: int, seq: int,
-                     repeats: int, seed: int = 0, compile: bool = False) -> dict:
+                     repeats: int, seed: int = 0) -> dict:
     """Seconds per training step, CGT (main + aux at the config's w_aux) vs GPT on the same (batch, seq)
-    tokens; forward only, forward + backward, and the full step with AdamW. Splits are sampled per step.
-    compile=True runs both losses through torch.compile (the CGT's split is then drawn outside the compiled
-    function, from the same stream); the first, untimed repeat of each kind compiles."""
+    tokens; forward only, forward + backward, and the full step with AdamW. Splits are sampled per step."""
     cfg = cgt.config
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(device)
@@ -330,18 +328,12 @@ def measure_training(cgt: CGT, gpt: torch.nn.Module, device: torch.device, batch
     models = {"gpt": gpt, "cgt": cgt}
     for m in models.values():
         m.train()
-    if compile:
-        cgt_loss, gpt_loss = torch.compile(cgt.loss), torch.compile(gpt.loss)
-    else:
-        cgt_loss, gpt_loss = cgt.loss, gpt.loss
 
     def loss(name: str) -> torch.Tensor:
         with autocast(device):
             if name == "cgt":
-                if compile:
-                    return cgt_loss(idx, targets, split=cgt.sample_split(batch, seq, generator=split_gen))["total"]
-                return cgt_loss(idx, targets, generator=split_gen)["total"]
-            return gpt_loss(idx, targets)["total"]
+                return cgt.loss(idx, targets, generator=split_gen)["total"]
+            return gpt.loss(idx, targets)["total"]
 
     def fwd(name):
         with torch.no_grad():
@@ -357,8 +349,6 @@ def measure_training(cgt: CGT, gpt: torch.nn.Module, device: torch.device, batch
         opts[name].step()
 
     out = {"batch": batch, "seq": seq, "w_aux": cfg.w_aux, "aux_suffix_len": cfg.aux_suffix_len}
-    if compile:
-        out["compiled"] = True
     for kind, fn in (("forward", fwd), ("forward_backward", fwd_bwd), ("step", step)):
         times = time_interleaved({n: (lambda n=n: fn(n)) for n in ("gpt", "cgt")}, device, repeats)
         out[kind] = {n: summarize(ts) for n, ts in times.items()}
