@@ -12,10 +12,10 @@ failing check does not stop the others:
                    CGT / GPT ratios; and the autocast loss against the fp32 loss of the same batch
   ddp_step         one DistributedDataParallel step in one process (world size 1, tcp init on 127.0.0.1; nccl
                    on CUDA, gloo on CPU): its gradients against a plain step's, then the update
-  compile          the training step with torch.compile on and off (in a child process, so that the time
-                   budget bounds it): compiled and eager losses agree, tokens/s and MFU of each
   cost_benchmark   benchmarks/bench_cost.py at GPU sizes (d_x 768, 12 layers, block 1024), run as a script
   notebook_01      notebooks/01_synthetic_icl.ipynb executed by nbconvert at full settings (CGT_FAST unset)
+  compile          the training step with torch.compile on and off (last, in a child process, so that the time
+                   budget bounds compilation): compiled and eager losses agree, tokens/s and MFU of each
 Sizes: d_x 768, 12 layers, d_y 384, block and training sequence 1024, batch 8 on CUDA; a tiny model on CPU,
 where what needs CUDA (the round trip, the GPU-size benchmark, notebook 01 at full settings) is skipped and
 torch.compile runs only with --compile-on-cpu. Model FLOPs utilisation = analytic FLOPs of the step
@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402  (puts the repo root on sys.path)
 import torch  # noqa: E402
 
-CHECKS = ("cuda_round_trip", "train_step", "ddp_step", "compile", "cost_benchmark", "notebook_01")
+CHECKS = ("cuda_round_trip", "train_step", "ddp_step", "cost_benchmark", "notebook_01", "compile")
+SUBPROCESS_CHECKS = {"cuda_round_trip", "cost_benchmark", "notebook_01"}   # their memory is not this process's
 ROUND_TRIP_TEST = "tests/test_devices.py::test_cuda_round_trip_gives_the_cpu_answer"
 NOTEBOOK = "notebooks/01_synthetic_icl.ipynb"
 DEFAULT_OUT = common.DEFAULT_RESULTS / "gpu_check.json"
@@ -387,7 +388,7 @@ def check_cost_benchmark(ctx: Context) -> dict:
              "--d-y", s["d_y"], "--n-head-y", s["n_head_y"], "--y-layer", s["y_layer"], "--n-templates",
              s["n_templates"], "--template-rank", s["template_rank"], "--train-batch", s["batch"],
              "--train-seq", s["seq"]]
-    argv = [str(a) for a in ["--device", "cuda", "--threads", ctx.args.threads, *model, *COST_ARGS,
+    argv = [str(a) for a in ["--device", ctx.device.type, "--threads", ctx.args.threads, *model, *COST_ARGS,
                              "--seed", ctx.args.seed, "--out", out_dir]]
     rc, text = run_bounded([sys.executable, str(common.BENCH_DIR / "bench_cost.py"), *argv], ctx.remaining_s())
     info = {"argv": argv, "output_tail": _tail(text, 600)}
@@ -423,12 +424,23 @@ def check_notebook_01(ctx: Context) -> dict:
            f"--ExecutePreprocessor.timeout={max(1, int(budget))}", "--output-dir", str(ctx.out_dir),
            "--output", executed.name, str(common.REPO_ROOT / NOTEBOOK)]
     rc, text = run_bounded(cmd, budget, env=env)
-    info = {"notebook": NOTEBOOK, "cgt_fast": None, "executed": str(executed), "output_tail": _tail(text, 600)}
+    info = {"notebook": NOTEBOOK, "settings": "full (CGT_FAST unset)", "executed": str(executed),
+            "output_tail": _tail(text, 600)}
     if rc is None:
         raise CheckFailed(f"notebook 01 ran past the time budget: {_tail(text, 800)}")
     if rc != 0:
         raise CheckFailed(f"nbconvert exited {rc}: {_tail(text, 1500)}")
+    info["evaluation"] = _cell_text(executed, "evaluate_specialization(")
     return info
+
+
+def _cell_text(notebook: Path, marker: str) -> str | None:
+    """The text/plain output of the first code cell whose source contains `marker` (None when there is none)."""
+    for cell in json.loads(notebook.read_text())["cells"]:
+        if cell["cell_type"] == "code" and marker in "".join(cell["source"]):
+            parts = [o.get("text") or o.get("data", {}).get("text/plain", "") for o in cell.get("outputs", [])]
+            return _tail("".join("".join(p) if isinstance(p, list) else p for p in parts), 2000)
+    return None
 
 
 CHECK_FUNCTIONS = {"cuda_round_trip": "check_cuda_round_trip", "train_step": "check_train_step",
@@ -452,8 +464,8 @@ def run_check(name: str, ctx: Context) -> dict:
         out = {"status": "fail", "error": f"{type(e).__name__}: {e}",
                "traceback": _tail("".join(traceback.format_exception(e)), 3000)}
     out["seconds"] = time.time() - t0
-    if out["status"] != "skipped":
-        out["peak_memory"] = common.peak_memory_bytes(ctx.device)
+    if out["status"] != "skipped" and name not in SUBPROCESS_CHECKS:   # (compile's child reports its own)
+        out.setdefault("peak_memory", common.peak_memory_bytes(ctx.device))
     return out
 
 
