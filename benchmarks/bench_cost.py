@@ -45,7 +45,7 @@ TARGETS = {"ii_over_no_prompt_max": 1.05, "ii_flat_in_r_max_change": 0.05, "iv_o
 BOS = 0  # the first token of (ii) and of the no-prompt baseline
 
 
-# ---------------------------------------------------------------------------------------------- generation FLOPs and bytes
+# ---------------------------------------------------------------------------------- generation FLOPs and bytes
 def generation_flops(cfg: CGTConfig, mode: str, r: int, s: int) -> dict:
     """Analytic FLOPs per row: the first step (prefill) and the mean of the s − 1 later steps."""
     tok, pre = common.token_flops, common.prefill_flops

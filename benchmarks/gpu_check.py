@@ -26,6 +26,7 @@ Prints the JSON and writes it to --out; exits 1 when a check failed. A check tha
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -63,15 +64,19 @@ COMPILE_LOSS_RTOL = {"cuda": 2e-2, "cpu": 1e-4}
 DDP_GRAD_RTOL = {"cuda": 1e-3, "cpu": 1e-5}   # max |g_ddp − g| / max |g| over all parameters
 
 
-class Skip(Exception):
-    """A check that cannot run here; the message is the reason written to the JSON, `info` goes beside it."""
+class Outcome(Exception):
+    """A check ending early: the message goes to the JSON as its reason or error, `info` beside it."""
 
-    def __init__(self, reason: str, info: dict | None = None):
-        super().__init__(reason)
+    def __init__(self, message: str, info: dict | None = None):
+        super().__init__(message)
         self.info = info or {}
 
 
-class CheckFailed(Exception):
+class Skip(Outcome):
+    """A check that cannot run here."""
+
+
+class CheckFailed(Outcome):
     """A check that ran and found something wrong."""
 
 
@@ -86,6 +91,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget-s", type=float, default=285.0, help="no check starts after this many seconds")
     p.add_argument("--compile-on-cpu", action="store_true", help="run the torch.compile check on a CPU too")
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="the JSON file to write")
     p.add_argument("--in-child", action="store_true", help=argparse.SUPPRESS)  # the compile check's own process
     args = p.parse_args(argv)
@@ -313,12 +319,14 @@ def check_compile(ctx: Context) -> dict:
     flops = common.training_step_flops(cgt.config, b, t)
     rtol = COMPILE_LOSS_RTOL[ctx.device.type]
     info = {"dtype": common.dtype_name(ctx.device), "batch": b, "seq": t, "rtol": rtol,
+            "backend": ctx.args.compile_backend,
             "what": "torch.compile(model.loss), default settings; the CGT's split is drawn outside the compiled function"}
     steps, agreement = {}, {}
     for name, model in (("gpt", gpt), ("cgt", cgt)):
         model.train()
-        compiled = torch.compile(model.loss)
-        kw = (lambda: {"split": cgt.sample_split(b, t, generator=split_gen)}) if name == "cgt" else dict
+        compiled = torch.compile(model.loss, backend=ctx.args.compile_backend)
+        def kw(name=name):       # the CGT's aux split, a fresh draw per call
+            return {"split": cgt.sample_split(b, t, generator=split_gen)} if name == "cgt" else {}
         same = kw()
         common.sync(ctx.device)
         t0 = time.perf_counter()
@@ -359,21 +367,23 @@ def check_compile_isolated(ctx: Context) -> dict:
         return check_compile(ctx)          # skipped: no child needed to say so
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "compile.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--checks", "compile", "--device", ctx.device.type,
-               "--sizes", ctx.sizes_name, "--repeats", str(ctx.repeats), "--threads", str(ctx.args.threads),
-               "--seed", str(ctx.args.seed), "--budget-s", str(max(1.0, ctx.remaining_s())), "--out", str(out),
-               "--in-child", *(["--compile-on-cpu"] if ctx.args.compile_on_cpu else [])]
-        rc, text = run_bounded(cmd, ctx.remaining_s())
+        left = ctx.remaining_s()
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--in-child", "--checks", "compile",
+               "--device", ctx.device.type, "--sizes", ctx.sizes_name, "--repeats", str(ctx.repeats),
+               "--threads", str(ctx.args.threads), "--seed", str(ctx.args.seed), "--budget-s", str(max(1.0, left)),
+               "--compile-backend", ctx.args.compile_backend, "--out", str(out)]
+        cmd += ["--compile-on-cpu"] if ctx.args.compile_on_cpu else []
+        rc, text = run_bounded(cmd, left)
         if rc is None:
-            raise CheckFailed(f"torch.compile check ran past the time budget ({ctx.args.budget_s:.0f} s in all); "
-                              f"output: {_tail(text, 800)}")
+            raise CheckFailed(f"the torch.compile check did not finish in the {left:.0f} s left of --budget-s "
+                              f"{ctx.args.budget_s:g} (rerun it alone: --checks compile); output: {_tail(text, 800)}")
         if not out.exists():
             raise CheckFailed(f"the compile child exited {rc} without writing its JSON: {_tail(text, 800)}")
         child = json.loads(out.read_text())["checks"]["compile"]
     if child["status"] == "skipped":
         raise Skip(child["reason"])
     if child["status"] == "fail":
-        raise CheckFailed(child["error"])
+        raise CheckFailed(f"in the compile child: {child['error']}", {"child_traceback": child.get("traceback")})
     return {k: v for k, v in child.items() if k not in ("status", "seconds")}
 
 
@@ -454,6 +464,9 @@ def run_check(name: str, ctx: Context) -> dict:
         return {"status": "skipped", "reason": f"time budget spent before this check (--budget-s {ctx.args.budget_s:g})"}
     fn_name = "check_compile" if name == "compile" and ctx.args.in_child else CHECK_FUNCTIONS[name]
     fn = globals()[fn_name]      # looked up at call time (a test can replace a check)
+    if ctx.cuda:                 # hand the previous checks' cached blocks back (child processes share the GPU)
+        gc.collect()
+        torch.cuda.empty_cache()
     common.reset_peak_memory(ctx.device)
     t0 = time.time()
     try:
@@ -462,7 +475,8 @@ def run_check(name: str, ctx: Context) -> dict:
         out = {"status": "skipped", "reason": str(e), **e.info}
     except Exception as e:  # a failing check is reported, and the others still run
         out = {"status": "fail", "error": f"{type(e).__name__}: {e}",
-               "traceback": _tail("".join(traceback.format_exception(e)), 3000)}
+               "traceback": _tail("".join(traceback.format_exception(e)), 3000),
+               **(e.info if isinstance(e, CheckFailed) else {})}
     out["seconds"] = time.time() - t0
     if out["status"] != "skipped" and name not in SUBPROCESS_CHECKS:   # (compile's child reports its own)
         out.setdefault("peak_memory", common.peak_memory_bytes(ctx.device))
