@@ -61,6 +61,7 @@ COST_ARGS = ["--prompt-lens", "64,256,768", "--gen-lens", "16,64,128", "--batche
              "--train-repeats", "3"]
 AUTOCAST_LOSS_RTOL = 2e-2   # bf16 autocast loss vs fp32 loss, relative
 COMPILE_LOSS_RTOL = {"cuda": 2e-2, "cpu": 1e-4}
+COMPILE_WARMUP_STEPS = 4
 DDP_GRAD_RTOL = {"cuda": 1e-3, "cpu": 1e-5}   # max |g_ddp − g| / max |g| over all parameters
 
 
@@ -124,6 +125,8 @@ class Context:
             self.no_cuda = None
         elif torch.cuda.is_available():
             self.no_cuda = "needs CUDA: this run was asked for --device cpu"
+        elif torch.version.cuda is None:
+            self.no_cuda = f"needs CUDA: this torch build ({torch.__version__}) has no CUDA support"
         else:
             self.no_cuda = "needs CUDA: torch.cuda.is_available() is False on this machine"
         self.peak = common.matmul_peak_flops(self.device)
@@ -350,8 +353,9 @@ def check_compile(ctx: Context) -> dict:
                 opt.step()
             steps[f"{name}_{mode}"] = step
     info["agreement"] = agreement
-    # warm-up 2: the first steps with new aux shapes recompile (dynamic shapes after the first change)
-    times = common.time_interleaved(steps, ctx.device, ctx.repeats, warmup=2)
+    # untimed warm-up: the CGT's first steps meet new aux-suffix lengths and recompile until dynamo has marked
+    # those sizes dynamic (a few steps); after that the aux shapes change without recompiling
+    times = common.time_interleaved(steps, ctx.device, ctx.repeats, warmup=COMPILE_WARMUP_STEPS)
     for key, ts in times.items():
         name = key.split("_")[0]
         info[key] = throughput(common.summarize(ts)["median"], flops[name], b * t, ctx.peak["flops_per_s"])
