@@ -323,7 +323,8 @@ def check_compile(ctx: Context) -> dict:
     rtol = COMPILE_LOSS_RTOL[ctx.device.type]
     info = {"dtype": common.dtype_name(ctx.device), "batch": b, "seq": t, "rtol": rtol,
             "backend": ctx.args.compile_backend,
-            "what": "torch.compile(model.loss), default settings; the CGT's split is drawn outside the compiled function"}
+            "what": "torch.compile(model.loss), default settings; the CGT's split is drawn outside the compiled "
+                    "function (TORCH_LOGS=recompiles,graph_breaks in the environment says where it recompiles)"}
     steps, agreement = {}, {}
     for name, model in (("gpt", gpt), ("cgt", cgt)):
         model.train()
