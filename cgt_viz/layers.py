@@ -78,10 +78,10 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.append(k, v)
         t, s = q.shape[2], k.shape[2]
-        mask, causal = None, False
-        if past == 0:
-            causal = t > 1
-        elif t > 1:  # several new queries after a cached past: query i sees keys ≤ past + i
+        # no past: plain causal attention (right for one query too; a Python bool, so torch.compile does not
+        # break the graph on a symbolic t > 1)
+        mask, causal = None, past == 0
+        if past and t > 1:  # several new queries after a cached past: query i sees keys ≤ past + i
             mask = torch.arange(s, device=h.device)[None, :] <= (past + torch.arange(t, device=h.device))[:, None]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                              dropout_p=self.dropout if self.training else 0.0)
