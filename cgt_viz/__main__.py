@@ -3,6 +3,10 @@
     python -m cgt_viz train --task icl --out runs/shift --steps 2000 --task-arg family=shift
     python -m cgt_viz train --out runs/shift --resume          # continue it (settings come from run.json)
     python -m cgt_viz evaluate runs/shift                       # prompted / specialised / no-context table
+    python -m cgt_viz train --out runs/mine --resume --task mymod:MyTask   # your own Task: typed again
+
+A run folder is data: run.json names its task, and only registered names (icl, regression, text) are
+built from it. A "module:Class" task of your own is imported only when typed on the command line.
     python -m cgt_viz report runs/shift                         # runs/shift/report.html, works offline
     torchrun --nproc_per_node 2 -m cgt_viz train ...            # the same, data-parallel (DDP)
 
@@ -82,6 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--baseline", help="run folder of a GPT baseline trained on the same task")
     e.add_argument("--device", default="auto")
+    e.add_argument("--task", help="only for a run of your own module:Class task: the same module:Class, typed here "
+                                  "(a run folder is data; nothing named in it is imported)")
     e.add_argument("--threads", type=int, help="CPU threads for torch")
 
     r = sub.add_parser("report", help="write a self-contained HTML report (loss curves, settings, evaluation)")
@@ -110,23 +116,36 @@ def _task_kwargs(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def make_task_by_name(name: str, kwargs: dict[str, Any]):
-    """A registered task ("icl", "regression", "text") or "module:Class" for a Task subclass of your own."""
+def make_task_by_name(name: str, kwargs: dict[str, Any], *, allow_import: bool = False):
+    """A registered task ("icl", "regression", "text"), or "module:Class" for a Task subclass of your own.
+
+    "module:Class" is imported only when `allow_import` is set, i.e. when the user typed it on this command
+    line. A name read from a file (run.json on --resume, evaluate, report) is data: only registered names
+    are built from it, and nothing is imported or called because a file says so.
+    """
     from .tasks.base import Task
 
+    if not isinstance(name, str):
+        raise CLIError(f"the task name must be a string, one of {', '.join(TASK_NAMES)}, got {type(name).__name__} "
+                       f"{name!r}")
     if ":" in name:
+        if not allow_import:
+            raise CLIError(f"the run's task {name!r} is not a registered task (allowed: {', '.join(TASK_NAMES)}); "
+                           f"a run folder is data and nothing named in it is imported. If you trust that code, "
+                           f"pass --task {name} on the command line")
         module, _, attr = name.partition(":")
         try:
             cls = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as err:
             raise CLIError(f"--task must be one of {', '.join(TASK_NAMES)} or an importable module:Class, got "
                            f"{name!r}: cannot import {attr!r} from module {module!r} ({err})") from None
-        task = _with_task_args(cls, kwargs)
-        if not isinstance(task, Task):
-            raise CLIError(f"--task {name!r} is not a cgt_viz.tasks.base.Task subclass")
-        return task
+        if not (isinstance(cls, type) and issubclass(cls, Task)):   # checked before anything is called
+            raise CLIError(f"--task {name!r} must name a cgt_viz.tasks.base.Task subclass, got {type(cls).__name__}")
+        return _with_task_args(cls, kwargs)
     if name not in TASK_NAMES:
         raise CLIError(f"unknown --task {name!r}; allowed: {', '.join(TASK_NAMES)} (or module:Class)")
+    if not isinstance(kwargs, dict):
+        raise CLIError(f"the task arguments must be a dict of constructor arguments, got {type(kwargs).__name__}")
     try:
         from .tasks import make_task
     except ImportError:
@@ -182,12 +201,12 @@ def _settings(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     return settings
 
 
-def _build(settings: dict[str, Any]):
+def _build(settings: dict[str, Any], allow_import: bool = False):
     import torch
 
     from . import CGT, GPT, CGTConfig
 
-    task = make_task_by_name(settings["task"], settings["task_arg"])
+    task = make_task_by_name(settings["task"], settings["task_arg"], allow_import=allow_import)
     model_kw = {k: settings[k] for k in MODEL_FLAGS if settings.get(k) is not None}
     if "sites" in model_kw:
         model_kw["sites"] = tuple(s.strip() for s in model_kw["sites"].split(",") if s.strip())
@@ -203,7 +222,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     settings = _settings(args, out)
-    task, model = _build(settings)
+    # a module:Class task is imported only when typed now (on --resume it must equal the run's: _settings)
+    task, model = _build(settings, allow_import=args.task is not None)
     is_main = int(os.environ.get("RANK", "0")) == 0
     if args.resume and (out / RUN_FILE).is_file():  # the model flags must rebuild the run's model exactly
         from .io import read_json
@@ -244,17 +264,36 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_run(run: Path) -> dict[str, Any]:
+    """run.json of a run folder, checked for the entries the commands read (a clear error, not a KeyError)."""
+    from .io import read_json
+
+    if not (run / RUN_FILE).is_file():
+        raise CLIError(f"run must be a run folder written by `python -m cgt_viz train`; {str(run)!r} has no {RUN_FILE}")
+    info = read_json(run / RUN_FILE)
+    settings = info.get("settings") if isinstance(info, dict) else None
+    problems = ([] if isinstance(settings, dict) else ["'settings' must be a dict"]) + \
+               ([] if isinstance(info, dict) and isinstance(info.get("config", {}), dict) else ["'config' must be a dict"])
+    if not problems:
+        problems = [f"'settings' lacks {k!r}" for k in ("task", "task_arg") if k not in settings]
+    if problems:
+        raise CLIError(f"{str(run / RUN_FILE)!r} is not a run file written by this CLI: {'; '.join(problems)}")
+    return info
+
+
 # ------------------------------------------------------------------------------------ loading a run
-def load_run(run: str | os.PathLike, device: str = "cpu"):
-    """(model, task, run_info) of a run folder: model/ if training finished, else the latest checkpoint."""
+def load_run(run: str | os.PathLike, device: str = "cpu", task: Any = None):
+    """(model, task, run_info) of a run folder: model/ if training finished, else the latest checkpoint.
+
+    The task is rebuilt from run.json by registered name only. For a run of your own Task subclass pass
+    `task`: the Task itself (from Python), or the same "module:Class" string typed on the command line.
+    """
     from . import CGT, GPT, CGTConfig
     from .checkpoint import latest_checkpoint, load_checkpoint
     from .io import read_json
 
     run = Path(run)
-    if not (run / RUN_FILE).is_file():
-        raise CLIError(f"run must be a run folder written by `python -m cgt_viz train`; {str(run)!r} has no {RUN_FILE}")
-    info = read_json(run / RUN_FILE)
+    info = _read_run(run)
     cls = GPT if info.get("model_class") == "GPT" else CGT
     if (run / "model" / "config.json").is_file():
         model = cls.from_pretrained(run / "model", device=device)
@@ -266,7 +305,14 @@ def load_run(run: str | os.PathLike, device: str = "cpu"):
         print(f"note: training has not finished; using the checkpoint at step {ckpt.step}", file=sys.stderr)
     else:
         raise CLIError(f"{str(run)!r} holds neither a trained model (model/) nor a checkpoint (ckpt/)")
-    task = make_task_by_name(info["settings"]["task"], info["settings"]["task_arg"])
+    from .tasks.base import Task
+    saved = info["settings"]["task"]
+    if isinstance(task, Task):
+        pass
+    elif task is not None and task != saved:
+        raise CLIError(f"--task {task!r} is not the run's task {saved!r}; pass the run's task or leave --task out")
+    else:
+        task = make_task_by_name(saved, info["settings"]["task_arg"], allow_import=task is not None)
     return model.eval(), task, info
 
 
@@ -296,7 +342,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if min(ks) < 1:
         raise CLIError(f"--k must be comma-separated ints >= 1 (prompt sizes), got {args.k!r}")
     device = resolve_device(args.device)
-    model, task, _ = load_run(args.run, device=device)
+    model, task, _ = load_run(args.run, device=device, task=args.task)
     try:
         from .evaluate import evaluate_specialization
     except ImportError:
@@ -318,7 +364,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     else:
         baseline = None
         if args.baseline:
-            baseline, _, _ = load_run(args.baseline, device=device)
+            baseline, _, _ = load_run(args.baseline, device=device, task=task)
         rows = evaluate_specialization(model, task, k_values=ks, n_batches=args.n_batches, batch_size=args.batch_size,
                                        baseline=baseline, seed=args.seed)
     print(_table(rows))
@@ -369,9 +415,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from .io import atomic_write, read_json
 
     run = Path(args.run)
-    if not (run / RUN_FILE).is_file():
-        raise CLIError(f"run must be a run folder written by `python -m cgt_viz train`; {str(run)!r} has no {RUN_FILE}")
-    info = read_json(run / RUN_FILE)
+    info = _read_run(run)
     history = _history_of(run)
     figures = [_curves_figure(history)]
     if history.get("lr"):
@@ -381,7 +425,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     parts = [pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)]
     esc = html.escape
     settings_rows = "".join(f"<tr><td>{esc(str(k))}</td><td>{esc(json.dumps(v))}</td></tr>"
-                            for k, v in {**info["settings"], **info["config"]}.items())
+                            for k, v in {**info["settings"], **info.get("config", {})}.items())
     evaluation = ""
     if (run / "evaluation.json").is_file():
         evaluation = f"<h2>Evaluation</h2><pre>{esc(_table(read_json(run / 'evaluation.json')))}</pre>"
