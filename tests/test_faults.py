@@ -83,3 +83,43 @@ def test_a_users_task_class_is_passed_in_python_or_typed_on_the_command_line(tmp
     assert isinstance(task, TinyTask)
     _, task, _ = load_run(run, task="test_train:TinyTask")      # what `evaluate --task ...` does
     assert type(task).__name__ == "TinyTask"
+
+
+# ------------------------------------------------------------------------------- 2. no stored XSS
+XSS = "<img src=x onerror=window.__xss=1>"
+
+
+def _tiny_cgt():
+    torch.manual_seed(0)
+    return CGT(CGTConfig(vocab_size=256, block_size=32, n_layer=2, d_x=16, n_head=2, d_y=8, n_head_y=1, y_layer=1,
+                         n_templates=2)).eval()
+
+
+def xss_pages() -> dict[str, str]:
+    """HTML the widgets and figures produce from a label that is an XSS payload (used by the browser test)."""
+    import plotly.io as pio
+
+    from cgt_viz import explore
+    from cgt_viz.figures import ybar_map_figure
+    from cgt_viz.widgets._base import html_status
+    data = torch.randint(0, 256, (4, 12), generator=torch.Generator().manual_seed(0))
+    ex = explore(_tiny_cgt(), data, labels=[XSS, "b", XSS, "b"], background=None)
+    ex.select(list(range(len(ex.points))))
+    fig = ybar_map_figure(np.random.default_rng(0).normal(size=(4, 2)), [XSS, "b", XSS, "b"], title="t")
+    return {"selection summary": ex.selection_info.value, "status": html_status(f"failed: {XSS}", "error"),
+            "figure": pio.to_html(fig, full_html=True, include_plotlyjs=True)}
+
+
+def test_user_strings_in_widget_html_are_escaped():
+    pages = xss_pages()
+    for name in ("selection summary", "status"):
+        assert XSS not in pages[name] and "&lt;img src=x onerror=window.__xss=1&gt;" in pages[name], name
+    assert "<code>explorer.selection</code>" in pages["selection summary"]      # the widget's own markup stays
+
+
+def test_labels_in_figures_are_escaped():
+    from cgt_viz.figures import color_spec, template_figure
+    spec = color_spec([XSS, "b"])
+    assert XSS not in spec["colorbar"]["ticktext"] and "&lt;img src=x onerror=window.__xss=1&gt;" in spec["colorbar"]["ticktext"]
+    fig = template_figure(np.zeros((2, 2)), [XSS, "b"], label_names=[XSS], mean_abs=np.zeros((1, 2)))
+    assert XSS not in fig.to_json()
