@@ -123,3 +123,238 @@ def test_labels_in_figures_are_escaped():
     assert XSS not in spec["colorbar"]["ticktext"] and "&lt;img src=x onerror=window.__xss=1&gt;" in spec["colorbar"]["ticktext"]
     fig = template_figure(np.zeros((2, 2)), [XSS, "b"], label_names=[XSS], mean_abs=np.zeros((1, 2)))
     assert XSS not in fig.to_json()
+
+
+# ------------------------------------------------------------------------------- 3. paths stay inside
+def _ckpt_run(tmp_path, steps=2, **kw):
+    from cgt_viz.train import train
+    from test_train import QUIET, TinyTask, fresh, tiny_config
+    task = TinyTask()
+    model, hist = train(fresh(tiny_config(task)), task, steps=steps, batch_size=4, eval_every=0,
+                        checkpoint_dir=tmp_path / "ckpt", checkpoint_every=1, **QUIET, **kw)
+    return task, model, hist
+
+
+@pytest.mark.parametrize("target", ["../../outside", "../outside", "/tmp/x", "step-00000001/../../outside"])
+def test_the_latest_pointer_may_not_leave_the_checkpoint_folder(tmp_path, target):
+    import shutil
+    _ckpt_run(tmp_path)
+    ckpt = tmp_path / "ckpt"
+    outside = (ckpt / target).resolve() if not target.startswith("/") else Path(target)
+    if not target.startswith("/"):   # a complete checkpoint outside ckpt/, so following the pointer would "work"
+        shutil.copytree(ckpt / "step-00000002", outside, dirs_exist_ok=True)
+    write_json(ckpt / "latest", {"step": 2, "dir": target})
+    with pytest.raises(ValueError, match="checkpoint pointer .* must name a step-NNNNNNNN folder inside"):
+        load_checkpoint(ckpt)
+
+
+def test_a_step_folder_that_is_a_link_out_is_refused(tmp_path):
+    import shutil
+    _ckpt_run(tmp_path)
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(ckpt / "step-00000002", tmp_path / "elsewhere")
+    shutil.rmtree(ckpt / "step-00000002")
+    os.symlink(tmp_path / "elsewhere", ckpt / "step-00000002")
+    with pytest.raises(ValueError, match="leads outside"):
+        load_checkpoint(ckpt)
+
+
+# ------------------------------------------------------------------------------- 4. nothing lost
+class FewValDocs:
+    """A TinyTask whose validation split cannot fill a batch of more than 2 (like a small text corpus)."""
+
+
+def _few_val_task():
+    from test_train import TinyTask
+
+    class _Task(TinyTask):
+        def get_batch(self, batch_size, part="train", generator=None, device="cpu"):
+            if part == "val" and batch_size > 2:
+                raise ValueError(f"batch_size {batch_size} is more than the 2 documents of the val split")
+            return super().get_batch(batch_size, part, generator, device)
+    return _Task()
+
+
+def test_a_run_that_cannot_evaluate_is_refused_before_step_1(tmp_path):
+    from cgt_viz.train import train
+    from test_train import QUIET, fresh, tiny_config
+    task = _few_val_task()
+    steps = []
+    with pytest.raises(ValueError, match=r"pre-flight: the evaluation batches cannot be built.*eval_every=0"):
+        train(fresh(tiny_config(task)), task, steps=40, batch_size=4, checkpoint_dir=tmp_path / "ckpt",
+              callbacks=[steps.append], **QUIET)
+    assert steps == []                                 # refused before any update, not at step 2 (steps // 20)
+
+
+def test_an_unwritable_or_full_checkpoint_folder_is_refused_before_step_1(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from cgt_viz.train import train
+    from test_train import QUIET, TinyTask, fresh, tiny_config
+    task, steps = TinyTask(), []
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OSError, match="checkpoint_dir .* is not writable"):
+        train(fresh(tiny_config(task)), task, steps=4, batch_size=4, eval_every=0, checkpoint_dir=tmp_path / "file" / "ck",
+              callbacks=[steps.append], **QUIET)
+    Usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(OSError, match=r"pre-flight: checkpoint_dir .* has 0.0 MiB free, but the checkpoints need"):
+        train(fresh(tiny_config(task)), task, steps=4, batch_size=4, eval_every=0, checkpoint_dir=tmp_path / "ck",
+              callbacks=[steps.append], **QUIET)
+    assert steps == []
+
+
+def test_an_error_that_is_not_a_crash_saves_the_completed_steps_first(tmp_path):
+    """A callback (or eval_fn, or the task) failing at step 7 of a run checkpointed every 5: steps 6 and 7 are
+    saved before the error is raised, and resuming gives the uninterrupted run's weights."""
+    from cgt_viz.train import train
+    from test_train import QUIET, TinyTask, fresh, same_weights, tiny_config
+    task = TinyTask()
+    cfg = tiny_config(task)
+    reference, _ = train(fresh(cfg), task, steps=10, batch_size=4, eval_every=0, **QUIET)
+
+    def fail_at_7(event):
+        if event["kind"] == "step" and event["step"] == 7:
+            raise RuntimeError("the notebook's plotting callback broke")
+    with pytest.raises(RuntimeError, match="plotting callback broke") as info:
+        train(fresh(cfg), task, steps=10, batch_size=4, eval_every=0, checkpoint_dir=tmp_path, checkpoint_every=5,
+              callbacks=[fail_at_7], **QUIET)
+    assert load_checkpoint(tmp_path).step == 7
+    assert any("7 completed steps were checkpointed" in n for n in getattr(info.value, "__notes__", []))
+    resumed, hist = train(fresh(cfg), task, steps=10, batch_size=4, eval_every=0, checkpoint_dir=tmp_path,
+                          checkpoint_every=5, resume=True, **QUIET)
+    assert hist.step == list(range(1, 11)) and same_weights(resumed, reference)
+
+
+# ------------------------------------------------------------------------------- 5. one writer per folder
+def test_a_second_writer_on_a_run_folder_is_refused(trained_run, tmp_path):
+    run = _copy_run(trained_run, tmp_path / "run")
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (run / ".lock").write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(), "time": 0}))
+        proc = _cli("train", "--out", str(run), "--resume", "--steps", "3", "--no-progress", "--device", "cpu")
+        assert proc.returncode == 2 and f"in use by pid {holder.pid}" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+        from cgt_viz.checkpoint import FolderLocked, RunLock
+        with pytest.raises(FolderLocked, match="in use by pid"):
+            RunLock(run).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is gone: its lock is stale and the resume goes ahead (and releases the lock at the end)
+    proc = _cli("train", "--out", str(run), "--resume", "--steps", "3", "--no-progress", "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert read_json(run / "history.json")["step"] == [1, 2, 3] and not (run / ".lock").exists()
+    (run / ".lock").write_text(json.dumps({"pid": 1, "host": "another-host", "time": 0}))
+    with pytest.raises(FolderLocked, match="host 'another-host'.*remove the lock file"):
+        RunLock(run).acquire()
+
+
+def test_train_in_python_locks_its_checkpoint_folder(tmp_path):
+    from cgt_viz.checkpoint import FolderLocked, RunLock
+    from cgt_viz.train import train
+    from test_train import QUIET, TinyTask, fresh, tiny_config
+    task = TinyTask()
+    with RunLock(tmp_path / "ckpt"):
+        with pytest.raises(FolderLocked, match="this process"):
+            train(fresh(tiny_config(task)), task, steps=2, batch_size=4, eval_every=0, checkpoint_dir=tmp_path / "ckpt",
+                  **QUIET)
+    _ckpt_run(tmp_path, steps=2)                        # released: the next run may write there
+    assert not (tmp_path / "ckpt" / ".lock").exists()
+
+
+# ------------------------------------------------------------------------------- 6. state.json, run.json, debris
+def test_an_edited_state_json_is_refused(tmp_path):
+    _ckpt_run(tmp_path, steps=3)
+    state_file = tmp_path / "ckpt" / "step-00000003" / "state.json"
+    state = read_json(state_file)
+    state["step"] = 1
+    write_json(state_file, state)
+    with pytest.raises(ValueError, match="state.json' does not match its checksum"):
+        load_checkpoint(tmp_path / "ckpt")
+
+
+def test_state_json_with_missing_keys_is_refused_by_name(tmp_path):
+    _ckpt_run(tmp_path, steps=2)
+    state_file = tmp_path / "ckpt" / "step-00000002" / "state.json"
+    state = read_json(state_file)
+    del state["optimizer"]
+    write_json(state_file, state)
+    with pytest.raises(ValueError, match=r"lacks \['optimizer'\]"):
+        load_checkpoint(tmp_path / "ckpt")
+
+
+def test_a_refused_flag_writes_no_run_json_and_the_corrected_command_runs(tmp_path, capsys):
+    out = tmp_path / "run"
+    # --eval-every -2 passes the CLI's own checks and is refused by train(): run.json must not stay behind
+    assert main(["train", *ICL, "--out", str(out), "--steps", "2", "--batch-size", "4", "--eval-every", "-2"]) == 2
+    assert "eval_every must be" in capsys.readouterr().err
+    assert not (out / "run.json").exists()
+    assert main(["train", *ICL, "--out", str(out), "--steps", "2", "--batch-size", "4", "--eval-every", "1"]) == 0
+
+
+def test_leftover_temp_files_are_cleaned(tmp_path):
+    _ckpt_run(tmp_path, steps=1)
+    ckpt = tmp_path / "ckpt"
+    debris = [ckpt / ".latest.abc123.tmp", ckpt / ".old-step-00000001-deadbeef"]
+    debris[0].write_text("{")
+    debris[1].mkdir()
+    _ckpt_run(tmp_path, steps=2, resume=True)
+    assert not any(d.exists() for d in debris), sorted(p.name for p in ckpt.iterdir())
+
+
+# ------------------------------------------------------------------------------- 9. data errors named as such
+def _regression_task(corrupt):
+    from test_train import NaNRegression
+
+    class _Task(NaNRegression):
+        def get_batch(self, batch_size, part="train", generator=None, device="cpu"):
+            batch = super().get_batch(batch_size, part, generator, device)
+            if part == "train" and self.calls >= self.nan_from:
+                corrupt(batch)
+            return batch
+    return _Task(nan_from=3, value=0.0)
+
+
+def _masked_nan(batch):
+    batch.loss_mask = torch.ones(batch.inputs.shape[:2], dtype=torch.bool)
+    batch.loss_mask[:, -1] = False
+    batch.targets[1, -1, 0] = float("nan")        # only at an unscored position
+
+
+@pytest.mark.parametrize("corrupt, field, extra", [
+    (lambda b: b.targets.__setitem__((0, 2, 1), float("nan")), "targets", ""),
+    (lambda b: b.targets.__setitem__((0, 2, 1), float("inf")), "targets", ""),
+    (_masked_nan, "targets", "loss_mask leaves unscored"),
+    (lambda b: b.inputs.__setitem__((1, 0, 0), float("nan")), "inputs", ""),
+], ids=["nan target", "inf target", "nan in a masked target", "nan input"])
+def test_nan_or_inf_in_the_data_is_named_as_bad_data_with_its_step_and_field(tmp_path, corrupt, field, extra):
+    from cgt_viz.train import TrainingDiverged, train
+    from test_train import QUIET, fresh, tiny_config
+    task = _regression_task(corrupt)
+    with pytest.raises(ValueError) as info:
+        train(fresh(tiny_config(task)), task, steps=6, batch_size=4, eval_every=0, checkpoint_dir=tmp_path, **QUIET)
+    msg = str(info.value)
+    assert not isinstance(info.value, TrainingDiverged)
+    assert f"the training batch of step 3: batch.{field} holds NaN/inf" in msg and "data is bad" in msg, msg
+    assert extra in msg and "lower lr" not in msg
+    assert load_checkpoint(tmp_path).step == 2                # the two good steps were saved before raising
+
+
+def test_a_float16_model_is_refused_by_dtype_before_step_1():
+    from cgt_viz.train import train
+    from test_train import QUIET, TinyTask, fresh, tiny_config
+    task, steps = TinyTask(), []
+    with pytest.raises(TypeError, match="float16.*AdamW's eps"):
+        train(fresh(tiny_config(task)).half(), task, steps=3, batch_size=4, eval_every=0, callbacks=[steps.append],
+              **QUIET)
+    assert steps == []
+
+
+def test_a_float64_model_in_vectors_mode_names_the_dtypes():
+    from cgt_viz.train import train
+    from test_train import NaNRegression, QUIET, fresh, tiny_config
+    task = NaNRegression(nan_from=10**9)
+    with pytest.raises(TypeError, match="batch.inputs has dtype float32 but the model's parameters are float64"):
+        train(fresh(tiny_config(task)).double(), task, steps=2, batch_size=4, eval_every=0, **QUIET)
