@@ -12,8 +12,9 @@ built from it. A "module:Class" task of your own is imported only when typed on 
 
 A run folder holds run.json (the command's settings, written first), ckpt/ (checkpoints, see
 cgt_viz.checkpoint), and at the end model/ (save_pretrained) and history.json.
-Exit codes: 0 done, 1 training diverged (NaN/inf), 2 bad input (message, no traceback), 130 interrupted
-(a checkpoint was written; `--resume` continues).
+Exit codes: 0 done, 1 training diverged (NaN/inf), 2 bad input or a folder in use (message, no traceback),
+3 an OS error (disk full, no permission, a path of the wrong kind: one line saying what and where),
+130 interrupted (a checkpoint was written; `--resume` continues).
 """
 from __future__ import annotations
 
@@ -217,14 +218,28 @@ def _build(settings: dict[str, Any], allow_import: bool = False):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from .checkpoint import RunLock
+
+    out = Path(args.out)
+    _settings(args, out)            # a bad flag is refused before anything is created or written
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"--out must be a run folder (or not exist yet), got the file {str(out)!r}")
+    is_main = int(os.environ.get("RANK", "0")) == 0
+    # one writer per run folder: a second trainer (a second --resume) is refused while this one runs
+    with RunLock(out, "--out") if is_main else contextlib.nullcontext():
+        return _train_locked(args, out, is_main)
+
+
+def _train_locked(args: argparse.Namespace, out: Path, is_main: bool) -> int:
+    from .checkpoint import latest_checkpoint
     from .io import write_json
     from .train import TrainingDiverged, train
 
-    out = Path(args.out)
-    settings = _settings(args, out)
+    settings = _settings(args, out)  # again: now that no other writer can change run.json
     # a module:Class task is imported only when typed now (on --resume it must equal the run's: _settings)
     task, model = _build(settings, allow_import=args.task is not None)
-    is_main = int(os.environ.get("RANK", "0")) == 0
     if args.resume and (out / RUN_FILE).is_file():  # the model flags must rebuild the run's model exactly
         from .io import read_json
         from .train import config_differences
@@ -235,9 +250,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         if diff:
             raise CLIError(f"--resume: the run in {str(out)!r} has a different model; it differs in: "
                            + "; ".join(diff[:8]) + ". Resume with its settings or start a new --out")
+    run_file = out / RUN_FILE
+    previous = run_file.read_bytes() if run_file.is_file() else None
+    before = latest_checkpoint(out / "ckpt")
     if is_main:
-        write_json(out / RUN_FILE, {"settings": settings, "model_class": type(model).__name__,
-                                    "config": model.config.to_dict()})
+        write_json(run_file, {"settings": settings, "model_class": type(model).__name__,
+                              "config": model.config.to_dict()})
     try:
         model, history = train(model, task, settings["steps"], settings["batch_size"], settings["lr"],
                                warmup=settings["warmup"], weight_decay=settings["weight_decay"],
@@ -250,6 +268,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     except TrainingDiverged as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except Exception:
+        # refused before any step was saved (a bad value train() checks, a failed pre-flight): run.json goes
+        # back to what it was, so the corrected command is not refused as a mismatch
+        if is_main and latest_checkpoint(out / "ckpt") == before:
+            if previous is None:
+                run_file.unlink(missing_ok=True)
+            else:
+                from .io import atomic_write
+                atomic_write(run_file, lambda tmp: Path(tmp).write_bytes(previous))
+        raise
     if not is_main:
         return 0
     write_json(out / "history.json", history.to_dict())
@@ -454,17 +482,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch
         torch.set_num_threads(args.threads)
     command = {"train": cmd_train, "evaluate": cmd_evaluate, "report": cmd_report}[args.command]
+    from .checkpoint import FolderLocked
     try:
         return command(args)
     except ModuleNotFoundError as err:
         print(f"error: {err.name} is needed for this command; install the notebook extras: "
               f"pip install -e '.[notebook]'", file=sys.stderr)
         return 2
-    except (CLIError, ValueError, TypeError, FileNotFoundError) as err:
+    except (CLIError, ValueError, TypeError, FileNotFoundError, FolderLocked) as err:
         if os.environ.get("CGT_VIZ_DEBUG"):
             raise
         print(f"error: {err}", file=sys.stderr)
+        for note in getattr(err, "__notes__", []):
+            print(f"note: {note}", file=sys.stderr)
         return 2
+    except OSError as err:   # disk full, permissions, a path of the wrong kind: what and where, no traceback
+        if os.environ.get("CGT_VIZ_DEBUG"):
+            raise
+        print(f"error: {_os_error(err)}", file=sys.stderr)
+        for note in getattr(err, "__notes__", []):
+            print(f"note: {note}", file=sys.stderr)
+        return 3
+
+
+def _os_error(err: OSError) -> str:
+    """'<what the OS said>: <path>' in one line (the previous checkpoint is left as it was)."""
+    what = err.strerror or str(err)
+    where = [str(f) for f in (err.filename, err.filename2) if f is not None]
+    return what + (f": {' -> '.join(repr(w) for w in where)}" if where else "")
 
 
 if __name__ == "__main__":

@@ -60,9 +60,15 @@ def read_json(path: str | os.PathLike) -> Any:
     if not path.is_file():
         raise FileNotFoundError(f"no file at {str(path)!r}")
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{str(path)!r} is not UTF-8 text (byte {err.start} is {err.object[err.start:err.start + 1]!r}); "
+                         f"a JSON file written by cgt_viz must be UTF-8 (truncated or tampered?)") from None
     except json.JSONDecodeError as err:
         raise ValueError(f"{str(path)!r} is not valid JSON (truncated or tampered?): {err}") from None
+    except RecursionError:
+        raise ValueError(f"{str(path)!r} nests JSON too deeply to read; cgt_viz never writes such a file "
+                         f"(tampered?)") from None
 
 
 def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
