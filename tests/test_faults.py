@@ -358,3 +358,82 @@ def test_a_float64_model_in_vectors_mode_names_the_dtypes():
     task = NaNRegression(nan_from=10**9)
     with pytest.raises(TypeError, match="batch.inputs has dtype float32 but the model's parameters are float64"):
         train(fresh(tiny_config(task)).double(), task, steps=2, batch_size=4, eval_every=0, **QUIET)
+
+
+# ------------------------------------------------------------------------------- 10. OS errors in the CLI
+def _break_out_is_a_file(run, tmp_path):
+    (tmp_path / "afile").write_text("x")
+    return ["train", *ICL, "--out", str(tmp_path / "afile"), "--steps", "2"], "afile"
+
+
+def _break_report_output_is_a_dir(run, tmp_path):
+    (tmp_path / "outdir").mkdir()
+    return ["report", str(run), "--output", str(tmp_path / "outdir")], "outdir"
+
+
+def _break_latest_is_a_dir(run, tmp_path):
+    import shutil
+    shutil.rmtree(run / "model")
+    (run / "ckpt" / "latest").unlink()
+    (run / "ckpt" / "latest").mkdir()
+    return ["evaluate", str(run), "--device", "cpu"], "latest"
+
+
+def _break_state_json_keys(run, tmp_path):
+    import shutil
+    shutil.rmtree(run / "model")
+    state_file = latest_checkpoint(run / "ckpt") / "state.json"
+    state = read_json(state_file)
+    del state["rng"]
+    write_json(state_file, state)
+    return ["evaluate", str(run), "--device", "cpu"], "state.json"
+
+
+def _break_nested_json(run, tmp_path):
+    (run / "run.json").write_text("[" * 100_000 + "]" * 100_000)
+    return ["report", str(run)], "run.json"
+
+
+def _break_non_utf8_json(run, tmp_path):
+    (run / "run.json").write_bytes(b'{"settings": "\xff\xfe"}')
+    return ["evaluate", str(run)], "run.json"
+
+
+def _break_run_json_keys(run, tmp_path):
+    write_json(run / "run.json", {"config": {}})
+    return ["evaluate", str(run)], "run.json"
+
+
+BREAKS = [_break_out_is_a_file, _break_report_output_is_a_dir, _break_latest_is_a_dir, _break_state_json_keys,
+          _break_nested_json, _break_non_utf8_json, _break_run_json_keys]
+
+
+@pytest.mark.parametrize("breaker", BREAKS, ids=[b.__name__[7:] for b in BREAKS])
+def test_os_and_file_errors_reach_the_cli_user_as_one_line(trained_run, tmp_path, breaker):
+    run = _copy_run(trained_run, tmp_path / "run")
+    argv, where = breaker(run, tmp_path)
+    proc = _cli(*argv)
+    assert proc.returncode not in (0, 1) and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.strip().splitlines() if not ln.startswith("note: ")]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and where in lines[0], proc.stderr[-2000:]
+
+
+def test_disk_full_during_a_save_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch, capsys):
+    import errno
+
+    import cgt_viz.checkpoint as ckpt_mod
+    out = tmp_path / "run"
+    real = ckpt_mod.save_tensors
+    calls = {"n": 0}
+
+    def full_after_two(path, tensors, metadata=None):
+        calls["n"] += 1
+        if calls["n"] > 4:   # two checkpoints (two files each) fit, the third does not
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, tensors, metadata)
+    monkeypatch.setattr(ckpt_mod, "save_tensors", full_after_two)
+    code = main(["train", *ICL, "--out", str(out), "--steps", "4", "--batch-size", "4", "--eval-every", "0",
+                 "--checkpoint-every", "1"])
+    err = capsys.readouterr().err
+    assert code == 3 and err.startswith("error: No space left on device: ") and "Traceback" not in err, err
+    assert load_checkpoint(out / "ckpt").step == 2       # the previous checkpoint is intact
