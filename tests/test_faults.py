@@ -437,3 +437,57 @@ def test_disk_full_during_a_save_is_one_line_and_keeps_the_previous_checkpoint(t
     err = capsys.readouterr().err
     assert code == 3 and err.startswith("error: No space left on device: ") and "Traceback" not in err, err
     assert load_checkpoint(out / "ckpt").step == 2       # the previous checkpoint is intact
+
+
+# ------------------------------------------------------------------------------- 8. from_pretrained checks first
+@pytest.fixture
+def saved_model(tmp_path):
+    path = tmp_path / "model"
+    _tiny_cgt().save_pretrained(path)
+    return path
+
+
+def _edit_config(path, **changes):
+    meta = read_json(path / "config.json")
+    meta["config"].update(changes)
+    write_json(path / "config.json", meta)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"n_layer": 10**9}, "n_layer 1000000000 must be at most the"),
+    ({"d_x": 2**40, "n_head": 1}, "d_x 1099511627776 must be at most the"),
+    ({"vocab_size": 10**12}, "vocab_size 1000000000000 must be at most the"),
+    ({"d_x": 32}, "do not match its config.json: shapes differ"),
+    ({"n_layer": 3}, "do not match its config.json"),
+], ids=["n_layer 1e9", "huge d_x", "huge vocab", "d_x mismatch", "n_layer mismatch"])
+def test_from_pretrained_checks_the_config_against_the_file_before_allocating(saved_model, changes, message):
+    import time
+    _edit_config(saved_model, **changes)
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=message):
+        CGT.from_pretrained(saved_model)
+    assert time.perf_counter() - t0 < 10          # refused from the header, nothing built at that size
+
+
+def test_a_config_missing_fields_is_refused_not_defaulted(saved_model):
+    meta = read_json(saved_model / "config.json")
+    del meta["config"]["w_smooth"], meta["config"]["sites"]
+    write_json(saved_model / "config.json", meta)
+    with pytest.raises(ValueError, match=r"lacks the config fields \['sites', 'w_smooth'\]"):
+        CGT.from_pretrained(saved_model)
+
+
+def test_nan_weights_load_with_a_warning_naming_them(tmp_path):
+    model = _tiny_cgt()
+    with torch.no_grad():
+        model.gpt.wpe.weight[0, 0] = float("nan")
+    model.save_pretrained(tmp_path / "m")
+    with pytest.warns(RuntimeWarning, match=r"NaN/inf in 1 tensors \(gpt.wpe.weight\)"):
+        CGT.from_pretrained(tmp_path / "m")
+
+
+def test_a_mismatched_model_folder_is_one_line_in_the_cli(trained_run, tmp_path):
+    run = _copy_run(trained_run, tmp_path / "run")
+    _edit_config(run / "model", d_x=32)
+    proc = _cli("evaluate", str(run), "--device", "cpu")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "shapes differ" in proc.stderr, proc.stderr[-2000:]
