@@ -491,3 +491,27 @@ def test_a_mismatched_model_folder_is_one_line_in_the_cli(trained_run, tmp_path)
     _edit_config(run / "model", d_x=32)
     proc = _cli("evaluate", str(run), "--device", "cpu")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "shapes differ" in proc.stderr, proc.stderr[-2000:]
+
+
+# ------------------------------------------------------------------------------- 7. degenerate projections
+def _tsne_in_a_child(X: np.ndarray, tmp_path) -> subprocess.CompletedProcess:
+    """t-SNE segfaulted the kernel on identical points: run it in a child process, so the test survives."""
+    np.save(tmp_path / "X.npy", X)
+    code = ("import numpy as np, sys; from cgt_viz.analysis import Projector\n"
+            f"X = np.load({str(tmp_path / 'X.npy')!r})\n"
+            "try:\n    Projector('tsne').fit_transform(X)\nexcept ValueError as e:\n    print('REFUSED', e); sys.exit(3)\n"
+            "print('RAN')\n")
+    return subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("X", [np.ones((40, 8), np.float32), np.repeat(np.eye(3, 8, dtype=np.float32), 20, 0)],
+                         ids=["constant", "3 distinct points"])
+def test_tsne_on_degenerate_points_is_refused_not_a_crash(X, tmp_path):
+    proc = _tsne_in_a_child(X, tmp_path)
+    assert proc.returncode == 3 and "distinct points" in proc.stdout, (proc.returncode, proc.stdout, proc.stderr[-1500:])
+
+
+def test_umap_and_the_explorer_refuse_a_constant_ybar():
+    from cgt_viz.analysis import Projector
+    with pytest.raises(ValueError, match=r"X must hold at least 4 distinct points .* got 50 points of which 1 distinct"):
+        Projector("umap").fit_transform(np.full((50, 4), 0.5, np.float32))
