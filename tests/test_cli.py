@@ -132,7 +132,7 @@ def reference_weights(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["SIGINT", "SIGTERM", "SIGKILL"])
 def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, reference_weights, sig):
     ref_state, ref_history = reference_weights
     out = tmp_path / "run"
@@ -147,7 +147,7 @@ def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, reference_wei
             break
         time.sleep(0.005)
     _, err = proc.communicate(timeout=60)
-    if sig == signal.SIGINT:
+    if sig in (signal.SIGINT, signal.SIGTERM):   # SIGTERM: what a cluster scheduler sends
         assert proc.returncode == 130, err                      # stopped cleanly, said how to resume
         assert "--resume" in err and "Traceback" not in err
     else:

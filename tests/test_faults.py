@@ -515,3 +515,24 @@ def test_umap_and_the_explorer_refuse_a_constant_ybar():
     from cgt_viz.analysis import Projector
     with pytest.raises(ValueError, match=r"X must hold at least 4 distinct points .* got 50 points of which 1 distinct"):
         Projector("umap").fit_transform(np.full((50, 4), 0.5, np.float32))
+
+
+# ------------------------------------------------------------------------------- SIGTERM (kept)
+def test_sigterm_mid_run_checkpoints_and_resumes_to_the_uninterrupted_weights(tmp_path):
+    import signal
+
+    from cgt_viz.train import train
+    from test_train import QUIET, TinyTask, fresh, same_weights, tiny_config
+    task = TinyTask()
+    cfg = tiny_config(task)
+    reference, _ = train(fresh(cfg), task, steps=8, batch_size=4, eval_every=0, **QUIET)
+
+    def term_at_3(event):
+        if event["kind"] == "step" and event["step"] == 3:
+            os.kill(os.getpid(), signal.SIGTERM)       # what a cluster scheduler sends before killing a job
+    model, hist = train(fresh(cfg), task, steps=8, batch_size=4, eval_every=0, checkpoint_dir=tmp_path,
+                        checkpoint_every=100, callbacks=[term_at_3], **QUIET)
+    assert hist.interrupted and len(hist) == 3 and load_checkpoint(tmp_path).step == 3
+    resumed, hist = train(fresh(cfg), task, steps=8, batch_size=4, eval_every=0, checkpoint_dir=tmp_path,
+                          checkpoint_every=100, resume=True, **QUIET)
+    assert not hist.interrupted and same_weights(resumed, reference)
