@@ -259,9 +259,9 @@ def _check_batch(model: nn.Module, batch: Batch, where: str) -> None:
             raise TypeError(f"{where}: batch.inputs has dtype {str(value.dtype).replace('torch.', '')} but the model's "
                             f"parameters are {str(param.dtype).replace('torch.', '')}; in vectors mode they must match: "
                             f"use model.float() (or make the task return {str(param.dtype).replace('torch.', '')})")
-        finite = torch.isfinite(value)
-        if bool(finite.all()):
+        if bool(torch.isfinite(value.sum())) or bool(torch.isfinite(value).all()):  # one reduction when clean
             continue
+        finite = torch.isfinite(value)
         bad = (~finite).nonzero()
         first = tuple(int(i) for i in bad[0])
         where_masked = ""
@@ -522,7 +522,10 @@ def _run(*, model, task, steps, batch_size, lr, warmup, min_lr_ratio, weight_dec
         bar = tqdm(total=steps, initial=start, desc="train", dynamic_ncols=True)
     t0 = time.perf_counter() - history.seconds
     step = start
-    rng_done = capture_rng(generators) if checkpoint_dir is not None and is_main else None   # after `step` steps
+    # the random streams the loop advances, as they were after the last completed step (for a save on error;
+    # Python's and NumPy's, which the loop does not touch, are read at save time: cheaper per step)
+    snapshot = lambda: {"torch": torch.get_rng_state(), "generators": {n: g.get_state() for n, g in generators.items()}}
+    rng_done = snapshot() if checkpoint_dir is not None and is_main else None
     try:
         with _StopFlag() as stop:
             while step < steps:
@@ -561,7 +564,7 @@ def _run(*, model, task, steps, batch_size, lr, warmup, min_lr_ratio, weight_dec
                 optimizer.zero_grad(set_to_none=True)
                 step += 1
                 if rng_done is not None:
-                    rng_done = capture_rng(generators)
+                    rng_done = snapshot()
 
                 history.step.append(step)
                 for k in LOSS_TERMS:
@@ -598,7 +601,7 @@ def _run(*, model, task, steps, batch_size, lr, warmup, min_lr_ratio, weight_dec
         if (rng_done is not None and step > saved_step and not isinstance(err, (TrainingDiverged, OSError))
                 and all(bool(torch.isfinite(p).all()) for p in params)):
             try:
-                save(step, rng_done)
+                save(step, {**capture_rng(generators), **rng_done})
                 note = f"the {step} completed steps were checkpointed in {str(last_ckpt)!r}; resume=True continues"
             except Exception as save_err:  # noqa: BLE001 — the original error is the one to report
                 note = f"saving the {step} completed steps failed too ({type(save_err).__name__}: {save_err})"
