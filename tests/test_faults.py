@@ -534,3 +534,17 @@ def test_sigterm_mid_run_checkpoints_and_resumes_to_the_uninterrupted_weights(tm
     resumed, hist = train(fresh(cfg), task, steps=8, batch_size=4, eval_every=0, checkpoint_dir=tmp_path,
                           checkpoint_every=100, resume=True, **QUIET)
     assert not hist.interrupted and same_weights(resumed, reference)
+
+
+def test_the_explorer_says_a_constant_ybar_cannot_be_embedded_by_tsne():
+    from cgt_viz import explore
+    model = _tiny_cgt()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()                                   # every token gets the same ȳ
+    data = torch.randint(0, 256, (3, 12), generator=torch.Generator().manual_seed(0))
+    ex = explore(model, data, background=None)
+    with pytest.raises(ValueError, match="distinct points"):
+        ex.set_projection("tsne", wait=True)
+    assert "t-SNE failed" in ex.status.value or "failed" in ex.status.value
+    assert np.isfinite(ex.coords).all()                 # the PCA view stays usable
