@@ -3,12 +3,12 @@
     python -m cgt_viz train --task icl --out runs/shift --steps 2000 --task-arg family=shift
     python -m cgt_viz train --out runs/shift --resume          # continue it (settings come from run.json)
     python -m cgt_viz evaluate runs/shift                       # prompted / specialised / no-context table
+    python -m cgt_viz report runs/shift                         # runs/shift/report.html, works offline
+    torchrun --nproc_per_node 2 -m cgt_viz train ...            # the same, data-parallel (DDP)
     python -m cgt_viz train --out runs/mine --resume --task mymod:MyTask   # your own Task: typed again
 
 A run folder is data: run.json names its task, and only registered names (icl, regression, text) are
 built from it. A "module:Class" task of your own is imported only when typed on the command line.
-    python -m cgt_viz report runs/shift                         # runs/shift/report.html, works offline
-    torchrun --nproc_per_node 2 -m cgt_viz train ...            # the same, data-parallel (DDP)
 
 A run folder holds run.json (the command's settings, written first), ckpt/ (checkpoints, see
 cgt_viz.checkpoint), and at the end model/ (save_pretrained) and history.json.

@@ -185,18 +185,23 @@ class PretrainedMixin:
         cfg = _checked_config(path, meta["config"])
         header = _safetensors_header(path / WEIGHTS_NAME)
         _check_sizes(path, cfg, header)
-        # the shapes the config implies, from a model on the meta device (no memory is allocated)
+        # the shapes the config implies, from a model on the meta device (no memory is allocated); loading
+        # header-shaped meta tensors into it runs the model's own migrations of older checkpoints too
         with torch.device("meta"):
-            expected = {k: tuple(v.shape) for k, v in cls(cfg).state_dict().items()}
-        missing = sorted(set(expected) - set(header))
-        unexpected = sorted(set(header) - set(expected))
-        wrong = [f"{k}: config {expected[k]}, file {header[k][0]}" for k in expected
-                 if k in header and tuple(header[k][0]) != expected[k]]
+            skeleton = cls(cfg)
+        shaped = {k: torch.empty(shape, device="meta") for k, (shape, _) in header.items()}
+        try:
+            missing, unexpected = skeleton.load_state_dict(shaped, strict=False)
+            wrong = []
+        except RuntimeError as err:
+            missing, unexpected = [], []
+            wrong = [line.strip().replace("torch.Size", "").rstrip(".") for line in str(err).splitlines()
+                     if "size mismatch" in line] or [str(err).splitlines()[0]]
         if missing or unexpected or wrong:
             raise ValueError(f"the weights in {str(path / WEIGHTS_NAME)!r} do not match its config.json: "
-                             + "; ".join(filter(None, [f"shapes differ for {wrong[:4]}" if wrong else "",
-                                                       f"missing {missing[:5]}" if missing else "",
-                                                       f"unexpected {unexpected[:5]}" if unexpected else ""]))
+                             + "; ".join(filter(None, [f"shapes differ ({'; '.join(wrong[:3])})" if wrong else "",
+                                                       f"missing {list(missing)[:5]}" if missing else "",
+                                                       f"unexpected {list(unexpected)[:5]}" if unexpected else ""]))
                              + "; the config must be the one saved with these weights")
         _check_memory(path, header)
         model = cls(cfg)
