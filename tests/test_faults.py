@@ -33,8 +33,26 @@ def _env() -> dict[str, str]:
 
 
 def _cli(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """The real process: exit code and stderr as the user sees them."""
     return subprocess.run([sys.executable, "-m", "cgt_viz", *argv], env=_env(), capture_output=True, text=True,
                           timeout=timeout)
+
+
+def _main(capsys, *argv: str) -> subprocess.CompletedProcess:
+    """main() in this process (no torch import per call), reported like _cli; an exception escaping main()
+    is what the user would see as a traceback."""
+    import traceback
+    capsys.readouterr()
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:
+        code = exit_.code
+    except Exception:  # noqa: BLE001
+        code, tb = 99, traceback.format_exc()
+    else:
+        tb = ""
+    err = capsys.readouterr().err
+    return subprocess.CompletedProcess(argv, code, "", err + tb)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +74,7 @@ HOSTILE = [("subprocess:run", "args"), ("os:system", "command")]
 
 
 @pytest.mark.parametrize("task, key", HOSTILE, ids=[t for t, _ in HOSTILE])
-def test_a_run_folder_never_imports_or_calls_what_it_names(trained_run, tmp_path, task, key):
+def test_a_run_folder_never_imports_or_calls_what_it_names(trained_run, tmp_path, capsys, task, key):
     run = _copy_run(trained_run, tmp_path / "run")
     marker = tmp_path / "pwned"
     info = read_json(run / "run.json")
@@ -65,7 +83,7 @@ def test_a_run_folder_never_imports_or_calls_what_it_names(trained_run, tmp_path
     write_json(run / "run.json", info)
     for argv in (["evaluate", str(run), "--n-batches", "1", "--batch-size", "4", "--device", "cpu"],
                  ["train", "--out", str(run), "--resume", "--no-progress", "--device", "cpu"]):
-        proc = _cli(*argv)
+        proc = _main(capsys, *argv)
         assert not marker.exists(), f"{argv[0]} ran the command named in run.json"
         assert proc.returncode == 2 and "not a registered task" in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
@@ -228,12 +246,12 @@ def test_an_error_that_is_not_a_crash_saves_the_completed_steps_first(tmp_path):
 
 
 # ------------------------------------------------------------------------------- 5. one writer per folder
-def test_a_second_writer_on_a_run_folder_is_refused(trained_run, tmp_path):
+def test_a_second_writer_on_a_run_folder_is_refused(trained_run, tmp_path, capsys):
     run = _copy_run(trained_run, tmp_path / "run")
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         (run / ".lock").write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(), "time": 0}))
-        proc = _cli("train", "--out", str(run), "--resume", "--steps", "3", "--no-progress", "--device", "cpu")
+        proc = _main(capsys, "train", "--out", str(run), "--resume", "--steps", "3", "--no-progress", "--device", "cpu")
         assert proc.returncode == 2 and f"in use by pid {holder.pid}" in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
         from cgt_viz.checkpoint import FolderLocked, RunLock
@@ -243,7 +261,7 @@ def test_a_second_writer_on_a_run_folder_is_refused(trained_run, tmp_path):
         holder.kill()
         holder.wait()
     # the holder is gone: its lock is stale and the resume goes ahead (and releases the lock at the end)
-    proc = _cli("train", "--out", str(run), "--resume", "--steps", "3", "--no-progress", "--device", "cpu")
+    proc = _main(capsys, "train", "--out", str(run), "--resume", "--steps", "3", "--no-progress", "--device", "cpu")
     assert proc.returncode == 0, proc.stderr
     assert read_json(run / "history.json")["step"] == [1, 2, 3] and not (run / ".lock").exists()
     (run / ".lock").write_text(json.dumps({"pid": 1, "host": "another-host", "time": 0}))
@@ -407,10 +425,11 @@ BREAKS = [_break_out_is_a_file, _break_report_output_is_a_dir, _break_latest_is_
 
 
 @pytest.mark.parametrize("breaker", BREAKS, ids=[b.__name__[7:] for b in BREAKS])
-def test_os_and_file_errors_reach_the_cli_user_as_one_line(trained_run, tmp_path, breaker):
+def test_os_and_file_errors_reach_the_cli_user_as_one_line(trained_run, tmp_path, capsys, breaker):
     run = _copy_run(trained_run, tmp_path / "run")
     argv, where = breaker(run, tmp_path)
-    proc = _cli(*argv)
+    # the real process for one case (the user's view, exit code included); main() in-process for the rest
+    proc = _cli(*argv) if breaker is _break_out_is_a_file else _main(capsys, *argv)
     assert proc.returncode not in (0, 1) and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     lines = [ln for ln in proc.stderr.strip().splitlines() if not ln.startswith("note: ")]
     assert len(lines) == 1 and lines[0].startswith("error: ") and where in lines[0], proc.stderr[-2000:]
