@@ -135,13 +135,27 @@ def _check_sizes(path: Path, cfg: Any, header: dict) -> None:
                              f"stored in {WEIGHTS_NAME}; the config does not match the weights")
 
 
+def _available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux MemAvailable: free + reclaimable cache), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def _check_memory(path: Path, header: dict) -> None:
     """The weights must fit the memory this machine has free (checked before anything is allocated)."""
     sizes = {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2}
     need = sum(math.prod(shape) * sizes.get(dtype, 1) for shape, dtype in header.values())
-    try:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
+    free = _available_memory()
+    if free is None:
         return
     if 2 * need > free:   # the model's parameters plus the loaded state dict
         raise ValueError(f"the model in {str(path)!r} needs about {2 * need / 2**30:.2f} GiB to load, but only "

@@ -567,3 +567,12 @@ def test_the_explorer_says_a_constant_ybar_cannot_be_embedded_by_tsne():
         ex.set_projection("tsne", wait=True)
     assert "t-SNE failed" in ex.status.value or "failed" in ex.status.value
     assert np.isfinite(ex.coords).all()                 # the PCA view stays usable
+
+
+def test_a_model_larger_than_the_free_memory_is_refused_before_loading(saved_model, monkeypatch):
+    import cgt_viz.io as io_mod
+    monkeypatch.setattr(io_mod, "_available_memory", lambda: 1000)
+    with pytest.raises(ValueError, match=r"needs about .* GiB to load, but only .* GiB of memory is free"):
+        CGT.from_pretrained(saved_model)
+    monkeypatch.setattr(io_mod, "_available_memory", lambda: None)     # unknown: no refusal
+    CGT.from_pretrained(saved_model)
