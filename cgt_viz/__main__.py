@@ -5,11 +5,16 @@
     python -m cgt_viz evaluate runs/shift                       # prompted / specialised / no-context table
     python -m cgt_viz report runs/shift                         # runs/shift/report.html, works offline
     torchrun --nproc_per_node 2 -m cgt_viz train ...            # the same, data-parallel (DDP)
+    python -m cgt_viz train --out runs/mine --resume --task mymod:MyTask   # your own Task: typed again
+
+A run folder is data: run.json names its task, and only registered names (icl, regression, text) are
+built from it. A "module:Class" task of your own is imported only when typed on the command line.
 
 A run folder holds run.json (the command's settings, written first), ckpt/ (checkpoints, see
 cgt_viz.checkpoint), and at the end model/ (save_pretrained) and history.json.
-Exit codes: 0 done, 1 training diverged (NaN/inf), 2 bad input (message, no traceback), 130 interrupted
-(a checkpoint was written; `--resume` continues).
+Exit codes: 0 done, 1 training diverged (NaN/inf), 2 bad input or a folder in use (message, no traceback),
+3 an OS error (disk full, no permission, a path of the wrong kind: one line saying what and where),
+130 interrupted (a checkpoint was written; `--resume` continues).
 """
 from __future__ import annotations
 
@@ -82,6 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--baseline", help="run folder of a GPT baseline trained on the same task")
     e.add_argument("--device", default="auto")
+    e.add_argument("--task", help="only for a run of your own module:Class task: the same module:Class, typed here "
+                                  "(a run folder is data; nothing named in it is imported)")
     e.add_argument("--threads", type=int, help="CPU threads for torch")
 
     r = sub.add_parser("report", help="write a self-contained HTML report (loss curves, settings, evaluation)")
@@ -110,23 +117,36 @@ def _task_kwargs(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def make_task_by_name(name: str, kwargs: dict[str, Any]):
-    """A registered task ("icl", "regression", "text") or "module:Class" for a Task subclass of your own."""
+def make_task_by_name(name: str, kwargs: dict[str, Any], *, allow_import: bool = False):
+    """A registered task ("icl", "regression", "text"), or "module:Class" for a Task subclass of your own.
+
+    "module:Class" is imported only when `allow_import` is set, i.e. when the user typed it on this command
+    line. A name read from a file (run.json on --resume, evaluate, report) is data: only registered names
+    are built from it, and nothing is imported or called because a file says so.
+    """
     from .tasks.base import Task
 
+    if not isinstance(name, str):
+        raise CLIError(f"the task name must be a string, one of {', '.join(TASK_NAMES)}, got {type(name).__name__} "
+                       f"{name!r}")
     if ":" in name:
+        if not allow_import:
+            raise CLIError(f"the run's task {name!r} is not a registered task (allowed: {', '.join(TASK_NAMES)}); "
+                           f"a run folder is data and nothing named in it is imported. If you trust that code, "
+                           f"pass --task {name} on the command line")
         module, _, attr = name.partition(":")
         try:
             cls = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as err:
             raise CLIError(f"--task must be one of {', '.join(TASK_NAMES)} or an importable module:Class, got "
                            f"{name!r}: cannot import {attr!r} from module {module!r} ({err})") from None
-        task = _with_task_args(cls, kwargs)
-        if not isinstance(task, Task):
-            raise CLIError(f"--task {name!r} is not a cgt_viz.tasks.base.Task subclass")
-        return task
+        if not (isinstance(cls, type) and issubclass(cls, Task)):   # checked before anything is called
+            raise CLIError(f"--task {name!r} must name a cgt_viz.tasks.base.Task subclass, got {type(cls).__name__}")
+        return _with_task_args(cls, kwargs)
     if name not in TASK_NAMES:
         raise CLIError(f"unknown --task {name!r}; allowed: {', '.join(TASK_NAMES)} (or module:Class)")
+    if not isinstance(kwargs, dict):
+        raise CLIError(f"the task arguments must be a dict of constructor arguments, got {type(kwargs).__name__}")
     try:
         from .tasks import make_task
     except ImportError:
@@ -182,12 +202,12 @@ def _settings(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     return settings
 
 
-def _build(settings: dict[str, Any]):
+def _build(settings: dict[str, Any], allow_import: bool = False):
     import torch
 
     from . import CGT, GPT, CGTConfig
 
-    task = make_task_by_name(settings["task"], settings["task_arg"])
+    task = make_task_by_name(settings["task"], settings["task_arg"], allow_import=allow_import)
     model_kw = {k: settings[k] for k in MODEL_FLAGS if settings.get(k) is not None}
     if "sites" in model_kw:
         model_kw["sites"] = tuple(s.strip() for s in model_kw["sites"].split(",") if s.strip())
@@ -198,13 +218,28 @@ def _build(settings: dict[str, Any]):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from .checkpoint import RunLock
+
+    out = Path(args.out)
+    _settings(args, out)            # a bad flag is refused before anything is created or written
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"--out must be a run folder (or not exist yet), got the file {str(out)!r}")
+    is_main = int(os.environ.get("RANK", "0")) == 0
+    # one writer per run folder: a second trainer (a second --resume) is refused while this one runs
+    with RunLock(out, "--out") if is_main else contextlib.nullcontext():
+        return _train_locked(args, out, is_main)
+
+
+def _train_locked(args: argparse.Namespace, out: Path, is_main: bool) -> int:
+    from .checkpoint import latest_checkpoint
     from .io import write_json
     from .train import TrainingDiverged, train
 
-    out = Path(args.out)
-    settings = _settings(args, out)
-    task, model = _build(settings)
-    is_main = int(os.environ.get("RANK", "0")) == 0
+    settings = _settings(args, out)  # again: now that no other writer can change run.json
+    # a module:Class task is imported only when typed now (on --resume it must equal the run's: _settings)
+    task, model = _build(settings, allow_import=args.task is not None)
     if args.resume and (out / RUN_FILE).is_file():  # the model flags must rebuild the run's model exactly
         from .io import read_json
         from .train import config_differences
@@ -215,9 +250,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         if diff:
             raise CLIError(f"--resume: the run in {str(out)!r} has a different model; it differs in: "
                            + "; ".join(diff[:8]) + ". Resume with its settings or start a new --out")
+    run_file = out / RUN_FILE
+    previous = run_file.read_bytes() if run_file.is_file() else None
+    before = latest_checkpoint(out / "ckpt")
     if is_main:
-        write_json(out / RUN_FILE, {"settings": settings, "model_class": type(model).__name__,
-                                    "config": model.config.to_dict()})
+        write_json(run_file, {"settings": settings, "model_class": type(model).__name__,
+                              "config": model.config.to_dict()})
     try:
         model, history = train(model, task, settings["steps"], settings["batch_size"], settings["lr"],
                                warmup=settings["warmup"], weight_decay=settings["weight_decay"],
@@ -230,6 +268,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     except TrainingDiverged as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except Exception:
+        # refused before any step was saved (a bad value train() checks, a failed pre-flight): run.json goes
+        # back to what it was, so the corrected command is not refused as a mismatch
+        if is_main and latest_checkpoint(out / "ckpt") == before:
+            if previous is None:
+                run_file.unlink(missing_ok=True)
+            else:
+                from .io import atomic_write
+                atomic_write(run_file, lambda tmp: Path(tmp).write_bytes(previous))
+        raise
     if not is_main:
         return 0
     write_json(out / "history.json", history.to_dict())
@@ -244,17 +292,36 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_run(run: Path) -> dict[str, Any]:
+    """run.json of a run folder, checked for the entries the commands read (a clear error, not a KeyError)."""
+    from .io import read_json
+
+    if not (run / RUN_FILE).is_file():
+        raise CLIError(f"run must be a run folder written by `python -m cgt_viz train`; {str(run)!r} has no {RUN_FILE}")
+    info = read_json(run / RUN_FILE)
+    settings = info.get("settings") if isinstance(info, dict) else None
+    problems = ([] if isinstance(settings, dict) else ["'settings' must be a dict"]) + \
+               ([] if isinstance(info, dict) and isinstance(info.get("config", {}), dict) else ["'config' must be a dict"])
+    if not problems:
+        problems = [f"'settings' lacks {k!r}" for k in ("task", "task_arg") if k not in settings]
+    if problems:
+        raise CLIError(f"{str(run / RUN_FILE)!r} is not a run file written by this CLI: {'; '.join(problems)}")
+    return info
+
+
 # ------------------------------------------------------------------------------------ loading a run
-def load_run(run: str | os.PathLike, device: str = "cpu"):
-    """(model, task, run_info) of a run folder: model/ if training finished, else the latest checkpoint."""
+def load_run(run: str | os.PathLike, device: str = "cpu", task: Any = None):
+    """(model, task, run_info) of a run folder: model/ if training finished, else the latest checkpoint.
+
+    The task is rebuilt from run.json by registered name only. For a run of your own Task subclass pass
+    `task`: the Task itself (from Python), or the same "module:Class" string typed on the command line.
+    """
     from . import CGT, GPT, CGTConfig
     from .checkpoint import latest_checkpoint, load_checkpoint
     from .io import read_json
 
     run = Path(run)
-    if not (run / RUN_FILE).is_file():
-        raise CLIError(f"run must be a run folder written by `python -m cgt_viz train`; {str(run)!r} has no {RUN_FILE}")
-    info = read_json(run / RUN_FILE)
+    info = _read_run(run)
     cls = GPT if info.get("model_class") == "GPT" else CGT
     if (run / "model" / "config.json").is_file():
         model = cls.from_pretrained(run / "model", device=device)
@@ -266,7 +333,14 @@ def load_run(run: str | os.PathLike, device: str = "cpu"):
         print(f"note: training has not finished; using the checkpoint at step {ckpt.step}", file=sys.stderr)
     else:
         raise CLIError(f"{str(run)!r} holds neither a trained model (model/) nor a checkpoint (ckpt/)")
-    task = make_task_by_name(info["settings"]["task"], info["settings"]["task_arg"])
+    from .tasks.base import Task
+    saved = info["settings"]["task"]
+    if isinstance(task, Task):
+        pass
+    elif task is not None and task != saved:
+        raise CLIError(f"--task {task!r} is not the run's task {saved!r}; pass the run's task or leave --task out")
+    else:
+        task = make_task_by_name(saved, info["settings"]["task_arg"], allow_import=task is not None)
     return model.eval(), task, info
 
 
@@ -296,7 +370,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if min(ks) < 1:
         raise CLIError(f"--k must be comma-separated ints >= 1 (prompt sizes), got {args.k!r}")
     device = resolve_device(args.device)
-    model, task, _ = load_run(args.run, device=device)
+    model, task, _ = load_run(args.run, device=device, task=args.task)
     try:
         from .evaluate import evaluate_specialization
     except ImportError:
@@ -318,7 +392,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     else:
         baseline = None
         if args.baseline:
-            baseline, _, _ = load_run(args.baseline, device=device)
+            baseline, _, _ = load_run(args.baseline, device=device, task=task)
         rows = evaluate_specialization(model, task, k_values=ks, n_batches=args.n_batches, batch_size=args.batch_size,
                                        baseline=baseline, seed=args.seed)
     print(_table(rows))
@@ -369,9 +443,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from .io import atomic_write, read_json
 
     run = Path(args.run)
-    if not (run / RUN_FILE).is_file():
-        raise CLIError(f"run must be a run folder written by `python -m cgt_viz train`; {str(run)!r} has no {RUN_FILE}")
-    info = read_json(run / RUN_FILE)
+    info = _read_run(run)
     history = _history_of(run)
     figures = [_curves_figure(history)]
     if history.get("lr"):
@@ -381,7 +453,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     parts = [pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)]
     esc = html.escape
     settings_rows = "".join(f"<tr><td>{esc(str(k))}</td><td>{esc(json.dumps(v))}</td></tr>"
-                            for k, v in {**info["settings"], **info["config"]}.items())
+                            for k, v in {**info["settings"], **info.get("config", {})}.items())
     evaluation = ""
     if (run / "evaluation.json").is_file():
         evaluation = f"<h2>Evaluation</h2><pre>{esc(_table(read_json(run / 'evaluation.json')))}</pre>"
@@ -410,17 +482,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         import torch
         torch.set_num_threads(args.threads)
     command = {"train": cmd_train, "evaluate": cmd_evaluate, "report": cmd_report}[args.command]
+    from .checkpoint import FolderLocked
     try:
         return command(args)
     except ModuleNotFoundError as err:
         print(f"error: {err.name} is needed for this command; install the notebook extras: "
               f"pip install -e '.[notebook]'", file=sys.stderr)
         return 2
-    except (CLIError, ValueError, TypeError, FileNotFoundError) as err:
+    except (CLIError, ValueError, TypeError, FileNotFoundError, FolderLocked) as err:
         if os.environ.get("CGT_VIZ_DEBUG"):
             raise
         print(f"error: {err}", file=sys.stderr)
+        for note in getattr(err, "__notes__", []):
+            print(f"note: {note}", file=sys.stderr)
         return 2
+    except OSError as err:   # disk full, permissions, a path of the wrong kind: what and where, no traceback
+        if os.environ.get("CGT_VIZ_DEBUG"):
+            raise
+        print(f"error: {_os_error(err)}", file=sys.stderr)
+        for note in getattr(err, "__notes__", []):
+            print(f"note: {note}", file=sys.stderr)
+        return 3
+
+
+def _os_error(err: OSError) -> str:
+    """'<what the OS said>: <path>' in one line (the previous checkpoint is left as it was)."""
+    what = err.strerror or str(err)
+    where = [str(f) for f in (err.filename, err.filename2) if f is not None]
+    return what + (f": {' -> '.join(repr(w) for w in where)}" if where else "")
 
 
 if __name__ == "__main__":

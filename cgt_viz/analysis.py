@@ -269,6 +269,14 @@ class Projector:
             raise ValueError(f"X must have at least {need} points, got {n} (a {self.method} projection; "
                              f"shape {X.shape})")
         self._width = X.shape[1]
+        if self.method != "pca":   # identical points crash t-SNE (a segfault in scikit-learn) and make UMAP NaN
+            spread = float(np.ptp(X, axis=0).max()) if X.size else 0.0
+            distinct = len(np.unique(X, axis=0)) if spread > 0 else 1
+            if spread <= 1e-12 * max(1.0, float(np.abs(X).max())) or distinct < need:
+                raise ValueError(f"X must hold at least {need} distinct points with some spread for a {self.method} "
+                                 f"projection, got {n} points of which {distinct} distinct (largest range per "
+                                 f"dimension {spread:.3g}): ȳ is constant here (an untrained or collapsed model?); "
+                                 f"use projection='pca', or points from a trained model")
         if self.method == "pca":
             self.reducer = _PCA()
             Y = self.reducer.fit_transform(X)
@@ -291,6 +299,9 @@ class Projector:
             self.reducer = TSNE(n_components=2, **kw)
             Y = self.reducer.fit_transform(X)
             self._fit_X, self._fit_Y = X, Y
+        if not np.isfinite(Y).all():
+            raise ValueError(f"the {self.method} projection of X ({n} points) gave NaN/inf coordinates; X is too "
+                             f"degenerate for it (too few distinct points?): use projection='pca'")
         return _pad2(Y)
 
     def transform(self, X) -> np.ndarray:

@@ -19,10 +19,13 @@ unpickles: tensors come from safetensors, the rest from JSON.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import re
 import shutil
+import socket
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +36,8 @@ import torch
 
 from .io import load_tensors, read_json, save_tensors, write_json
 
-FORMAT = "cgt_viz.checkpoint/1"
+FORMAT = "cgt_viz.checkpoint/2"        # /2: state.json carries its own checksum ("state_sha256")
+FORMATS = ("cgt_viz.checkpoint/1", FORMAT)   # /1 (no state checksum) still loads
 LATEST = "latest"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _FILES = ("model.safetensors", "train_state.safetensors", "history.json")
@@ -144,6 +148,12 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _state_digest(state: dict[str, Any]) -> str:
+    """sha256 of state.json's content without its own checksum entry (canonical JSON)."""
+    body = {k: v for k, v in state.items() if k != "state_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def step_dir_name(step: int) -> str:
     return f"step-{step:08d}"
 
@@ -155,8 +165,12 @@ def save_checkpoint(checkpoint_dir: str | os.PathLike, step: int, run: dict[str,
     root = Path(checkpoint_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / step_dir_name(step)
-    for stale in root.glob(".tmp-step-*"):  # debris of a save that was killed (there is only one writer)
+    # debris of a save that was killed (one writer per folder: see RunLock): step folders, old ones moved aside,
+    # and the temp file of an interrupted `latest` update
+    for stale in [*root.glob(".tmp-step-*"), *root.glob(".old-step-*")]:
         shutil.rmtree(stale, ignore_errors=True)
+    for stale in root.glob(f".{LATEST}.*.tmp"):
+        stale.unlink(missing_ok=True)
     tmp = root / f".tmp-{step_dir_name(step)}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
@@ -165,9 +179,9 @@ def save_checkpoint(checkpoint_dir: str | os.PathLike, step: int, run: dict[str,
         rng_tensors, rng_meta = _rng_to_tensors(rng)
         save_tensors(tmp / "train_state.safetensors", {**opt_tensors, **rng_tensors})
         write_json(tmp / "history.json", history)
-        write_json(tmp / "state.json", {
-            "format": FORMAT, "step": step, "run": run, "optimizer": opt_meta, "rng": rng_meta,
-            "extra": extra or {}, "sha256": {name: _sha256(tmp / name) for name in _FILES}})
+        state = {"format": FORMAT, "step": step, "run": run, "optimizer": opt_meta, "rng": rng_meta,
+                 "extra": extra or {}, "sha256": {name: _sha256(tmp / name) for name in _FILES}}
+        write_json(tmp / "state.json", {**state, "state_sha256": _state_digest(state)})
         if final.exists():  # re-saving a step (after a resume): move the old one aside, never delete first
             aside = root / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
             os.replace(final, aside)
@@ -191,7 +205,8 @@ def list_checkpoints(checkpoint_dir: str | os.PathLike) -> list[Path]:
     root = Path(checkpoint_dir)
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and (p / "state.json").is_file()]
+    found = [(int(m.group(1)), p) for p in root.iterdir()
+             if (m := _STEP_DIR.match(p.name)) and not p.is_symlink() and (p / "state.json").is_file()]
     return [p for _, p in sorted(found)]
 
 
@@ -199,15 +214,32 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> Path | None:
     """The folder `latest` names, else the newest step folder; None if there is no checkpoint at all."""
     root = Path(checkpoint_dir)
     pointer = root / LATEST
+    if pointer.exists() and not pointer.is_file():
+        raise ValueError(f"the checkpoint pointer {str(pointer)!r} must be a file, got a directory or other "
+                         f"non-file; move it away (the step-* folders next to it are untouched)")
     if pointer.is_file():
         try:
-            target = root / read_json(pointer)["dir"]
+            name = read_json(pointer)["dir"]
         except (ValueError, KeyError, TypeError):
-            target = None
-        if target is not None and (target / "state.json").is_file():
-            return target
+            name = None
+        if name is not None:
+            target = _inside(root, name, f"the checkpoint pointer {str(pointer)!r}")
+            if (target / "state.json").is_file():
+                return target
     found = list_checkpoints(root)
     return found[-1] if found else None
+
+
+def _inside(root: Path, name: Any, what: str) -> Path:
+    """root / name, refused unless name is a step-* folder name that stays inside root (no '..', no link out)."""
+    if not isinstance(name, str) or not _STEP_DIR.match(name):
+        raise ValueError(f"{what} must name a step-NNNNNNNN folder inside {str(root)!r}, got {name!r}; refusing "
+                         f"to follow it")
+    target = root / name
+    if target.is_symlink() or target.resolve().parent != root.resolve():
+        raise ValueError(f"{what} names {name!r}, which leads outside {str(root)!r} (a symbolic link); refusing to "
+                         f"follow it")
+    return target
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
@@ -221,9 +253,22 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         if found is None:
             raise FileNotFoundError(f"no checkpoint in {str(path)!r} (expected a 'latest' file or step-* folders)")
         path = found
-    state = read_json(path / "state.json")
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise ValueError(f"{str(path / 'state.json')!r} is not a cgt_viz checkpoint (format {FORMAT!r} expected)")
+    state_file = path / "state.json"
+    state = read_json(state_file)
+    if not isinstance(state, dict) or state.get("format") not in FORMATS:
+        raise ValueError(f"{str(state_file)!r} is not a cgt_viz checkpoint (format {FORMAT!r} expected)")
+    missing = [k for k in ("step", "run", "optimizer", "rng", "sha256") if k not in state]
+    missing += [f"sha256.{n}" for n in _FILES if not isinstance(state.get("sha256"), dict) or n not in state["sha256"]]
+    if missing:
+        raise ValueError(f"{str(state_file)!r} lacks {missing}; it is damaged or not written by cgt_viz, refusing "
+                         f"to load it")
+    if state["format"] == FORMAT and state.get("state_sha256") != _state_digest(state):
+        raise ValueError(f"{str(state_file)!r} does not match its checksum (edited, truncated or tampered); "
+                         f"refusing to load it")
+    m = _STEP_DIR.match(path.name)
+    if m and int(m.group(1)) != state["step"]:
+        raise ValueError(f"{str(state_file)!r} says step {state['step']!r} but its folder is {path.name!r}; "
+                         f"refusing to load it")
     for name in _FILES:
         file = path / name
         if not file.is_file():
@@ -237,3 +282,100 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
                       optimizer_state=_optimizer_from_tensors(train_state, state["optimizer"]),
                       rng=_rng_from_tensors(train_state, state["rng"]),
                       history=read_json(path / "history.json"), extra=state.get("extra", {}))
+
+
+# --------------------------------------------------------------------------------------------- locking
+LOCK_NAME = ".lock"
+
+
+class FolderLocked(RuntimeError):
+    """Another live process writes to this run or checkpoint folder."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # exists, owned by someone else
+        return True
+    return True
+
+
+class RunLock:
+    """One writer per folder: `with RunLock(folder): ...` holds `folder/.lock` (JSON: pid, host, time).
+
+    A second writer is refused with FolderLocked naming the holder. A lock left by a process that no longer
+    runs on this host (kill -9, a crashed kernel) is stale and taken over; one from another host is never
+    guessed at: the message says which file to remove once that run is known to be gone.
+    """
+
+    def __init__(self, folder: str | os.PathLike, what: str = "folder"):
+        self.folder, self.what = Path(folder), what
+        self.path = self.folder / LOCK_NAME
+        self._held = False
+
+    def _create(self) -> bool:
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        except OSError as err:
+            raise OSError(err.errno, f"{self.what} {str(self.folder)!r} is not writable ({err.strerror}); "
+                                     f"nothing was written") from None
+        with os.fdopen(fd, "w") as f:
+            json.dump({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}, f)
+        return True
+
+    def acquire(self) -> "RunLock":
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise OSError(err.errno, f"{self.what} {str(self.folder)!r} cannot be created, so it is not writable "
+                                     f"({err.strerror}); nothing was written") from None
+        for _ in range(3):
+            if self._create():
+                self._held = True
+                return self
+            try:
+                holder = json.loads(self.path.read_text())
+                pid, host = int(holder["pid"]), str(holder["host"])
+            except FileNotFoundError:
+                continue                                   # released in between: try again
+            except (ValueError, KeyError, TypeError, OSError):
+                holder, pid, host = None, None, None       # unreadable: a writer killed while creating it
+            if holder is not None and host != socket.gethostname():
+                raise FolderLocked(f"{self.what} {str(self.folder)!r} is in use by pid {pid} on host {host!r} "
+                                   f"(lock file {str(self.path)!r}); one writer per folder. If that run is gone, "
+                                   f"remove the lock file")
+            if pid is not None and _pid_alive(pid):
+                mine = " (this process)" if pid == os.getpid() else ""
+                raise FolderLocked(f"{self.what} {str(self.folder)!r} is in use by pid {pid}{mine} on this host "
+                                   f"(lock file {str(self.path)!r}); one writer per folder: wait for it to finish, "
+                                   f"stop it, or choose another folder")
+            # stale: its process is gone. Move it aside atomically, so two takers cannot both win
+            aside = self.folder / f"{LOCK_NAME}.stale-{uuid.uuid4().hex[:8]}"
+            try:
+                os.replace(self.path, aside)
+                aside.unlink(missing_ok=True)
+            except FileNotFoundError:
+                pass
+        raise FolderLocked(f"{self.what} {str(self.folder)!r}: could not take the lock {str(self.path)!r}; another "
+                           f"process keeps taking it")
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            try:
+                holder = json.loads(self.path.read_text())
+                if int(holder.get("pid", -1)) == os.getpid():
+                    self.path.unlink(missing_ok=True)
+            except (OSError, ValueError, TypeError):
+                pass
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> bool:
+        self.release()
+        return False

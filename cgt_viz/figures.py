@@ -6,6 +6,7 @@ for the highlighted token and the boundary are layout shapes), so a widget can u
 """
 from __future__ import annotations
 
+import html
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -22,6 +23,11 @@ MODEL_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
 COLOR_KINDS = ("categorical", "continuous")
 
 
+def _esc(text: Any) -> str:
+    """A user's string (token, label, topic name) as text in plotly's pseudo-HTML: never markup."""
+    return html.escape(str(text), quote=False)
+
+
 def _tokens_axis(tokens: Sequence[str] | None, t: int) -> tuple[np.ndarray, list[str]]:
     """x positions (t,) and per-position hover strings 'pos: token'."""
     x = np.arange(t)
@@ -29,7 +35,7 @@ def _tokens_axis(tokens: Sequence[str] | None, t: int) -> tuple[np.ndarray, list
         return x, [str(p) for p in x]
     if len(tokens) != t:
         raise ValueError(f"tokens must have one string per position ({t}), got {len(tokens)}")
-    return x, [f"{p}: {s}" for p, s in zip(x, tokens)]
+    return x, [f"{p}: {_esc(s)}" for p, s in zip(x, tokens)]
 
 
 def _vline(fig: go.Figure, x: float, color: str, dash: str, name: str) -> None:
@@ -88,7 +94,7 @@ def color_spec(values: Any, name: str = "label", kind: str | None = None) -> dic
         kind = "continuous" if (numeric and len(np.unique(values)) > 12) else "categorical"
     if kind == "continuous":
         return dict(color=values.astype(np.float32), colorscale="Viridis", cmin=None, cmax=None, showscale=True,
-                    colorbar=dict(title=dict(text=name), tickvals=None, ticktext=None))
+                    colorbar=dict(title=dict(text=_esc(name)), tickvals=None, ticktext=None))
     names, codes = np.unique(values.astype(str) if values.dtype == object else values, return_inverse=True)
     n = len(names)
     scale = []
@@ -97,8 +103,8 @@ def color_spec(values: Any, name: str = "label", kind: str | None = None) -> dic
         scale += [[i / n, c], [(i + 1) / n, c]]
     show = n <= MAX_COLOR_CATEGORIES
     return dict(color=codes.astype(np.int32), colorscale=scale, cmin=-0.5, cmax=n - 0.5, showscale=show,
-                colorbar=dict(title=dict(text=name), tickvals=list(range(n)) if show else None,
-                              ticktext=[str(s) for s in names] if show else None))
+                colorbar=dict(title=dict(text=_esc(name)), tickvals=list(range(n)) if show else None,
+                              ticktext=[_esc(s) for s in names] if show else None))
 
 
 # ---------------------------------------------------------------------------------------------- ȳ map
@@ -177,7 +183,7 @@ def smoothness_figure(ybar: Any, tokens: Sequence[str] | None = None, *, boundar
         fig.add_vrect(x0=highlight - 0.5, x1=highlight + 0.5, fillcolor="grey", opacity=0.25, line_width=0,
                       row="all", col=1)
     if tokens is not None and t <= 80:
-        fig.update_xaxes(tickvals=x, ticktext=[str(s) for s in tokens], tickangle=0, row=3, col=1)
+        fig.update_xaxes(tickvals=x, ticktext=[_esc(s) for s in tokens], tickangle=0, row=3, col=1)
     fig.update_yaxes(title_text="dim", row=3, col=1)
     fig.update_layout(title=dict(text=title or "Smoothness of ȳ along the text", x=0.01), height=height,
                       template="plotly_white", margin=dict(l=50, r=20, t=70, b=40),
@@ -215,7 +221,7 @@ def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: s
                              hovertemplate="%{customdata}<br>%{y}: %{z:.3f}<extra></extra>"), row=1, col=1)
     if mean_abs is not None:
         mean_abs = check_array("mean_abs", mean_abs, 2, finite=False, what="(labels, K)").astype(np.float32)
-        names = [str(s) for s in (label_names if label_names is not None else range(len(mean_abs)))]
+        names = [_esc(s) for s in (label_names if label_names is not None else range(len(mean_abs)))]
         if mean_abs.shape != (len(names), K):
             raise ValueError(f"mean_abs must have shape (labels={len(names)}, K={K}), got {mean_abs.shape}")
     else:
@@ -234,7 +240,7 @@ def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: s
     if highlight is not None:
         fig.add_vrect(x0=highlight - 0.5, x1=highlight + 0.5, fillcolor="black", opacity=0.15, line_width=0, row=1, col=1)
     if tokens is not None and t <= 80:
-        fig.update_xaxes(tickvals=x, ticktext=[str(s) for s in tokens], tickangle=0, row=1, col=1)
+        fig.update_xaxes(tickvals=x, ticktext=[_esc(s) for s in tokens], tickangle=0, row=1, col=1)
     fig.update_xaxes(title_text="i", row=2, col=2)
     fig.update_annotations(font_size=13)
     fig.update_layout(title=dict(text=title or "κ-template inspector", x=0.01), height=height, showlegend=False,

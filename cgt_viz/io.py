@@ -5,8 +5,10 @@ Loading never unpickles code: weights come from safetensors, metadata from JSON.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -60,9 +62,15 @@ def read_json(path: str | os.PathLike) -> Any:
     if not path.is_file():
         raise FileNotFoundError(f"no file at {str(path)!r}")
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{str(path)!r} is not UTF-8 text (byte {err.start} is {err.object[err.start:err.start + 1]!r}); "
+                         f"a JSON file written by cgt_viz must be UTF-8 (truncated or tampered?)") from None
     except json.JSONDecodeError as err:
         raise ValueError(f"{str(path)!r} is not valid JSON (truncated or tampered?): {err}") from None
+    except RecursionError:
+        raise ValueError(f"{str(path)!r} nests JSON too deeply to read; cgt_viz never writes such a file "
+                         f"(tampered?)") from None
 
 
 def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
@@ -79,6 +87,79 @@ def load_tensors(path: str | os.PathLike, device: str | torch.device = "cpu") ->
         return load_file(str(path), device=str(device))
     except (SafetensorError, OSError, ValueError) as err:
         raise ValueError(f"{str(path)!r} is not a readable safetensors file (truncated or tampered?): {err}") from None
+
+
+def _checked_config(path: Path, saved: Any):
+    """CGTConfig of a model folder; a config.json lacking fields is refused (never silently given defaults)."""
+    import dataclasses
+
+    from .config import CGTConfig
+    if not isinstance(saved, dict):
+        raise ValueError(f"{str(path / CONFIG_NAME)!r}: 'config' must be a dict of CGTConfig fields, got "
+                         f"{describe(saved)}")
+    fields = {f.name: f for f in dataclasses.fields(CGTConfig)}
+    missing = [n for n in fields if n not in saved]
+    if missing:
+        defaults = {n: (fields[n].default if fields[n].default is not dataclasses.MISSING else fields[n].default_factory())
+                    for n in missing}
+        raise ValueError(f"{str(path / CONFIG_NAME)!r} lacks the config fields {missing}; they are not filled in "
+                         f"silently (they may change the model). If the model was saved before they existed, add "
+                         f"them with the values it was trained with; this version's defaults are {defaults}")
+    return CGTConfig.from_dict(saved)
+
+
+def _safetensors_header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """{name: (shape, dtype)} from the safetensors header only (no tensor is read)."""
+    from safetensors import safe_open
+    if not file.is_file():
+        raise FileNotFoundError(f"no weights file at {str(file)!r}")
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            return {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ValueError(f"{str(file)!r} is not a readable safetensors file (truncated or tampered?): {err}") from None
+
+
+def _check_sizes(path: Path, cfg: Any, header: dict) -> None:
+    """Refuse sizes no file of this many numbers could hold, before any model is built (n_layer = 10**9 hangs)."""
+    import dataclasses
+    n_numbers = sum(math.prod(shape) for shape, _ in header.values())
+    n_tensors = len(header)
+    if cfg.n_layer > n_tensors:
+        raise ValueError(f"{str(path / CONFIG_NAME)!r}: n_layer {cfg.n_layer} must be at most the {n_tensors} tensors "
+                         f"in {WEIGHTS_NAME} (every block has weights); the config does not match the weights")
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > max(n_numbers, 1):
+            raise ValueError(f"{str(path / CONFIG_NAME)!r}: {f.name} {value} must be at most the {n_numbers} numbers "
+                             f"stored in {WEIGHTS_NAME}; the config does not match the weights")
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux MemAvailable: free + reclaimable cache), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_memory(path: Path, header: dict) -> None:
+    """The weights must fit the memory this machine has free (checked before anything is allocated)."""
+    sizes = {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2}
+    need = sum(math.prod(shape) * sizes.get(dtype, 1) for shape, dtype in header.values())
+    free = _available_memory()
+    if free is None:
+        return
+    if 2 * need > free:   # the model's parameters plus the loaded state dict
+        raise ValueError(f"the model in {str(path)!r} needs about {2 * need / 2**30:.2f} GiB to load, but only "
+                         f"{free / 2**30:.2f} GiB of memory is free; load it on a machine with more memory")
 
 
 class PretrainedMixin:
@@ -100,8 +181,9 @@ class PretrainedMixin:
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, device: str | torch.device = "cpu"):
-        from .config import CGTConfig
-
+        """Load a folder written by save_pretrained. config.json is checked against the safetensors header
+        (shapes, and sizes no file this large could hold) before anything is built or allocated; a config
+        lacking fields is refused; NaN/inf weights load with a RuntimeWarning naming them."""
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike folder, got {describe(path)}")
         device = check_device("device", device)
@@ -114,12 +196,39 @@ class PretrainedMixin:
         if meta["model_class"] != cls.__name__:
             raise ValueError(f"path must hold a {cls.__name__} for {cls.__name__}.from_pretrained, but {str(path)!r} "
                              f"holds a {meta['model_class']}; load it with {meta['model_class']}.from_pretrained")
-        model = cls(CGTConfig.from_dict(meta["config"]))
+        cfg = _checked_config(path, meta["config"])
+        header = _safetensors_header(path / WEIGHTS_NAME)
+        _check_sizes(path, cfg, header)
+        # the shapes the config implies, from a model on the meta device (no memory is allocated); loading
+        # header-shaped meta tensors into it runs the model's own migrations of older checkpoints too
+        with torch.device("meta"):
+            skeleton = cls(cfg)
+        shaped = {k: torch.empty(shape, device="meta") for k, (shape, _) in header.items()}
+        try:
+            missing, unexpected = skeleton.load_state_dict(shaped, strict=False)
+            wrong = []
+        except RuntimeError as err:
+            missing, unexpected = [], []
+            wrong = [line.strip().replace("torch.Size", "").rstrip(".") for line in str(err).splitlines()
+                     if "size mismatch" in line] or [str(err).splitlines()[0]]
+        if missing or unexpected or wrong:
+            raise ValueError(f"the weights in {str(path / WEIGHTS_NAME)!r} do not match its config.json: "
+                             + "; ".join(filter(None, [f"shapes differ ({'; '.join(wrong[:3])})" if wrong else "",
+                                                       f"missing {list(missing)[:5]}" if missing else "",
+                                                       f"unexpected {list(unexpected)[:5]}" if unexpected else ""]))
+                             + "; the config must be the one saved with these weights")
+        _check_memory(path, header)
+        model = cls(cfg)
         state = load_tensors(path / WEIGHTS_NAME, device="cpu")
         missing, unexpected = model.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise ValueError(f"weights in {str(path)!r} do not match the config: missing {missing[:5]}, "
                              f"unexpected {unexpected[:5]}")
+        bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+        if bad:
+            warnings.warn(f"the weights in {str(path / WEIGHTS_NAME)!r} hold NaN/inf in {len(bad)} tensors "
+                          f"({', '.join(bad[:4])}{', ...' if len(bad) > 4 else ''}): they were saved after the training "
+                          f"diverged, and the model's outputs will be NaN", RuntimeWarning, stacklevel=2)
         return model.to(device)
 
 

@@ -48,7 +48,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ._checks import check_callable, check_device, check_float, check_int, describe
-from .checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
+from .checkpoint import RunLock, capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
 from .tasks.base import check_task_fits
 from .tasks.base import Batch, Task
 
@@ -237,6 +237,66 @@ class _StopFlag:
         return False
 
 
+
+# ----------------------------------------------------------------------------------------- checks
+def _check_dtypes(model: nn.Module, dev: torch.device) -> None:
+    """Parameter dtypes that cannot train are named before step 1 (not reported as divergence at step 2)."""
+    dtypes = {p.dtype for p in model.parameters()}
+    if torch.float16 in dtypes:
+        raise TypeError(f"model parameters must be float32 or bfloat16 to train, got float16 (on {dev.type}): AdamW's "
+                        f"eps (1e-8) underflows to 0 in float16, so the first update divides by zero. Use "
+                        f"model.float() (mixed precision on CUDA is automatic: amp=True)")
+
+
+def _check_batch(model: nn.Module, batch: Batch, where: str) -> None:
+    """Bad data named as bad data: which batch, which field (not 'diverged' or 'idx must be finite')."""
+    param = next(model.parameters(), None)
+    for field_name in ("inputs", "targets"):
+        value = getattr(batch, field_name)
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            continue
+        if field_name == "inputs" and param is not None and value.dtype != param.dtype:
+            raise TypeError(f"{where}: batch.inputs has dtype {str(value.dtype).replace('torch.', '')} but the model's "
+                            f"parameters are {str(param.dtype).replace('torch.', '')}; in vectors mode they must match: "
+                            f"use model.float() (or make the task return {str(param.dtype).replace('torch.', '')})")
+        if bool(torch.isfinite(value.sum())) or bool(torch.isfinite(value).all()):  # one reduction when clean
+            continue
+        finite = torch.isfinite(value)
+        bad = (~finite).nonzero()
+        first = tuple(int(i) for i in bad[0])
+        where_masked = ""
+        mask = batch.loss_mask
+        if (field_name == "targets" and isinstance(mask, torch.Tensor) and mask.dim() <= value.dim()
+                and tuple(mask.shape) == tuple(value.shape[:mask.dim()])):
+            bad_at = (~finite).reshape(*mask.shape, -1).any(-1)
+            if not bool((bad_at & mask.bool()).any()):
+                where_masked = (" (all at positions loss_mask leaves unscored: they still enter the loss as "
+                                "0 · NaN = NaN, so replace them with 0)")
+        raise ValueError(f"{where}: batch.{field_name} holds NaN/inf in {len(bad)} of {value.numel()} entries "
+                         f"(the first at index {first}){where_masked}. The data is bad, not the training: fix the "
+                         f"task's get_batch")
+
+
+def _check_writable(folder: Path, model: nn.Module, keep: int) -> None:
+    """The checkpoint folder can be written and the disk has room for the checkpoints (before step 1)."""
+    import errno
+    import shutil
+    import tempfile
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-"):
+            pass
+    except OSError as err:
+        raise OSError(err.errno, f"pre-flight: checkpoint_dir {str(folder)!r} is not writable "
+                                 f"({err.strerror}); nothing was trained") from None
+    n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    need = 3 * n_bytes * (max(keep, 1) + 1)   # weights + 2 AdamW moments, `keep` kept and one being written
+    free = shutil.disk_usage(folder).free
+    if free < need:
+        raise OSError(errno.ENOSPC, f"pre-flight: checkpoint_dir {str(folder)!r} has {free / 2**20:.1f} MiB free, but "
+                                    f"the checkpoints need about {need / 2**20:.1f} MiB (weights and optimizer state, "
+                                    f"{max(keep, 1)} kept + 1 being written); nothing was trained")
+
 # ------------------------------------------------------------------------------------------------ train
 def train(model: nn.Module, task: Task, steps: int, batch_size: int, lr: float = 1e-3, *,
           warmup: int | None = None, min_lr_ratio: float = 0.1, weight_decay: float = 0.01,
@@ -333,7 +393,10 @@ def train(model: nn.Module, task: Task, steps: int, batch_size: int, lr: float =
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(dev)
     try:  # everything is validated: hand the arguments (and dev, rank, world) to the loop
-        return _run(**locals())
+        # one writer per checkpoint folder (rank 0 writes; the others never touch it)
+        with (RunLock(checkpoint_dir, "checkpoint_dir") if checkpoint_dir is not None and rank == 0
+              else contextlib.nullcontext()):
+            return _run(**locals())
     finally:
         if own_group and dist.is_initialized():
             dist.destroy_process_group()
@@ -382,6 +445,7 @@ def _run(*, model, task, steps, batch_size, lr, warmup, min_lr_ratio, weight_dec
         random.seed(seed + rank)
         np.random.seed(seed + rank)
     last_ckpt: Path | None = found
+    saved_step = start        # the newest step on disk (0: none)
 
     # ---------------------------------------------------------------- the step function
     loss_module: nn.Module = _LossForward(model)
@@ -398,8 +462,8 @@ def _run(*, model, task, steps, batch_size, lr, warmup, min_lr_ratio, weight_dec
         for fn in callbacks:
             fn(event)
 
-    def save(step: int) -> Path | None:
-        nonlocal last_ckpt
+    def save(step: int, rng: dict | None = None) -> Path | None:
+        nonlocal last_ckpt, saved_step
         if checkpoint_dir is None or not is_main:
             return last_ckpt
         if not all(bool(torch.isfinite(p).all()) for p in params):  # never overwrite good checkpoints with NaN
@@ -407,7 +471,9 @@ def _run(*, model, task, steps, batch_size, lr, warmup, min_lr_ratio, weight_dec
                                    weights_finite=False)
         state = {k: v for k, v in model.state_dict().items()}
         last_ckpt = save_checkpoint(checkpoint_dir, step, {**run_id, "steps": steps}, state, optimizer.state_dict(),
-                                    capture_rng(generators), history.to_dict(), keep=keep_checkpoints)
+                                    rng if rng is not None else capture_rng(generators), history.to_dict(),
+                                    keep=keep_checkpoints)
+        saved_step = step
         return last_ckpt
 
     def evaluate(step: int) -> dict[str, float]:
@@ -433,6 +499,22 @@ def _run(*, model, task, steps, batch_size, lr, warmup, min_lr_ratio, weight_dec
                 model.train()
         return {"kind": "eval", "step": step, **{k: float(v) for k, v in metrics.items()}}
 
+    # ---------------------------------------------------------------- pre-flight: before step 1
+    # what the run will need later is checked now, so that it cannot die at its first evaluation or save
+    _check_dtypes(model, dev)
+    if eval_every and is_main and start < steps:
+        with torch.random.fork_rng(devices=[]):
+            try:
+                probe = task.get_batch(batch_size, part="val", generator=torch.Generator().manual_seed(seed + _VAL_STREAM),
+                                       device=dev)
+            except (ValueError, IndexError, RuntimeError) as err:
+                raise ValueError(f"pre-flight: the evaluation batches cannot be built: task.get_batch(batch_size="
+                                 f"{batch_size}, part='val') fails: {err}. Nothing was trained; fix the task's "
+                                 f"validation split, lower batch_size, or pass eval_every=0 (no evaluation)") from None
+        _check_batch(model, probe, "the validation batch (pre-flight)")
+    if checkpoint_dir is not None and is_main:
+        _check_writable(Path(checkpoint_dir), model, keep_checkpoints)
+
     # ---------------------------------------------------------------- the loop
     bar = None
     if progress and is_main:
@@ -440,6 +522,10 @@ def _run(*, model, task, steps, batch_size, lr, warmup, min_lr_ratio, weight_dec
         bar = tqdm(total=steps, initial=start, desc="train", dynamic_ncols=True)
     t0 = time.perf_counter() - history.seconds
     step = start
+    # the random streams the loop advances, as they were after the last completed step (for a save on error;
+    # Python's and NumPy's, which the loop does not touch, are read at save time: cheaper per step)
+    snapshot = lambda: {"torch": torch.get_rng_state(), "generators": {n: g.get_state() for n, g in generators.items()}}
+    rng_done = snapshot() if checkpoint_dir is not None and is_main else None
     try:
         with _StopFlag() as stop:
             while step < steps:
@@ -447,6 +533,7 @@ def _run(*, model, task, steps, batch_size, lr, warmup, min_lr_ratio, weight_dec
                 for group in optimizer.param_groups:
                     group["lr"] = cur_lr
                 batch = task.get_batch(batch_size, part="train", generator=generators["batch"], device=dev)
+                _check_batch(model, batch, f"the training batch of step {step + 1}")
                 split = _draw_split(model, batch, generators["split"], always=False)
                 if distributed:
                     batch, split = _shard(batch, split, lo, hi)
@@ -476,6 +563,8 @@ def _run(*, model, task, steps, batch_size, lr, warmup, min_lr_ratio, weight_dec
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 step += 1
+                if rng_done is not None:
+                    rng_done = snapshot()
 
                 history.step.append(step)
                 for k in LOSS_TERMS:
@@ -505,6 +594,22 @@ def _run(*, model, task, steps, batch_size, lr, warmup, min_lr_ratio, weight_dec
                         bar.write(f"interrupted: stopped cleanly after step {step}"
                                   + (f"; checkpoint in {str(last_ckpt)!r}" if last_ckpt is not None else ""))
                     break
+    except Exception as err:
+        # an error that is not a crash (bad data at step k, a failing eval_fn or callback): save the completed
+        # steps first, so that `resume=True` continues from them once it is fixed. Divergence and failed saves
+        # are not retried (the weights or the disk are the problem).
+        if (rng_done is not None and step > saved_step and not isinstance(err, (TrainingDiverged, OSError))
+                and all(bool(torch.isfinite(p).all()) for p in params)):
+            try:
+                save(step, {**capture_rng(generators), **rng_done})
+                note = f"the {step} completed steps were checkpointed in {str(last_ckpt)!r}; resume=True continues"
+            except Exception as save_err:  # noqa: BLE001 — the original error is the one to report
+                note = f"saving the {step} completed steps failed too ({type(save_err).__name__}: {save_err})"
+            if hasattr(err, "add_note"):
+                err.add_note(note)
+            if bar is not None:
+                bar.write(note)
+        raise
     finally:
         if bar is not None:
             bar.close()

@@ -445,6 +445,8 @@ for _flag, _values in CLI_FLAGS.items():
 for _v in ["0", "a,b", "4,x"]:
     case("cli evaluate", "--k", [_v], lambda v: ("<cli-eval>", "--k", v), shows=_v)
 case("cli evaluate", "run", ["/nonexistent/run"], lambda v: ("<cli-eval-run>", v))
+# --task on evaluate (issue 11): only the run's own task; a module:Class named elsewhere is never imported
+case("cli evaluate", "--task", ["nonsense", "os:system", "regression"], lambda v: ("<cli-eval-task>", v))
 case("cli report", "run", ["/nonexistent/run"], lambda v: ("<cli-report>", v))
 
 
@@ -465,7 +467,7 @@ def _run_special(marker, tmp_path, capsys):
         return task.get_batch(kw.pop("batch_size"), **kw)
     if kind == "<explorer>":
         return marker[1](explorer_case(), marker[2])
-    if kind in ("<cli>", "<cli-eval>", "<cli-eval-run>", "<cli-report>"):
+    if kind in ("<cli>", "<cli-eval>", "<cli-eval-run>", "<cli-report>", "<cli-eval-task>"):
         if kind == "<cli>":
             argv = CLI_TRAIN + ["--out", str(tmp_path / "run")]
             flag, value = marker[1], marker[2]
@@ -477,6 +479,11 @@ def _run_special(marker, tmp_path, capsys):
             argv = ["evaluate", str(tmp_path), "--k", marker[2]]
         elif kind == "<cli-eval-run>":
             argv = ["evaluate", marker[1]]
+        elif kind == "<cli-eval-task>":
+            run = str(tmp_path / "run")
+            assert main(CLI_TRAIN + ["--out", run, "--eval-every", "0"]) == 0
+            capsys.readouterr()
+            argv = ["evaluate", run, "--task", marker[1], "--n-batches", "1", "--batch-size", "2"]
         else:
             argv = ["report", marker[1]]
         try:

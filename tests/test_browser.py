@@ -222,3 +222,37 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
             browser.close()
     errors = [c for c in console if c.startswith("error") and "cgt_viz" in c]
     assert not errors, errors
+
+
+def test_an_onerror_handler_in_a_label_does_not_fire():
+    """A topic/label named `<img src=x onerror=...>` in the explorer's selection summary (an ipywidgets.HTML,
+    whose view sets innerHTML), in a status line and in an exported figure: the handler must not run. The
+    same payload unescaped sets the flag, so the check can fail."""
+    _need_browser()
+    from playwright.sync_api import sync_playwright
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_faults import XSS, xss_pages
+    pages = xss_pages()
+    page = None
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            def fired(markup: str, as_inner_html: bool) -> bool:
+                nonlocal page
+                page = browser.new_page()   # a fresh window: no flag left from the check before
+                page.set_content("<!doctype html><html><body><div id=w></div></body></html>")
+                if as_inner_html:   # what the ipywidgets HTML view does with its value
+                    page.evaluate("m => { document.getElementById('w').innerHTML = m; }", markup)
+                else:
+                    page.set_content(markup)
+                page.wait_for_timeout(300)
+                return bool(page.evaluate("() => window.__xss === 1"))
+
+            assert fired(f"<span>{XSS}</span>", True), "the harness must detect an unescaped payload"
+            for name in ("selection summary", "status"):
+                assert not fired(pages[name], True), f"the {name} ran the label's onerror handler"
+            assert not fired(pages["figure"], False), "the exported figure ran the label's onerror handler"
+            assert page.locator(".js-plotly-plot").count() == 1     # and the figure did render
+        finally:
+            browser.close()

@@ -44,7 +44,7 @@ def test_train_then_evaluate_then_report(tmp_path, capsys):
     ck = load_tensors(out / "ckpt" / "step-00000008" / "model.safetensors")
     assert all(torch.equal(ck[k], v) for k, v in model.state_dict().items())
 
-    assert main(["evaluate", str(out), "--n-batches", "1", "--batch-size", "4"]) == 0
+    assert main(["evaluate", str(out), "--n-batches", "1", "--batch-size", "4", "--task", "test_train:TinyTask"]) == 0
     printed = capsys.readouterr().out
     assert "val_main" in printed and "no eval_batch" in printed                      # graceful fallback, said so
     assert (out / "evaluation.json").is_file()
@@ -107,7 +107,8 @@ def test_resume_with_different_settings_exits_2(tmp_path, capsys):
     assert main(["train", "--out", out, "--steps", "4", "--resume", "--lr", "0.01"]) == 2
     assert "--lr 0.01 (the run has 0.001)" in capsys.readouterr().err
     # --steps may grow: the run continues from its checkpoint with only --out and --resume
-    assert main(["train", "--out", out, "--steps", "4", "--resume", "--no-progress"]) == 0
+    # (the run's own Task class is typed again: a module:Class is never imported because run.json names it)
+    assert main(["train", "--out", out, "--steps", "4", "--resume", "--no-progress", "--task", "test_train:TinyTask"]) == 0
     assert read_json(Path(out) / "history.json")["step"] == [1, 2, 3, 4]
 
 
@@ -131,7 +132,7 @@ def reference_weights(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["SIGINT", "SIGTERM", "SIGKILL"])
 def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, reference_weights, sig):
     ref_state, ref_history = reference_weights
     out = tmp_path / "run"
@@ -146,7 +147,7 @@ def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, reference_wei
             break
         time.sleep(0.005)
     _, err = proc.communicate(timeout=60)
-    if sig == signal.SIGINT:
+    if sig in (signal.SIGINT, signal.SIGTERM):   # SIGTERM: what a cluster scheduler sends
         assert proc.returncode == 130, err                      # stopped cleanly, said how to resume
         assert "--resume" in err and "Traceback" not in err
     else:
@@ -155,7 +156,7 @@ def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, reference_wei
     assert kill_at <= stopped < STEPS, (kill_at, stopped)       # it really was stopped part-way
     assert not (out / "model").exists()
 
-    assert main(["train", "--out", str(out), "--resume", "--no-progress"]) == 0
+    assert main(["train", "--out", str(out), "--resume", "--no-progress", "--task", "test_train:TinyTask"]) == 0
     resumed = CGT.from_pretrained(out / "model").state_dict()
     assert all(torch.equal(resumed[k], v) for k, v in ref_state.items()), f"killed at step {stopped}"
     history = read_json(out / "history.json")

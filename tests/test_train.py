@@ -43,8 +43,8 @@ class NaNRegression(Task):
 
     name = "nan_regression"
 
-    def __init__(self, nan_from: int):
-        self.nan_from, self.calls = nan_from, 0
+    def __init__(self, nan_from: int, value: float = float("nan")):
+        self.nan_from, self.calls, self.value = nan_from, 0, value
 
     def config_kwargs(self):
         return {"input_dim": 3, "block_size": 6}
@@ -55,7 +55,7 @@ class NaNRegression(Task):
         if part == "train":
             self.calls += 1
             if self.calls >= self.nan_from:
-                y[0, 0, 0] = float("nan")
+                y[0, 0, 0] = self.value
         return Batch(x, y).to(device)
 
 
@@ -201,11 +201,12 @@ def test_resume_from_a_different_run_is_a_clear_error(tmp_path):
 
 # --------------------------------------------------------------------------------------- divergence
 def test_nan_loss_stops_with_the_step_and_term_and_keeps_the_last_good_state(tmp_path):
-    task = NaNRegression(nan_from=5)
+    # finite data whose loss overflows float32 (NaN data is named as bad data: test_faults)
+    task = NaNRegression(nan_from=5, value=1e30)
     cfg = tiny_config(task)
     model = fresh(cfg)
     events = []
-    with pytest.raises(TrainingDiverged, match=r"step 5: the main loss is nan") as info:
+    with pytest.raises(TrainingDiverged, match=r"step 5: the main loss is inf") as info:
         train(model, task, steps=10, batch_size=4, eval_every=0, checkpoint_dir=tmp_path, checkpoint_every=2,
               callbacks=[events.append], **QUIET)
     err = info.value

@@ -14,6 +14,7 @@ Set the environment variable CGT_VIZ_EMBED_PLOTLY=1 to use plain `go.FigureWidge
 """
 from __future__ import annotations
 
+import html
 import os
 import threading
 import weakref
@@ -192,9 +193,14 @@ def replace_figure(fw: go.FigureWidget, fig: go.Figure) -> None:
         fw.update_layout(fig.layout.to_plotly_json(), overwrite=True)
 
 
-def html_status(text: str, kind: str = "info") -> str:
+def html_status(text: str, kind: str = "info", markup: str = "") -> str:
+    """A status line for an `ipywidgets.HTML` (whose view sets innerHTML): `text` is escaped, so a label,
+    a topic folder name or an exception message can never inject markup or script; `markup` is appended as
+    is and must be the widget's own fixed HTML, never a user's string."""
     colors = {"info": "#555", "busy": "#b26b00", "ok": "#2a7a2a", "error": "#b00020"}
-    return f"<span style='color:{colors.get(kind, '#555')};font-size:12px'>{text}</span>"
+    return (f"<span style='color:{colors.get(kind, '#555')};font-size:12px'>"
+            f"{html.escape(str(text), quote=False)}{markup}</span>")
+
 
 
 # ---------------------------------------------------------------------------------------------- data

@@ -10,6 +10,7 @@ go to the browser, so a saved notebook grows by the plotted points, not by ȳ.
 """
 from __future__ import annotations
 
+import html
 import math
 import threading
 import time
@@ -170,7 +171,7 @@ class Explorer(W.VBox):
         m = len(self.points)
         if m < self.n_total:
             by = self.label_name if self._strata_name == "label" else "document"
-            return (f"showing {m:,} of {self.n_total:,} tokens, a subsample stratified by {by} "
+            return (f"showing {m:,} of {self.n_total:,} tokens, a subsample stratified by {html.escape(str(by), quote=False)} "
                     f"(max_points={self.max_points:,})")
         return f"{m:,} tokens from {len(np.unique(self.points.seq)):,} sequences"
 
@@ -358,7 +359,7 @@ class Explorer(W.VBox):
             labs, counts = np.unique(self.points.label[self._selected].astype(str), return_counts=True)
             top = ", ".join(f"{lab}: {c}" for lab, c in sorted(zip(labs, counts), key=lambda p: -p[1])[:6])
             text += f" ({top})"
-        self.selection_info.value = html_status(text + " — <code>explorer.selection</code> has them as a DataFrame")
+        self.selection_info.value = html_status(text, markup=" — <code>explorer.selection</code> has them as a DataFrame")
 
     # ------------------------------------------------------------------ linked views
     def _on_plotly_click(self, trace, points, state) -> None:

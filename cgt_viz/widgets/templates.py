@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import html
 import time
 
 import ipywidgets as W
@@ -100,7 +101,7 @@ class TemplateInspector(W.VBox):
                                highlight=tok, label_names=names, mean_abs=means, singular_values=sv,
                                ablation=self._ablation.get(site), height=self.height,
                                title=f"κ-template inspector · site {site} · sequence {i} · token {tok} "
-                                     f"({self.seqs.token_text[i][tok]!r})")
+                                     f"({html.escape(repr(self.seqs.token_text[i][tok]), quote=False)})")
 
     def show(self, sequence: int | None = None, token: int | None = None, site: str | None = None) -> None:
         """Redraw for another sequence / token / site (None keeps the current one)."""
