@@ -19,6 +19,7 @@ Exit codes: 0 done, 1 training diverged (NaN/inf), 2 bad input or a folder in us
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import html
 import importlib
 import json
@@ -28,19 +29,16 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from .train_config import TrainConfig, settings_help
+
 RUN_FILE = "run.json"
 TASK_NAMES = ("icl", "regression", "text")
 
-# flags that define a run: (flag dest, default). None defaults are left to CGTConfig / train.
-TRAIN_DEFAULTS: dict[str, Any] = {"task": None, "model": "cgt", "steps": 2000, "batch_size": 32, "lr": 1e-3,
-                                  "seed": 0, "warmup": None, "weight_decay": 0.01, "grad_clip": 1.0,
-                                  "eval_every": None, "eval_batches": 4, "checkpoint_every": None, "task_arg": [],
-                                  "aux_delay": 0, "aux_ramp": 0}
-MODEL_FLAGS = {"n_layer": int, "d_x": int, "n_head": int, "d_y": int, "n_head_y": int, "y_layer": int,
-               "n_templates": int, "template_rank": int, "mlp_ratio": int, "dropout": float, "w_aux": float,
-               "w_smooth": float, "smooth": str, "y_reads": str, "sites": str}
-# may change between a run and its resumption
-RESUMABLE = {"steps", "eval_every", "eval_batches", "checkpoint_every"}
+# What defines a run besides the TrainConfig fields (whose flags are generated from the dataclass) and the
+# model flags: None means "the task's recipe (cgt_viz.recipes), else the library default".
+RUN_DEFAULTS: dict[str, Any] = {"task": None, "model": "cgt", "task_arg": [], "curriculum": None}
+MODEL_FLAGS = ("n_layer", "d_x", "n_head", "d_y", "n_head_y", "y_layer", "n_templates", "template_rank", "mlp_ratio",
+               "dropout", "w_aux", "w_smooth", "smooth", "y_reads", "sites", "aux_row_fraction")
 
 
 class CLIError(Exception):
@@ -56,26 +54,19 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--task", help=f"one of {', '.join(TASK_NAMES)}, or module:Class for your own Task subclass")
     t.add_argument("--out", required=True, help="run folder, e.g. runs/NAME")
     t.add_argument("--model", choices=("cgt", "gpt"), help="cgt (default) or the plain gpt baseline")
-    t.add_argument("--steps", type=int, help=f"optimizer updates (default {TRAIN_DEFAULTS['steps']})")
-    t.add_argument("--batch-size", type=int, help=f"global batch (default {TRAIN_DEFAULTS['batch_size']})")
-    t.add_argument("--lr", type=float, help=f"peak learning rate (default {TRAIN_DEFAULTS['lr']})")
-    t.add_argument("--seed", type=int, help="seed of the model init and of every random stream (default 0)")
-    t.add_argument("--warmup", type=int, help="warm-up updates (default min(100, steps // 10))")
-    t.add_argument("--aux-delay", type=int, help="updates with the auxiliary loss weighted 0 (default 0)")
-    t.add_argument("--aux-ramp", type=int, help="then updates to ramp its weight up to w_aux (default 0)")
-    t.add_argument("--weight-decay", type=float)
-    t.add_argument("--grad-clip", type=float)
-    t.add_argument("--eval-every", type=int, help="evaluate every N steps (default steps // 20; 0 = never)")
-    t.add_argument("--eval-batches", type=int)
-    t.add_argument("--checkpoint-every", type=int, help="checkpoint every N steps (default steps // 10)")
+    for name, text in settings_help().items():   # one flag per TrainConfig field
+        t.add_argument("--" + name.replace("_", "-"), dest=name, type=_flag_type(name), metavar=name.upper(),
+                       help=text + " (default: the task's recipe, else TrainConfig's)")
+    t.add_argument("--curriculum", type=int, help="regression: updates over which the live dimensions of x grow "
+                                                 "from 1 (the recipe's 1000; 0 = off)")
     t.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:N, mps")
     t.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice); 1 on a busy machine")
     t.add_argument("--compile", action="store_true", help="torch.compile the training step")
     t.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
-    for name, kind in MODEL_FLAGS.items():
+    for name in MODEL_FLAGS:
         extra = {"help": "comma-separated subset of attn_in,attn_out,mlp_in,mlp_out"} if name == "sites" else {}
-        t.add_argument("--" + name.replace("_", "-"), type=kind, dest=name, **extra)
+        t.add_argument("--" + name.replace("_", "-"), type=_model_flag_type(name), dest=name, **extra)
     t.add_argument("--task-arg", action="append", metavar="KEY=VALUE",
                    help="a task constructor argument (repeatable), e.g. --task-arg family=affine --task-arg P=7")
 
@@ -95,6 +86,28 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("run", help="run folder written by train")
     r.add_argument("--output", help="HTML file (default RUN/report.html)")
     return p
+
+
+def _flag_type(name: str):
+    """The argparse type of a TrainConfig field: int or float as its contract says, "none" where None is allowed,
+    betas as "b1,b2" (the values are checked by TrainConfig itself, with its messages)."""
+    from ._checks import Float, Int
+
+    if name == "betas":
+        return lambda text: tuple(float(x) for x in text.split(","))
+    check = next(f.metadata["check"] for f in dataclasses.fields(TrainConfig) if f.name == name)
+    kind = int if isinstance(check, Int) else float if isinstance(check, Float) else str
+    if getattr(check, "none", False):
+        return lambda text: None if text.lower() == "none" else kind(text)
+    return kind
+
+
+def _model_flag_type(name: str):
+    """int, float or str as the CGTConfig field is annotated (the values are checked by CGTConfig itself)."""
+    from .config import CGTConfig
+
+    kind = next(str(f.type) for f in dataclasses.fields(CGTConfig) if f.name == name)
+    return int if kind.startswith("int") else float if kind.startswith("float") else str
 
 
 def _task_value(text: str) -> Any:
@@ -166,9 +179,15 @@ def _with_task_args(build, kwargs: dict[str, Any], *args):
 
 
 # --------------------------------------------------------------------------------------------- train
+TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig))
+
+
 def _settings(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    """The run's settings: flags given now, else those saved in run.json (on --resume), else defaults."""
-    given = {k: getattr(args, k) for k in (*TRAIN_DEFAULTS, *MODEL_FLAGS) if getattr(args, k) is not None}
+    """The run's settings: flags given now, else those saved in run.json (on --resume), else the task's recipe
+    (`cgt_viz.recipes`), else the defaults (TrainConfig's, CGTConfig's)."""
+    from .recipes import RECIPES
+
+    given = {k: getattr(args, k) for k in (*RUN_DEFAULTS, *TRAIN_FIELDS, *MODEL_FLAGS) if getattr(args, k) is not None}
     run_file = out / RUN_FILE
     saved: dict[str, Any] = {}
     is_main = int(os.environ.get("RANK", "0")) == 0
@@ -185,21 +204,34 @@ def _settings(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             given["task_arg"] = _task_kwargs(given["task_arg"])
         # model flags are checked on the built config (see cmd_train); here the training settings
         clash = [f"--{k.replace('_', '-')} {given[k]!r} (the run has {saved.get(k)!r})"
-                 for k in given if k in TRAIN_DEFAULTS and k not in RESUMABLE and given[k] != saved.get(k)]
+                 for k in given if k in (*RUN_DEFAULTS, *TRAIN_FIELDS) and k not in TrainConfig.RESUMABLE
+                 and _plain(given[k]) != _plain(saved.get(k))]
         if clash:
             raise CLIError(f"--resume: the run in {str(out)!r} was started with different settings: "
                            + "; ".join(clash) + ". Resume with its settings or start a new --out")
-    settings = {**TRAIN_DEFAULTS, **saved, **given}
-    if not isinstance(settings["task_arg"], dict):
-        settings["task_arg"] = _task_kwargs(settings["task_arg"])
-    if settings["task"] is None:
+    task = given.get("task", saved.get("task"))
+    if task is None:
         raise CLIError("--task is required for a new run (one of icl, regression, text, or module:Class)")
-    for name in ("steps", "batch_size"):
-        if settings[name] <= 0:
-            raise CLIError(f"--{name.replace('_', '-')} must be > 0, got {settings[name]}")
-    if not settings["lr"] > 0:
-        raise CLIError(f"--lr must be > 0, got {settings['lr']}")
+    recipe = RECIPES.get(task, {}) if not saved else {}
+    defaults = {**RUN_DEFAULTS, **TrainConfig().to_dict(), "task_arg": dict(recipe.get("task", {})),
+                "curriculum": recipe.get("curriculum"), **recipe.get("train", {}),
+                **{k: (",".join(v) if k == "sites" else v) for k, v in recipe.get("model", {}).items()}}
+    settings = {**defaults, **saved, **given}
+    if not isinstance(settings["task_arg"], dict):
+        settings["task_arg"] = {**(defaults["task_arg"] if not saved else {}), **_task_kwargs(settings["task_arg"])}
+    try:
+        TrainConfig.build(None, {k: settings[k] for k in TRAIN_FIELDS})
+    except (TypeError, ValueError) as err:
+        name, _, rest = str(err).partition(" ")       # "steps must be ..." -> "--steps must be ..."
+        raise CLIError(f"--{name.replace('_', '-')} {rest}") from None
+    if settings["curriculum"] is not None and (not isinstance(settings["curriculum"], int) or settings["curriculum"] < 0):
+        raise CLIError(f"--curriculum must be an int >= 0 (0 = off), got {settings['curriculum']!r}")
     return settings
+
+
+def _plain(value: Any) -> Any:
+    """A setting as JSON stores it (tuples become lists), so that a saved and a given value compare equal."""
+    return json.loads(json.dumps(value))
 
 
 def _build(settings: dict[str, Any], allow_import: bool = False):
@@ -256,15 +288,11 @@ def _train_locked(args: argparse.Namespace, out: Path, is_main: bool) -> int:
     if is_main:
         write_json(run_file, {"settings": settings, "model_class": type(model).__name__,
                               "config": model.config.to_dict()})
+    config = TrainConfig.build(None, {k: settings[k] for k in TRAIN_FIELDS})
+    callbacks = [task.curriculum(settings["curriculum"])] if settings.get("curriculum") else []
     try:
-        model, history = train(model, task, settings["steps"], settings["batch_size"], settings["lr"],
-                               warmup=settings["warmup"], weight_decay=settings["weight_decay"],
-                               grad_clip=settings["grad_clip"], eval_every=settings["eval_every"],
-                               eval_batches=settings["eval_batches"], seed=settings["seed"], device=args.device,
-                               compile=args.compile, checkpoint_dir=out / "ckpt",
-                               checkpoint_every=settings["checkpoint_every"], resume=args.resume,
-                               progress=not args.no_progress, aux_delay=settings["aux_delay"],
-                               aux_ramp=settings["aux_ramp"])
+        model, history = train(model, task, config, device=args.device, compile=args.compile, callbacks=callbacks,
+                               checkpoint_dir=out / "ckpt", resume=args.resume, progress=not args.no_progress)
     except TrainingDiverged as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -318,7 +346,6 @@ def load_run(run: str | os.PathLike, device: str = "cpu", task: Any = None):
     """
     from . import CGT, GPT, CGTConfig
     from .checkpoint import latest_checkpoint, load_checkpoint
-    from .io import read_json
 
     run = Path(run)
     info = _read_run(run)

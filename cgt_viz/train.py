@@ -47,10 +47,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ._checks import check_callable, check_device, check_float, check_int, describe
+from ._checks import check_callable, check_device, describe
 from .checkpoint import RunLock, capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
-from .tasks.base import check_task_fits
-from .tasks.base import Batch, Task
+from .tasks.base import Batch, Task, check_task_fits
+from .train_config import TrainConfig
 
 LOSS_TERMS = ("main", "aux", "smooth", "total")
 # offsets that separate the random streams derived from one seed
@@ -298,17 +298,15 @@ def _check_writable(folder: Path, model: nn.Module, keep: int) -> None:
                                     f"{max(keep, 1)} kept + 1 being written); nothing was trained")
 
 # ------------------------------------------------------------------------------------------------ train
-def train(model: nn.Module, task: Task, steps: int, batch_size: int, lr: float = 1e-3, *,
-          warmup: int | None = None, min_lr_ratio: float = 0.1, weight_decay: float = 0.01,
-          betas: tuple[float, float] = (0.9, 0.999), grad_clip: float | None = 1.0,
-          eval_every: int | None = None, eval_batches: int = 4,
+def train(model: nn.Module, task: Task, config: TrainConfig | None = None, *,
           eval_fn: Callable[[nn.Module, int], dict[str, float]] | None = None,
-          callbacks: Iterable[Callable[[dict], None]] = (), seed: int = 0, device: str | torch.device = "auto",
-          amp: bool = True, compile: bool = False, checkpoint_dir: str | os.PathLike | None = None,
-          checkpoint_every: int | None = None, keep_checkpoints: int = 2, resume: bool = False,
-          progress: bool = True, aux_delay: int = 0, aux_ramp: int = 0) -> tuple[nn.Module, TrainHistory]:
+          callbacks: Iterable[Callable[[dict], None]] = (), device: str | torch.device = "auto", amp: bool = True,
+          compile: bool = False, checkpoint_dir: str | os.PathLike | None = None, resume: bool = False,
+          progress: bool = True, **settings: Any) -> tuple[nn.Module, TrainHistory]:
     """Train `model` (CGT or GPT) on batches of `task`; returns (model, history). The model is trained in place.
 
+    config / settings  a `TrainConfig`, and/or its fields as keywords (`train(model, task, steps=2000,
+                    batch_size=32, aux_delay=500)`); keywords override the config's fields. The fields:
     steps           number of optimizer updates in the whole run (a resumed run continues up to it)
     batch_size      global batch: sequences per update over all ranks (each rank gets batch_size // world)
     lr              peak learning rate; `warmup` updates of linear warm-up (default min(100, steps // 10)),
@@ -332,9 +330,8 @@ def train(model: nn.Module, task: Task, steps: int, batch_size: int, lr: float =
                     Without resume, a checkpoint_dir that holds a checkpoint is an error.
 
     aux_delay, aux_ramp  weight the auxiliary loss by 0 for the first aux_delay updates, then ramp it linearly
-                    to w_aux over aux_ramp updates: on SyntheticICL, switching it on only after in-context
-                    learning has started reached G ≥ 0.9 in half the steps (the aux term is still computed
-                    and logged; "total" is what is optimised)
+                    to w_aux over aux_ramp updates (the aux term is still computed and logged; "total" is what
+                    is optimised); the README measures what this does on SyntheticICL
 
     Ctrl-C stops after the step in flight, checkpoints it and returns normally with history.interrupted = True.
     NaN/inf raises TrainingDiverged before the bad update (see the module docstring).
@@ -344,26 +341,10 @@ def train(model: nn.Module, task: Task, steps: int, batch_size: int, lr: float =
         raise TypeError(f"model must be a cgt_viz CGT or GPT (an nn.Module with .loss), got {describe(model)}")
     if not isinstance(task, Task):
         raise TypeError(f"task must be a cgt_viz.tasks.base.Task (e.g. make_task('icl')), got {describe(task)}")
-    check_int("steps", steps, 1)
-    check_int("batch_size", batch_size, 1)
-    check_float("lr", lr, 0.0, lo_open=True)
-    check_int("warmup", warmup, 0, allow_none=True, hint=" (number of updates)")
-    check_float("min_lr_ratio", min_lr_ratio, 0.0, 1.0)
-    check_float("weight_decay", weight_decay, 0.0)
-    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-        raise TypeError(f"betas must be a pair (beta1, beta2) of numbers in [0, 1), got {describe(betas)}")
-    for i, beta in enumerate(betas):
-        check_float(f"betas[{i}]", beta, 0.0, 1.0, hi_open=True)
-    check_float("grad_clip", grad_clip, 0.0, lo_open=True, allow_none=True)
-    eval_every = max(1, steps // 20) if eval_every is None else eval_every
-    check_int("eval_every", eval_every, 0, hint=" (0 = never)")
-    check_int("eval_batches", eval_batches, 1)
-    checkpoint_every = max(1, steps // 10) if checkpoint_every is None else checkpoint_every
-    check_int("checkpoint_every", checkpoint_every, 1)
-    check_int("keep_checkpoints", keep_checkpoints, 0, hint=" (0 = keep all)")
-    check_int("seed", seed, 0)
-    check_int("aux_delay", aux_delay, 0, hint=" (number of updates)")
-    check_int("aux_ramp", aux_ramp, 0, hint=" (number of updates)")
+    cfg = TrainConfig.build(config, settings)
+    steps, batch_size, keep_checkpoints = cfg.steps, cfg.batch_size, cfg.keep_checkpoints
+    eval_every = max(1, steps // 20) if cfg.eval_every is None else cfg.eval_every
+    checkpoint_every = max(1, steps // 10) if cfg.checkpoint_every is None else cfg.checkpoint_every
     if isinstance(callbacks, (str, bytes)) or not hasattr(callbacks, "__iter__"):
         raise TypeError(f"callbacks must be a list of callables taking one dict, got {describe(callbacks)}")
     callbacks = list(callbacks)
@@ -396,13 +377,14 @@ def train(model: nn.Module, task: Task, steps: int, batch_size: int, lr: float =
         # one writer per checkpoint folder (rank 0 writes; the others never touch it)
         with (RunLock(checkpoint_dir, "checkpoint_dir") if checkpoint_dir is not None and rank == 0
               else contextlib.nullcontext()):
-            return _run(**locals())
+            return _run(**{**locals(), **cfg.to_dict(), "eval_every": eval_every,
+                           "checkpoint_every": checkpoint_every})
     finally:
         if own_group and dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _run(*, model, task, steps, batch_size, lr, warmup, min_lr_ratio, weight_decay, betas, grad_clip, eval_every,
+def _run(*, model, task, cfg, steps, batch_size, lr, warmup, min_lr_ratio, weight_decay, betas, grad_clip, eval_every,
          eval_batches, eval_fn, callbacks, seed, amp, compile, checkpoint_dir, checkpoint_every, keep_checkpoints,
          resume, progress, aux_delay, aux_ramp, dev, distributed, rank, world, **_unused) -> tuple[nn.Module, TrainHistory]:
     if batch_size % world:
@@ -425,9 +407,7 @@ def _run(*, model, task, steps, batch_size, lr, warmup, min_lr_ratio, weight_dec
     if warmup is None:  # the default depends on steps; a resumed run that extends `steps` keeps its warm-up
         warmup = ckpt.run["warmup"] if ckpt is not None else min(100, steps // 10)
     run_id = _json_safe({"model_class": type(model).__name__, "config": model.config.to_dict(),
-                         "task": task_identity(task), "batch_size": batch_size, "lr": lr, "warmup": warmup,
-                         "min_lr_ratio": min_lr_ratio, "weight_decay": weight_decay, "betas": list(betas),
-                         "grad_clip": grad_clip, "seed": seed, "aux_delay": aux_delay, "aux_ramp": aux_ramp})
+                         "task": task_identity(task), **cfg.identity(warmup)})
     history, start = TrainHistory(), 0
     if ckpt is not None:
         diff = config_differences({k: v for k, v in ckpt.run.items() if k != "steps"}, run_id)

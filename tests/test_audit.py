@@ -11,6 +11,7 @@ cases here (or an explicit reason in NOT_AUDITED).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import math
@@ -24,6 +25,7 @@ import torch
 
 from cgt_viz import CGT, GPT, CGTConfig
 from cgt_viz.config import FIELD_CONSTRAINTS
+from cgt_viz.train_config import TrainConfig
 from cgt_viz import analysis as A
 from cgt_viz import evaluate as E
 from cgt_viz import figures as F
@@ -229,13 +231,9 @@ case("ByteTokenizer.encode", "text", [5, None, ["a"]], lambda v: ByteTokenizer()
 case("ByteTokenizer.decode", "ids", [[300], [-1], "abc", [1.5]], lambda v: ByteTokenizer().decode(v))
 
 # ------------------------------------------------------------------------------------------ train
-TRAIN_ARGS = {
-    "steps": POS_INT, "batch_size": POS_INT, "lr": POS_FLOAT, "warmup": [-1, 1.5, "3"],
-    "min_lr_ratio": FRACTION, "weight_decay": NONNEG_FLOAT, "betas": [(0.9,), "0.9"],
-    "grad_clip": [0.0, -1.0, math.nan, "1"], "eval_every": [-1, 1.5, "5"], "eval_batches": [0, 1.5],
-    "callbacks": [5, "print"], "seed": [1.5, "0", None], "device": ["nonsense", 5, "cuda:99"],
-    "checkpoint_every": [0, -1, 1.5], "keep_checkpoints": [-1, 1.5], "aux_delay": [-1, 1.5], "aux_ramp": [-1, 1.5],
-    "eval_fn": [5, "evaluate"],
+TRAIN_ARGS = {   # each TrainConfig field's declared contract, plus train()'s own arguments
+    **{f.name: f.metadata["check"].bad_values() for f in dataclasses.fields(TrainConfig) if f.metadata.get("check")},
+    "betas": [(0.9,), "0.9"], "callbacks": [5, "print"], "device": ["nonsense", 5, "cuda:99"], "eval_fn": [5, "evaluate"],
 }
 for _arg, _values in TRAIN_ARGS.items():
     if _arg == "device":  # a device that does not exist here

@@ -79,9 +79,9 @@ def test_gpt_baseline_run(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["train", "--task", "nope", "--out", "{out}"], "unknown --task 'nope'"),
-    (["train", *TINY, "--out", "{out}", "--steps", "0"], "--steps must be > 0, got 0"),
-    (["train", *TINY, "--out", "{out}", "--batch-size", "-2"], "--batch-size must be > 0, got -2"),
-    (["train", *TINY, "--out", "{out}", "--lr", "0"], "--lr must be > 0"),
+    (["train", *TINY, "--out", "{out}", "--steps", "0"], "--steps must be an int >= 1, got 0"),
+    (["train", *TINY, "--out", "{out}", "--batch-size", "-2"], "--batch-size must be an int >= 1, got -2"),
+    (["train", *TINY, "--out", "{out}", "--lr", "0"], "--lr must be a finite number > 0"),
     (["train", *TINY, "--out", "{out}", "--task-arg", "P"], "--task-arg must look like key=value, got 'P'"),
     (["train", *TINY, "--out", "{out}", "--task-arg", "bogus=1"], "bogus"),        # the task refuses it
     (["train", *TINY, "--out", "{out}", "--d-y", "7", "--n-head-y", "2"], "d_y must be divisible by n_head_y"),

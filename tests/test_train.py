@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -239,11 +240,11 @@ def test_bad_arguments_name_themselves(name, value, exc):
 def test_bad_model_task_and_resume_without_folder():
     task = TinyTask()
     with pytest.raises(TypeError, match="model"):
-        train(torch.nn.Linear(2, 2), task, 2, 2)
+        train(torch.nn.Linear(2, 2), task, steps=2, batch_size=2)
     with pytest.raises(TypeError, match="task"):
-        train(CGT(tiny_config(task)), "icl", 2, 2)
+        train(CGT(tiny_config(task)), "icl", steps=2, batch_size=2)
     with pytest.raises(ValueError, match="checkpoint_dir"):
-        train(CGT(tiny_config(task)), task, 2, 2, resume=True)
+        train(CGT(tiny_config(task)), task, steps=2, batch_size=2, resume=True)
     assert math.isfinite(lr_at(0, 1, 1e-3, 0, 0.1))
 
 
@@ -287,3 +288,26 @@ def test_an_update_that_overflows_the_weights_is_reported_as_such(tmp_path, monk
     with pytest.raises(TrainingDiverged, match="step 1: the weights after the update") as info:
         train(model, task, steps=5, batch_size=4, eval_every=0, checkpoint_dir=tmp_path, checkpoint_every=1, **QUIET)
     assert info.value.checkpoint is None and latest_checkpoint(tmp_path) is None
+
+
+def test_train_config_is_the_one_list_of_settings():
+    import dataclasses
+
+    from cgt_viz.__main__ import TRAIN_FIELDS, _parser, _settings
+    from cgt_viz.recipes import RECIPES
+    from cgt_viz.train_config import TrainConfig
+
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    train_parser = next(a for a in _parser()._actions if a.dest == "command").choices["train"]
+    assert set(names) <= {a.dest for a in train_parser._actions} and list(TRAIN_FIELDS) == names
+    with pytest.raises(TypeError, match=r"unknown training settings \['stepz'\].*TrainConfig fields"):
+        train(CGT(tiny_config(TinyTask())), TinyTask(), stepz=3)
+    cfg = TrainConfig(steps=7, betas=[0.8, 0.9])
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg and cfg.betas == (0.8, 0.9)
+    assert "steps" not in cfg.identity(warmup=0) and cfg.identity(warmup=3)["warmup"] == 3
+    # the CLI's defaults for a task are the recipe its notebook trains; flags override them
+    args = _parser().parse_args(["train", "--task", "icl", "--out", "unused", "--steps", "5"])
+    settings = _settings(args, Path("/nonexistent/run"))
+    recipe = RECIPES["icl"]
+    assert settings["steps"] == 5 and settings["aux_delay"] == recipe["train"]["aux_delay"] == 500
+    assert settings["d_x"] == recipe["model"]["d_x"] and settings["n_templates"] == recipe["model"]["n_templates"]
