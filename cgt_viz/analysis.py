@@ -19,7 +19,7 @@ from ._checks import check_array, check_choice, check_float, check_int, describe
 from .layers import SITE_WEIGHTS
 from .comparison import comparison_logits
 from .contracts import check_inputs, check_ybar_array
-from .losses import per_position_loss
+from .losses import LOSS_TERMS, per_position_loss
 from .sequences import (IGNORE_INDEX, ByteTokenizer, Sequences, as_model_input, model_device, concat_sequences, eval_mode,  # noqa: F401
                         label_boundary, model_task, prepare_sequences, require_cgt, token_strings,
                         check_baseline, check_lengths, check_scored, check_templates)
@@ -510,7 +510,6 @@ def compare_losses(model, inputs: torch.Tensor, targets: torch.Tensor, split: in
 
 
 # ---------------------------------------------------------------------------------------------- training
-TRAIN_TERMS = ("main", "aux", "smooth", "total")
 NOT_PLOTTED = ("kind", "step", "lr", "grad_norm")   # record fields that are not loss curves
 
 
@@ -539,7 +538,7 @@ def training_series(history: Any) -> tuple[Series, Series]:
         def get(key, default=None):
             return history.get(key, default) if isinstance(history, dict) else getattr(history, key, default)
         step = list(get("step", []) or [])
-        for k in TRAIN_TERMS:
+        for k in LOSS_TERMS:
             vals = get(k)
             if vals is not None and len(vals):
                 if len(vals) != len(step):

@@ -9,6 +9,8 @@ import torch.nn.functional as F
 
 from .contracts import IGNORE_INDEX
 
+LOSS_TERMS = ("main", "aux", "smooth", "total")   # the keys of every model's loss dict, in this order
+
 
 def per_position_loss(mode: str, out: torch.Tensor, targets: torch.Tensor,
                       loss_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

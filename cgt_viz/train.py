@@ -49,10 +49,10 @@ import torch.nn as nn
 
 from ._checks import check_callable, check_device, describe
 from .checkpoint import RunLock, capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
+from .losses import LOSS_TERMS
 from .tasks.base import Batch, Task, check_task_fits
 from .train_config import TrainConfig
 
-LOSS_TERMS = ("main", "aux", "smooth", "total")
 # offsets that separate the random streams derived from one seed
 _SPLIT_STREAM, _VAL_STREAM, _VAL_SPLIT_STREAM = 1_000_003, 2_000_029, 3_000_017
 
