@@ -129,3 +129,16 @@ def test_resaving_a_step_replaces_it_safely(tmp_path):
 def test_loading_never_unpickles():
     source = inspect.getsource(ckpt_mod)
     assert "pickle" not in source.replace("unpickles", "") and "torch.load(" not in source
+
+
+def test_atomic_writes_get_ordinary_file_permissions(tmp_path):
+    import os
+    import stat
+
+    from cgt_viz.io import write_json
+    old = os.umask(0o022)
+    try:
+        write_json(tmp_path / "a.json", {"x": 1})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644   # not mkstemp's 0600
