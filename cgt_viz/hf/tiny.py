@@ -14,6 +14,6 @@ def tiny_llama(seed: int = 0, vocab_size: int = 96, hidden_size: int = 64, num_h
                                       num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
                                       num_key_value_heads=num_key_value_heads, intermediate_size=intermediate_size,
                                       max_position_embeddings=max_position_embeddings,
-                                      tie_word_embeddings=tie_word_embeddings, attn_implementation="eager")
+                                      tie_word_embeddings=tie_word_embeddings)
     torch.manual_seed(seed)
     return freeze(transformers.LlamaForCausalLM(config))
