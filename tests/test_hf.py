@@ -82,7 +82,7 @@ def test_untrained_ybar_is_the_pooled_readout_and_the_model_is_the_lm(lm):
     x = cache["x.2"]
     h = torch.nn.functional.layer_norm(x, (x.shape[-1],))
     mean = torch.cat([h[:, :1], h[:, 1:].cumsum(1) / torch.arange(1, 10)[None, :, None]], 1)
-    want = torch.nn.functional.layer_norm(mean @ model.pool.weight.T, (16,))
+    want = torch.nn.functional.layer_norm((mean - model.pool_center) @ model.pool.weight.T, (16,))
     assert torch.allclose(cache["ybar"], want, atol=1e-5)
     with torch.no_grad():
         assert torch.allclose(model(idx), lm(input_ids=idx).logits, atol=1e-6)   # T = I at init
@@ -311,3 +311,17 @@ def test_real_smollm2_offline(tmp_path):
         want = model.forward_specialized(query, model.context(ids[:, :10])[0, -1])
     assert (got - want).abs().max() < 1e-3
     assert time.perf_counter() - t0 < 120
+
+
+def test_calibrate_pool_sets_principal_directions(lm):
+    torch.manual_seed(0)
+    model = hf.CGTLM(lm, y_layer=2, d_y=4, n_head_y=2)
+    idx = _idx(b=6, t=12)
+    model.calibrate_pool(idx, batch_size=4)
+    w = model.pool.weight
+    assert torch.allclose(w @ w.T, torch.eye(4), atol=1e-5)         # orthonormal rows
+    assert model.pool_center.abs().sum() > 0
+    ybar = model.context(idx)
+    assert torch.isfinite(ybar).all()
+    with pytest.raises(ValueError, match="at least 2 positions"):
+        model.calibrate_pool(idx[:, :1])

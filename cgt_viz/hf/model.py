@@ -199,6 +199,7 @@ class CGTLM(CGT):
         self.ln_x = nn.LayerNorm(d, elementwise_affine=False)
         self.pool = nn.Linear(d, e, bias=False)                      # P: d -> e, a random projection at init
         nn.init.normal_(self.pool.weight, 0.0, d ** -0.5)
+        self.pool_center = nn.Parameter(torch.zeros(d))             # μ, subtracted before P (see calibrate_pool)
         self.ln_y = nn.LayerNorm(e, elementwise_affine=False)
         width = {"attn_in": d, "attn_out": c.num_attention_heads * getattr(c, "head_dim", d // c.num_attention_heads),
                  "mlp_in": d, "mlp_out": c.intermediate_size}
@@ -252,7 +253,39 @@ class CGTLM(CGT):
             if record is not None:
                 record[f"y.{n + 1}"] = y
         pooled = causal_mean_skip_first(self.ln_x(xs[-1]))
-        return self.ln_y(self.pool(pooled) + y)
+        return self.ln_y(self.pool(pooled - self.pool_center) + y)
+
+    @torch.no_grad()
+    def calibrate_pool(self, idx: torch.Tensor, batch_size: int = 32) -> "CGTLM":
+        """Data-dependent start for the pooled read-out: μ = the mean and P = the top d_y principal directions
+        of the running means of LN(x_ℓ) over the rows of idx (n, t) (every position ≥ 1 of every row).
+
+        Without it P is a random projection. A few outlier features of x_ℓ, large in every text, dominate a
+        random projection; the principal directions follow what varies between texts instead."""
+        idx = validate_inputs(self.config, idx, device=self.device)
+        check_int("batch_size", batch_size, 1)
+        if idx.shape[1] < 2:
+            raise ValueError(f"idx must have at least 2 positions per row to calibrate, got shape {tuple(idx.shape)}")
+        pooled = []
+        for rows in idx.split(batch_size):
+            record: dict = {}
+            state = {"coeffs": None, "record": record, "stop": True}
+            with self._hooks(state):
+                try:
+                    self.lm.model(input_ids=rows, use_cache=False)
+                except _StopAfterY:
+                    pass
+            x = record[f"x.{self.config.y_layer}"].to(self.pool.weight.dtype)
+            pooled.append(causal_mean_skip_first(self.ln_x(x))[:, 1:].flatten(0, 1))   # (b·(t−1), d)
+        pooled = torch.cat(pooled)
+        if pooled.shape[0] < self.config.d_y:
+            raise ValueError(f"idx gives {pooled.shape[0]} pooled states; calibrating d_y={self.config.d_y} directions "
+                             f"needs at least that many (more rows or longer rows)")
+        center = pooled.mean(0)
+        _, _, v = torch.linalg.svd(pooled - center, full_matrices=False)    # v (min(n, d), d): principal directions
+        self.pool_center.copy_(center)
+        self.pool.weight.copy_(v[:self.config.d_y])
+        return self
 
     @contextlib.contextmanager
     def _hooks(self, state: dict):
