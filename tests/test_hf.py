@@ -258,19 +258,41 @@ def test_cache_root_precedence(monkeypatch, tmp_path):
         hf.load_local(tmp_path)
 
 
+class _Repeat:
+    """Rows of random tokens from a small alphabet; eval_batch: a k-token prompt, the rest scored."""
+    def __new__(cls):
+        from cgt_viz.tasks.base import Batch, Task
+
+        class Repeat(Task):
+            name = "repeat"
+
+            def config_kwargs(self):
+                return {"vocab_size": 96, "block_size": 16}
+
+            def get_batch(self, batch_size, part="train", generator=None, device="cpu"):
+                seq = torch.randint(0, 8, (batch_size, 17), generator=generator)
+                return Batch(seq[:, :-1], seq[:, 1:]).to(device)
+
+            def eval_batch(self, k, batch_size, generator=None, device="cpu"):
+                b = self.get_batch(batch_size, generator=generator)
+                mask = torch.zeros(batch_size, 16, dtype=torch.bool)
+                mask[:, k:] = True
+                return Batch(b.inputs, b.targets, mask, torch.full((batch_size,), k)).to(device)
+
+        return Repeat()
+
+
+def test_evaluate_specialization_runs_on_cgtlm(model):
+    from cgt_viz.evaluate import evaluate_specialization
+    rows = evaluate_specialization(model, _Repeat(), k_values=(4, 8), n_batches=1, batch_size=4)
+    assert [r["k"] for r in rows] == [4, 8]
+    assert rows[0]["spec_merge_max_diff"] < 1e-5
+    assert all(r["loss_specialized"] > 0 for r in rows)
+
+
 def test_train_runs_on_cgtlm(lm):
     from cgt_viz import train
-    from cgt_viz.tasks.base import Batch, Task
-
-    class Repeat(Task):
-        name = "repeat"
-
-        def config_kwargs(self):
-            return {"vocab_size": 96, "block_size": 16}
-
-        def get_batch(self, batch_size, part="train", generator=None, device="cpu"):
-            seq = torch.randint(0, 8, (batch_size, 17), generator=generator)
-            return Batch(seq[:, :-1], seq[:, 1:]).to(device)
+    Repeat = _Repeat
 
     torch.manual_seed(0)
     model = hf.CGTLM(lm, y_layer=2, d_y=16, n_head_y=2, n_templates=2)
@@ -325,3 +347,11 @@ def test_calibrate_pool_sets_principal_directions(lm):
     assert torch.isfinite(ybar).all()
     with pytest.raises(ValueError, match="at least 2 positions"):
         model.calibrate_pool(idx[:, :1])
+
+
+def test_explorer_opens_on_cgtlm(model):
+    pytest.importorskip("ipywidgets")
+    import cgt_viz
+    ex = cgt_viz.explore(model, _idx(b=4, t=12), labels=[0, 1, 0, 1], background=None)
+    assert ex.ybar_full.shape[-1] == model.config.d_y
+    ex.open_sequence(1)

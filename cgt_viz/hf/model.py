@@ -53,7 +53,7 @@ from torch.utils.checkpoint import checkpoint
 from .._checks import check_bool, check_float, check_int, describe
 from ..config import SITES, CGTConfig
 from ..io import CONFIG_NAME, WEIGHTS_NAME, load_tensors, read_json, save_tensors, write_json
-from ..layers import SiteTemplates, YBlock
+from ..layers import SITE_WEIGHTS, SiteTemplates, YBlock
 from ..model import CGT, IGNORE_INDEX, check_targets, validate_inputs, _sample_next
 from .source import require
 
@@ -123,6 +123,22 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
         total = part if total is None else torch.logaddexp(total, part)
     target_logit = (hidden * weight[targets]).sum(-1).float()        # (n, d) -> (n,)
     return total - target_logit
+
+
+class LoraFactors(dict):
+    """{lm weight name: (A, B)}, iterated by those names only. A cgt_viz GPT name of a site's map
+    ("blocks.{ν−1}.attn.c_attn.weight", as the analysis functions ask) also resolves: the maps that read that
+    site, stacked (A shared, B's output rows concatenated, like GPT's fused c_attn)."""
+
+    def __init__(self, items: dict, aliases: dict[str, list[str]]):
+        super().__init__(items)
+        self.aliases = aliases
+
+    def __missing__(self, key):
+        if key not in self.aliases:
+            raise KeyError(key)
+        names = self.aliases[key]
+        return self[names[0]][0], torch.cat([self[n][1] for n in names], dim=-2)
 
 
 class _NoContext(nn.Module):
@@ -417,19 +433,20 @@ class CGTLM(CGT):
 
         ybar_vec (e,) -> A (K·r, i), B (o, K·r);  (b, e) -> A (b, K·r, i), B (b, o, K·r).
         Names are lm state-dict keys, e.g. "model.layers.8.self_attn.q_proj.weight"; the maps that read one
-        site (q, k, v for attn_in) share A."""
+        site (q, k, v for attn_in) share A. GPT-style names resolve too (see LoraFactors)."""
         single = isinstance(ybar_vec, torch.Tensor) and ybar_vec.dim() == 1
         ybar_vec = self._check_ybar(ybar_vec)
-        out = {}
+        out, aliases = {}, {}
         for layer, site in self.template_sites:
             temp = self.templates[str(layer)][site]
             coeffs = temp.coefficients(ybar_vec.to(temp.U.dtype))
-            for linear in SITE_MODULES[site][2]:
-                name = f"model.layers.{layer - 1}.{linear}.weight"
+            names = [f"model.layers.{layer - 1}.{linear}.weight" for linear in SITE_MODULES[site][2]]
+            aliases[f"blocks.{layer - 1}.{SITE_WEIGHTS[site]}.weight"] = names
+            for name in names:
                 weight = self.lm.get_parameter(name)
                 lora_a, lora_b = temp.factors(weight.to(temp.U.dtype), coeffs)
                 out[name] = (lora_a[0], lora_b[0]) if single else (lora_a, lora_b)
-        return out
+        return LoraFactors(out, aliases)
 
     def x_only(self) -> nn.Module:
         """The LM with T = I (no context), called like a GPT: idx (b, t) -> logits. It *is* `lm`, not a copy."""
