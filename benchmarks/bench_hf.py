@@ -15,7 +15,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from cgt_viz import hf, train  # noqa: E402
@@ -46,7 +45,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--block-size", type=int, default=128)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "hf_smollm2.json"))

@@ -9,10 +9,11 @@ plain model between calls) do three things:
 * layers 1..ℓ run unchanged; their outputs x_1..x_ℓ feed the y stream (`YBlock`s reading [x_ν; y],
   writing y only). The LM's parameters never require gradients and the lower layers see no tensor that
   does, so autograd records nothing there.
-* ȳ = LN(y_ℓ + P · mean_{1≤s≤t} LN(x_ℓ,s)): the y blocks' output projections start at zero, so at
+* ȳ = LN(y_ℓ + P (mean_{1≤s≤t} LN(x_ℓ,s) − μ)): the y blocks' output projections start at zero, so at
   initialisation ȳ is a projected causal running mean of the layer-ℓ states (position 0, the attention
   sink with a norm many times the others, is left out of the mean once t > 0). The summary pools over
-  the whole prefix from the first step instead of reading one token.
+  the whole prefix from the first step instead of reading one token. P starts as a random projection
+  and μ at 0; `calibrate_pool(tokens)` sets them to the principal directions and mean of a sample.
 * above ℓ, the input of each modulated linear map is transformed by T(ȳ) = I + Σ_k c_k(ȳ) U_k V_kᵀ
   (`cgt_viz.layers.SiteTemplates`, c = A ȳ + b starting at 0, so the untrained CGTLM is the LM):
 
@@ -39,15 +40,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
-import json
 import os
-import re
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .._checks import check_bool, check_float, check_int, describe
