@@ -26,18 +26,23 @@ def rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
 
 
-def timing(model, tok, task, device) -> dict:
+def timing(model, task, device, repeats: int = 3) -> dict:
+    """Median seconds of one LM forward over a 256-token prompt and of specialize on it (interleaved)."""
     prompt = torch.cat([task.docs[i] for i in range(3)])[:256].to(device)
+    fwd, spec = [], []
     with torch.no_grad():
         model.lm(input_ids=prompt[None])       # warm-up
-        t0 = time.perf_counter()
-        model.lm(input_ids=prompt[None])
-        forward = time.perf_counter() - t0
         model.specialize(prompt)
-        t0 = time.perf_counter()
-        model.specialize(prompt)
-        spec = time.perf_counter() - t0
-    return {"forward_256_s": forward, "specialize_256_s": spec, "specialize_over_forward": spec / forward}
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            model.lm(input_ids=prompt[None])
+            fwd.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            model.specialize(prompt)
+            spec.append(time.perf_counter() - t0)
+    f, s = sorted(fwd)[repeats // 2], sorted(spec)[repeats // 2]
+    return {"forward_256_s": f, "specialize_256_s": s, "specialize_over_forward": s / f,
+            "forward_256_all_s": fwd, "specialize_256_all_s": spec}
 
 
 def main(argv=None) -> dict:
@@ -47,6 +52,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--block-size", type=int, default=128)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--per-topic", type=int, default=80, help="held-out excerpts per topic for the ȳ kNN")
+    ap.add_argument("--eval-batches", type=int, default=6, help="batches of 8 rows for the continuation losses")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "hf_smollm2.json"))
     args = ap.parse_args(argv)
@@ -61,15 +68,16 @@ def main(argv=None) -> dict:
     model = hf.CGTLM(lm, y_layer=8, d_y=64, n_head_y=4, n_templates=8, template_rank=2,
                      sites=("attn_in", "mlp_in"), aux_suffix_len=64).to(args.device)
     res["trainable_params"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    res.update(timing(model, tok, task, args.device))
+    res.update(timing(model, task, args.device))
     print(json.dumps(res, indent=1), flush=True)
-    res["knn_init_random_projection"] = ybar_topic_knn(model, task)
+    res["knn_init_random_projection"] = ybar_topic_knn(model, task, per_topic=args.per_topic)
     calib, _, _ = task.excerpts(64, per_topic=20, part="train", seed=1)
     t0 = time.perf_counter()
     model.calibrate_pool(calib.to(args.device))
     res["calibrate_s"] = time.perf_counter() - t0
-    res["knn_init"] = ybar_topic_knn(model, task)
-    res["continuation_init"] = continuation_losses(model, task, k=64, n_batches=6, batch_size=8)
+    res["knn_init"] = ybar_topic_knn(model, task, per_topic=args.per_topic)
+    res["continuation_init"] = continuation_losses(model, task, k=64, n_batches=args.eval_batches, batch_size=8)
+    res["peak_rss_gb_before_training"] = rss_gb()
     print("init", res["knn_init_random_projection"], res["knn_init"], res["continuation_init"], flush=True)
     t0 = time.perf_counter()
     model, history = train(model, task, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
@@ -77,9 +85,9 @@ def main(argv=None) -> dict:
     res["train_s"] = time.perf_counter() - t0
     res["train_tokens_per_s"] = args.steps * args.batch_size * args.block_size / res["train_s"]
     res["loss_first_last"] = [history.total[:5], history.total[-5:]]
-    res["knn_trained"] = ybar_topic_knn(model, task)
-    res["continuation_trained"] = continuation_losses(model, task, k=64, n_batches=6, batch_size=8)
-    res["evaluate_specialization"] = evaluate_specialization(model, task, k_values=64, n_batches=2, batch_size=8)
+    res["knn_trained"] = ybar_topic_knn(model, task, per_topic=args.per_topic)
+    res["continuation_trained"] = continuation_losses(model, task, k=64, n_batches=args.eval_batches, batch_size=8)
+    res["evaluate_specialization"] = evaluate_specialization(model, task, k_values=64, n_batches=1, batch_size=8)
     res["peak_rss_gb"] = rss_gb()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1, default=float))
