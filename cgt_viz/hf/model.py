@@ -232,7 +232,8 @@ class CGTLM(CGT):
     def state_dict(self, *args, **kwargs):
         """The y stream and templates only: the LM's weights are not part of a CGTLM's state."""
         state = super().state_dict(*args, **kwargs)
-        for key in [k for k in state if k.startswith("lm.")]:
+        prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "") + "lm."   # (destination, prefix, keep_vars)
+        for key in [k for k in state if k.startswith(prefix)]:
             del state[key]
         return state
 
