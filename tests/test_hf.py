@@ -237,6 +237,14 @@ def test_clear_errors(lm):
         model.context(torch.tensor([[0, 200]]))
     with pytest.raises(TypeError, match="CGTLM.from_pretrained\\(path, lm\\) needs lm"):
         hf.CGTLM.from_pretrained("somewhere")
+    with pytest.raises(TypeError, match="prompt must be a tensor of token ids"):
+        model.specialize("hello")
+    with pytest.raises(ValueError, match=r"prompt must have shape \(t,\) or \(b, t\), got shape \(1, 2, 3\)"):
+        model.specialize(torch.zeros(1, 2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="smooth must be 'l2' or 'relative'.*'vae'"):
+        hf.CGTLM(lm, y_layer=2, d_y=16, n_head_y=2, smooth="vae")
+    with pytest.raises(ValueError, match=r"block_size must be an int in 2\.\.128.*got 500"):
+        hf.CGTLM(lm, y_layer=2, d_y=16, n_head_y=2, block_size=500)
 
 
 def test_missing_package_says_what_to_install(monkeypatch):
