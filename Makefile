@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: env test test-fast lab demo bench browser-deps clean
+.PHONY: env test test-fast lab demo bench gpu-check browser-deps clean
 
 $(STAMP): pyproject.toml requirements.txt
 	$(PY) -m venv $(VENV)
@@ -39,6 +39,9 @@ bench: env   ## write benchmarks/results/*.json (+ HTML plot, README tables): a 
 	$(BIN)/python benchmarks/bench_core.py
 	$(BIN)/python benchmarks/bench_cost.py
 	$(BIN)/python benchmarks/bench_explorer.py
+
+gpu-check: env   ## on a GPU machine (< 5 min): the CUDA paths once, one JSON in benchmarks/results/gpu_check.json
+	$(BIN)/python benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache runs/demo

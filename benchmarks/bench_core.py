@@ -28,106 +28,9 @@ TARGETS = {"training_step": 1.6, "merged_forward": 1.05, "specialize": 1.3}
 
 
 def build_models(args, device: torch.device) -> tuple[CGT, torch.nn.Module, CGTConfig]:
-    """A CGT and a separate plain GPT of the same x size. Template coefficients get small random values
-    so that specialisation really changes the weights (cost does not depend on the values)."""
-    block = max(args.block_size, args.seq, max(args.prompt_lens))
-    cfg = CGTConfig(vocab_size=args.vocab, block_size=block, n_layer=args.n_layer, d_x=args.d_x,
-                    n_head=args.n_head, d_y=args.d_y, n_head_y=args.n_head_y, y_layer=args.y_layer,
-                    n_templates=args.n_templates, template_rank=args.template_rank, w_aux=1.0)
-    torch.manual_seed(args.seed)
-    cgt = CGT(cfg)
-    with torch.no_grad():
-        for layer, site in cgt.template_sites:
-            torch.nn.init.normal_(cgt.templates[str(layer)][site].coeff.weight, 0.0, 0.02)
-    gpt = cgt.x_only()  # same x weights, its own copy: the baseline trains its own parameters
-    return cgt.to(device), gpt.to(device), cfg
-
-
-def measure_training(cgt: CGT, gpt: torch.nn.Module, device: torch.device, batch: int, seq: int,
-                     repeats: int, seed: int = 0) -> dict:
-    """Seconds per training step, CGT (main + aux at the config's w_aux) vs GPT on the same (batch, seq)
-    tokens; forward only, forward + backward, and the full step with AdamW. Splits are sampled per step."""
-    cfg = cgt.config
-    gen = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(device)
-    targets = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(device)
-    split_gen = torch.Generator().manual_seed(seed + 1)
-    opts = {"gpt": torch.optim.AdamW(gpt.parameters(), lr=1e-4), "cgt": torch.optim.AdamW(cgt.parameters(), lr=1e-4)}
-    models = {"gpt": gpt, "cgt": cgt}
-    for m in models.values():
-        m.train()
-
-    def loss(name: str) -> torch.Tensor:
-        with common.autocast(device):
-            if name == "cgt":
-                return cgt.loss(idx, targets, generator=split_gen)["total"]
-            return gpt.loss(idx, targets)["total"]
-
-    def fwd(name):
-        with torch.no_grad():
-            loss(name)
-
-    def fwd_bwd(name):
-        models[name].zero_grad(set_to_none=True)
-        loss(name).backward()
-
-    def step(name):
-        opts[name].zero_grad(set_to_none=True)
-        loss(name).backward()
-        opts[name].step()
-
-    out = {"batch": batch, "seq": seq, "w_aux": cfg.w_aux, "aux_suffix_len": cfg.aux_suffix_len}
-    for kind, fn in (("forward", fwd), ("forward_backward", fwd_bwd), ("step", step)):
-        times = common.time_interleaved({n: (lambda n=n: fn(n)) for n in ("gpt", "cgt")}, device, repeats)
-        out[kind] = {n: common.summarize(ts) for n, ts in times.items()}
-        out[kind]["ratio_median"] = common.ratio(out[kind]["cgt"]["median"], out[kind]["gpt"]["median"])
-        out[kind]["ratio_min"] = common.ratio(out[kind]["cgt"]["min"], out[kind]["gpt"]["min"])
-        # per-repeat ratios (neighbouring calls share the machine's load): their spread says how noisy it was
-        out[kind]["ratio_per_repeat"] = common.summarize([c / g for c, g in zip(times["cgt"], times["gpt"])])
-    for m in models.values():
-        m.zero_grad(set_to_none=True)
-        m.eval()
-    return out
-
-
-def aux_padded_lengths(cfg: CGTConfig, batch: int, seq: int, draws: int = 256, seed: int = 0) -> dict:
-    """Mean positions per row that the aux pass computes for splits drawn as in training: "exact" (each row's
-    own suffix), "grouped" (rows sorted into the model's length groups, each padded to its longest) and
-    "padded" (every row padded to the longest suffix of the batch)."""
-    import cgt_viz.model as model_module
-
-    groups = getattr(model_module, "_AUX_GROUPS", 1)
-    gen = torch.Generator().manual_seed(seed)
-    lo, hi = cfg.aux_min_prefix, seq - cfg.aux_min_suffix
-    cap = cfg.aux_suffix_len or seq
-    tot = {"exact": 0.0, "grouped": 0.0, "padded": 0.0}
-    for _ in range(draws):
-        split = torch.randint(lo, hi + 1, (batch,), generator=gen)
-        suffix = (seq - split).clamp(max=cap)
-        tot["exact"] += float(suffix.sum())
-        tot["padded"] += batch * float(suffix.max())
-        tot["grouped"] += sum(len(g) * float(suffix[g].max()) for g in torch.argsort(split).chunk(groups))
-    out = {k: v / (draws * batch) for k, v in tot.items()}
-    out["groups"] = groups
-    return out
-
-
-def training_flops(cfg: CGTConfig, batch: int, seq: int) -> dict:
-    """Analytic forward FLOPs of one loss evaluation (matmuls and attention; backward ≈ 2× forward), CGT / GPT,
-    with the aux pass at its mean computed length per row (exact, as grouped by the model, fully padded)."""
-    import bench_cost  # the per-token FLOP model lives there
-
-    gpt_fwd = batch * bench_cost.prefill_flops(cfg, seq, "gpt")
-    main = batch * bench_cost.prefill_flops(cfg, seq, "cgt")
-    lens = aux_padded_lengths(cfg, batch, seq)
-    out = {"gpt_forward": gpt_fwd, "cgt_main_forward": main, "aux_len_per_row": lens,
-           "ratio_main_only": main / gpt_fwd}
-    for kind in ("exact", "grouped", "padded"):
-        m = max(1, round(lens[kind]))
-        aux = batch * bench_cost.prefill_flops(cfg, m, "specialized") if cfg.w_aux > 0 else 0
-        out[f"ratio_aux_{kind}"] = (main + aux) / gpt_fwd
-    out["ratio"] = out["ratio_aux_grouped"]
-    return out
+    """common.build_models with a block long enough for the training sequence and every prompt."""
+    cgt, gpt = common.build_models(args, max(args.block_size, args.seq, max(args.prompt_lens)), device)
+    return cgt, gpt, cgt.config
 
 
 def measure_merged_forward(cgt: CGT, gpt: torch.nn.Module, device: torch.device, batch: int, seq: int,
@@ -256,8 +159,8 @@ def main(argv: list[str] | None = None) -> dict:
     cgt, gpt, cfg = build_models(args, device)
     res = {"benchmark": "bench_core", "targets": TARGETS, "config": cfg.to_dict(),
            "args": {k: v for k, v in vars(args).items()}, "environment": common.environment(device)}
-    res["training"] = measure_training(cgt, gpt, device, args.batch, args.seq, args.repeats, args.seed)
-    res["training_flops"] = training_flops(cfg, args.batch, args.seq)
+    res["training"] = common.measure_training(cgt, gpt, device, args.batch, args.seq, args.repeats, args.seed)
+    res["training_flops"] = common.training_flops(cfg, args.batch, args.seq)
     res["merged_forward"] = measure_merged_forward(cgt, gpt, device, args.batch, args.seq,
                                                    min(args.prompt_lens), args.repeats, args.seed)
     res["specialize"] = measure_specialize(cgt, gpt, device, args.prompt_lens, args.repeats, args.seed)

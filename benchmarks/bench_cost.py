@@ -45,53 +45,18 @@ TARGETS = {"ii_over_no_prompt_max": 1.05, "ii_flat_in_r_max_change": 0.05, "iv_o
 BOS = 0  # the first token of (ii) and of the no-prompt baseline
 
 
-# ---------------------------------------------------------------------------------------------- FLOP model
-def _x_block(cfg: CGTConfig, keys: int) -> int:
-    """Forward FLOPs of one x block for one query attending to `keys` keys (2 per multiply-add)."""
-    d = cfg.d_x
-    return 2 * d * 3 * d + 2 * d * d + 2 * 2 * d * cfg.mlp_ratio * d + 4 * d * keys
-
-
-def _y_block(cfg: CGTConfig, keys: int) -> int:
-    d, e = cfg.d_x, cfg.d_y
-    return 2 * (d + e) * 3 * e + 2 * e * e + 2 * (d + e) * cfg.mlp_ratio * e + 2 * cfg.mlp_ratio * e * e + 4 * e * keys
-
-
-def _templates(cfg: CGTConfig, with_coeffs: bool) -> int:
-    """Unmerged template application per token at every site (+ c(ȳ) = A ȳ + b when computed per token)."""
-    coeffs = 2 * cfg.d_y * cfg.n_templates if with_coeffs else 0
-    per_layer = sum(4 * cfg.n_templates * cfg.template_rank * cfg.site_dim(s) + coeffs for s in cfg.sites)
-    return (cfg.n_layer - cfg.y_layer) * per_layer
-
-
-def token_flops(cfg: CGTConfig, keys: int, kind: str) -> int:
-    """FLOPs to process one token that attends to `keys` keys, head included.
-    kind: "gpt" (also the merged compiled model), "cgt" (full, per-token ȳ), "specialized" (unmerged, frozen ȳ)."""
-    x = cfg.n_layer * _x_block(cfg, keys) + 2 * cfg.d_x * cfg.out_dim
-    if kind == "gpt":
-        return x
-    if kind == "cgt":
-        return x + cfg.y_layer * _y_block(cfg, keys) + _templates(cfg, with_coeffs=True)
-    if kind == "specialized":
-        return x + _templates(cfg, with_coeffs=False)
-    raise ValueError(f"kind must be 'gpt', 'cgt' or 'specialized', got {kind!r}")
-
-
-def prefill_flops(cfg: CGTConfig, t: int, kind: str) -> int:
-    """FLOPs of one causal forward over t tokens (token j attends to j keys; logits at every position)."""
-    return sum(token_flops(cfg, j, kind) for j in range(1, t + 1))
-
-
+# ---------------------------------------------------------------------------------- generation FLOPs and bytes
 def generation_flops(cfg: CGTConfig, mode: str, r: int, s: int) -> dict:
     """Analytic FLOPs per row: the first step (prefill) and the mean of the s − 1 later steps."""
+    tok, pre = common.token_flops, common.prefill_flops
     if mode in ("ii_compiled", "gpt_no_prompt"):
-        first, later = prefill_flops(cfg, 1, "gpt"), [token_flops(cfg, 1 + j, "gpt") for j in range(1, s)]
+        first, later = pre(cfg, 1, "gpt"), [tok(cfg, 1 + j, "gpt") for j in range(1, s)]
     elif mode == "iv_gpt_kvcache":
-        first, later = prefill_flops(cfg, r, "gpt"), [token_flops(cfg, r + j, "gpt") for j in range(1, s)]
+        first, later = pre(cfg, r, "gpt"), [tok(cfg, r + j, "gpt") for j in range(1, s)]
     elif mode == "i_cgt_full":
-        first, later = prefill_flops(cfg, r, "cgt"), [token_flops(cfg, r + j, "cgt") for j in range(1, s)]
+        first, later = pre(cfg, r, "cgt"), [tok(cfg, r + j, "cgt") for j in range(1, s)]
     elif mode == "iii_gpt_nocache":
-        first, later = prefill_flops(cfg, r, "gpt"), [prefill_flops(cfg, r + j, "gpt") for j in range(1, s)]
+        first, later = pre(cfg, r, "gpt"), [pre(cfg, r + j, "gpt") for j in range(1, s)]
     else:
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
     return {"first_step": first, "per_later_token": sum(later) / max(1, len(later))}
@@ -102,7 +67,7 @@ def step_bytes(cfg: CGTConfig, mode: str, r: int, s: int, batch: int, kv_elem: i
     (shared by the batch; token_flops with no keys is 2 × the weights multiplied) plus each row's KV cache.
     At batch 1 decoding is bound by this traffic, not by FLOPs. (iii) recomputes: its weights only."""
     kind = "cgt" if mode == "i_cgt_full" else "gpt"
-    weights = token_flops(cfg, 0, kind) // 2 * w_elem
+    weights = common.token_flops(cfg, 0, kind) // 2 * w_elem
     if mode == "iii_gpt_nocache":
         return float(weights)
     per_key = 2 * (cfg.n_layer * cfg.d_x + (cfg.y_layer * cfg.d_y if kind == "cgt" else 0)) * kv_elem
@@ -476,16 +441,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def build_models(args, device: torch.device) -> tuple[CGT, GPT]:
-    block = max(args.prompt_lens) + max(args.gen_lens) + 64  # room for r + s with a margin
-    cfg = CGTConfig(vocab_size=args.vocab, block_size=max(block, args.train_seq), n_layer=args.n_layer, d_x=args.d_x,
-                    n_head=args.n_head, d_y=args.d_y, n_head_y=args.n_head_y, y_layer=args.y_layer,
-                    n_templates=args.n_templates, template_rank=args.template_rank, w_aux=1.0)
-    torch.manual_seed(args.seed)
-    cgt = CGT(cfg)
-    with torch.no_grad():  # non-zero coefficients, so that the merge changes the weights
-        for layer, site in cgt.template_sites:
-            torch.nn.init.normal_(cgt.templates[str(layer)][site].coeff.weight, 0.0, 0.02)
-    return cgt.to(device).eval(), cgt.x_only().to(device).eval()
+    """common.build_models with room for r + s (and the training sequence) with a margin."""
+    block = max(args.prompt_lens) + max(args.gen_lens) + 64
+    return common.build_models(args, max(block, args.train_seq), device)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -516,9 +474,8 @@ def main(argv: list[str] | None = None) -> dict:
         res["matmul_peak"] = common.matmul_peak_flops(device)
         res["settings"], res["specialization"] = run_grid(args, cgt, gpt, device)
         if args.train_repeats:
-            import bench_core
-            res["training"] = bench_core.measure_training(cgt, gpt, device, args.train_batch, args.train_seq,
-                                                          args.train_repeats, args.seed)
+            res["training"] = common.measure_training(cgt, gpt, device, args.train_batch, args.train_seq,
+                                                      args.train_repeats, args.seed)
         res["environment"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
         res["wall_seconds"] = time.time() - started
         res["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

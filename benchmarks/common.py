@@ -1,5 +1,6 @@
 """Shared helpers for the benchmark scripts: timing (warm-up, repeats, median and spread), peak memory,
-device handling (CUDA sync, bf16 autocast) and a record of the environment.
+device handling (CUDA sync, bf16 autocast), a record of the environment, the analytic FLOP model, the
+same-size CGT / GPT pair every cost benchmark measures, and the timed training step (CGT vs GPT).
 
 Every benchmark writes plain JSON; nothing here asserts a timing target (see benchmarks/README.md).
 """
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -24,6 +25,9 @@ if str(REPO_ROOT) not in sys.path:  # `python benchmarks/x.py` puts only benchma
     sys.path.insert(0, str(REPO_ROOT))
 
 import torch  # noqa: E402
+
+if TYPE_CHECKING:  # cgt_viz is imported lazily: bench_explorer times its import
+    from cgt_viz import CGT, CGTConfig
 
 DEFAULT_RESULTS = BENCH_DIR / "results"
 README_PATH = BENCH_DIR / "README.md"
@@ -208,6 +212,154 @@ def matmul_peak_flops(device: torch.device, n: int | None = None, repeats: int =
     best = min(times)
     return {"n": n, "dtype": str(dtype).replace("torch.", ""), "flops_per_call": 2 * n ** 3,
             "seconds_best": best, "seconds_median": statistics.median(times), "flops_per_s": 2 * n ** 3 / best}
+
+
+# ---------------------------------------------------------------------------------------------- FLOP model
+def _x_block(cfg: CGTConfig, keys: int) -> int:
+    """Forward FLOPs of one x block for one query attending to `keys` keys (2 per multiply-add)."""
+    d = cfg.d_x
+    return 2 * d * 3 * d + 2 * d * d + 2 * 2 * d * cfg.mlp_ratio * d + 4 * d * keys
+
+
+def _y_block(cfg: CGTConfig, keys: int) -> int:
+    d, e = cfg.d_x, cfg.d_y
+    return 2 * (d + e) * 3 * e + 2 * e * e + 2 * (d + e) * cfg.mlp_ratio * e + 2 * cfg.mlp_ratio * e * e + 4 * e * keys
+
+
+def _templates(cfg: CGTConfig, with_coeffs: bool) -> int:
+    """Unmerged template application per token at every site (+ c(ȳ) = A ȳ + b when computed per token)."""
+    coeffs = 2 * cfg.d_y * cfg.n_templates if with_coeffs else 0
+    per_layer = sum(4 * cfg.n_templates * cfg.template_rank * cfg.site_dim(s) + coeffs for s in cfg.sites)
+    return (cfg.n_layer - cfg.y_layer) * per_layer
+
+
+def token_flops(cfg: CGTConfig, keys: int, kind: str) -> int:
+    """FLOPs to process one token that attends to `keys` keys, head included.
+    kind: "gpt" (also the merged compiled model), "cgt" (full, per-token ȳ), "specialized" (unmerged, frozen ȳ)."""
+    x = cfg.n_layer * _x_block(cfg, keys) + 2 * cfg.d_x * cfg.out_dim
+    if kind == "gpt":
+        return x
+    if kind == "cgt":
+        return x + cfg.y_layer * _y_block(cfg, keys) + _templates(cfg, with_coeffs=True)
+    if kind == "specialized":
+        return x + _templates(cfg, with_coeffs=False)
+    raise ValueError(f"kind must be 'gpt', 'cgt' or 'specialized', got {kind!r}")
+
+
+def prefill_flops(cfg: CGTConfig, t: int, kind: str) -> int:
+    """FLOPs of one causal forward over t tokens (token j attends to j keys; logits at every position)."""
+    return sum(token_flops(cfg, j, kind) for j in range(1, t + 1))
+
+
+def aux_padded_lengths(cfg: CGTConfig, batch: int, seq: int, draws: int = 256, seed: int = 0) -> dict:
+    """Mean positions per row that the aux pass computes for splits drawn as in training: "exact" (each row's
+    own suffix), "grouped" (rows in the model's own length groups, `cgt_viz.model.aux_length_groups`, each
+    padded to its longest) and "padded" (every row padded to the longest suffix of the batch)."""
+    from cgt_viz.model import AUX_LENGTH_GROUPS, aux_length_groups
+
+    gen = torch.Generator().manual_seed(seed)
+    lo, hi = cfg.aux_min_prefix, seq - cfg.aux_min_suffix
+    cap = cfg.aux_suffix_len or seq
+    tot = {"exact": 0.0, "grouped": 0.0, "padded": 0.0}
+    for _ in range(draws):
+        split = torch.randint(lo, hi + 1, (batch,), generator=gen)
+        suffix = (seq - split).clamp(max=cap)
+        tot["exact"] += float(suffix.sum())
+        tot["padded"] += batch * float(suffix.max())
+        tot["grouped"] += sum(len(g) * float(suffix[g].max()) for g in aux_length_groups(split))
+    out = {k: v / (draws * batch) for k, v in tot.items()}
+    out["groups"] = AUX_LENGTH_GROUPS
+    return out
+
+
+def training_flops(cfg: CGTConfig, batch: int, seq: int) -> dict:
+    """Analytic forward FLOPs of one loss evaluation (matmuls and attention; backward ≈ 2× forward), CGT / GPT,
+    with the aux pass at its mean computed length per row (exact, as grouped by the model, fully padded)."""
+    gpt_fwd = batch * prefill_flops(cfg, seq, "gpt")
+    main = batch * prefill_flops(cfg, seq, "cgt")
+    lens = aux_padded_lengths(cfg, batch, seq)
+    out = {"gpt_forward": gpt_fwd, "cgt_main_forward": main, "aux_len_per_row": lens,
+           "ratio_main_only": main / gpt_fwd}
+    for kind in ("exact", "grouped", "padded"):
+        m = max(1, round(lens[kind]))
+        aux = batch * prefill_flops(cfg, m, "specialized") if cfg.w_aux > 0 else 0
+        out[f"ratio_aux_{kind}"] = (main + aux) / gpt_fwd
+    out["ratio"] = out["ratio_aux_grouped"]
+    return out
+
+
+def training_step_flops(cfg: CGTConfig, batch: int, seq: int) -> dict:
+    """Analytic FLOPs of one training step (forward + backward ≈ 3 × forward), {"gpt": ..., "cgt": ...}; the
+    CGT's aux pass at the model's grouped length (training_flops' "ratio")."""
+    tf = training_flops(cfg, batch, seq)
+    return {"gpt": 3 * tf["gpt_forward"], "cgt": 3 * tf["ratio"] * tf["gpt_forward"]}
+
+
+# ---------------------------------------------------------------------------------------------- models
+def build_models(args, block_size: int, device: torch.device) -> tuple[CGT, torch.nn.Module]:
+    """The CGT of add_model_args' sizes (w_aux = 1) and a separate plain GPT of the same x size
+    (`cgt.x_only()`: its own copy of the x weights), both in eval mode on `device`. Template coefficients get
+    small random values so that specialisation really changes the weights (cost does not depend on them)."""
+    from cgt_viz import CGT, CGTConfig
+
+    cfg = CGTConfig(vocab_size=args.vocab, block_size=block_size, n_layer=args.n_layer, d_x=args.d_x,
+                    n_head=args.n_head, d_y=args.d_y, n_head_y=args.n_head_y, y_layer=args.y_layer,
+                    n_templates=args.n_templates, template_rank=args.template_rank, w_aux=1.0)
+    torch.manual_seed(args.seed)
+    cgt = CGT(cfg)
+    with torch.no_grad():
+        for layer, site in cgt.template_sites:
+            torch.nn.init.normal_(cgt.templates[str(layer)][site].coeff.weight, 0.0, 0.02)
+    gpt = cgt.x_only()
+    return cgt.to(device).eval(), gpt.to(device).eval()
+
+
+# ---------------------------------------------------------------------------------------------- training step
+def measure_training(cgt: CGT, gpt: torch.nn.Module, device: torch.device, batch: int, seq: int,
+                     repeats: int, seed: int = 0) -> dict:
+    """Seconds per training step, CGT (main + aux at the config's w_aux) vs GPT on the same (batch, seq)
+    tokens; forward only, forward + backward, and the full step with AdamW. Splits are sampled per step."""
+    cfg = cgt.config
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(device)
+    targets = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(device)
+    split_gen = torch.Generator().manual_seed(seed + 1)
+    opts = {"gpt": torch.optim.AdamW(gpt.parameters(), lr=1e-4), "cgt": torch.optim.AdamW(cgt.parameters(), lr=1e-4)}
+    models = {"gpt": gpt, "cgt": cgt}
+    for m in models.values():
+        m.train()
+
+    def loss(name: str) -> torch.Tensor:
+        with autocast(device):
+            if name == "cgt":
+                return cgt.loss(idx, targets, generator=split_gen)["total"]
+            return gpt.loss(idx, targets)["total"]
+
+    def fwd(name):
+        with torch.no_grad():
+            loss(name)
+
+    def fwd_bwd(name):
+        models[name].zero_grad(set_to_none=True)
+        loss(name).backward()
+
+    def step(name):
+        opts[name].zero_grad(set_to_none=True)
+        loss(name).backward()
+        opts[name].step()
+
+    out = {"batch": batch, "seq": seq, "w_aux": cfg.w_aux, "aux_suffix_len": cfg.aux_suffix_len}
+    for kind, fn in (("forward", fwd), ("forward_backward", fwd_bwd), ("step", step)):
+        times = time_interleaved({n: (lambda n=n: fn(n)) for n in ("gpt", "cgt")}, device, repeats)
+        out[kind] = {n: summarize(ts) for n, ts in times.items()}
+        out[kind]["ratio_median"] = ratio(out[kind]["cgt"]["median"], out[kind]["gpt"]["median"])
+        out[kind]["ratio_min"] = ratio(out[kind]["cgt"]["min"], out[kind]["gpt"]["min"])
+        # per-repeat ratios (neighbouring calls share the machine's load): their spread says how noisy it was
+        out[kind]["ratio_per_repeat"] = summarize([c / g for c, g in zip(times["cgt"], times["gpt"])])
+    for m in models.values():
+        m.zero_grad(set_to_none=True)
+        m.eval()
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- output

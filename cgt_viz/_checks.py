@@ -10,6 +10,8 @@ that names the argument, shows what was received and says what is allowed, e.g.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from typing import Any, Iterable, Sequence
 
@@ -166,3 +168,119 @@ def check_array(name: str, value: Any, ndim: int | Sequence[int], *, finite: boo
 def check_index(name: str, value: Any, n: int) -> int:
     """An int position in 0..n-1 (negative indices are refused: they hide off-by-one mistakes)."""
     return check_int(name, value, 0, n - 1)
+
+
+# ---------------------------------------------------------------------------------------------- declared
+# Parameter constraints declared once per entry point, scikit-learn style:
+#
+#     @checked(batch_size=Int(1), part=Choice("train", "val"), device=Device())
+#     def get_batch(self, batch_size, part="train", generator=None, device="cpu"): ...
+#
+# The decorator applies each constraint to the bound argument before the body runs (the body reads clean
+# values), and keeps the declarations on `fn.__contracts__`, from which `tests/test_audit.py` generates its
+# bad-argument cases: each constraint knows the values that must be refused.
+class Constraint:
+    """One argument's contract: `check(name, value)` returns the clean value or raises; `bad_values()`."""
+
+    def check(self, name: str, value: Any) -> Any:
+        raise NotImplementedError
+
+    def bad_values(self) -> list[Any]:
+        raise NotImplementedError
+
+
+class Int(Constraint):
+    def __init__(self, lo: int | None = None, hi: int | None = None, *, none: bool = False, hint: str = ""):
+        self.lo, self.hi, self.none, self.hint = lo, hi, none, hint
+
+    def check(self, name, value):
+        return check_int(name, value, self.lo, self.hi, allow_none=self.none, hint=self.hint)
+
+    def bad_values(self):
+        out = [2.5, "4", True] + ([] if self.none else [None])
+        if self.lo is not None:
+            out.append(self.lo - 1)
+        if self.hi is not None:
+            out.append(self.hi + 1)
+        return out
+
+
+class Float(Constraint):
+    def __init__(self, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
+                 hi_open: bool = False, none: bool = False, hint: str = ""):
+        self.lo, self.hi, self.lo_open, self.hi_open, self.none, self.hint = lo, hi, lo_open, hi_open, none, hint
+
+    def check(self, name, value):
+        return check_float(name, value, self.lo, self.hi, lo_open=self.lo_open, hi_open=self.hi_open,
+                           allow_none=self.none, hint=self.hint)
+
+    def bad_values(self):
+        out = [math.nan, math.inf, "0.5"] + ([] if self.none else [None])
+        if self.lo is not None:
+            out.append(self.lo if self.lo_open else self.lo - 1.0)
+        if self.hi is not None:
+            out.append(self.hi if self.hi_open else self.hi + 1.0)
+        return out
+
+
+class Choice(Constraint):
+    def __init__(self, *choices: Any, none: bool = False):
+        self.choices, self.none = choices, none
+
+    def check(self, name, value):
+        return check_choice(name, value, self.choices, allow_none=self.none)
+
+    def bad_values(self):
+        return ["nonsense", 3] + ([] if self.none else [None])
+
+
+class Bool(Constraint):
+    def check(self, name, value):
+        return check_bool(name, value)
+
+    def bad_values(self):
+        return ["yes", 1, None]
+
+
+class Device(Constraint):
+    def __init__(self, *, auto: bool = False):
+        self.auto = auto
+
+    def check(self, name, value):
+        return check_device(name, value, allow_auto=self.auto)
+
+    def bad_values(self):
+        return ["nonsense", 5]
+
+
+class Generator(Constraint):
+    """None or a torch.Generator (seeded by the caller)."""
+
+    def check(self, name, value):
+        if value is not None and not isinstance(value, torch.Generator):
+            raise TypeError(f"{name} must be None or a torch.Generator, got {describe(value)}")
+        return value
+
+    def bad_values(self):
+        return [3, "seed"]
+
+
+def checked(**constraints: Constraint):
+    """Decorator: apply the declared constraints to the named arguments at every call (see above)."""
+    def decorate(fn):
+        sig = inspect.signature(fn)
+        unknown = sorted(set(constraints) - set(sig.parameters))
+        if unknown:
+            raise TypeError(f"checked() declares {unknown}, which {fn.__qualname__} does not take")
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            bound = sig.bind(*args, **kwargs)
+            for name, constraint in constraints.items():
+                if name in bound.arguments:
+                    bound.arguments[name] = constraint.check(name, bound.arguments[name])
+            return fn(*bound.args, **bound.kwargs)
+
+        wrapper.__contracts__ = dict(constraints)
+        return wrapper
+    return decorate

@@ -8,18 +8,19 @@ L labels, m suffix positions.
 """
 from __future__ import annotations
 
-import contextlib
 import html
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from ._checks import check_array, check_choice, check_float, check_int, describe, is_int
 from .layers import SITE_WEIGHTS
-from .model import per_position_loss, validate_inputs
-from .sequences import (IGNORE_INDEX, ByteTokenizer, Sequences, _as_model_input, _device, concat_sequences, eval_mode,  # noqa: F401
+from .comparison import comparison_logits
+from .contracts import check_inputs, check_ybar_array
+from .losses import per_position_loss
+from .sequences import (IGNORE_INDEX, ByteTokenizer, Sequences, as_model_input, model_device, concat_sequences, eval_mode,  # noqa: F401
                         label_boundary, model_task, prepare_sequences, require_cgt, token_strings,
                         check_baseline, check_lengths, check_scored, check_templates)
 
@@ -31,9 +32,9 @@ PROJECTIONS = ("pca", "umap", "tsne")
 def collect_ybar(model, inputs: torch.Tensor, batch_size: int = 64) -> np.ndarray:
     """ȳ at every position: inputs (n, t) -> (n, t, e) float32, in chunks of batch_size sequences."""
     require_cgt(model)
-    inputs = validate_inputs(model.config, inputs, "inputs")
+    inputs = check_inputs(model.config, inputs, "inputs")
     check_int("batch_size", batch_size, 1)
-    dev = _device(model)
+    dev = model_device(model)
     with eval_mode(model):
         chunks = [model.context(inputs[i:i + batch_size].to(dev)).float().cpu()
                   for i in range(0, inputs.shape[0], batch_size)]
@@ -44,7 +45,7 @@ def collect_ybar(model, inputs: torch.Tensor, batch_size: int = 64) -> np.ndarra
 def collect_cache(model, inputs: torch.Tensor, names: Sequence[str], batch_size: int = 64) -> dict[str, np.ndarray]:
     """The named outputs of `run_with_cache` (e.g. "ybar", "coeffs.3.attn_in"): {name: (n, t, ...)}."""
     require_cgt(model)
-    inputs = validate_inputs(model.config, inputs, "inputs")
+    inputs = check_inputs(model.config, inputs, "inputs")
     check_int("batch_size", batch_size, 1)
     allowed = model.cache_names()
     if isinstance(names, (str, bytes)) or not isinstance(names, (list, tuple)) or not names:
@@ -52,11 +53,11 @@ def collect_cache(model, inputs: torch.Tensor, names: Sequence[str], batch_size:
     unknown = [nm for nm in names if not isinstance(nm, str) or nm not in allowed]
     if unknown:
         raise ValueError(f"names must be cache names of this model, got {unknown}; allowed: {allowed}")
-    dev = _device(model)
+    dev = model_device(model)
     out: dict[str, list[torch.Tensor]] = {nm: [] for nm in names}
     with eval_mode(model):
         for i in range(0, inputs.shape[0], batch_size):
-            _, cache = model.run_with_cache(inputs[i:i + batch_size].to(dev))
+            _, cache = model.run_with_cache(inputs[i:i + batch_size].to(dev), names=list(names))
             for nm in names:
                 out[nm].append(cache[nm].float().cpu())
     return {nm: torch.cat(v).numpy() for nm, v in out.items()}
@@ -402,18 +403,8 @@ def parse_site(model, site: Any) -> tuple[int, str]:
 def site_coefficients(model, ybar: np.ndarray, site: Any) -> np.ndarray:
     """c^κ(ȳ) for one site: ybar (..., e) -> (..., K)."""
     layer, name = parse_site(model, site)
-    temp = model.templates[str(layer)][name]
-    y = _check_ybar(model, "ybar", ybar, (1, 2, 3), "(..., d_y)")
-    return temp.coefficients(_as_model_input(model, y)).float().cpu().numpy()
-
-
-def _check_ybar(model, name: str, ybar: Any, ndim: tuple[int, ...], shape: str) -> np.ndarray:
-    """Finite summaries whose last dimension is the model's d_y -> float32."""
-    arr = check_array(name, ybar, ndim, what=shape)
-    d_y = model.config.d_y
-    if arr.shape[-1] != d_y:
-        raise ValueError(f"{name} must have shape {shape} with d_y = {d_y} values last, got shape {arr.shape}")
-    return arr.astype(np.float32)
+    y = check_ybar_array(model.config, ybar, "ybar", (1, 2, 3), "(..., d_y)")
+    return model.coefficients(as_model_input(model, y))[f"{layer}.{name}"].float().cpu().numpy()
 
 
 def mean_abs_by_label(coeffs: np.ndarray, labels: np.ndarray) -> tuple[list, np.ndarray]:
@@ -432,38 +423,15 @@ def delta_w_singular_values(model, ybar_vec: np.ndarray, site: Any) -> np.ndarra
     """Singular values of the effective update ΔW(ȳ) = B @ A at one site for one summary ȳ (e,) -> (K·r,)."""
     layer, name = parse_site(model, site)
     weight_name = f"blocks.{layer - 1}.{SITE_WEIGHTS[name]}.weight"
-    y = _check_ybar(model, "ybar_vec", ybar_vec, (1, 2, 3), "(d_y,)")
+    y = check_ybar_array(model.config, ybar_vec, "ybar_vec", (1, 2, 3), "(d_y,)")
     if y.ndim != 1:
         raise ValueError(f"ybar_vec must be one summary of shape (d_y,), got shape {y.shape}")
-    y = _as_model_input(model, y)
+    y = as_model_input(model, y)
     lora_a, lora_b = model.lora_factors(y)[weight_name]                 # A (K·r, i), B (o, K·r)
     # ΔW = B A has rank ≤ K·r: its singular values are those of R_B R_Aᵀ from two thin QRs (cheap)
     r_b = torch.linalg.qr(lora_b.double())[1]
     r_a = torch.linalg.qr(lora_a.double().T)[1]
     return torch.linalg.svdvals(r_b @ r_a.T).float().cpu().numpy()
-
-
-@contextlib.contextmanager
-def ablated_template(model, site: Any, k: int) -> Iterator[None]:
-    """Zero template k's coefficient at one site (row k of A and b in c = A ȳ + b), restore on exit."""
-    layer, name = parse_site(model, site)
-    coeff = model.templates[str(layer)][name].coeff
-    K = coeff.weight.shape[0]
-    if not is_int(k) or not 0 <= k < K:
-        raise (ValueError if is_int(k) else TypeError)(f"k must be a template index in 0..{K - 1}, got {describe(k)}")
-    saved_w = coeff.weight.data[k].clone()
-    saved_b = None if coeff.bias is None else coeff.bias.data[k].clone()
-    with torch.no_grad():
-        coeff.weight[k] = 0
-        if coeff.bias is not None:
-            coeff.bias[k] = 0
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            coeff.weight[k] = saved_w
-            if saved_b is not None:
-                coeff.bias[k] = saved_b
 
 
 def _masked_mean(loss: torch.Tensor, valid: torch.Tensor, dim=None) -> torch.Tensor:
@@ -477,38 +445,35 @@ def _masked_mean(loss: torch.Tensor, valid: torch.Tensor, dim=None) -> torch.Ten
 @torch.no_grad()
 def template_ablation(model, inputs: torch.Tensor, targets: torch.Tensor, site: Any,
                       loss_mask: torch.Tensor | None = None, templates: Sequence[int] | None = None) -> dict:
-    """Δ main loss when one template's coefficient is zeroed: {"base": float, "templates": (k,), "delta": (k,)}.
-    inputs, targets, loss_mask as for `model.loss`; the model's weights are restored afterwards."""
+    """Δ main loss when one template is switched off (c_k = 0, `model(..., ablate=...)`): {"base": float,
+    "templates": (k,), "delta": (k,)}. inputs, targets, loss_mask as for `model.loss`; nothing in the model changes."""
     layer, name = parse_site(model, site)
-    K = model.templates[str(layer)][name].coeff.weight.shape[0]
+    K = model.config.n_templates
     ks = list(range(K)) if templates is None else check_templates(templates, K)
     inputs, targets, loss_mask = check_scored(model, inputs, targets, loss_mask)
-    dev = _device(model)
+    dev = model_device(model)
     inputs, targets = inputs.to(dev), targets.to(dev)
     loss_mask = None if loss_mask is None else loss_mask.to(dev)
 
-    def main_loss() -> float:
-        return float(_masked_mean(*per_position_loss(model.config.mode, model(inputs), targets, loss_mask)))
+    def main_loss(ablate=None) -> float:
+        return float(_masked_mean(*per_position_loss(model.config.mode, model(inputs, ablate=ablate), targets, loss_mask)))
 
     with eval_mode(model):
         base = main_loss()
-        delta = []
-        for k in ks:
-            with ablated_template(model, (layer, name), k):
-                delta.append(main_loss() - base)
+        delta = [main_loss({f"{layer}.{name}": [k]}) - base for k in ks]
     return {"base": base, "templates": np.array(ks), "delta": np.array(delta)}
 
 
 # ---------------------------------------------------------------------------------------------- compare
 @torch.no_grad()
 def compare_losses(model, inputs: torch.Tensor, targets: torch.Tensor, split: int,
-                   loss_mask: torch.Tensor | None = None, baseline: torch.nn.Module | None = None) -> dict:
+                   loss_mask: torch.Tensor | None = None, no_context: torch.nn.Module | None = None) -> dict:
     """Per-position loss after the split s, averaged over rows: prompted (full model, prompt in context),
-    specialised (ȳ frozen at token s−1, suffix alone), no_context (`x_only()`, suffix alone).
+    specialized (ȳ frozen at token s−1, suffix alone), no_context (`x_only()`, suffix alone); see `comparison`.
 
     inputs (n, t), targets (n, t), split int in 1..t−1 -> {"position": (m,) = s..t−1, "prompted",
-    "specialised", "no_context": (m,) each (NaN where no row scores that position)}.
-    baseline: a cached `model.x_only()` to reuse (made here when None).
+    "specialized", "no_context": (m,) each (NaN where no row scores that position)}.
+    no_context: a cached `model.x_only()` to reuse (made here when None).
     """
     require_cgt(model)
     inputs, targets, loss_mask = check_scored(model, inputs, targets, loss_mask)
@@ -517,21 +482,18 @@ def compare_losses(model, inputs: torch.Tensor, targets: torch.Tensor, split: in
         raise ValueError(f"inputs must have at least 2 positions to split into a prefix and a suffix, got shape "
                          f"{tuple(inputs.shape)}")
     split = check_int("split", split, 1, t - 1, hint=" (prefix and suffix non-empty)")
-    if baseline is not None:
-        check_baseline(model, baseline)
-    dev, mode = _device(model), model.config.mode
+    if no_context is not None:
+        check_baseline(model, no_context, "no_context")
+    dev, mode = model_device(model), model.config.mode
     inputs, targets = inputs.to(dev), targets.to(dev)
     mask = None if loss_mask is None else loss_mask.to(dev)
-    suffix, tail = inputs[:, split:], targets[:, split:]
+    tail = targets[:, split:]
     tail_mask = None if mask is None else mask[:, split:]
-    baseline = model.x_only() if baseline is None else baseline
-    with eval_mode(model), eval_mode(baseline):
-        full = model(inputs)[:, split:]
-        ybar = model.context(inputs[:, :split])[:, -1]                      # (n, e): summary of the prefix
-        spec = model.forward_specialized(suffix, ybar)
-        plain = baseline(suffix)
+    no_context = model.x_only() if no_context is None else no_context
+    with eval_mode(model), eval_mode(no_context):
+        outs = comparison_logits(model, inputs, split, no_context)
     out = {"position": np.arange(split, t)}
-    for key, logits in (("prompted", full), ("specialised", spec), ("no_context", plain)):
+    for key, logits in outs.items():
         out[key] = _masked_mean(*per_position_loss(mode, logits, tail, tail_mask), dim=0).cpu().numpy()
     return out
 

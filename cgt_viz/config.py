@@ -9,11 +9,23 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
-from ._checks import check_bool, check_choice, check_float, check_int, describe
+from ._checks import Bool, Choice, Float, Int, check_int, describe
 
 SITES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
 SMOOTH_KINDS = ("l2", "vae", "relative")
 Y_READS = ("post", "pre")
+
+# Each field's own contract; `validate` applies these, then the checks that relate fields to each other.
+FIELD_CONSTRAINTS = {
+    "block_size": Int(1), "n_layer": Int(2, hint=" (layers 1..y_layer carry y, the rest are modulated)"),
+    "d_x": Int(1), "n_head": Int(1), "mlp_ratio": Int(1), "dropout": Float(0.0, 1.0, hi_open=True), "bias": Bool(),
+    "d_y": Int(1), "n_head_y": Int(1), "y_reads": Choice(*Y_READS), "y_pos": Bool(),
+    "n_templates": Int(1), "template_rank": Int(1),
+    "w_aux": Float(0.0), "w_smooth": Float(0.0), "smooth": Choice(*SMOOTH_KINDS),
+    "vae_sigma": Float(0.0, lo_open=True), "vae_tau": Float(0.0, lo_open=True),
+    "aux_min_prefix": Int(1), "aux_min_suffix": Int(1), "aux_suffix_len": Int(1, none=True),
+    "aux_row_fraction": Float(0.0, 1.0, lo_open=True),
+}
 
 
 @dataclass
@@ -41,7 +53,7 @@ class CGTConfig:
     template_rank: int = 1             # r
     sites: tuple[str, ...] = ("attn_in", "mlp_in")   # subset of SITES
     # --- losses: total = main + w_aux * aux + w_smooth * smooth ---
-    w_aux: float = 1.0                 # w_C, auxiliary specialisation loss
+    w_aux: float = 1.0                 # w_C, auxiliary specialization loss
     w_smooth: float = 0.0              # w_D, smoothness of ybar along the sequence
     smooth: str = "l2"                 # "l2": mean ||ybar_t − ybar_{t−1}||²; "vae": noisy ybar + KL;
                                        # "relative": l2 / (2 · variance of ybar over the batch), see model.py
@@ -50,6 +62,7 @@ class CGTConfig:
     aux_min_prefix: int = 1            # s_min: the split leaves at least this many prefix tokens
     aux_min_suffix: int = 1            # m_min: ... and at least this many suffix tokens
     aux_suffix_len: int | None = None  # if set, the aux pass sees only this many suffix tokens
+    aux_row_fraction: float = 1.0      # in training, the aux pass runs on this random share of the rows (>= 1 row)
     extra: dict = field(default_factory=dict)  # free-form metadata (task name, tokenizer, ...)
 
     def __post_init__(self) -> None:
@@ -72,24 +85,13 @@ class CGTConfig:
         else:
             check_int("input_dim", self.input_dim, 1)
             check_int("output_dim", self.output_dim, 1, allow_none=True)
-        check_int("block_size", self.block_size, 1)
-        check_int("n_layer", self.n_layer, 2, hint=" (layers 1..y_layer carry y, the rest are modulated)")
-        check_int("d_x", self.d_x, 1)
-        check_int("n_head", self.n_head, 1)
+        for name, constraint in FIELD_CONSTRAINTS.items():
+            constraint.check(name, getattr(self, name))
         if self.d_x % self.n_head:
             raise ValueError(f"d_x must be divisible by n_head; got d_x={self.d_x}, n_head={self.n_head}")
-        check_int("mlp_ratio", self.mlp_ratio, 1)
-        check_float("dropout", self.dropout, 0.0, 1.0, hi_open=True)
-        check_bool("bias", self.bias)
-        check_int("d_y", self.d_y, 1)
-        check_int("n_head_y", self.n_head_y, 1)
         if self.d_y % self.n_head_y:
             raise ValueError(f"d_y must be divisible by n_head_y; got d_y={self.d_y}, n_head_y={self.n_head_y}")
         check_int("y_layer", self.y_layer, 1, self.n_layer - 1, hint=" (1..n_layer-1)")
-        check_choice("y_reads", self.y_reads, Y_READS)
-        check_bool("y_pos", self.y_pos)
-        check_int("n_templates", self.n_templates, 1)
-        check_int("template_rank", self.template_rank, 1)
         if not self.sites:
             raise ValueError(f"sites must name at least one of {SITES}, got an empty tuple ()")
         for s in self.sites:
@@ -97,18 +99,10 @@ class CGTConfig:
                 raise ValueError(f"sites must be names from {SITES}; unknown site {s!r} in sites={self.sites}")
         if len(set(self.sites)) != len(self.sites):
             raise ValueError(f"sites must not repeat a name, got {self.sites}")
-        check_float("w_aux", self.w_aux, 0.0)
-        check_float("w_smooth", self.w_smooth, 0.0)
-        check_choice("smooth", self.smooth, SMOOTH_KINDS)
-        check_float("vae_sigma", self.vae_sigma, 0.0, lo_open=True)
-        check_float("vae_tau", self.vae_tau, 0.0, lo_open=True)
-        check_int("aux_min_prefix", self.aux_min_prefix, 1)
-        check_int("aux_min_suffix", self.aux_min_suffix, 1)
         if self.aux_min_prefix + self.aux_min_suffix > self.block_size:
             raise ValueError(f"aux_min_prefix + aux_min_suffix must be <= block_size = {self.block_size} (a split "
                              f"must fit in the longest sequence), got aux_min_prefix={self.aux_min_prefix}, "
                              f"aux_min_suffix={self.aux_min_suffix}")
-        check_int("aux_suffix_len", self.aux_suffix_len, 1, allow_none=True)
         if not isinstance(self.extra, dict):
             raise TypeError(f"extra must be a dict (free-form metadata), got {describe(self.extra)}")
 
@@ -127,7 +121,7 @@ class CGTConfig:
 
     def site_dim(self, site: str) -> int:
         """Width of the input of the linear map at `site` (what the template acts on)."""
-        check_choice("site", site, SITES)
+        Choice(*SITES).check("site", site)
         return self.mlp_ratio * self.d_x if site == "mlp_out" else self.d_x
 
     # ------------------------------------------------------------------ (de)serialisation

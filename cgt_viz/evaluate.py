@@ -15,7 +15,7 @@ the held-out queries):
     gap closed  G = (L_no_context − L_specialized) / (L_no_context − L_prompted)
 
 G = 1: the compiled model is as good as the prompted one; G = 0: compiling bought nothing. G can exceed
-1 when the specialised model beats the prompted one (the auxiliary loss trains it directly on queries).
+1 when the specialized model beats the prompted one (the auxiliary loss trains it directly on queries).
 For SyntheticICL the held-out queries are values u that never occur in the prompt, so copying cannot help.
 """
 from __future__ import annotations
@@ -28,12 +28,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_array, check_choice, check_float, check_int, describe, is_int, is_number
-from .model import CGT, GPT, check_task_fits, per_position_loss
-from .sequences import _device, check_baseline, eval_mode, require_text_task
+from ._checks import Bool, Choice, Float, Int, check_array, check_float, check_int, checked, describe, is_int, is_number
+from .comparison import MODES, comparison_logits
+from .losses import per_position_loss
+from .model import CGT, GPT
+from .tasks.base import check_task_fits
+from .sequences import model_device, check_baseline, eval_mode, require_text_task
 
 
-MODES = ("prompted", "specialized", "no_context", "baseline")
 
 
 # ---------------------------------------------------------------------------- small helpers
@@ -82,10 +84,11 @@ def _check_k_values(k_values: Any, task) -> tuple[int, ...]:
 
 # ---------------------------------------------------------------------------- the comparison
 @torch.no_grad()
+@checked(n_batches=Int(1), batch_size=Int(1), seed=Int(0), check_merged=Bool())
 def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4, 8, 16), n_batches: int = 4,
                             batch_size: int = 64, baseline: GPT | None = None, seed: int = 0,
                             check_merged: bool = True) -> list[dict[str, Any]]:
-    """Prompted vs specialised vs no-context (vs baseline GPT) on held-out queries after k demonstrations.
+    """Prompted vs specialized vs no-context (vs baseline GPT) on held-out queries after k demonstrations.
 
     model      a CGT; task: any task with `eval_batch(k, batch_size, generator, device)` (all built-in tasks)
     k_values   prompt sizes (demonstrations for icl/regression, prompt tokens for text)
@@ -101,12 +104,9 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
     if baseline is not None:
         check_baseline(model, baseline)
         check_task_fits(baseline, task, "task", needs="eval_batch")
-    check_int("n_batches", n_batches, 1)
-    check_int("batch_size", batch_size, 1)
-    check_int("seed", seed, 0)
     check_task_fits(model, task, needs="eval_batch")
     ks = _check_k_values(k_values, task)
-    cfg, device = model.config, _device(model)
+    cfg, device = model.config, model_device(model)
     x_only = model.x_only().eval()
     rows, merge_diff = [], float("nan")
     with eval_mode(model), (eval_mode(baseline) if baseline is not None else contextlib.nullcontext()):
@@ -122,12 +122,7 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
                 s = int(split[0])
                 prompt, queries = batch.inputs[:, :s], batch.inputs[:, s:]
                 targets, mask = batch.targets[:, s:], batch.loss_mask[:, s:].bool()
-                ybar = model.context(prompt)[:, -1]                               # (b, e)
-                outs = {"prompted": model(batch.inputs)[:, s:],
-                        "specialized": model.forward_specialized(queries, ybar),
-                        "no_context": x_only(queries)}
-                if baseline is not None:
-                    outs["baseline"] = baseline(batch.inputs)[:, s:]
+                outs = comparison_logits(model, batch.inputs, s, x_only, baseline)
                 if check_merged and math.isnan(merge_diff):
                     merged = model.specialize(prompt[0])
                     merged_out = merged(queries[:1])
@@ -155,11 +150,11 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
 
 
 # ---------------------------------------------------------------------------- statistics over seeds
+@checked(level=Float(0.0, 1.0, lo_open=True, hi_open=True))
 def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
     """Mean and half-width of the t-interval at `level` (half-width NaN for fewer than 2 finite values).
 
     values: numbers; None, NaN and inf are skipped (e.g. a column that is NaN without a baseline)."""
-    check_float("level", level, 0.0, 1.0, lo_open=True, hi_open=True)
     if isinstance(values, (torch.Tensor, np.ndarray)):
         values = np.asarray(values.detach().cpu() if isinstance(values, torch.Tensor) else values).ravel().tolist()
     if isinstance(values, (str, bytes, dict)) or not isinstance(values, Iterable):
@@ -179,6 +174,7 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float]
     return float(arr.mean()), float(half)
 
 
+@checked(level=Float(0.0, 1.0, lo_open=True, hi_open=True))
 def seeds_summary(runs: Sequence[Sequence[dict]], by: str = "k", level: float = 0.95) -> list[dict[str, Any]]:
     """Mean ± interval over seeds of every numeric column.
 
@@ -188,7 +184,6 @@ def seeds_summary(runs: Sequence[Sequence[dict]], by: str = "k", level: float = 
     """
     if not isinstance(runs, (list, tuple)) or not runs or any(not isinstance(r, (list, tuple)) for r in runs):
         raise TypeError(f"runs must be a non-empty list with one list of rows (dicts) per seed, got {describe(runs)}")
-    check_float("level", level, 0.0, 1.0, lo_open=True, hi_open=True)
     groups: dict[Any, list[dict]] = {}
     for rows in runs:
         for row in rows:
@@ -211,6 +206,7 @@ def seeds_summary(runs: Sequence[Sequence[dict]], by: str = "k", level: float = 
 
 # ---------------------------------------------------------------------------- what ȳ encodes
 @torch.no_grad()
+@checked(k=Int(1), n_batches=Int(1), batch_size=Int(1), seed=Int(0))
 def collect_summaries(model: CGT, task, k: int = 8, n_batches: int = 4, batch_size: int = 128,
                       seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """ȳ at the last token of a k-demonstration prompt and the hidden numbers it should encode.
@@ -219,12 +215,8 @@ def collect_summaries(model: CGT, task, k: int = 8, n_batches: int = 4, batch_si
     """
     if not isinstance(model, CGT):
         raise TypeError(f"model must be a CGT, got {describe(model)}")
-    check_int("k", k, 1)
-    check_int("n_batches", n_batches, 1)
-    check_int("batch_size", batch_size, 1)
-    check_int("seed", seed, 0)
     check_task_fits(model, task, needs="eval_batch")
-    device, gen = _device(model), torch.Generator().manual_seed(seed)
+    device, gen = model_device(model), torch.Generator().manual_seed(seed)
     feats, targets = [], []
     with eval_mode(model):
         for _ in range(n_batches):
@@ -238,6 +230,7 @@ def collect_summaries(model: CGT, task, k: int = 8, n_batches: int = 4, batch_si
     return np.concatenate(feats), np.concatenate(targets)
 
 
+@checked(kind=Choice("auto", "classification", "regression"), test_fraction=Float(0.0, 1.0, lo_open=True, hi_open=True), seed=Int(0))
 def linear_probe(features, targets, kind: str = "auto", test_fraction: float = 0.25, seed: int = 0) -> dict[str, Any]:
     """How well a linear map decodes each target column from ȳ, on held-out rows.
 
@@ -257,13 +250,10 @@ def linear_probe(features, targets, kind: str = "auto", test_fraction: float = 0
     if X.shape[0] != Y.shape[0]:
         raise ValueError(f"features must be (n, e) and targets (n,) or (n, m) with the same n; "
                          f"got {X.shape} and {np.shape(targets)}")
-    check_choice("kind", kind, ("auto", "classification", "regression"))
-    check_float("test_fraction", test_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
     n_test = math.ceil(test_fraction * X.shape[0])       # how train_test_split rounds
     if X.shape[0] - n_test < 2:
         raise ValueError(f"test_fraction must leave at least 2 of the {X.shape[0]} rows for training, "
                          f"got {test_fraction}")
-    check_int("seed", seed, 0)
     if kind == "auto":
         kind = "regression" if np.issubdtype(Y.dtype, np.floating) else "classification"   # ints, bools, strings
     if kind == "regression" and not np.issubdtype(Y.dtype, np.number):
@@ -335,7 +325,7 @@ def text_position_curves(model: CGT, task, split: int | None = None, boundary: i
 
     Rows have excerpt A at positions < boundary and excerpt B from boundary on (default boundary =
     block_size // 2, split = boundary // 2). Prompted: the full CGT on the whole row; specialized: ȳ at
-    position split − 1, the x-only specialised model on positions split.. alone; no_context: x_only on the
+    position split − 1, the x-only specialized model on positions split.. alone; no_context: x_only on the
     same positions. Returns positions (m,) (absolute, split..t−1), loss_prompted/specialized/no_context (m,)
     means over rows, plus split, boundary and n_rows.
     """
@@ -344,18 +334,14 @@ def text_position_curves(model: CGT, task, split: int | None = None, boundary: i
     boundary = t // 2 if boundary is None else check_int("boundary", boundary, 1, t - 1)
     split = boundary // 2 if split is None else split
     check_int("split", split, 1, t - 1)
-    device, gen = _device(model), torch.Generator().manual_seed(seed)
+    device, gen = model_device(model), torch.Generator().manual_seed(seed)
     x_only = model.x_only().eval()
-    sums = {m: torch.zeros(t - split) for m in ("prompted", "specialized", "no_context")}
+    sums = {m: torch.zeros(t - split) for m in MODES[:3]}
     with eval_mode(model):
         for _ in range(n_batches):
             batch = task.get_batch(batch_size, part=part, generator=gen, device=device, boundary=boundary)
-            suffix, targets = batch.inputs[:, split:], batch.targets[:, split:]
-            ybar = model.context(batch.inputs[:, :split])[:, -1]
-            outs = {"prompted": model(batch.inputs)[:, split:],
-                    "specialized": model.forward_specialized(suffix, ybar),
-                    "no_context": x_only(suffix)}
-            for mode, out in outs.items():
+            targets = batch.targets[:, split:]
+            for mode, out in comparison_logits(model, batch.inputs, split, x_only).items():
                 sums[mode] += _per_position(model.config, out, targets)[0].sum(0).cpu()
     n = n_batches * batch_size
     res: dict[str, Any] = {"positions": np.arange(split, t), "split": split, "boundary": boundary, "n_rows": n}
@@ -371,7 +357,7 @@ def collect_excerpt_ends(model: CGT, task, n_batches: int = 8, batch_size: int =
 
     Returns features (2n, d_y) and topic labels (2n,)."""
     _check_text_call(model, task, n_batches, batch_size, seed)
-    device, gen = _device(model), torch.Generator().manual_seed(seed)
+    device, gen = model_device(model), torch.Generator().manual_seed(seed)
     feats, labels = [], []
     with eval_mode(model):
         for _ in range(n_batches):
@@ -383,6 +369,7 @@ def collect_excerpt_ends(model: CGT, task, n_batches: int = 8, batch_size: int =
     return torch.cat(feats).float().cpu().numpy(), torch.cat(labels).cpu().numpy()
 
 
+@checked(seed=Int(0))
 def knn_topic_accuracy(features, labels, n_neighbors: int = 5, folds: int = 5, seed: int = 0) -> float:
     """Cross-validated k-nearest-neighbour accuracy (cosine metric) of labels from features (n, e).
 
@@ -402,7 +389,6 @@ def knn_topic_accuracy(features, labels, n_neighbors: int = 5, folds: int = 5, s
         raise ValueError(f"labels must have at least 2 examples of every class for cross-validation; the "
                          f"smallest class has {int(counts.min())}")
     check_int("folds", folds, 2, int(counts.min()), hint=" (folds <= the size of the smallest class)")
-    check_int("seed", seed, 0)
     # the smallest training fold: every class gives up at most ceil(count / folds) rows to the test fold
     n_train = int(X.shape[0] - np.ceil(counts / folds).sum())
     check_int("n_neighbors", n_neighbors, 1, n_train, hint=f" (the rows of a training fold with folds={folds})")

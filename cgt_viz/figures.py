@@ -243,19 +243,19 @@ def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: s
 
 
 # ---------------------------------------------------------------------------------------------- compare
-CURVE_KEYS = {   # accepted spellings: analysis.compare_losses and evaluate.text_position_curves
+CURVE_KEYS = {   # analysis.compare_losses names the curves by mode; evaluate.text_position_curves adds "loss_"
     "position": ("position", "positions"),
     "prompted": ("prompted", "loss_prompted"),
-    "specialised": ("specialised", "specialized", "loss_specialised", "loss_specialized"),
+    "specialized": ("specialized", "loss_specialized"),
     "no_context": ("no_context", "loss_no_context"),
 }
 
 
 def compare_figure(losses: dict, *, boundary: float | None = None, split: int | None = None,
                    title: str | None = None, ylabel: str = "loss", height: int = 420) -> go.Figure:
-    """Per-position loss after the split: prompted, specialised (ȳ frozen at the split), no context.
+    """Per-position loss after the split: prompted, specialized (ȳ frozen at the split), no context.
 
-    losses: {"position": (m,), "prompted": (m,), "specialised": (m,), "no_context": (m,)} as returned by
+    losses: {"position": (m,), "prompted": (m,), "specialized": (m,), "no_context": (m,)} as returned by
     `analysis.compare_losses` (or the "positions" / "loss_<mode>" dict of `evaluate.text_position_curves`);
     boundary: the topic switch (red dashed line); split: s (black dotted line).
     """
@@ -270,7 +270,7 @@ def compare_figure(losses: dict, *, boundary: float | None = None, split: int | 
     split = check_int("split", split, allow_none=True)
     height = check_height("height", height)
     fig = go.Figure()
-    styles = {"prompted": ("#1f77b4", "solid"), "specialised": ("#d62728", "solid"), "no_context": ("#7f7f7f", "dot")}
+    styles = {"prompted": ("#1f77b4", "solid"), "specialized": ("#d62728", "solid"), "no_context": ("#7f7f7f", "dot")}
     for name, (color, dash) in styles.items():
         key = found[name]
         if key is not None:

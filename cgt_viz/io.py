@@ -121,3 +121,18 @@ class PretrainedMixin:
             raise ValueError(f"weights in {str(path)!r} do not match the config: missing {missing[:5]}, "
                              f"unexpected {unexpected[:5]}")
         return model.to(device)
+
+
+def fold_affine_ln_y(module, state_dict, prefix, *args) -> None:
+    """Load-time migration of CGT checkpoints written when LN_y had a gain g and bias β: fold them into every
+    coefficient map, exactly: A (g ⊙ ŷ + β) + b = (A diag g) ŷ + (A β + b)."""
+    gain = state_dict.pop(prefix + "ln_y.weight", None)
+    shift = state_dict.pop(prefix + "ln_y.bias", None)
+    if gain is None and shift is None:
+        return
+    for key in [k for k in state_dict if k.startswith(prefix + "templates.") and k.endswith(".coeff.weight")]:
+        weight, bias_key = state_dict[key], key[:-len("weight")] + "bias"
+        if shift is not None:
+            state_dict[bias_key] = state_dict[bias_key] + weight @ shift
+        if gain is not None:
+            state_dict[key] = weight * gain

@@ -78,10 +78,10 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.append(k, v)
         t, s = q.shape[2], k.shape[2]
-        mask, causal = None, False
-        if past == 0:
-            causal = t > 1
-        elif t > 1:  # several new queries after a cached past: query i sees keys ≤ past + i
+        # no past: plain causal attention (right for one query too; a Python bool, so torch.compile does not
+        # break the graph on a symbolic t > 1)
+        mask, causal = None, past == 0
+        if past and t > 1:  # several new queries after a cached past: query i sees keys ≤ past + i
             mask = torch.arange(s, device=h.device)[None, :] <= (past + torch.arange(t, device=h.device))[:, None]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                              dropout_p=self.dropout if self.training else 0.0)
@@ -182,3 +182,15 @@ SITE_WEIGHTS = {
     "mlp_in": "mlp.c_fc",
     "mlp_out": "mlp.c_proj",
 }
+
+
+def init_weights(module: nn.Module, n_layer: int) -> None:
+    """GPT-2 initialisation: N(0, 0.02) weights, zero biases, residual writes (c_proj) scaled by depth."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+    for name, p in module.named_parameters():
+        if name.endswith("c_proj.weight"):
+            nn.init.normal_(p, 0.0, 0.02 / (2 * n_layer) ** 0.5)

@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import describe, is_int
-from .model import GPT, IGNORE_INDEX, check_targets, check_task_fits, validate_inputs
+from .contracts import IGNORE_INDEX, check_inputs, check_targets
+from .model import GPT
+from .tasks.base import check_task_fits
 from .tasks.tokenizer import ByteTokenizer
 
 
@@ -39,7 +41,7 @@ def require_text_task(task: Any, name: str = "task") -> None:
                         f"got {describe(task)}")
 
 
-def _device(model: torch.nn.Module) -> torch.device:
+def model_device(model: torch.nn.Module) -> torch.device:
     """Where the model is now (asked on every call: a model may move between views)."""
     device = next(model.parameters()).device
     if device.type == "meta":
@@ -48,10 +50,10 @@ def _device(model: torch.nn.Module) -> torch.device:
     return device
 
 
-def _as_model_input(model: torch.nn.Module, array: np.ndarray) -> torch.Tensor:
+def as_model_input(model: torch.nn.Module, array: np.ndarray) -> torch.Tensor:
     """A float array as a tensor on the model's device and in its parameters' dtype (a model may have been
     moved to float64 or bfloat16 after a view was built)."""
-    return torch.as_tensor(array).to(device=_device(model), dtype=next(model.parameters()).dtype)
+    return torch.as_tensor(array).to(device=model_device(model), dtype=next(model.parameters()).dtype)
 
 
 @contextlib.contextmanager
@@ -95,19 +97,19 @@ def check_templates(templates: Any, K: int) -> list[int]:
 
 def check_scored(model, inputs: Any, targets: Any, loss_mask: Any):
     """inputs, targets and loss_mask as `model.loss` takes them (shapes, dtypes, token range) -> the tensors."""
-    inputs = validate_inputs(model.config, inputs, "inputs")
+    inputs = check_inputs(model.config, inputs, "inputs")
     check_targets(model.config, inputs, targets, loss_mask, inputs_name="inputs")
     return inputs, targets, None if loss_mask is None else loss_mask.bool()
 
 
-def check_baseline(model, baseline: Any) -> None:
-    """A GPT (e.g. `model.x_only()`) that reads and predicts what the model does."""
+def check_baseline(model, baseline: Any, name: str = "baseline") -> None:
+    """A GPT (e.g. `model.x_only()`, or one trained alone) that reads and predicts what the model does."""
     if not isinstance(baseline, GPT):
-        raise TypeError(f"baseline must be None or a plain GPT such as model.x_only(), got {describe(baseline)}")
+        raise TypeError(f"{name} must be None or a plain GPT such as model.x_only(), got {describe(baseline)}")
     for field in ("mode", "vocab_size", "input_dim", "output_dim"):
         mine, theirs = getattr(model.config, field), getattr(baseline.config, field)
         if mine != theirs:
-            raise ValueError(f"baseline must read and predict what the model does: its {field} is {theirs!r}, "
+            raise ValueError(f"{name} must read and predict what the model does: its {field} is {theirs!r}, "
                              f"the model's {mine!r}")
 
 

@@ -49,7 +49,7 @@ import torch.nn as nn
 
 from ._checks import check_callable, check_device, check_float, check_int, describe
 from .checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
-from .model import check_task_fits
+from .tasks.base import check_task_fits
 from .tasks.base import Batch, Task
 
 LOSS_TERMS = ("main", "aux", "smooth", "total")

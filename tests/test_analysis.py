@@ -1,6 +1,8 @@
 """cgt_viz.analysis: input normalisation, ȳ collection, projections, subsampling, smoothness, templates."""
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -245,17 +247,25 @@ def test_delta_w_singular_values_match_the_dense_update(model):
         A.delta_w_singular_values(model, np.zeros((2, 16)), "3.mlp_in")
 
 
-def test_ablated_template_restores_weights_even_on_error(model):
+def test_ablate_switches_a_template_off_without_touching_the_model(model):
+    idx = torch.randint(0, 256, (2, 12))
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    coeff = model.templates["2"]["attn_in"].coeff
-    with pytest.raises(RuntimeError):
-        with A.ablated_template(model, "2.attn_in", 1):
-            assert coeff.weight[1].abs().sum() == 0 and coeff.bias[1] == 0 and coeff.weight[0].abs().sum() > 0
-            raise RuntimeError("boom")
+    zeroed = copy.deepcopy(model)
+    with torch.no_grad():                       # the same template switched off by editing its coefficient row
+        zeroed.templates["2"]["attn_in"].coeff.weight[1] = 0
+        zeroed.templates["2"]["attn_in"].coeff.bias[1] = 0
+    ablated = model(idx, ablate={"2.attn_in": [1]})
+    assert torch.allclose(ablated, zeroed(idx), atol=1e-6)
+    assert not torch.allclose(ablated, model(idx), atol=1e-4)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    with pytest.raises(ValueError, match="k must be a template index in 0..3"):
-        with A.ablated_template(model, "2.attn_in", 4):
-            pass
+    _, cache = model.run_with_cache(idx, names="coeffs.2.*", ablate={"2.attn_in": 1})
+    assert sorted(cache) == ["coeffs.2.attn_in", "coeffs.2.mlp_in"] and (cache["coeffs.2.attn_in"][..., 1] == 0).all()
+    with pytest.raises(ValueError, match=r"ablate must be .*0\.\.3"):
+        model(idx, ablate={"2.attn_in": [4]})
+    with pytest.raises(ValueError, match="sites among"):
+        model(idx, ablate={"9.attn_in": [0]})
+    with pytest.raises(ValueError, match="matches no cache name"):
+        model.run_with_cache(idx, names=["ybar", "coeffs.9.*"])
 
 
 def test_template_ablation_measures_only_that_template(model):
@@ -283,11 +293,11 @@ def test_compare_losses_match_the_three_models(model):
     def ce(logits, tgt):
         return F.cross_entropy(logits.transpose(1, 2), tgt, reduction="none").mean(0).detach().numpy()
     assert np.allclose(out["prompted"], ce(model(idx)[:, 8:], targets[:, 8:]), atol=1e-5)
-    assert np.allclose(out["specialised"], ce(model.aux_logits(idx, 8), targets[:, 8:]), atol=1e-5)
+    assert np.allclose(out["specialized"], ce(model.aux_logits(idx, 8), targets[:, 8:]), atol=1e-5)
     assert np.allclose(out["no_context"], ce(model.x_only()(idx[:, 8:]), targets[:, 8:]), atol=1e-5)
     plain = tiny_cgt(randomize=False)                                   # T = I: specialised is no-context
     same = A.compare_losses(plain, idx, targets, 8)
-    assert np.allclose(same["specialised"], same["no_context"], atol=1e-5)
+    assert np.allclose(same["specialized"], same["no_context"], atol=1e-5)
     with pytest.raises(ValueError, match="split must be an int in 1..19"):
         A.compare_losses(model, idx, targets, 20)
 
@@ -328,7 +338,7 @@ def test_vectors_model_with_default_output_dim_is_scored():
                           n_templates=2)).eval()
     inputs, targets = torch.randn(2, 10, 3), torch.randn(2, 10, 3)
     out = A.compare_losses(model, inputs, targets, 4)
-    for key in ("prompted", "specialised", "no_context"):
+    for key in ("prompted", "specialized", "no_context"):
         assert out[key].shape == (6,) and np.isfinite(out[key]).all()
     ablation = A.template_ablation(model, inputs, targets, "2.attn_in")
     with torch.no_grad():

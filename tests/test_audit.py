@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from cgt_viz import CGT, GPT, CGTConfig
+from cgt_viz.config import FIELD_CONSTRAINTS
 from cgt_viz import analysis as A
 from cgt_viz import evaluate as E
 from cgt_viz import figures as F
@@ -96,14 +97,11 @@ def icl_model() -> CGT:
 CGT_ICL = icl_model()
 
 # ------------------------------------------------------------------------------------------ config
-CFG_FIELDS = {
-    "vocab_size": [0, 1, 2.5, "16"], "block_size": POS_INT, "n_layer": [1, 0, 2.5], "d_x": [0, -2, 7, 2.5],
-    "n_head": [0, 3, 1.5], "mlp_ratio": [0, 1.5], "dropout": [-0.1, 1.0, math.nan, "0"], "d_y": [0, 1.5],
-    "n_head_y": [0, 3], "y_layer": [0, 3, 2.5], "y_reads": CHOICE, "y_pos": ["yes", 1], "bias": ["no", 0],
-    "n_templates": [0, -1, 1.5], "template_rank": [0, 2.5], "sites": [("nope",), "attn_in", (), 5],
-    "w_aux": NONNEG_FLOAT, "w_smooth": NONNEG_FLOAT, "smooth": CHOICE, "vae_sigma": POS_FLOAT[:4],
-    "vae_tau": POS_FLOAT[:4], "aux_min_prefix": [0, 1.5, 12], "aux_min_suffix": [0, 1.5, 12],
-    "aux_suffix_len": [0, 1.5, "2"], "extra": [5, "x"], "input_dim": [0, 2.5], "output_dim": [0, "2"],
+CFG_FIELDS = {   # each field's declared contract (FIELD_CONSTRAINTS), plus the bounds that relate fields
+    **{name: c.bad_values() for name, c in FIELD_CONSTRAINTS.items()},
+    "vocab_size": [0, 1, 2.5, "16"], "d_x": [0, -2, 7, 2.5], "n_head": [0, 3, 1.5], "n_head_y": [0, 3],
+    "y_layer": [0, 3, 2.5], "sites": [("nope",), "attn_in", (), 5], "aux_min_prefix": [0, 1.5, 12],
+    "aux_min_suffix": [0, 1.5, 12], "extra": [5, "x"], "input_dim": [0, 2.5], "output_dim": [0, "2"],
 }
 for _field, _values in CFG_FIELDS.items():
     case("CGTConfig", _field if _field != "sites" else "site", _values, lambda v, f=_field: tok_cfg(**{f: v}))
@@ -165,13 +163,16 @@ for _v, _shows in [(torch.zeros(0, dtype=torch.long), "(0,)"), (torch.full((4,),
                    ([torch.zeros(3, dtype=torch.long), torch.zeros(0, dtype=torch.long)], "(0,)"), ([], "[]"),
                    ("hello", "str"), (torch.zeros(2, 2, 2, dtype=torch.long), "(2, 2, 2)")]:
     case("CGT.specialize", "prompt", [_v], lambda v: CGT_T.specialize(v), shows=_shows)
-case("CGT.specialize", "share_weights", ["yes", 1, None], lambda v: CGT_T.specialize(IDX[0], share_weights=v))
-case("CGT.merged_gpt", "share_weights", ["yes", 0], lambda v: CGT_T.merged_gpt(YBAR[0], share_weights=v))
-case("CGT.sample_split", "batch", POS_INT, lambda v: CGT_T.sample_split(v, 8))
+for _v, _shows in [({"2.attn_in": [2]}, "2"), ({"9.attn_in": [0]}, "9.attn_in"), ({"2.attn_in": []}, "[]"),
+                   ({"2.attn_in": [0.5]}, "0.5"), (["2.attn_in"], "list")]:
+    case("CGT.forward", "ablate", [_v], lambda v: CGT_T(IDX, ablate=v), shows=_shows)
+    case("CGT.run_with_cache", "ablate", [_v], lambda v: CGT_T.run_with_cache(IDX, ablate=v), shows=_shows)
+    case("CGT.forward_specialized", "ablate", [_v], lambda v: CGT_T.forward_specialized(IDX, YBAR, ablate=v),
+         shows=_shows)
+for _v, _shows in [("ybar2", "ybar2"), (["ybar", "coeffs.9.*"], "coeffs.9.*"), (3, "int"), ([b"ybar"], "list")]:
+    case("CGT.run_with_cache", "names", [_v], lambda v: CGT_T.run_with_cache(IDX, names=v), shows=_shows)
 case("CGT.sample_split", "length", [1, 0, 13, 2.5, None], lambda v: CGT_T.sample_split(2, v))
 case("CGT.generate", "max_new_tokens", [0, -1, 2.5, 100], lambda v: CGT_T.generate(IDX[:, :2], v))
-case("CGT.generate", "temperature", [-1.0, math.nan, "1"], lambda v: CGT_T.generate(IDX[:, :2], 1, temperature=v))
-case("CGT.generate", "top_k", [0, 2.5], lambda v: CGT_T.generate(IDX[:, :2], 1, top_k=v))
 case("CGT.generate", "generate", [None], lambda v: CGT_V.generate(VEC, 1), shows="vectors")
 
 # ------------------------------------------------------------------------------------------ save / load
@@ -196,33 +197,15 @@ case("CGT.from_pretrained", "device", ["nonsense", 5], lambda v: ("<device>", v)
 # ------------------------------------------------------------------------------------------ tasks
 case("make_task", "name", ["nonsense", 5], lambda v: make_task(v))
 case("make_task", "nonsense", [1], lambda v: make_task("icl", nonsense=v), shows="nonsense")
-case("SyntheticICL", "family", CHOICE, lambda v: SyntheticICL(family=v))
-case("SyntheticICL", "P", [1, 0, 2.5, "7"], lambda v: SyntheticICL(P=v))
-case("SyntheticICL", "n_pairs", POS_INT, lambda v: SyntheticICL(n_pairs=v))
-case("SyntheticICL", "aux_min_pairs", [0, 6, 1.5], lambda v: SyntheticICL(n_pairs=6, aux_min_pairs=v))
-case("SyntheticICL", "shift_fraction", FRACTION, lambda v: SyntheticICL(shift_fraction=v))
-case("SyntheticICL", "answer_tokens", CHOICE, lambda v: SyntheticICL(answer_tokens=v))
-case("SyntheticICL.get_batch", "batch_size", POS_INT, lambda v: ICL.get_batch(v))
-case("SyntheticICL.get_batch", "part", ["test", None], lambda v: ICL.get_batch(2, part=v))
-case("SyntheticICL.get_batch", "device", ["nonsense", 5], lambda v: ICL.get_batch(2, device=v))
-case("SyntheticICL.get_batch", "generator", [3], lambda v: ICL.get_batch(2, generator=v), shows="int")
-case("SyntheticICL.eval_batch", "k", [0, 6, 2.5], lambda v: ICL.eval_batch(v, 2))
-case("SyntheticICL.eval_batch", "n_queries", [0, 1.5], lambda v: ICL.eval_batch(2, 2, n_queries=v))
-case("SyntheticICL.eval_batch", "batch_size", [0, "2"], lambda v: ICL.eval_batch(2, v))
 REG = LinearRegression(dim=2, n_points=4)
-case("LinearRegression", "dim", POS_INT, lambda v: LinearRegression(dim=v))
-case("LinearRegression", "n_points", POS_INT, lambda v: LinearRegression(n_points=v))
-case("LinearRegression", "noise", NONNEG_FLOAT, lambda v: LinearRegression(noise=v))
-case("LinearRegression", "aux_min_points", [0, 32, 1.5], lambda v: LinearRegression(aux_min_points=v))
-case("LinearRegression.get_batch", "batch_size", [0, 1.5], lambda v: REG.get_batch(v))
-case("LinearRegression.get_batch", "part", ["test"], lambda v: REG.get_batch(2, part=v))
-case("LinearRegression.eval_batch", "k", [0, 4, 1.5], lambda v: REG.eval_batch(v, 2))
-case("LinearRegression.eval_batch", "n_queries", [0, 5], lambda v: REG.eval_batch(1, 2, n_queries=v))
-case("LinearRegression", "layout", ["interleaved", 1], lambda v: LinearRegression(layout=v))
+# bounds that depend on other arguments (the declared contracts below cover the rest)
+case("SyntheticICL", "aux_min_pairs", [6], lambda v: SyntheticICL(n_pairs=6, aux_min_pairs=v))
+case("SyntheticICL.eval_batch", "k", [6], lambda v: ICL.eval_batch(v, 2))
+case("LinearRegression", "aux_min_points", [32], lambda v: LinearRegression(aux_min_points=v))
+case("LinearRegression.eval_batch", "k", [4], lambda v: REG.eval_batch(v, 2))
+case("LinearRegression.eval_batch", "n_queries", [5], lambda v: REG.eval_batch(1, 2, n_queries=v))
 case("LinearRegression.set_active_dims", "n", [0, 3, 1.5], lambda v: REG.set_active_dims(v))
-case("LinearRegression.curriculum", "steps", [0, 1.5], lambda v: REG.curriculum(v))
 case("LinearRegression.curriculum", "start", [0, 3, 1.5], lambda v: REG.curriculum(10, start=v))
-
 
 def text_corpus(tmp):
     for topic in ("sport", "tech"):
@@ -283,22 +266,15 @@ case("evaluate_specialization", "model", [GPT_T, "m"], lambda v: E.evaluate_spec
      shows="")
 case("evaluate_specialization", "k_values", [0, [0], "4", [2, 99], 2.5],
      lambda v: E.evaluate_specialization(CGT_ICL, ICL, k_values=v, n_batches=1, batch_size=2))
-case("evaluate_specialization", "n_batches", POS_INT[:4],
-     lambda v: E.evaluate_specialization(CGT_ICL, ICL, k_values=2, n_batches=v, batch_size=2))
-case("evaluate_specialization", "batch_size", POS_INT[:4],
-     lambda v: E.evaluate_specialization(CGT_ICL, ICL, k_values=2, n_batches=1, batch_size=v))
 case("evaluate_specialization", "baseline", ["gpt", CGT_T],
      lambda v: E.evaluate_specialization(CGT_ICL, ICL, k_values=2, n_batches=1, batch_size=2, baseline=v),
      shows="")
 case("evaluate_specialization", "task", ["icl", REG],
      lambda v: E.evaluate_specialization(CGT_ICL, v, k_values=2, n_batches=1, batch_size=2), shows="")
-case("mean_ci", "level", [0.0, 1.0, 1.5, math.nan, "0.9"], lambda v: E.mean_ci([1.0, 2.0], level=v))
 case("mean_ci", "values", ["abc", 5], lambda v: E.mean_ci(v), shows="")
 case("seeds_summary", "by", ["nonsense"], lambda v: E.seeds_summary([[{"k": 2, "loss": 1.0}]], by=v))
 case("seeds_summary", "runs", [[], 5], lambda v: E.seeds_summary(v), shows="")
 _X, _Y = np.random.default_rng(0).normal(size=(40, 3)), np.arange(40) % 2
-case("linear_probe", "kind", CHOICE, lambda v: E.linear_probe(_X, _Y, kind=v))
-case("linear_probe", "test_fraction", [0.0, 1.0, -0.5, math.nan], lambda v: E.linear_probe(_X, _Y, test_fraction=v))
 case("linear_probe", "targets", [_Y[:10], np.zeros((40, 2, 2))], lambda v: E.linear_probe(_X, v), shows="")
 case("linear_probe", "features", [_X[:, 0], np.full((40, 3), np.nan)], lambda v: E.linear_probe(v, _Y), shows="")
 case("knn_topic_accuracy", "n_neighbors", [0, 1.5, 100], lambda v: E.knn_topic_accuracy(_X, _Y, n_neighbors=v))
@@ -306,7 +282,7 @@ case("knn_topic_accuracy", "folds", [1, 0, 100], lambda v: E.knn_topic_accuracy(
 case("knn_topic_accuracy", "labels", [_Y[:10]], lambda v: E.knn_topic_accuracy(_X, v), shows="10")
 case("smoothness_stats", "ybar", [np.zeros(5), np.zeros((1, 5)), np.full((4, 3), np.nan)],
      lambda v: E.smoothness_stats(v), shows="")
-case("collect_summaries", "k", [0, 99, 1.5], lambda v: E.collect_summaries(CGT_ICL, ICL, k=v, n_batches=1, batch_size=2))
+case("collect_summaries", "k", [99], lambda v: E.collect_summaries(CGT_ICL, ICL, k=v, n_batches=1, batch_size=2))
 case("gap_closed", "loss_no_context", [math.nan, "1"], lambda v: E.gap_closed(v, 1.0, 0.5))
 case("text_position_curves", "task", [ICL], lambda v: E.text_position_curves(CGT_ICL, v), shows="SyntheticICL")
 case("collect_excerpt_ends", "task", [ICL], lambda v: E.collect_excerpt_ends(CGT_ICL, v), shows="SyntheticICL")
@@ -361,7 +337,7 @@ case("template_figure", "tokens", [["a"]], lambda v: F.template_figure(np.zeros(
 case("template_figure", "highlight", [6], lambda v: F.template_figure(np.zeros((6, 2)), highlight=v))
 case("template_figure", "mean_abs", [np.zeros((3, 5))], lambda v: F.template_figure(np.zeros((6, 2)), mean_abs=v),
      shows="5")
-case("compare_figure", "losses", [5, {}, {"prompted": [1.0, 2.0], "specialised": [1.0]}],
+case("compare_figure", "losses", [5, {}, {"prompted": [1.0, 2.0], "specialized": [1.0]}],
      lambda v: F.compare_figure(v), shows="")
 case("training_curves_figure", "history", [5, "h"], lambda v: F.training_curves_figure(v), shows="")
 case("training_curves_figure", "max_points", [0, 1, 2.5], lambda v: F.training_curves_figure({"step": [1], "main": [1.0]},
@@ -522,6 +498,37 @@ def _shown(c: Case) -> str:
     return repr(c.value) if isinstance(c.value, str) else str(c.value)
 
 
+# ------------------------------------------------------------------------------------------ declared contracts
+# Entry points whose arguments are declared with `@checked(...)`: each gets every bad value its constraints
+# know (`Constraint.bad_values`), so declaring an argument audits it. Each row is a valid call that takes the
+# argument under test as a keyword.
+DECLARED = {
+    "SyntheticICL": (SyntheticICL.__init__, lambda **kw: SyntheticICL(**kw)),
+    "SyntheticICL.get_batch": (SyntheticICL.get_batch, lambda **kw: ICL.get_batch(**{"batch_size": 2, **kw})),
+    "SyntheticICL.eval_batch": (SyntheticICL.eval_batch, lambda **kw: ICL.eval_batch(**{"k": 2, "batch_size": 2, **kw})),
+    "LinearRegression": (LinearRegression.__init__, lambda **kw: LinearRegression(**kw)),
+    "LinearRegression.get_batch": (LinearRegression.get_batch, lambda **kw: REG.get_batch(**{"batch_size": 2, **kw})),
+    "LinearRegression.eval_batch": (LinearRegression.eval_batch,
+                                    lambda **kw: REG.eval_batch(**{"k": 1, "batch_size": 2, **kw})),
+    "LinearRegression.curriculum": (LinearRegression.curriculum, lambda **kw: REG.curriculum(**{"steps": 10, **kw})),
+    "CGT.specialize": (CGT.specialize, lambda **kw: CGT_T.specialize(IDX[0], **kw)),
+    "CGT.merged_gpt": (CGT.merged_gpt, lambda **kw: CGT_T.merged_gpt(YBAR[0], **kw)),
+    "CGT.sample_split": (CGT.sample_split, lambda **kw: CGT_T.sample_split(**{"batch": 2, "length": 8, **kw})),
+    "CGT.generate": (CGT.generate, lambda **kw: CGT_T.generate(IDX[:, :2], 1, **kw)),
+    "evaluate_specialization": (E.evaluate_specialization,
+                                lambda **kw: E.evaluate_specialization(CGT_ICL, ICL, k_values=2, **kw)),
+    "mean_ci": (E.mean_ci, lambda **kw: E.mean_ci([1.0, 2.0], **kw)),
+    "seeds_summary": (E.seeds_summary, lambda **kw: E.seeds_summary([[{"k": 2, "loss": 1.0}]], **kw)),
+    "collect_summaries": (E.collect_summaries,
+                          lambda **kw: E.collect_summaries(CGT_ICL, ICL, **{"n_batches": 1, "batch_size": 2, **kw})),
+    "linear_probe": (E.linear_probe, lambda **kw: E.linear_probe(_X, _Y, **kw)),
+    "knn_topic_accuracy": (E.knn_topic_accuracy, lambda **kw: E.knn_topic_accuracy(_X, _Y, **kw)),
+}
+for _entry, (_fn, _call) in DECLARED.items():
+    for _arg, _constraint in _fn.__contracts__.items():
+        case(_entry, _arg, _constraint.bad_values(), lambda v, a=_arg, c=_call: c(**{a: v}))
+
+
 @pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
 def test_bad_argument_is_refused_with_a_clear_message(c: Case, tmp_path, capsys):
     value = tmp_path if isinstance(c.value, str) and c.value == "<tmp>" else c.value
@@ -540,6 +547,18 @@ def test_bad_argument_is_refused_with_a_clear_message(c: Case, tmp_path, capsys)
     assert ALLOWED_WORDS.search(msg), f"message does not say what is allowed: {msg}"
 
 
+def test_every_declared_entry_point_is_in_the_generated_audit():
+    declared = set()
+    for m in AUDITED_MODULES:
+        for name, obj in vars(importlib.import_module(m)).items():
+            if inspect.isclass(obj) and obj.__module__ == m:
+                declared |= {name if meth == "__init__" else f"{name}.{meth}" for meth, fn in vars(obj).items()
+                             if hasattr(fn, "__contracts__")}
+            elif hasattr(obj, "__contracts__") and getattr(obj, "__module__", None) == m:
+                declared.add(name)
+    assert declared and declared <= set(DECLARED), f"declared but not audited: {sorted(declared - set(DECLARED))}"
+
+
 # ------------------------------------------------------------------------------------------ coverage
 AUDITED_MODULES = ["cgt_viz.config", "cgt_viz.model", "cgt_viz.io", "cgt_viz.train", "cgt_viz.evaluate",
                    "cgt_viz.analysis", "cgt_viz.figures", "cgt_viz.tasks", "cgt_viz.tasks.icl",
@@ -551,7 +570,8 @@ NOT_AUDITED = {  # public names with no bad-argument cases here, and why
     "CGTConfig.to_dict": "no arguments", "CGTConfig.to_json": "no arguments",
     "CGT.cache_names": "no arguments", "CGT.x_only": "no arguments", "CGT.new_cache": "no arguments",
     "GPT.new_cache": "no arguments", "GPT.embed_inputs": "internal step of forward (validated there)",
-    "validate_inputs": "the checker itself (every idx case)",
+    "fold_affine_ln_y": "a load-time migration (test_model: old checkpoints load exactly)",
+    "aux_length_groups": "internal grouping of a split the loss has checked",
     "per_position_loss": "internal: called with validated tensors", "masked_loss": "internal: as above",
     "PretrainedMixin": "base class (CGT/GPT save/load cases)", "atomic_write": "internal I/O (test_checkpoint)",
     "write_json": "internal I/O", "read_json": "internal I/O", "save_tensors": "internal I/O",
@@ -565,7 +585,7 @@ NOT_AUDITED = {  # public names with no bad-argument cases here, and why
     "check_eval_size": "the checker itself", "check_part": "the checker itself",
     "Points": "a record built by collect_points", "collect_points": "internal: fed by prepare_sequences",
     "points_at": "internal (Explorer.open_point)", "mean_abs_by_label": "internal (TemplateInspector)",
-    "ablated_template": "internal context manager (template_ablation)", "thin": "internal (figures)",
+"thin": "internal (figures)",
     "sequences_of": "internal (widget constructors)", "boundary_of": "internal", "check_index": "the checker itself",
     "Explorer": "constructed by explore (explore cases); Explorer(sequences=...) type-checked",
     "Explorer.figure_static": "no arguments", "TrainingMonitor.figure_static": "no arguments",
@@ -584,7 +604,7 @@ NOT_AUDITED = {  # public names with no bad-argument cases here, and why
     "Projector": "method and X cases", "seeds_summary": "runs and by cases",
     "ByteTokenizer": "no arguments", "Points.concat": "internal (Explorer.add)", "Points.frame": "internal (selection)",
     "TrainHistory.to_dict": "no arguments", "TrainHistory.to_dataframe": "no arguments",
-    "TrainHistory.evals_dataframe": "no arguments", "check_task_fits": "the checker itself (train/evaluate task cases)",
+    "TrainHistory.evals_dataframe": "no arguments",
     "check_targets": "the checker itself (every targets/loss_mask case)",
 }
 

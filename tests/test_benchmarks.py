@@ -1,6 +1,7 @@
 """Smoke tests of benchmarks/bench_core.py and bench_cost.py on tiny configs: they run, write valid JSON with
 every setting, the HTML plot and the README tables. Timing targets are never asserted here.
-Also the pieces that are plain logic: the FLOP model against parameter counts, summaries, README sections."""
+Also the pieces that are plain logic: the FLOP model against parameter counts, summaries, README sections;
+and gpu_check.py on a CPU: it runs what it can and says, per check, what it skipped and why."""
 from __future__ import annotations
 
 import json
@@ -18,6 +19,7 @@ sys.path.insert(0, str(BENCH))
 import bench_core  # noqa: E402
 import bench_cost  # noqa: E402
 import common  # noqa: E402
+import gpu_check  # noqa: E402
 import smoothness_sweep  # noqa: E402
 import text_topic_reference  # noqa: E402
 
@@ -164,27 +166,27 @@ def test_flop_model_matches_parameter_counts():
         return sum(m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear))
 
     gpt = 2 * (linear_weights(model.gpt.blocks) + model.gpt.head.weight.numel())
-    assert bench_cost.token_flops(cfg, 0, "gpt") == gpt
+    assert common.token_flops(cfg, 0, "gpt") == gpt
     templates = sum(2 * (t.U.numel() + t.V.numel()) for site in model.templates.values() for t in site.values())
     coeffs = sum(2 * t.coeff.weight.numel() for site in model.templates.values() for t in site.values())
-    assert bench_cost.token_flops(cfg, 0, "specialized") == gpt + templates
-    assert bench_cost.token_flops(cfg, 0, "cgt") == gpt + templates + coeffs + 2 * linear_weights(model.y_blocks)
+    assert common.token_flops(cfg, 0, "specialized") == gpt + templates
+    assert common.token_flops(cfg, 0, "cgt") == gpt + templates + coeffs + 2 * linear_weights(model.y_blocks)
     # attention: 4 d FLOPs per key per x layer (QKᵀ and AV), 4 e per key per y layer
-    assert bench_cost.token_flops(cfg, 10, "gpt") - bench_cost.token_flops(cfg, 0, "gpt") == 10 * 4 * cfg.d_x * cfg.n_layer
-    assert (bench_cost.token_flops(cfg, 10, "cgt") - bench_cost.token_flops(cfg, 0, "cgt")
+    assert common.token_flops(cfg, 10, "gpt") - common.token_flops(cfg, 0, "gpt") == 10 * 4 * cfg.d_x * cfg.n_layer
+    assert (common.token_flops(cfg, 10, "cgt") - common.token_flops(cfg, 0, "cgt")
             == 10 * 4 * (cfg.d_x * cfg.n_layer + cfg.d_y * cfg.y_layer))
-    assert bench_cost.prefill_flops(cfg, 3, "gpt") == sum(bench_cost.token_flops(cfg, j, "gpt") for j in (1, 2, 3))
+    assert common.prefill_flops(cfg, 3, "gpt") == sum(common.token_flops(cfg, j, "gpt") for j in (1, 2, 3))
     # (iii) recomputes everything: its per-token cost is a whole prefill, (iv) only one token
     iii = bench_cost.generation_flops(cfg, "iii_gpt_nocache", 8, 2)["per_later_token"]
     iv = bench_cost.generation_flops(cfg, "iv_gpt_kvcache", 8, 2)["per_later_token"]
-    assert iii == bench_cost.prefill_flops(cfg, 9, "gpt") and iv == bench_cost.token_flops(cfg, 9, "gpt")
+    assert iii == common.prefill_flops(cfg, 9, "gpt") and iv == common.token_flops(cfg, 9, "gpt")
     # bytes per decode step: the weights once, plus every row's KV cache (4 bytes × 2 × N·d per cached key)
     weights = 4 * (linear_weights(model.gpt.blocks) + model.gpt.head.weight.numel())
     assert bench_cost.step_bytes(cfg, "iii_gpt_nocache", 8, 3, 2) == weights
     assert bench_cost.step_bytes(cfg, "iv_gpt_kvcache", 8, 3, 2) == weights + 2 * (2 * 4 * cfg.n_layer * cfg.d_x) * 9.5
     assert bench_cost.step_bytes(cfg, "ii_compiled", 8, 3, 2) == bench_cost.step_bytes(cfg, "ii_compiled", 20, 3, 2)
     with pytest.raises(ValueError, match="kind"):
-        bench_cost.token_flops(cfg, 1, "merged")
+        common.token_flops(cfg, 1, "merged")
     with pytest.raises(ValueError, match="mode"):
         bench_cost.generation_flops(cfg, "v", 8, 2)
 
@@ -237,3 +239,59 @@ def test_smoothness_sweep_writes_one_row_per_weight(tmp_path):
     assert json.loads((tmp_path / "smoothness_sweep_relative.json").read_text())["rows"] == res["rows"]
     for row in res["rows"]:
         assert -1 <= row["adjacent_cosine"] <= 1 and row["ybar_spread"] >= 0 and math.isfinite(row["before_specialized"])
+
+
+def test_gpu_check_on_cpu_runs_what_it_can_and_says_why_it_skipped_the_rest(tmp_path, capsys):
+    out = tmp_path / "gpu_check.json"
+    res = gpu_check.main(["--device", "cpu", "--out", str(out)])
+    printed = capsys.readouterr().out
+    saved = json.loads(out.read_text())
+    assert json.loads(printed) == saved                      # the JSON printed is the JSON written
+    assert gpu_check.exit_code(saved) == 0 and res["summary"] == saved["summary"]
+    checks = saved["checks"]
+    assert set(checks) == set(gpu_check.CHECKS) and saved["sizes"] == "tiny"
+    assert {n: c["status"] for n, c in checks.items()} == {
+        "cuda_round_trip": "skipped", "train_step": "pass", "ddp_step": "pass", "compile": "skipped",
+        "cost_benchmark": "skipped", "notebook_01": "skipped"}
+    assert saved["summary"]["skipped"] == {n: c["reason"] for n, c in checks.items() if c["status"] == "skipped"}
+    for name in ("cuda_round_trip", "cost_benchmark", "notebook_01"):
+        assert "needs CUDA" in checks[name]["reason"], name
+    assert "--compile-on-cpu" in checks["compile"]["reason"]
+    assert checks["cuda_round_trip"]["found"] and checks["cuda_round_trip"]["test"] == gpu_check.ROUND_TRIP_TEST
+    # the training step ran: throughput and MFU from common's FLOP model and the measured matmul peak
+    step = checks["train_step"]
+    assert step["dtype"] == "fp32" and "bf16 autocast needs CUDA" in step["note"]
+    flops = common.training_step_flops(CGTConfig(**_tiny_config(saved)),
+                                       step["batch"], step["seq"])
+    for name in ("cgt", "gpt"):
+        assert step[name]["flops_per_step"] == flops[name]
+        assert _finite_positive(step[name]["tokens_per_s"]) and 0 < step[name]["mfu"] < 1
+        assert step[name]["mfu"] == pytest.approx(flops[name] / step[name]["step_s"] / saved["matmul_peak"]["flops_per_s"])
+    assert step["analytic_flop_ratio_cgt_over_gpt"] == flops["cgt"] / flops["gpt"] > 1
+    assert _finite_positive(step["ratio_step_cgt_over_gpt"])
+    assert saved["headline"]["step_ratio_cgt_over_gpt"] == step["ratio_step_cgt_over_gpt"]
+    # DDP: a one-process gloo group (nccl needs CUDA), its gradients those of a plain step
+    ddp = checks["ddp_step"]
+    assert ddp["backend"] == "gloo" and "nccl needs CUDA" in ddp["note"]
+    assert ddp["max_grad_difference_relative"] <= ddp["rtol"] and ddp["parameters_moved"] == ddp["parameters_with_grad"] > 0
+    assert not torch.distributed.is_initialized()             # the group was destroyed
+
+
+def _tiny_config(saved: dict) -> dict:
+    m = saved["model"]
+    return dict(vocab_size=m["vocab"], block_size=m["block_size"], n_layer=m["n_layer"], d_x=m["d_x"],
+                n_head=m["n_head"], d_y=m["d_y"], n_head_y=m["n_head_y"], y_layer=m["y_layer"],
+                n_templates=m["n_templates"], template_rank=m["template_rank"], w_aux=1.0)
+
+
+def test_gpu_check_reports_a_failing_check_and_runs_the_next(tmp_path, monkeypatch):
+    def broken(ctx):
+        raise RuntimeError("simulated CUDA error")
+    monkeypatch.setattr(gpu_check, "check_train_step", broken)
+    res = gpu_check.main(["--device", "cpu", "--checks", "train_step,cuda_round_trip", "--out", str(tmp_path / "g.json")])
+    assert res["checks"]["train_step"]["status"] == "fail"
+    assert res["checks"]["train_step"]["error"] == "RuntimeError: simulated CUDA error"
+    assert res["checks"]["cuda_round_trip"]["status"] == "skipped"
+    assert res["summary"]["fail"] == ["train_step"] and gpu_check.exit_code(res) == 1
+    with pytest.raises(ValueError, match="--checks"):
+        gpu_check.parse_args(["--checks", "train_step,warp_drive"])

@@ -89,14 +89,14 @@ def test_template_figure_panels():
 
 
 def test_compare_figure_lines():
-    losses = {"position": np.arange(5, 10), "prompted": np.ones(5), "specialised": np.full(5, 2.0),
+    losses = {"position": np.arange(5, 10), "prompted": np.ones(5), "specialized": np.full(5, 2.0),
               "no_context": np.full(5, 3.0)}
     fig = Fg.compare_figure(losses, boundary=7, split=5)
-    assert [t.name for t in fig.data] == ["prompted", "specialised", "no-context"]
+    assert [t.name for t in fig.data] == ["prompted", "specialized", "no-context"]
     assert np.allclose(fig.data[2].y, 3.0) and list(fig.data[0].x) == [5, 6, 7, 8, 9]
     assert shapes_at(fig) == [4.5, 6.5]
     theirs = {"positions": np.arange(3), "loss_prompted": np.ones(3), "loss_specialized": np.zeros(3), "split": 1}
-    assert [t.name for t in Fg.compare_figure(theirs).data] == ["prompted", "specialised"]   # evaluate's spelling
+    assert [t.name for t in Fg.compare_figure(theirs).data] == ["prompted", "specialized"]   # evaluate's spelling
     with pytest.raises(ValueError, match="losses must be a dict"):
         Fg.compare_figure([1, 2])
     with pytest.raises(ValueError, match=r"got \['pos', 'prompted'\]"):

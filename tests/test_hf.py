@@ -363,3 +363,18 @@ def test_explorer_opens_on_cgtlm(model):
     ex = cgt_viz.explore(model, _idx(b=4, t=12), labels=[0, 1, 0, 1], background=None)
     assert ex.ybar_full.shape[-1] == model.config.d_y
     ex.open_sequence(1)
+
+
+def test_names_ablate_and_aux_row_fraction(model, lm):
+    idx = _idx(b=4, t=12)
+    _, only = model.run_with_cache(idx, names="coeffs.*")
+    assert only and all(k.startswith("coeffs.") for k in only)
+    every = {f"{layer}.{site}": list(range(model.config.n_templates)) for layer, site in model.template_sites}
+    with torch.no_grad():
+        assert torch.allclose(model(idx, ablate=every), lm(input_ids=idx).logits, atol=1e-5)   # all off: the LM
+        assert (model(idx) - lm(input_ids=idx).logits).abs().max() > 1e-2
+    cheap = hf.CGTLM(lm, y_layer=2, d_y=16, n_head_y=2, aux_row_fraction=0.5).train()
+    out = cheap.loss(idx, idx.roll(-1, 1), generator=torch.Generator().manual_seed(0))
+    assert torch.isfinite(out["aux"])
+    with pytest.raises(ValueError, match="ablate must be"):
+        model(idx, ablate={"9.attn_in": [0]})

@@ -447,3 +447,30 @@ def test_the_summary_has_a_fixed_scale():
     ybar, y_l = y["ybar"], y[f"y.{model.config.y_layer}"]
     torch.testing.assert_close(ybar, (y_l - y_l.mean(-1, keepdim=True)) / (y_l.var(-1, unbiased=False, keepdim=True)
                                                                            + 1e-5).sqrt(), atol=1e-5, rtol=1e-4)
+
+
+def test_aux_on_a_share_of_the_rows_is_an_unbiased_estimate_of_the_full_aux():
+    import itertools
+    cfg = CGTConfig(vocab_size=32, block_size=16, n_layer=3, d_x=32, n_head=2, d_y=16, n_head_y=2, y_layer=1,
+                    aux_row_fraction=0.5)
+    torch.manual_seed(0)
+    model = CGT(cfg)
+    with torch.no_grad():
+        for layer, site in model.template_sites:
+            model.templates[str(layer)][site].coeff.weight.normal_(0, 0.5)
+    idx = torch.randint(0, 32, (4, 16))
+    targets = idx.roll(-1, 1)
+    targets[:, -3:] = -100                                       # unscored positions count in neither estimate
+    split = torch.tensor([3, 7, 10, 12])
+    ybar = model.context(idx)
+    full = model._aux_loss(idx, targets, None, ybar, split)
+    subsets = [model._aux_loss(idx, targets, None, ybar, split, torch.tensor(rows))
+               for rows in itertools.combinations(range(4), 2)]
+    assert not all(torch.allclose(s, full) for s in subsets)     # each subset is a different, noisy estimate
+    assert torch.allclose(torch.stack(subsets).mean(), full, atol=1e-6)
+    model.eval()                                                  # evaluation always scores every row
+    assert torch.allclose(model.loss(idx, targets, split=split)["aux"], full)
+    model.train()
+    g = torch.Generator().manual_seed(1)
+    train_aux = model.loss(idx, targets, split=split, generator=g)["aux"]
+    assert any(torch.allclose(train_aux, s) for s in subsets)

@@ -270,11 +270,11 @@ def test_compile_compare_slider_and_sequence(model):
     task = TopicTask()
     cmp = CompileCompare(model, task.get_batch(4, generator=torch.Generator().manual_seed(0)))
     assert cmp.split == 5                                                # half of the boundary at 10
-    assert list(cmp.figure.data[0].x)[0] == 5 and [t.name for t in cmp.figure.data] == ["prompted", "specialised", "no-context"]
+    assert list(cmp.figure.data[0].x)[0] == 5 and [t.name for t in cmp.figure.data] == ["prompted", "specialized", "no-context"]
     cmp.slider.value = 12                                                # UI: the split slider
     assert list(cmp.figure.data[0].x) == list(range(12, 24))
     expected = A.compare_losses(model, cmp.seqs.inputs, cmp.targets, 12)
-    assert np.allclose(cmp.figure.data[1].y, expected["specialised"], atol=1e-5)
+    assert np.allclose(cmp.figure.data[1].y, expected["specialized"], atol=1e-5)
     cmp.picker.value = 2
     one = A.compare_losses(model, cmp.seqs.inputs[2:3], cmp.targets[2:3], 12)
     assert np.allclose(cmp.figure.data[0].y, one["prompted"], atol=1e-5) and "sequence 2" in cmp.figure.layout.title.text

@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import itertools
+import math
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -52,7 +53,10 @@ from .._checks import check_bool, check_float, check_int, describe
 from ..config import SITES, CGTConfig
 from ..io import CONFIG_NAME, WEIGHTS_NAME, load_tensors, read_json, save_tensors, write_json
 from ..layers import SITE_WEIGHTS, SiteTemplates, YBlock
-from ..model import CGT, IGNORE_INDEX, check_targets, validate_inputs, _sample_next
+from ..contracts import (IGNORE_INDEX, cache_name_filter, check_ablate, check_inputs, check_split, check_summary,
+                         check_targets)
+from ..generation import sample_next
+from ..model import CGT
 from .source import require
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")   # the decoder layout below; tested: llama
@@ -158,7 +162,7 @@ class CGTLM(CGT):
     d_y, n_head_y   width and heads of y (d_y divisible by n_head_y)
     n_templates     K templates per site, template_rank r each
     sites           subset of ("attn_in", "attn_out", "mlp_in", "mlp_out")
-    w_aux, w_smooth, smooth ("l2" or "relative"), aux_min_prefix, aux_min_suffix, aux_suffix_len:
+    w_aux, w_smooth, smooth ("l2" or "relative"), aux_min_prefix, aux_min_suffix, aux_suffix_len, aux_row_fraction:
                     the loss terms, as in CGTConfig
     block_size      longest input (default: the LM's max_position_embeddings)
     y_mlp_ratio     hidden width of a y block's MLP = y_mlp_ratio · d_y
@@ -170,7 +174,8 @@ class CGTLM(CGT):
     def __init__(self, lm, y_layer: int = 8, d_y: int = 64, n_head_y: int = 4, n_templates: int = 8,
                  template_rank: int = 2, sites: Sequence[str] = ("attn_in", "mlp_in"), *, w_aux: float = 1.0,
                  w_smooth: float = 0.0, smooth: str = "l2", aux_min_prefix: int = 1, aux_min_suffix: int = 1,
-                 aux_suffix_len: int | None = None, block_size: int | None = None, y_mlp_ratio: int = 4):
+                 aux_suffix_len: int | None = None, aux_row_fraction: float = 1.0, block_size: int | None = None,
+                 y_mlp_ratio: int = 4):
         nn.Module.__init__(self)   # not CGT.__init__: the x stream is lm, not a cgt_viz GPT
         check_lm(lm)
         c = lm.config
@@ -194,7 +199,7 @@ class CGTLM(CGT):
             n_head=c.num_attention_heads, mlp_ratio=y_mlp_ratio, bias=True, d_y=d_y, n_head_y=n_head_y,
             y_layer=y_layer, y_pos=False, n_templates=n_templates, template_rank=template_rank, sites=tuple(sites),
             w_aux=w_aux, w_smooth=w_smooth, smooth=smooth, aux_min_prefix=aux_min_prefix,
-            aux_min_suffix=aux_min_suffix, aux_suffix_len=aux_suffix_len,
+            aux_min_suffix=aux_min_suffix, aux_suffix_len=aux_suffix_len, aux_row_fraction=aux_row_fraction,
             extra={"hf": {"model_type": c.model_type, "class": type(lm).__name__,
                           "name_or_path": str(getattr(c, "_name_or_path", "")), "hidden_size": c.hidden_size,
                           "intermediate_size": c.intermediate_size, "num_hidden_layers": n_layer,
@@ -277,7 +282,7 @@ class CGTLM(CGT):
 
         Without it P is a random projection. A few outlier features of x_ℓ, large in every text, dominate a
         random projection; the principal directions follow what varies between texts instead."""
-        idx = validate_inputs(self.config, idx, device=self.device)
+        idx = check_inputs(self.config, idx, device=self.device)
         check_int("batch_size", batch_size, 1)
         if idx.shape[1] < 2:
             raise ValueError(f"idx must have at least 2 positions per row to calibrate, got shape {tuple(idx.shape)}")
@@ -304,8 +309,8 @@ class CGTLM(CGT):
 
     @contextlib.contextmanager
     def _hooks(self, state: dict):
-        """Hooks for one call. state: "coeffs" {(ν, site): (b, t|1, K)} or None (computed from ȳ at layer ℓ),
-        "record" dict or None, "stop" (only ȳ wanted); the hooks put "ybar" into state."""
+        """Hooks for one call. state: "coeffs" {"ν.site": (b, t|1, K)} or None (computed from ȳ at layer ℓ),
+        "record" dict or None, "ablate", "stop" (only ȳ wanted); the hooks put "ybar" into state."""
         layers, ell = self.lm.model.layers, self.config.y_layer
         record, xs, handles = state.get("record"), [], []
         need_y = state.get("coeffs") is None
@@ -322,15 +327,14 @@ class CGTLM(CGT):
                     state["ybar"] = ybar
                     if state.get("stop"):
                         raise _StopAfterY
-                    state["coeffs"] = {(layer, s): self.templates[str(layer)][s].coefficients(ybar)
-                                       for layer, s in self.template_sites}
+                    state["coeffs"] = self._coefficients(ybar, state.get("ablate"))
             return hook
 
         def modulate(layer, site, on_output):
             temp = self.templates[str(layer)][site]
 
             def transform(h):
-                c = state["coeffs"][(layer, site)]
+                c = state["coeffs"][f"{layer}.{site}"]
                 if record is not None:
                     record.setdefault(f"coeffs.{layer}.{site}", c if c.shape[1] == h.shape[1] else c.expand(-1, h.shape[1], -1))
                 if torch.is_autocast_enabled():
@@ -359,35 +363,36 @@ class CGTLM(CGT):
             for h in handles:
                 h.remove()
 
-    def _hidden(self, idx: torch.Tensor, coeffs=None, record=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _hidden(self, idx: torch.Tensor, coeffs=None, record=None, ablate=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Final (normed) hidden states (b, t, d) and ȳ (b, t, e) (None when coeffs are given)."""
-        state = {"coeffs": coeffs, "record": record}
+        state = {"coeffs": coeffs, "record": record, "ablate": ablate}
         with self._hooks(state):
             hidden = self.lm.model(input_ids=idx, use_cache=False).last_hidden_state
         return hidden, state.get("ybar")
 
-    def _fixed_coeffs(self, ybar_vec: torch.Tensor) -> dict:
-        """ȳ frozen per row: ybar_vec (b, e) -> {(ν, site): (b, 1, K)}."""
-        return {(layer, s): self.templates[str(layer)][s].coefficients(ybar_vec)[:, None, :]
-                for layer, s in self.template_sites}
+    def _fixed_coeffs(self, ybar_vec: torch.Tensor, ablate=None) -> dict:
+        """ȳ frozen per row: ybar_vec (b, e) -> {"ν.site": (b, 1, K)}."""
+        return {key: c[:, None, :] for key, c in self._coefficients(ybar_vec, ablate).items()}
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm.lm_head(hidden)
 
-    def _specialized(self, inp: torch.Tensor, ybar_vec: torch.Tensor, cache=None, pos_offset: int = 0) -> torch.Tensor:
+    def _specialized(self, inp: torch.Tensor, ybar_vec: torch.Tensor, cache=None, pos_offset: int = 0,
+                     ablate=None) -> torch.Tensor:
         """x-only pass with T(ȳ) frozen per row (ybar_vec (b, e)), positions from 0 -> logits (b, t, v)."""
         if cache is not None or pos_offset:
             raise NotImplementedError("CGTLM runs the specialised pass without a KV cache, from position 0")
-        return self._logits(self._hidden(inp, self._fixed_coeffs(ybar_vec))[0])
+        return self._logits(self._hidden(inp, self._fixed_coeffs(ybar_vec, ablate))[0])
 
     # ------------------------------------------------------------------ public API
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """Full mode: every token uses its own ȳ_t. idx (b, t) -> logits (b, t, v)."""
-        return self._logits(self._hidden(validate_inputs(self.config, idx, device=self.device))[0])
+    def forward(self, idx: torch.Tensor, ablate: dict[str, Sequence[int]] | None = None) -> torch.Tensor:
+        """Full mode: every token uses its own ȳ_t. idx (b, t) -> logits (b, t, v); ablate as in CGT.forward."""
+        idx = check_inputs(self.config, idx, device=self.device)
+        return self._logits(self._hidden(idx, ablate=check_ablate(self, ablate))[0])
 
     def context(self, idx: torch.Tensor) -> torch.Tensor:
         """ȳ at every token: idx (b, t) -> (b, t, e). Runs only layers 1..ℓ of the LM."""
-        idx = validate_inputs(self.config, idx, device=self.device)
+        idx = check_inputs(self.config, idx, device=self.device)
         state = {"coeffs": None, "record": None, "stop": True}
         with self._hooks(state):
             try:
@@ -396,32 +401,35 @@ class CGTLM(CGT):
                 pass
         return state["ybar"]
 
-    def run_with_cache(self, idx: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """logits (b, t, v) and every named activation (see the module docstring)."""
+    def run_with_cache(self, idx: torch.Tensor, names=None,
+                       ablate: dict[str, Sequence[int]] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """logits (b, t, v) and the named activations (module docstring); names as in CGT.run_with_cache."""
+        idx = check_inputs(self.config, idx, device=self.device)
+        keep = cache_name_filter(self.cache_names(), names)
         record: dict[str, torch.Tensor] = {}
-        hidden, ybar = self._hidden(validate_inputs(self.config, idx, device=self.device), record=record)
+        hidden, ybar = self._hidden(idx, record=record, ablate=check_ablate(self, ablate))
         record["ybar"] = ybar
         record["logits"] = logits = self._logits(hidden)
-        return logits, {name: record[name] for name in self.cache_names() if name in record}
+        return logits, {name: record[name] for name in self.cache_names() if name in record and keep(name)}
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, use_cache: bool = False) -> torch.Tensor:
         """Extend idx (b, t) by max_new_tokens in full mode (ȳ per token; recomputed each step, no KV cache)."""
-        idx = validate_inputs(self.config, idx, device=self.device)
+        idx = check_inputs(self.config, idx, device=self.device)
         check_int("max_new_tokens", max_new_tokens, 1, max(self.config.block_size - idx.shape[1], 1),
                   hint=f" (block_size {self.config.block_size} - prompt length {idx.shape[1]})")
         check_float("temperature", temperature, 0.0, hint=" (0 = greedy)")
         check_int("top_k", top_k, 1, allow_none=True)
         for _ in range(max_new_tokens):
-            idx = torch.cat([idx, _sample_next(self(idx)[:, -1], temperature, top_k)], dim=1)
+            idx = torch.cat([idx, sample_next(self(idx)[:, -1], temperature, top_k)], dim=1)
         return idx
 
     def aux_logits(self, idx: torch.Tensor, split: int | torch.Tensor) -> torch.Tensor:
         """Logits of the auxiliary path for an explicit split: (b, t − min(split), v), suffixes left-aligned."""
-        idx = validate_inputs(self.config, idx, device=self.device)
+        idx = check_inputs(self.config, idx, device=self.device)
         b, t = idx.shape
-        split = self._check_split(split, b, t).to(idx.device)
+        split = check_split(split, b, t).to(idx.device)
         ytilde = self.context(idx)[torch.arange(b, device=idx.device), split - 1]
         src = (split[:, None] + torch.arange(t - int(split.min()), device=idx.device)).clamp(max=t - 1)
         return self._specialized(idx.gather(1, src), ytilde)
@@ -434,7 +442,7 @@ class CGTLM(CGT):
         Names are lm state-dict keys, e.g. "model.layers.8.self_attn.q_proj.weight"; the maps that read one
         site (q, k, v for attn_in) share A. GPT-style names resolve too (see LoraFactors)."""
         single = isinstance(ybar_vec, torch.Tensor) and ybar_vec.dim() == 1
-        ybar_vec = self._check_ybar(ybar_vec)
+        ybar_vec = check_summary(self.config, ybar_vec, self.device)
         out, aliases = {}, {}
         for layer, site in self.template_sites:
             temp = self.templates[str(layer)][site]
@@ -455,7 +463,7 @@ class CGTLM(CGT):
         """A model of lm's class whose modulated weights are W + B @ A for one ȳ (e,); every other tensor
         (embeddings, norms, unmodulated maps, buffers) is lm's own, shared. For inference: training it
         would also change lm."""
-        ybar_vec = self._check_ybar(ybar_vec)
+        ybar_vec = check_summary(self.config, ybar_vec, self.device)
         if ybar_vec.shape[0] != 1:
             raise ValueError(f"ybar_vec must be one summary (d_y,) or (1, d_y), got shape {tuple(ybar_vec.shape)}; "
                              f"use specialize for a batch of prompts")
@@ -543,24 +551,29 @@ class CGTLM(CGT):
 
         aux: ỹ = ȳ at token s−1 (gradients flowing), the x-only specialised LM on the suffix alone."""
         cfg = self.config
-        idx = validate_inputs(cfg, idx, device=self.device)
+        idx = check_inputs(cfg, idx, device=self.device)
         check_targets(cfg, idx, targets, loss_mask)
         b, t = idx.shape
         hidden, ybar = self._hidden(idx)
         main = self._masked_ce(hidden, targets, None if loss_mask is None else loss_mask.bool())
         if cfg.w_aux > 0 or split is not None:
-            s = self.sample_split(b, t, generator) if split is None else self._check_split(split, b, t)
-            s_dev = s.to(idx.device)
-            ytilde = ybar[torch.arange(b, device=idx.device), s_dev - 1]             # (b, e)
+            s = self.sample_split(b, t, generator) if split is None else check_split(split, b, t)
+            rows = torch.arange(b)
+            n_aux = max(1, math.ceil(cfg.aux_row_fraction * b)) if self.training else b
+            if n_aux < b:   # a cheaper step: the aux pass on a random share of the rows (mean over their tokens)
+                rows = torch.randperm(b, generator=generator)[:n_aux].sort().values
+                s = s[rows]
+            rows, s_dev = rows.to(idx.device), s.to(idx.device)
+            ytilde = ybar[rows, s_dev - 1]                                          # (n_aux, e)
             m = t - int(s.min())
             if cfg.aux_suffix_len is not None:
                 m = min(m, cfg.aux_suffix_len)
             src = s_dev[:, None] + torch.arange(m, device=idx.device)              # (b, m) source positions
             valid = src < t
             src = src.clamp(max=t - 1)
-            mask = valid if loss_mask is None else valid & loss_mask.bool().gather(1, src)
-            aux_hidden = self._hidden(idx.gather(1, src), self._fixed_coeffs(ytilde))[0]
-            aux = self._masked_ce(aux_hidden, targets.gather(1, src), mask)
+            mask = valid if loss_mask is None else valid & loss_mask.bool()[rows].gather(1, src)
+            aux_hidden = self._hidden(idx[rows].gather(1, src), self._fixed_coeffs(ytilde))[0]
+            aux = self._masked_ce(aux_hidden, targets[rows].gather(1, src), mask)
         else:
             aux = main.new_zeros(())
         if t < 2:
@@ -629,6 +642,7 @@ class CGTLM(CGT):
                     template_rank=c["template_rank"], sites=tuple(c["sites"]), w_aux=c["w_aux"],
                     w_smooth=c["w_smooth"], smooth=c["smooth"], aux_min_prefix=c["aux_min_prefix"],
                     aux_min_suffix=c["aux_min_suffix"], aux_suffix_len=c["aux_suffix_len"],
+                    aux_row_fraction=c.get("aux_row_fraction", 1.0),
                     block_size=c["block_size"], y_mlp_ratio=meta.get("y_mlp_ratio", c["mlp_ratio"]))
         model.load_state_dict(load_tensors(path / WEIGHTS_NAME, device="cpu"))
         return model.to(device)

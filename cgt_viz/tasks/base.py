@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._checks import check_device
+from .._checks import check_device, describe
 
 
 @dataclass
@@ -52,3 +52,38 @@ class Task:
     def decode(self, tokens) -> list[str]:
         """Per-token strings for hover text and axis labels (tokens mode)."""
         return [str(int(t)) for t in tokens]
+
+    def check_fits(self, config, name: str = "task") -> None:
+        """ValueError unless this task's sequences fit a model with `config`: the same mode, tokens below its
+        vocab_size or the same input/output dims, and a block_size no longer than the model's."""
+        try:
+            want = self.config_kwargs()
+        except NotImplementedError:   # a custom task that does not say what it fixes: nothing to compare
+            return
+        cfg = config
+        if "vocab_size" in want:
+            gives = f"tokens (vocab_size={want['vocab_size']})"
+        else:
+            gives = f"vectors (input_dim={want.get('input_dim')}, output_dim={want.get('output_dim')})"
+        reads = (f"tokens (vocab_size={cfg.vocab_size})" if cfg.mode == "tokens"
+                 else f"vectors (input_dim={cfg.input_dim}, output_dim={cfg.output_dim})")
+        fits = (cfg.mode == "tokens" and "vocab_size" in want and want["vocab_size"] <= cfg.vocab_size) or \
+               (cfg.mode != "tokens" and "vocab_size" not in want and want.get("input_dim") == cfg.input_dim
+                and want.get("output_dim") == cfg.output_dim)
+        if not fits:
+            raise ValueError(f"{name} does not fit the model: {type(self).__name__} gives {gives} but the model reads "
+                             f"{reads}; pass the task the model was trained on")
+        if want.get("block_size", 0) > cfg.block_size:
+            raise ValueError(f"{name} does not fit the model: {type(self).__name__} has block_size={want['block_size']} "
+                             f"but the model only takes {cfg.block_size} positions; the task's block_size must be "
+                             f"<= {cfg.block_size}")
+
+
+def check_task_fits(model: Any, task: Any, name: str = "task", *, needs: str = "get_batch") -> None:
+    """TypeError unless `task` is a task object with the method `needs`; then `Task.check_fits` against the
+    model's config (a duck-typed task that is no Task subclass is compared the same way)."""
+    if not callable(getattr(task, needs, None)) or not callable(getattr(task, "config_kwargs", None)):
+        raise TypeError(f"{name} must be a task with {needs}() and config_kwargs() (e.g. make_task('icl')), "
+                        f"got {describe(task)}")
+    check = task.check_fits if isinstance(task, Task) else Task.check_fits.__get__(task)
+    check(model.config, name)

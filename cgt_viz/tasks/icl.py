@@ -18,25 +18,17 @@ positions, even indices), so the model is scored only where the hidden function 
     "shift"     f(u) = (u + b) mod P                        a = 1, b ∈ 0..P−1      (one number)
     "mul"       f(u) = a·u mod P                            a coprime to P, b = 0  (one number)
 
-`Batch.split` (the auxiliary split, a prefix length) falls on a pair boundary, so the specialised model's
+`Batch.split` (the auxiliary split, a prefix length) falls on a pair boundary, so the specialized model's
 suffix starts with a query pair (u, A); with `cfg.aux_suffix_len = 2` (set by `config_kwargs`) the
-auxiliary pass sees exactly that one pair, which a calibration run found works best.
+auxiliary pass sees exactly that one pair (the README records the calibration).
 
 Small P makes copying easy: a query u that already occurred earlier in the sequence can be answered by
 look-up. `info["novel"]` marks query positions whose u is new, and `eval_batch` builds prompts whose
 held-out queries are always new, so measurements test inference of (a, b), not copying.
 
-Why "pair" is the default (measured on 2 shared CPU cores, 1 thread each, d_x 64, 4 layers, d_y 32, ℓ = 2,
-16 rank-1 templates at attn_in + mlp_in, batch 32, AdamW 1e-3 with warm-up + cosine; numbers in the README):
-with "value" answers the model must first grow a previous-token head to pair each answer with its u,
-and "affine" never left the loss plateau at ln P within 1,200–3,000 steps (prompted accuracy at chance;
-also with the auxiliary loss delayed, with half the rows pure shifts, or with a shift-first curriculum);
-"shift" left it after ~1,250 steps and compiled (G 1.01) at step 1,750. With "pair" answers
-"affine" P = 7 (42 hidden tasks), measured on held-out queries whose u is not in the prompt (k = 8):
-prompted accuracy 0.955 ± 0.05, gap closed 1.03 ± 0.04 after 3,000 steps (~4 CPU minutes, 3 seeds);
-with the auxiliary loss switched on only after in-context learning has started (w_aux 0 for 500 steps,
-then a linear ramp over 250) 0.994 ± 0.002 and 1.00 ± 0.01, G ≥ 0.9 from step 1,500 (~2 CPU minutes).
-"shift" compiles (G = 1.0) within 250 steps.
+Why "pair" is the default: with "value" answers the model must first grow a previous-token head to pair
+each answer with its u before it can infer f; "pair" answers carry the demonstration in one token. The
+measured comparison (and how long each family takes to leave the ln P plateau) is in the README.
 
     task = SyntheticICL()                                 # affine, P = 7, 20 pairs, pair answers
     cfg = CGTConfig(d_x=64, n_layer=4, n_head=4, d_y=32, n_head_y=2, y_layer=2, n_templates=16,
@@ -50,11 +42,11 @@ from typing import Any
 
 import torch
 
-from .._checks import check_bool, check_choice, check_float, check_int
+from .._checks import Bool, Choice, Device, Float, Generator, Int, checked, check_int
+from ..contracts import IGNORE_INDEX
 from .base import Batch, Task
 
 FAMILIES = ("shift", "affine", "dihedral", "mul")
-IGNORE_INDEX = -100
 
 
 def check_batch_size(batch_size: Any) -> None:
@@ -88,7 +80,7 @@ class SyntheticICL(Task):
     n_pairs         pairs per training sequence (block_size = 2·n_pairs)
     aux_min_pairs   the auxiliary split leaves at least this many demonstrations in the prefix
     novel_split     if True the auxiliary split is placed before a pair whose u is new to the prefix,
-                    when the row has one (the specialised model must then infer f, not look it up)
+                    when the row has one (the specialized model must then infer f, not look it up)
     answer_tokens   "value": the answer token is f(u) + P (vocabulary 2P); "pair": the answer token names
                     the whole demonstration (u, f(u)) as P + u·P + f(u) (vocabulary P + P²), so one token
                     carries a demonstration and in-context look-up needs no previous-token head
@@ -100,19 +92,13 @@ class SyntheticICL(Task):
 
     name = "icl"
 
+    @checked(family=Choice(*FAMILIES), P=Int(2), n_pairs=Int(2), aux_min_pairs=Int(1), novel_split=Bool(),
+             shift_fraction=Float(0.0, 1.0), answer_tokens=Choice("value", "pair"))
     def __init__(self, family: str = "affine", P: int = 7, n_pairs: int = 20, aux_min_pairs: int = 1,
                  novel_split: bool = False, shift_fraction: float = 0.0, answer_tokens: str = "pair"):
-        if family not in FAMILIES:
-            raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
-        check_int("P", P, 2)
-        check_int("n_pairs", n_pairs, 2)
-        check_int("aux_min_pairs", aux_min_pairs, 1)
         if aux_min_pairs > n_pairs - 1:
             raise ValueError(f"aux_min_pairs must be <= n_pairs − 1 = {n_pairs - 1} (the suffix needs a pair), "
                              f"got {aux_min_pairs}")
-        check_bool("novel_split", novel_split)
-        check_float("shift_fraction", shift_fraction, 0.0, 1.0)
-        check_choice("answer_tokens", answer_tokens, ("value", "pair"))
         self.answer_tokens = answer_tokens
         if family == "dihedral" and P < 3:
             raise ValueError(f"P must be >= 3 for family 'dihedral' (a = ±1 must differ), got {P}")
@@ -207,16 +193,16 @@ class SyntheticICL(Task):
         scores = torch.rand(b, n, generator=generator).masked_fill(~allowed, -1.0)
         return 2 * scores.argmax(1)
 
+    @checked(batch_size=Int(1), part=Choice("train", "val"), generator=Generator(), device=Device())
     def get_batch(self, batch_size: int, part: str = "train", generator: torch.Generator | None = None,
                   device: str | torch.device = "cpu") -> Batch:
         """batch_size sequences of n_pairs pairs; part is accepted for the Task contract ("train"/"val"
         draw from the same distribution, the caller's generator makes them different)."""
-        check_batch_size(batch_size)
-        check_part(part)
         params = self.sample_params(batch_size, generator, self.shift_fraction)
         u = torch.randint(self.P, (batch_size, self.n_pairs), generator=generator)
         return self._assemble(params, u, self._sample_split(u, generator), device)
 
+    @checked(k=Int(1), batch_size=Int(1), generator=Generator(), device=Device(), n_queries=Int(1))
     def eval_batch(self, k: int, batch_size: int, generator: torch.Generator | None = None,
                    device: str | torch.device = "cpu", n_queries: int = 1) -> Batch:
         """k demonstrations, then n_queries held-out query pairs whose u never occurs in the demonstrations.

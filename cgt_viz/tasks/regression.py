@@ -14,34 +14,16 @@ in-context learner approaches noise² once it has seen ≳ dim examples (≈ 0.1
 `Batch.split` falls on an example boundary (the suffix starts with [x_q; 0], [x_q; y_q]), like SyntheticICL,
 and `config_kwargs` sets `aux_suffix_len = 2`; `info["w"]` (b, dim) is the hidden vector for probing.
 
-Why "pair", and the recipe (measured on 2 shared CPU cores, 1 thread; d_x 64, 4 layers, d_y 32, ℓ = 2, 16
-rank-1 templates, batch 32, AdamW with warm-up + cosine, 16 points, noise 0.1; k = dim demonstrations,
-`evaluate_specialization(..., n_batches=4, seed=1)`; notes in the README):
-
-* "split" never left the predict-0 plateau (dim 4, 1,500 steps, lr 1e-3 with aux or 3e-3 without: prompted
-  MSE 0.98 = no context): like value-only answers in SyntheticICL, it first needs a previous-token head to
-  pair y_i with x_i. With "pair" one attention layer suffices (query x_q, keys x_j, values y_j) and the
-  prompted MSE falls below no context within 500 steps (dim 4: 0.59 vs 0.98 after 1,500 steps).
-* Compiling the prompt needs more: with the default sites (attn_in, mlp_in) and no schedule G stayed ≈ 0
-  (dim 4, 1,500 and 3,000 steps; dim 1, 1,500 steps, although ȳ already encodes w there). Templates at all
-  four sites (`sites=("attn_in", "attn_out", "mlp_in", "mlp_out")`) with lr 3e-3 made dim 1 compile (G 1.00
-  in 1,000 steps); lr 3e-3 at dim 4 kept the model on the plateau, so lr stays 1e-3. In the recipe below,
-  the default two sites instead of four gave G 0.34 instead of 0.86 (seed 0).
-* At dim 4, ȳ carries almost nothing about w at initialisation (linear-probe R² 0.02, vs 0.67 at dim 1), and
-  the auxiliary loss only starts to fall after ~2,000 steps (G 0.25 at 3,000). A curriculum over the
-  active dimension (`curriculum`, after Garg et al.: train on x with 1 live coordinate, growing linearly to
-  dim by step 1,000) lets the compiled path form while the task is easy. Over 3 seeds at 3,000 steps (~4.5
-  CPU minutes each): prompted 0.33 / 0.46 / 0.39, specialised 0.42 / 0.64 / 0.78, no context ≈ 0.98,
-  G = 0.86 / 0.65 / 0.34; the auxiliary loss is still falling at the end, but 5,000 steps with a 1,500-step
-  curriculum gave seed 1 no more (G 0.66). Without aux_delay (aux from step 0) seed 2 did not compile (G 0.00).
+Why "pair": with "split" the model must first pair y_i with x_i through a previous-token head; with "pair"
+one attention layer suffices (query x_q, keys x_j, values y_j). The recipe below (templates at all four
+sites, a delayed auxiliary loss, a curriculum over the active dimension) and what each part changed are
+measured in the README.
 
     task = LinearRegression(dim=4, n_points=16)
     cfg = CGTConfig(d_x=64, n_layer=4, n_head=4, d_y=32, n_head_y=2, y_layer=2, n_templates=16,
                     sites=("attn_in", "attn_out", "mlp_in", "mlp_out"), **task.config_kwargs())
     model, history = train(CGT(cfg), task, steps=3000, batch_size=32, lr=1e-3, aux_delay=500, aux_ramp=250,
                            callbacks=[task.curriculum(1000)])
-
-The target G ≥ 0.8 is met by one seed in three, at dim 4; dim 16 (the paper's) was not tried at this budget.
 """
 from __future__ import annotations
 
@@ -50,8 +32,8 @@ from typing import Any
 import torch
 
 from .base import Batch, Task
-from .._checks import check_choice, check_float, check_int
-from .icl import check_batch_size, check_eval_size, check_part
+from .._checks import Choice, Device, Float, Generator, Int, checked, check_int
+from .icl import check_eval_size
 
 LAYOUTS = ("pair", "split")
 
@@ -70,15 +52,11 @@ class LinearRegression(Task):
 
     name = "regression"
 
+    @checked(dim=Int(1), n_points=Int(2), noise=Float(0.0), aux_min_points=Int(1), layout=Choice(*LAYOUTS))
     def __init__(self, dim: int = 16, n_points: int = 32, noise: float = 0.1, aux_min_points: int = 1,
                  layout: str = "pair"):
-        check_int("dim", dim, 1)
-        check_int("n_points", n_points, 2)
-        check_int("aux_min_points", aux_min_points, 1)
-        check_float("noise", noise, 0.0)
         if aux_min_points > n_points - 1:
             raise ValueError(f"aux_min_points must be <= n_points − 1 = {n_points - 1}, got {aux_min_points}")
-        check_choice("layout", layout, LAYOUTS)
         self.dim, self.n_points, self.noise, self.aux_min_points = dim, n_points, float(noise), aux_min_points
         self.layout = layout
         self.active_dims = dim
@@ -116,11 +94,10 @@ class LinearRegression(Task):
         loss_mask[:, 0::2] = True
         return Batch(inputs, targets, loss_mask, split, {"w": w, "y": y}).to(device)
 
+    @checked(batch_size=Int(1), part=Choice("train", "val"), generator=Generator(), device=Device())
     def get_batch(self, batch_size: int, part: str = "train", generator: torch.Generator | None = None,
                   device: str | torch.device = "cpu") -> Batch:
         """batch_size sequences of n_points examples; "train" and "val" share the distribution."""
-        check_batch_size(batch_size)
-        check_part(part)
         w = torch.randn(batch_size, self.dim, generator=generator)
         x = torch.randn(batch_size, self.n_points, self.dim, generator=generator)
         j = torch.randint(self.aux_min_points, self.n_points, (batch_size,), generator=generator)
@@ -136,6 +113,7 @@ class LinearRegression(Task):
         always draws the full task, so evaluations measure the real thing."""
         self.active_dims = self.dim if n is None else check_int("n", n, 1, self.dim)
 
+    @checked(steps=Int(1))
     def curriculum(self, steps: int, start: int = 1):
         """A `train` callback that grows the active dimension linearly from `start` (set now) to dim at step
         `steps` (Garg et al. 2022); see the module docstring for the measured recipe.
@@ -145,7 +123,6 @@ class LinearRegression(Task):
         The dimension lives on the task, set by the callback after each step: a resumed run passes the same
         callback (its first step still draws `start` dims), and under torchrun, where only rank 0 calls
         callbacks, the other ranks would keep `start`; use it for single-process training."""
-        check_int("steps", steps, 1)
         check_int("start", start, 1, self.dim)
         self.set_active_dims(start)
 
@@ -154,6 +131,7 @@ class LinearRegression(Task):
                 self.set_active_dims(min(self.dim, start + (self.dim - start) * event["step"] // steps))
         return grow
 
+    @checked(k=Int(1), batch_size=Int(1), generator=Generator(), device=Device(), n_queries=Int(1))
     def eval_batch(self, k: int, batch_size: int, generator: torch.Generator | None = None,
                    device: str | torch.device = "cpu", n_queries: int = 1) -> Batch:
         """k demonstrations then n_queries fresh query examples; split = 2k, loss_mask on the query x positions."""

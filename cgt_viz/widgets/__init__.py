@@ -3,7 +3,7 @@
     explore(model, data, labels)          Explorer          ȳ of many tokens in 2-D, selection, linked views
     SmoothnessStrip(model, data)                            ‖ȳ_t − ȳ_t−1‖, cosine, ȳ heatmap, two-model overlay
     TemplateInspector(model, data)                          per-site templates: coefficients, ΔW, ablation
-    CompileCompare(model, data)                             prompted / specialised / no-context loss per position
+    CompileCompare(model, data)                             prompted / specialized / no-context loss per position
     TrainingMonitor()                                       live loss curves: train(..., callbacks=[monitor])
 
 These need the notebook extras (plotly, ipywidgets, anywidget, pandas, scikit-learn, umap-learn).

@@ -19,9 +19,13 @@ import threading
 import weakref
 from pathlib import Path
 
+import numpy as np
 import plotly
 import plotly.graph_objects as go
 import traitlets
+
+from .. import analysis as A
+from ..contracts import check_ybar_array
 
 _BUNDLE_PATH = Path(plotly.__file__).parent / "package_data" / "widgetbundle.js"
 _BUNDLE_TEXT: str | None = None
@@ -191,3 +195,28 @@ def replace_figure(fw: go.FigureWidget, fig: go.Figure) -> None:
 def html_status(text: str, kind: str = "info") -> str:
     colors = {"info": "#555", "busy": "#b26b00", "ok": "#2a7a2a", "error": "#b00020"}
     return f"<span style='color:{colors.get(kind, '#555')};font-size:12px'>{text}</span>"
+
+
+# ---------------------------------------------------------------------------------------------- data
+def sequences_of(model, data, labels=None, boundary=None, **prepare_kw) -> A.Sequences:
+    """`data` as analysis.Sequences (already-prepared Sequences pass through)."""
+    if isinstance(data, A.Sequences):
+        return data
+    return A.prepare_sequences(model, data, labels, boundary, **prepare_kw)
+
+
+def boundary_of(seqs: A.Sequences, i: int) -> int | None:
+    """The excerpt boundary of row i among its input positions: given, else where the per-token label first
+    changes, else None (also when the second excerpt starts only in the targets, boundary == length)."""
+    length = int(seqs.lengths[i])
+    if seqs.boundary is not None and seqs.boundary[i] >= 0:
+        b = int(seqs.boundary[i])
+        return b if b < length else None
+    labels = None if seqs.token_labels is None else seqs.token_labels[i]
+    return A.label_boundary(labels, length)
+
+
+def check_view_ybar(ybar, seqs: A.Sequences, model) -> np.ndarray:
+    """Precomputed ȳ of `seqs`: (n, t, d_y) as float32 (no copy when it already is)."""
+    return check_ybar_array(model.config, ybar, "ybar", range(8), "(n, t, d_y)", want=(seqs.n, seqs.t, model.config.d_y),
+                            finite=False)

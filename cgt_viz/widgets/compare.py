@@ -1,4 +1,4 @@
-"""Compile and compare: per-position loss of the prompted model, the specialised one (ȳ frozen at the
+"""Compile and compare: per-position loss of the prompted model, the specialized one (ȳ frozen at the
 split s, prompt dropped) and the model with no context, with the topic boundary marked.
 
     cmp = CompileCompare(model, task_or_batch, split=32)      # the slider moves s
@@ -11,8 +11,7 @@ import numpy as np
 from .. import analysis as A
 from .._checks import check_height, check_int
 from ..figures import compare_figure
-from ._base import figure_widget, html_status, replace_figure
-from .smoothness import boundary_of, sequences_of
+from ._base import boundary_of, figure_widget, html_status, replace_figure, sequences_of
 
 ALL = "all"   # the sequence picker's value for "mean over all sequences" (None means the same when constructing)
 
@@ -31,7 +30,7 @@ class CompileCompare(W.VBox):
         if t < 2:
             raise ValueError(f"data must have sequences of at least 2 positions to split, got t = {t}")
         self.targets, self.loss_mask = self.seqs.scoring(model.config.mode)
-        self.baseline = model.x_only()          # T = I, no prompt: made once, reused for every split
+        self.no_context = model.x_only()          # T = I, no prompt: made once, reused for every split
         self._cache: dict[tuple[int, int], dict] = {}
         if split is None:
             bounds = [b for b in (boundary_of(self.seqs, i) for i in range(self.seqs.n)) if b is not None]
@@ -44,7 +43,7 @@ class CompileCompare(W.VBox):
         options = [("all sequences (mean)", ALL)] + [(f"sequence {i}", i) for i in range(self.seqs.n)]
         self.picker = W.Dropdown(options=options, value=self.sequence, description="show",
                                  layout=W.Layout(width="260px"))
-        self.status = W.HTML(html_status("prompted: full CGT with the prefix in context · specialised: ȳ of the "
+        self.status = W.HTML(html_status("prompted: full CGT with the prefix in context · specialized: ȳ of the "
                                          "prefix frozen into the weights, suffix alone · no-context: x-only, suffix alone"))
         self.slider.observe(lambda ch: self.show(split=ch["new"]), names="value")
         self.picker.observe(lambda ch: self.show(sequence=ch["new"]), names="value")
@@ -68,7 +67,7 @@ class CompileCompare(W.VBox):
             rows = slice(None) if seq == ALL else slice(seq, seq + 1)
             self._cache[key] = A.compare_losses(self.model, self.seqs.inputs[rows], self.targets[rows], split,
                                                 None if self.loss_mask is None else self.loss_mask[rows],
-                                                baseline=self.baseline)
+                                                no_context=self.no_context)
         return self._cache[key]
 
     def figure_for(self, split: int | None = None, sequence: int | str | None = None):

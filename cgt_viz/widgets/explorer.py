@@ -22,8 +22,7 @@ from .. import analysis as A
 from .._checks import (check_array, check_bool, check_choice, check_height, check_index, check_int,
                        describe, is_number)
 from ..figures import color_spec, ybar_map_figure
-from ._base import figure_widget, html_status
-from .smoothness import _check_ybar
+from ._base import check_view_ybar, figure_widget, html_status
 
 AXIS_NAMES = {"pca": ("PC 1", "PC 2"), "umap": ("UMAP 1", "UMAP 2"), "tsne": ("t-SNE 1", "t-SNE 2")}
 METHOD_NAMES = {"pca": "PCA", "umap": "UMAP", "tsne": "t-SNE"}
@@ -99,7 +98,7 @@ class Explorer(W.VBox):
         self.model, self.seqs, self.seed, self.positions = model, sequences, seed, positions
         self.max_points, self._linked_enabled, self.height = int(max_points), bool(linked), int(height)
         self.ybar_full = (A.collect_ybar(model, sequences.inputs) if ybar is None
-                          else _check_ybar(ybar, sequences, model))
+                          else check_view_ybar(ybar, sequences, model))
         seq, pos = A.select_positions(sequences.lengths, positions, sequences.boundary)
         if len(seq) < 2:
             raise ValueError(f"data with positions={positions!r} gives {len(seq)} token; the explorer needs at "

@@ -9,38 +9,9 @@ import ipywidgets as W
 import numpy as np
 
 from .. import analysis as A
-from .._checks import check_array, check_height, check_index, check_int
+from .._checks import check_height, check_index, check_int
 from ..figures import smoothness_figure
-from ._base import figure_widget, replace_figure
-
-
-def sequences_of(model, data, labels=None, boundary=None, **prepare_kw) -> A.Sequences:
-    """`data` as analysis.Sequences (already-prepared Sequences pass through)."""
-    if isinstance(data, A.Sequences):
-        return data
-    return A.prepare_sequences(model, data, labels, boundary, **prepare_kw)
-
-
-def boundary_of(seqs: A.Sequences, i: int) -> int | None:
-    """The excerpt boundary of row i among its input positions: given, else where the per-token label first
-    changes, else None (also when the second excerpt starts only in the targets, boundary == length)."""
-    length = int(seqs.lengths[i])
-    if seqs.boundary is not None and seqs.boundary[i] >= 0:
-        b = int(seqs.boundary[i])
-        return b if b < length else None
-    labels = None if seqs.token_labels is None else seqs.token_labels[i]
-    return A.label_boundary(labels, length)
-
-
-def _check_ybar(ybar, seqs: A.Sequences, model) -> np.ndarray:
-    """Precomputed ȳ of `seqs`: (n, t, d_y) as float32 (no copy when it already is)."""
-    want = (seqs.n, seqs.t, model.config.d_y)
-    if not (isinstance(ybar, np.ndarray) and ybar.dtype == np.float32):
-        ybar = check_array("ybar", ybar, range(8), finite=False, what="(n, t, d_y)")
-    if ybar.shape != want:
-        raise ValueError(f"ybar must have shape (n, t, d_y) = {want} (the sequences and the model's d_y), "
-                         f"got shape {ybar.shape}")
-    return ybar.astype(np.float32)
+from ._base import boundary_of, check_view_ybar, figure_widget, replace_figure, sequences_of
 
 
 class SmoothnessStrip(W.VBox):
@@ -61,7 +32,7 @@ class SmoothnessStrip(W.VBox):
         self.seqs = sequences_of(model, data, labels, boundary, **prepare_kw)
         self.sequence = check_index("sequence", sequence, self.seqs.n)
         self.highlight = self._check_highlight(highlight, self.sequence)
-        self.ybar = A.collect_ybar(model, self.seqs.inputs) if ybar is None else _check_ybar(ybar, self.seqs, model)
+        self.ybar = A.collect_ybar(model, self.seqs.inputs) if ybar is None else check_view_ybar(ybar, self.seqs, model)
         self.ybar_other = None if other is None else A.collect_ybar(other, self.seqs.inputs)
         self.figure = figure_widget(self.figure_for(self.sequence, highlight))
         self.picker = W.BoundedIntText(value=self.sequence, min=0, max=self.seqs.n - 1, description="sequence",

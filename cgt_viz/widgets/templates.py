@@ -13,8 +13,7 @@ import numpy as np
 from .. import analysis as A
 from .._checks import check_height, check_index, check_int
 from ..figures import template_figure
-from ._base import figure_widget, html_status, replace_figure
-from .smoothness import _check_ybar, boundary_of, sequences_of
+from ._base import boundary_of, check_view_ybar, figure_widget, html_status, replace_figure, sequences_of
 
 
 class TemplateInspector(W.VBox):
@@ -56,7 +55,7 @@ class TemplateInspector(W.VBox):
     def set_data(self, seqs: A.Sequences, ybar: np.ndarray | None = None, redraw: bool = True) -> None:
         """Replace the sequences (and their ȳ); cached per-label means and ablations are dropped."""
         self.seqs = seqs
-        self.ybar = A.collect_ybar(self.model, seqs.inputs) if ybar is None else _check_ybar(ybar, seqs, self.model)
+        self.ybar = A.collect_ybar(self.model, seqs.inputs) if ybar is None else check_view_ybar(ybar, seqs, self.model)
         self._means: dict[str, tuple[list, np.ndarray]] = {}
         self._ablation.clear()
         if redraw:

@@ -1,0 +1,29 @@
+"""The one comparison behind evaluation, the views and the figures: a row's continuation scored four ways.
+
+For rows `inputs` (b, t) cut at `split` s (prompt = positions < s, continuation = positions s..t−1):
+
+    prompted     the full CGT on the whole row: the prompt is in context
+    specialized  ȳ at token s−1, then the x-only model with T(ȳ) frozen, on the continuation alone
+                 (what `specialize(prompt)` compiles, unmerged)
+    no_context   the x-only model (T = I, `CGT.x_only()`) on the continuation alone
+    baseline     a separately trained plain GPT on the whole row (evaluation only, when one is given)
+"""
+from __future__ import annotations
+
+import torch
+
+MODES = ("prompted", "specialized", "no_context", "baseline")
+
+
+@torch.no_grad()
+def comparison_logits(model, inputs: torch.Tensor, split: int, no_context: torch.nn.Module,
+                      baseline: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
+    """{mode: logits (b, t − s, v) on the continuation} for the modes above (checked inputs, model's device)."""
+    suffix = inputs[:, split:]
+    ybar = model.context(inputs[:, :split])[:, -1]                  # (b, e): the summary of the prompt
+    out = {"prompted": model(inputs)[:, split:],
+           "specialized": model.forward_specialized(suffix, ybar),
+           "no_context": no_context(suffix)}
+    if baseline is not None:
+        out["baseline"] = baseline(inputs)[:, split:]
+    return out

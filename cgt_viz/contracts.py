@@ -1,0 +1,209 @@
+"""Input contracts of the model's tensors, declared once and applied at each public entry point.
+
+The model (`model.py`), the views (`analysis`, `figures`, widgets), `evaluate`, `train` and the tasks all
+call these, in one line each, at their boundary; the algorithm behind the boundary takes valid tensors.
+Scalar checks (ints, floats, choices, devices) live in `_checks`. Every message names the argument,
+shows the value (or its shape and dtype) and says what is allowed.
+
+Notation: b batch, t time, e width of ȳ (d_y), v output width.
+"""
+from __future__ import annotations
+
+import fnmatch
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from ._checks import check_array, describe, is_int
+
+IGNORE_INDEX = -100  # token targets equal to this are not scored (PyTorch's convention)
+
+
+def _on_device(name: str, tensor: torch.Tensor, device: torch.device | None) -> None:
+    # moving silently would hide a copy per call in a training loop
+    if device is not None and tensor.device != device:
+        raise ValueError(f"{name} must be on the model's device {str(device)!r}, got a tensor on {str(tensor.device)!r}; "
+                         f"move it with {name}.to({str(device)!r}) (or move the model)")
+
+
+def _finite(name: str, tensor: torch.Tensor) -> None:
+    if tensor.device.type != "meta" and not torch.isfinite(tensor).all():
+        raise ValueError(f"{name} must be finite, got {int((~torch.isfinite(tensor)).sum())} NaN or inf value(s)")
+
+
+def check_inputs(cfg, inp: Any, name: str = "idx", device: torch.device | None = None) -> torch.Tensor:
+    """A batch of inputs for the config: (b, t) integer tokens or (b, t, input_dim) floats, t <= block_size."""
+    if not isinstance(inp, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {describe(inp)}")
+    _on_device(name, inp, device)
+    if cfg.mode == "tokens":
+        if inp.dtype in (torch.bool,) or inp.is_floating_point() or inp.is_complex():
+            raise TypeError(f"{name} must hold integer token ids (torch.long), got dtype {inp.dtype}")
+        if inp.dim() != 2:
+            raise ValueError(f"{name} must have shape (batch, time), got shape {tuple(inp.shape)}")
+    else:
+        if not inp.is_floating_point():
+            raise TypeError(f"{name} must be a float tensor in vectors mode, got dtype {inp.dtype}")
+        if inp.dim() != 3 or inp.shape[-1] != cfg.input_dim:
+            raise ValueError(f"{name} must have shape (batch, time, input_dim={cfg.input_dim}), "
+                             f"got shape {tuple(inp.shape)}")
+    b, t = inp.shape[:2]
+    if b == 0 or t == 0:
+        raise ValueError(f"{name} must hold at least one sequence of at least one position, got shape {tuple(inp.shape)}")
+    if t > cfg.block_size:
+        raise ValueError(f"{name} has {t} positions but block_size is {cfg.block_size}; "
+                         f"pass at most {cfg.block_size} (nothing is clipped silently)")
+    if inp.device.type == "meta":  # shapes only: a meta tensor has no values to check
+        return inp.long() if cfg.mode == "tokens" else inp
+    if cfg.mode == "tokens":
+        lo, hi = int(inp.min()), int(inp.max())
+        if lo < 0 or hi >= cfg.vocab_size:
+            raise ValueError(f"{name} holds token ids in [{lo}, {hi}], allowed are 0..vocab_size-1 = 0..{cfg.vocab_size - 1}")
+        return inp.long()
+    _finite(name, inp)
+    return inp
+
+
+def check_targets(cfg, inp: torch.Tensor, targets: Any, loss_mask: Any, inputs_name: str = "idx") -> None:
+    """targets (and loss_mask) as the loss takes them, for checked inputs `inp` of shape (b, t[, input_dim])."""
+    if not isinstance(targets, torch.Tensor):
+        raise TypeError(f"targets must be a torch.Tensor, got {describe(targets)}")
+    for name, tensor in (("targets", targets), ("loss_mask", loss_mask)):
+        if isinstance(tensor, torch.Tensor) and tensor.device != inp.device:
+            raise ValueError(f"{name} must be on the device of {inputs_name} {str(inp.device)!r}, got a tensor on "
+                             f"{str(tensor.device)!r}")
+    if cfg.mode == "tokens":
+        if targets.shape != inp.shape:
+            raise ValueError(f"targets must have the shape of {inputs_name} {tuple(inp.shape)}, got {tuple(targets.shape)}")
+        if targets.is_floating_point() or targets.dtype == torch.bool:
+            raise TypeError(f"targets must hold integer token ids, got dtype {targets.dtype}")
+        bad = (targets != IGNORE_INDEX) & ((targets < 0) | (targets >= cfg.vocab_size))
+        if targets.device.type != "meta" and bad.any():
+            raise ValueError(f"targets must be in 0..{cfg.vocab_size - 1} or {IGNORE_INDEX} (ignored), "
+                             f"got {targets[bad][0].item()}")
+    else:
+        want = (*inp.shape[:2], cfg.out_dim)
+        if tuple(targets.shape) != want:
+            raise ValueError(f"targets must have shape (batch, time, output_dim) = {want}, got {tuple(targets.shape)}")
+        if not targets.is_floating_point():
+            raise TypeError(f"targets must be floats in vectors mode, got dtype {targets.dtype}")
+    if loss_mask is not None:
+        if not isinstance(loss_mask, torch.Tensor) or tuple(loss_mask.shape) != tuple(inp.shape[:2]):
+            raise ValueError(f"loss_mask must be None or a tensor of shape (batch, time) = {tuple(inp.shape[:2])}, "
+                             f"got {describe(loss_mask)}")
+
+
+def check_summary(cfg, ybar_vec: Any, device: torch.device, batch: int | None = None,
+                  name: str = "ybar_vec") -> torch.Tensor:
+    """One frozen summary per row: (e,) or (b, e) with b in (1, batch) -> (1 or b, e)."""
+    e = cfg.d_y
+    if not isinstance(ybar_vec, torch.Tensor) or not ybar_vec.is_floating_point():
+        raise TypeError(f"{name} must be a float tensor of shape (batch, d_y={e}) or (d_y,), got {describe(ybar_vec)}")
+    if ybar_vec.dim() not in (1, 2) or ybar_vec.shape[-1] != e:
+        raise ValueError(f"{name} must have shape (batch, d_y={e}) or (d_y,), got shape {tuple(ybar_vec.shape)}")
+    if batch is not None and ybar_vec.dim() == 2 and ybar_vec.shape[0] not in (1, batch):
+        raise ValueError(f"{name} must have 1 or {batch} rows (one per row of idx), got shape {tuple(ybar_vec.shape)}")
+    _on_device(name, ybar_vec, device)
+    _finite(name, ybar_vec)
+    return ybar_vec if ybar_vec.dim() == 2 else ybar_vec[None]
+
+
+def check_summaries(cfg, ybar: Any, name: str = "ybar") -> torch.Tensor:
+    """Summaries of any leading shape: (..., e), finite."""
+    e = cfg.d_y
+    if not isinstance(ybar, torch.Tensor) or not ybar.is_floating_point():
+        raise TypeError(f"{name} must be a float tensor of shape (..., d_y={e}), got {describe(ybar)}")
+    if ybar.dim() == 0 or ybar.shape[-1] != e:
+        raise ValueError(f"{name} must have shape (..., d_y={e}), got shape {tuple(ybar.shape)}")
+    _finite(name, ybar)
+    return ybar
+
+
+def check_ybar_array(cfg, ybar: Any, name: str = "ybar", ndim: Sequence[int] | int = (1, 2, 3),
+                     shape: str = "(..., d_y)", want: tuple[int, ...] | None = None, finite: bool = True) -> np.ndarray:
+    """Summaries handed to a view as an array: d_y values last (or exactly the shape `want`), finite unless
+    finite=False -> float32."""
+    if want is not None and isinstance(ybar, np.ndarray) and ybar.dtype == np.float32 and ybar.shape == want:
+        return ybar   # the views' own collect_ybar output: no copy
+    arr = check_array(name, ybar, ndim, finite=finite, what=shape)
+    if want is not None and arr.shape != want:
+        raise ValueError(f"{name} must have shape {shape} = {want}, got shape {arr.shape}")
+    if arr.shape[-1] != cfg.d_y:
+        raise ValueError(f"{name} must have shape {shape} with d_y = {cfg.d_y} values last, got shape {arr.shape}")
+    return arr.astype(np.float32)
+
+
+def check_split(split: Any, batch: int, length: int) -> torch.Tensor:
+    """The auxiliary split as a CPU LongTensor (batch,) in 1..length−1. Its values decide shapes, so they live on
+    the host (no device sync per use on a GPU, and a model on the meta device still runs)."""
+    if isinstance(split, bool) or not isinstance(split, (int, torch.Tensor)):
+        raise TypeError(f"split must be an int or a LongTensor of shape (batch,), got {describe(split)}")
+    if isinstance(split, torch.Tensor) and split.device.type == "meta":
+        raise ValueError("split must hold values (an int or a CPU/GPU tensor), got a tensor on the meta device")
+    split = torch.as_tensor(split).cpu()
+    if split.is_floating_point() or split.dim() > 1 or (split.dim() == 1 and split.shape[0] != batch):
+        raise ValueError(f"split must be an int or an integer tensor of shape ({batch},), got {tuple(split.shape)} "
+                         f"{split.dtype}")
+    split = split.long().expand(batch)
+    if int(split.min()) < 1 or int(split.max()) > length - 1:
+        raise ValueError(f"split must be in 1..{length - 1} (prefix and suffix non-empty) for length {length}, "
+                         f"got values in [{int(split.min())}, {int(split.max())}]")
+    return split
+
+
+def check_prompts(cfg, prompt: Any, device: torch.device) -> tuple[list[torch.Tensor] | torch.Tensor, bool]:
+    """What `specialize` takes -> (a list of single prompts, or one (b, t[, input_dim]) batch; whether one model
+    comes back). A prompt is (t,) tokens or (t, input_dim) vectors; a batch adds a leading b."""
+    item_dims = 1 if cfg.mode == "tokens" else 2
+    if isinstance(prompt, (list, tuple)):
+        if not prompt:
+            raise ValueError("prompt must hold at least one prompt, got an empty list []")
+        if not all(isinstance(p, torch.Tensor) and p.dim() == item_dims for p in prompt):
+            shapes = [tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__ for p in prompt]
+            want = "(t,)" if cfg.mode == "tokens" else f"(t, input_dim={cfg.input_dim})"
+            raise ValueError(f"each prompt in the list must be a tensor of shape {want}, got {shapes}")
+        return list(prompt), False
+    if not isinstance(prompt, torch.Tensor):
+        raise TypeError(f"prompt must be a tensor or a list of tensors, got {describe(prompt)}")
+    if prompt.dim() == item_dims:
+        if prompt.shape[0] == 0:
+            raise ValueError(f"prompt must hold at least one position, got shape {tuple(prompt.shape)}")
+        prompt, single = prompt[None], True
+    else:
+        single = prompt.dim() == item_dims + 1 and prompt.shape[0] == 1
+    return check_inputs(cfg, prompt, name="prompt", device=device), single
+
+
+def check_ablate(model, ablate: Any) -> dict[str, list[int]] | None:
+    """None or {"ν.site": template index or indices} for the model's sites -> {"ν.site": [k, ...]}."""
+    sites, K = [f"{layer}.{site}" for layer, site in model.template_sites], model.config.n_templates
+    want = f'None or {{"layer.site": [template indices in 0..{K - 1}]}} with sites among {sites}'
+    if ablate is None:
+        return None
+    if not isinstance(ablate, dict):
+        raise TypeError(f"ablate must be {want}, got {describe(ablate)}")
+    out = {}
+    for key, ks in ablate.items():
+        ks = [ks] if is_int(ks) else ks
+        if key not in sites or not isinstance(ks, (list, tuple, range)) or not ks \
+                or not all(is_int(k) and 0 <= k < K for k in ks):
+            raise ValueError(f"ablate must be {want}, got {describe(ablate)}")
+        out[key] = [int(k) for k in ks]
+    return out
+
+
+def cache_name_filter(known: Sequence[str], names: Any) -> Callable[[str], bool]:
+    """`run_with_cache`'s names: None (all), a name or glob pattern, a list of them, or a predicate."""
+    if names is None:
+        return lambda name: True
+    if callable(names):
+        return names
+    patterns = [names] if isinstance(names, str) else names
+    if not isinstance(patterns, (list, tuple)) or not all(isinstance(p, str) for p in patterns):
+        raise TypeError(f"names must be None, a cache name or glob pattern, a list of them, or a predicate; "
+                        f"got {describe(names)}")
+    for p in patterns:
+        if not fnmatch.filter(known, p):
+            raise ValueError(f"names holds {p!r}, which matches no cache name; allowed names: {list(known)}")
+    return lambda name: any(fnmatch.fnmatchcase(name, p) for p in patterns)

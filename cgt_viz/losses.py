@@ -1,0 +1,63 @@
+"""Per-position scoring shared by the model's losses, evaluation and the views, and the smoothness penalties.
+
+Shapes: b batch, t time, v output width (vocab or output_dim), m selected positions, f features.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .contracts import IGNORE_INDEX
+
+
+def per_position_loss(mode: str, out: torch.Tensor, targets: torch.Tensor,
+                      loss_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Loss at every position and whether it counts: out (b, t, v), targets -> ((b, t) float, (b, t) bool).
+
+    Cross-entropy in tokens mode (targets (b, t), −100 not scored), mean squared error over the output
+    dims in vectors mode (targets (b, t, v)); loss_mask (b, t) narrows what counts."""
+    if mode == "tokens":
+        loss = F.cross_entropy(out.flatten(0, 1).float(), targets.flatten().clamp_min(0),
+                               reduction="none").view(targets.shape)
+        valid = targets != IGNORE_INDEX
+    else:
+        loss = (out.float() - targets.float()).pow(2).mean(-1)
+        valid = torch.ones_like(loss, dtype=torch.bool)
+    if loss_mask is not None:
+        valid = valid & loss_mask.bool()
+    return loss, valid
+
+
+def masked_loss(cfg, out: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean cross-entropy (tokens) or MSE (vectors) over positions where mask is true."""
+    per_pos, valid = per_position_loss(cfg.mode, out, targets, mask)
+    w = valid.to(per_pos.dtype)
+    return (per_pos * w).sum() / w.sum().clamp_min(1.0)
+
+
+def take_positions(seq: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """seq (b, t) or (b, t, f), src (b, m) positions (clamped to t−1) -> (b, m) or (b, m, f)."""
+    src = src.clamp(max=seq.shape[1] - 1)
+    if seq.dim() == 3:
+        src = src[..., None].expand(-1, -1, seq.shape[-1])
+    return seq.gather(1, src)
+
+
+def smoothness_penalty(kind: str, mu: torch.Tensor, sigma: torch.Tensor | None, tau: float) -> torch.Tensor:
+    """How much ȳ moves from token to token: mu (b, t, e) with t >= 2 (sigma (b, t, e) for "vae") -> scalar.
+
+    "l2"        mean_t ‖ȳ_t − ȳ_{t−1}‖²
+    "relative"  the l2 step over twice the spread of ȳ across all tokens of the batch (≈ 1 − lag-1
+                autocorrelation): unlike l2 it cannot be met by a constant ȳ plus a small informative part, and
+                it rewards ȳ that differs between sequences while drifting slowly within one
+    "vae"       KL( N(μ_t, σ_t²) ‖ N(μ_{t−1}, τ²) ), summed over dims, mean over tokens
+    """
+    step = (mu[:, 1:] - mu[:, :-1]).pow(2)
+    if kind == "l2":
+        return step.sum(-1).mean()
+    if kind == "relative":
+        spread = (mu - mu.mean((0, 1), keepdim=True)).pow(2).sum(-1).mean()
+        return step.sum(-1).mean() / (2 * spread + 1e-6)
+    tau2 = tau ** 2
+    var = sigma[:, 1:].pow(2)
+    return (0.5 * (var / tau2 + step / tau2 - 1 - torch.log(var / tau2))).sum(-1).mean()
