@@ -14,6 +14,7 @@ from ._checks import check_bool, check_choice, check_float, check_int, describe
 SITES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
 SMOOTH_KINDS = ("l2", "vae", "relative")
 Y_READS = ("post", "pre")
+Y_READOUTS = ("stream", "ema")
 
 
 @dataclass
@@ -36,6 +37,7 @@ class CGTConfig:
     y_layer: int = 2                   # ℓ: ybar = LN(y_ℓ); layers ℓ+1..N are modulated
     y_reads: str = "post"              # y block ν reads x_ν after its x block ("post") or x_{ν−1} ("pre")
     y_pos: bool = True                 # y gets its own position embedding (else only a token embedding)
+    y_readout: str = "stream"          # ȳ = LN(y_ℓ) ("stream"), or "ema": LN(g·y_ℓ + EMA of P·LN(x_ℓ)), g from 0
     # --- templates: per modulated site, K rank-r operators mixed by c(ybar) = A ybar + b ---
     n_templates: int = 8               # K
     template_rank: int = 1             # r
@@ -88,6 +90,7 @@ class CGTConfig:
         check_int("y_layer", self.y_layer, 1, self.n_layer - 1, hint=" (1..n_layer-1)")
         check_choice("y_reads", self.y_reads, Y_READS)
         check_bool("y_pos", self.y_pos)
+        check_choice("y_readout", self.y_readout, Y_READOUTS)
         check_int("n_templates", self.n_templates, 1)
         check_int("template_rank", self.template_rank, 1)
         if not self.sites:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from ._checks import check_bool, check_float, check_int, describe
 from .config import CGTConfig
 from .io import PretrainedMixin
-from .layers import SITE_WEIGHTS, Block, KVCache, SiteTemplates, YBlock
+from .layers import SITE_WEIGHTS, Block, EMAReadout, KVCache, SiteTemplates, YBlock
 
 IGNORE_INDEX = -100  # token targets equal to this are not scored (PyTorch's convention)
 _AUX_GROUPS = 4      # the auxiliary pass runs rows in up to this many length groups
@@ -313,7 +313,8 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
             str(layer): nn.ModuleDict({site: SiteTemplates(cfg.site_dim(site), cfg.d_y, cfg.n_templates, cfg.template_rank)
                                        for site in cfg.sites})
             for layer in self.modulated_layers})
-        self._n_attention = cfg.n_layer + cfg.y_layer
+        self.y_ema = EMAReadout(cfg.d_x, cfg.d_y) if cfg.y_readout == "ema" else None
+        self._n_attention = cfg.n_layer + cfg.y_layer + (self.y_ema is not None)   # the EMA keeps its history in a cache
 
     # ------------------------------------------------------------------ names
     @property
@@ -350,6 +351,8 @@ class CGT(PretrainedMixin, _Generation, nn.Module):
                                  cache=None if cache is None else cache[cfg.n_layer + n])
             if record is not None:
                 record[f"x.{n + 1}"], record[f"y.{n + 1}"] = x, y
+        if self.y_ema is not None:
+            y = self.y_ema(x, y, cache=None if cache is None else cache[-1])
         return x, self.ln_y(y), y
 
     def _upper(self, x, coeffs_of, cache=None, record=None):

@@ -290,26 +290,4 @@ def tokenizer_from_spec(spec: Any):
     return tok
 
 
-def spec_name(spec: Any) -> str:
-    """The tokenizer name a spec (or an old config's plain string) stands for, without building it."""
-    if isinstance(spec, str):
-        return spec
-    if isinstance(spec, dict) and spec.get("name") == "bpe":
-        return f"bpe{spec.get('vocab_size')}-{str(spec.get('sha256', ''))[:8]}"
-    if isinstance(spec, dict):
-        return str(spec.get("name"))
-    return describe(spec)
-
-
-def check_same_tokenizer(recorded: Any, used: Any, what: str = "the model") -> None:
-    """ValueError naming both tokenizers unless the spec `used` names the one `recorded` (None: nothing recorded)."""
-    if recorded is None:
-        return
-    a, b = spec_name(recorded), spec_name(used)
-    if a != b:
-        raise ValueError(f"tokenizer mismatch: {what} was trained with tokenizer {a!r} but the task uses {b!r}; "
-                         f"rebuild the task with cgt_viz.tasks.task_from_config(model.config)")
-
-
-__all__ = ["ByteTokenizer", "GPT2Tokenizer", "CorpusBPE", "tokenizer_from_spec", "check_same_tokenizer", "spec_name",
-           "TOKENIZER_NAMES", "GPT2_PATTERN"]
+__all__ = ["ByteTokenizer", "GPT2Tokenizer", "CorpusBPE", "tokenizer_from_spec", "TOKENIZER_NAMES", "GPT2_PATTERN"]
