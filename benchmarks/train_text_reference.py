@@ -234,6 +234,7 @@ def main(argv=None) -> dict:
     res = {"command": "python benchmarks/train_text_reference.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "tokenizer": task.tokenizer.name, "vocab_size": task.tokenizer.vocab_size,
            "bytes_per_token": bytes_per_token(task), "block_size": task.block_size, "steps": args.steps,
+           "steps_done": len(hist), "interrupted": bool(hist.interrupted),
            "batch_size": args.batch_size, "lr": args.lr, "w_aux": args.w_aux, "y_readout": args.y_readout,
            "seed": args.seed, "threads": args.threads, "device": str(hist_device(args.device)),
            "train_seconds": train_seconds, "setup_seconds": started - t0,

@@ -217,7 +217,8 @@ class CorpusBPE(_BPEBase):
         try:
             self._tok = Tokenizer.from_str(definition)
         except Exception as err:   # tokenizers raises its own Exception type for a bad definition
-            raise ValueError(f"definition is not a valid tokenizers JSON: {str(err)[:200]}") from None
+            raise ValueError(f"definition must be the tokenizers JSON of a BPE (CorpusBPE.spec()['definition']), got "
+                             f"{definition[:60]!r}: {str(err)[:200]}") from None
         self.definition = definition
         self.vocab_size = self._tok.get_vocab_size()
         self.sha256 = hashlib.sha256(definition.encode("utf-8")).hexdigest()
