@@ -78,6 +78,30 @@ def excerpt_ends(model, task, n_batches: int, batch_size: int, seed: int):
     return (torch.cat(feats).float().numpy(), torch.cat(labels).numpy(), torch.cat(docs).numpy(), toks)
 
 
+@torch.no_grad()
+def mean_state_knn(model, task, n_batches: int = 8, batch_size: int = 32, seed: int = 1000) -> dict:
+    """Diagnostics for ȳ near chance: kNN (same rows, folds, k) of the mean over each excerpt's own tokens of
+    LN(x_ℓ) (what a mean read-out of layer ℓ could carry) and of the token embeddings (a bag of embeddings)."""
+    gen = torch.Generator().manual_seed(seed)
+    ell = model.config.y_layer
+    means = {"x": [], "embed": []}
+    labels, docs = [], []
+    for _ in range(n_batches):
+        b = task.get_batch(batch_size, part="val", generator=gen)
+        _, rec = model.run_with_cache(b.inputs.to(model.device))
+        x = torch.nn.functional.layer_norm(rec[f"x.{ell}"], (model.config.d_x,)).cpu()
+        emb = model.gpt.embed(b.inputs.to(model.device)).cpu()
+        cut = b.info["boundary"]
+        for feat, key in ((x, "x"), (emb, "embed")):
+            means[key] += [torch.stack([feat[i, :int(c)].mean(0) for i, c in enumerate(cut)]),
+                           torch.stack([feat[i, int(c):].mean(0) for i, c in enumerate(cut)])]
+        labels += [b.info["topic_a"], b.info["topic_b"]]
+        docs += [b.info["doc_a"], b.info["doc_b"]]
+    labels, docs = torch.cat(labels).numpy(), torch.cat(docs).numpy()
+    return {f"knn_mean_ln_x{ell}": grouped_knn(torch.cat(means["x"]).numpy(), labels, docs),
+            "knn_mean_embedding": grouped_knn(torch.cat(means["embed"]).numpy(), labels, docs)}
+
+
 def tfidf_features(toks: list[list[int]]) -> np.ndarray:
     from sklearn.feature_extraction.text import TfidfVectorizer
     vec = TfidfVectorizer(analyzer=lambda ids: [str(i) for i in ids], sublinear_tf=True)
@@ -151,10 +175,37 @@ def ablation(model, task, n_rows: int = 16, seed: int = 4000) -> dict:
     return {**best, "ablation_rows": n_rows, "ablation_per_site": per_site}
 
 
+COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+
+
+def pca_svg(features: np.ndarray, labels: np.ndarray, names: list[str], path: Path, title: str) -> None:
+    """A self-contained SVG scatter of the first two principal components, one colour per topic."""
+    X = features - features.mean(0)
+    X = X / np.linalg.norm(X, axis=1, keepdims=True).clip(1e-9)          # cosine geometry, as the kNN
+    _, _, vt = np.linalg.svd(X - X.mean(0), full_matrices=False)
+    xy = (X - X.mean(0)) @ vt[:2].T
+    w, h, m = 520, 420, 30
+    lo, hi = xy.min(0), xy.max(0)
+    px = m + (xy[:, 0] - lo[0]) / (hi[0] - lo[0] + 1e-12) * (w - 2 * m - 120)
+    py = h - m - (xy[:, 1] - lo[1]) / (hi[1] - lo[1] + 1e-12) * (h - 2 * m - 20)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
+           f'<rect width="{w}" height="{h}" fill="white"/>', f'<text x="{m}" y="20" font-size="13">{title}</text>']
+    for x, y, lab in zip(px, py, labels):
+        out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.6" fill="{COLORS[int(lab) % 8]}" fill-opacity="0.7"/>')
+    for i, name in enumerate(names):
+        out.append(f'<circle cx="{w - 130}" cy="{50 + 18 * i}" r="5" fill="{COLORS[i % 8]}"/>'
+                   f'<text x="{w - 120}" y="{54 + 18 * i}">{name}</text>')
+    out.append(f'<text x="{m}" y="{h - 8}" fill="#555">PC 1 / PC 2 of ȳ at the last token of each excerpt '
+               f'(validation documents)</text></svg>')
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(out) + "\n")
+
+
 def measure(model, task, window: int = 16) -> dict:
     started = time.time()
     out = {}
     out.update(knn_scores(model, task))
+    out.update(mean_state_knn(model, task))
     out.update(frozen_curves(model, task))
     out.update(smoothness_ratio(model, task, boundary=task.block_size // 2, window=window))
     out.update(ablation(model, task))
@@ -192,6 +243,7 @@ def main(argv=None) -> dict:
     p.add_argument("--device", default="auto")
     p.add_argument("--knn-every", type=int, default=0, help="ȳ kNN every so many steps (0: steps // 8)")
     p.add_argument("--measure-only", action="store_true")
+    p.add_argument("--figure", default="", help="also write the PCA picture of ȳ at excerpt ends (an .svg path)")
     p.add_argument("--no-measure", action="store_true")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -199,6 +251,9 @@ def main(argv=None) -> dict:
     if args.measure_only:
         model = CGT.from_pretrained(out)
         task = task_from_config(model.config)
+        if args.figure:
+            feats, labels, _, _ = excerpt_ends(model, task, 8, 32, 1000)
+            pca_svg(feats, labels, task.topics, Path(args.figure), f"reference text CGT ({out.name}): ȳ by topic")
         res = {**json.loads((out / "metrics.json").read_text()), **measure(model, task)}
         write_json(out / "metrics.json", res)
         print(json.dumps({k: v for k, v in res.items() if not isinstance(v, (list, dict))}, indent=1))
