@@ -23,7 +23,7 @@ from cgt_viz.tasks import make_task
 
 def excerpts(block_size: int, n_batches: int, batch_size: int, seed: int) -> tuple[list[bytes], np.ndarray]:
     """Both excerpts of each validation row, drawn with the seed stream collect_excerpt_ends uses."""
-    task = make_task("text", block_size=block_size)
+    task = make_task("text", block_size=block_size, tokenizer="bytes")   # this reference counts bytes
     gen = torch.Generator().manual_seed(seed)
     texts, labels = [], []
     for _ in range(n_batches):

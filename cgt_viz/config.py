@@ -14,12 +14,13 @@ from ._checks import Bool, Choice, Float, Int, check_int, describe
 SITES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
 SMOOTH_KINDS = ("l2", "vae", "relative")
 Y_READS = ("post", "pre")
+Y_READOUTS = ("stream", "ema")
 
 # Each field's own contract; `validate` applies these, then the checks that relate fields to each other.
 FIELD_CONSTRAINTS = {
     "block_size": Int(1), "n_layer": Int(2, hint=" (layers 1..y_layer carry y, the rest are modulated)"),
     "d_x": Int(1), "n_head": Int(1), "mlp_ratio": Int(1), "dropout": Float(0.0, 1.0, hi_open=True), "bias": Bool(),
-    "d_y": Int(1), "n_head_y": Int(1), "y_reads": Choice(*Y_READS), "y_pos": Bool(),
+    "d_y": Int(1), "n_head_y": Int(1), "y_reads": Choice(*Y_READS), "y_pos": Bool(), "y_readout": Choice(*Y_READOUTS),
     "n_templates": Int(1), "template_rank": Int(1),
     "w_aux": Float(0.0), "w_smooth": Float(0.0), "smooth": Choice(*SMOOTH_KINDS),
     "vae_sigma": Float(0.0, lo_open=True), "vae_tau": Float(0.0, lo_open=True),
@@ -48,6 +49,7 @@ class CGTConfig:
     y_layer: int = 2                   # ℓ: ybar = LN(y_ℓ); layers ℓ+1..N are modulated
     y_reads: str = "post"              # y block ν reads x_ν after its x block ("post") or x_{ν−1} ("pre")
     y_pos: bool = True                 # y gets its own position embedding (else only a token embedding)
+    y_readout: str = "stream"          # ȳ = LN(y_ℓ) ("stream"), or "ema": LN(g·y_ℓ + EMA of P·LN(x_ℓ)), g from 0
     # --- templates: per modulated site, K rank-r operators mixed by c(ybar) = A ybar + b ---
     n_templates: int = 8               # K
     template_rank: int = 1             # r

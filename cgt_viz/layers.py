@@ -194,3 +194,45 @@ def init_weights(module: nn.Module, n_layer: int) -> None:
     for name, p in module.named_parameters():
         if name.endswith("c_proj.weight"):
             nn.init.normal_(p, 0.0, 0.02 / (2 * n_layer) ** 0.5)
+
+
+class EMAReadout(nn.Module):
+    """ȳ read-out that starts as a causal running mean of LN(x_ℓ): y_ℓ ← g·y_ℓ + EMA_t(P · LN(x_ℓ)).
+
+    EMA_t is a normalised exponential mean over positions s ≤ t, per channel e of the projection P (d → e):
+        m_t,e = Σ_{s≤t} λ_e^{t−s} h_s,e / Σ_{s≤t} λ_e^{t−s},   λ_e = sigmoid(θ_e)
+    with half-lives 1/(−log₂ λ_e) spread geometrically over [min_half_life, max_half_life] tokens at
+    initialisation (θ is learned). The gate g on the y stream starts at 0, so at initialisation ȳ = LN(m_t):
+    a multi-timescale mean of the states of layer ℓ. With a KVCache (generation), the projected history is
+    kept in it and the mean is recomputed over the whole history.
+    """
+
+    def __init__(self, d: int, e: int, min_half_life: float = 16.0, max_half_life: float = 256.0):
+        super().__init__()
+        self.ln = nn.LayerNorm(d, elementwise_affine=False)
+        self.proj = nn.Linear(d, e, bias=False)
+        nn.init.normal_(self.proj.weight, 0.0, 1.0 / math.sqrt(d))
+        half = torch.logspace(math.log10(min_half_life), math.log10(max_half_life), e)
+        lam = torch.exp2(-1.0 / half)
+        self.theta = nn.Parameter(torch.log(lam / (1 - lam)))     # logit of λ
+        self.gate = nn.Parameter(torch.zeros(()))
+
+    def weights(self, t_new: int, s_total: int, device) -> torch.Tensor:
+        """(e, t_new, s_total): the normalised weights of the last t_new positions over all s_total."""
+        log_lam = F.logsigmoid(self.theta)                                             # (e,)
+        t_pos = torch.arange(s_total - t_new, s_total, device=device)[:, None]
+        s_pos = torch.arange(s_total, device=device)[None, :]
+        lag = (t_pos - s_pos).float()                                                  # (t, s)
+        logits = lag[None] * log_lam[:, None, None]
+        logits = logits.masked_fill((lag < 0)[None], float("-inf"))
+        return torch.softmax(logits, dim=-1)                                           # Σ_s = 1: the normalised mean
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        h = self.proj(self.ln(x))                                                      # (b, t, e)
+        t = h.shape[1]
+        if cache is not None:
+            hist, _ = cache.append(h[:, None], h[:, None])
+            h = hist[:, 0]                                                             # (b, s, e)
+        w = self.weights(t, h.shape[1], h.device).to(h.dtype)
+        mean = einsum(w, h, "e t s, b s e -> b t e")
+        return self.gate * y + mean

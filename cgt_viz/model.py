@@ -31,7 +31,7 @@ from .contracts import (IGNORE_INDEX, cache_name_filter, check_ablate, check_inp
                         check_summaries, check_summary, check_targets)
 from .generation import Generation
 from .io import PretrainedMixin, fold_affine_ln_y
-from .layers import SITE_WEIGHTS, Block, SiteTemplates, YBlock, init_weights
+from .layers import SITE_WEIGHTS, Block, EMAReadout, SiteTemplates, YBlock, init_weights
 from .losses import masked_loss, per_position_loss, smoothness_penalty, take_positions
 
 AUX_LENGTH_GROUPS = 4   # the auxiliary pass runs rows in up to this many suffix-length groups
@@ -108,7 +108,8 @@ class CGT(PretrainedMixin, Generation, nn.Module):
             str(layer): nn.ModuleDict({site: SiteTemplates(cfg.site_dim(site), cfg.d_y, cfg.n_templates, cfg.template_rank)
                                        for site in cfg.sites})
             for layer in self.modulated_layers})
-        self._n_attention = cfg.n_layer + cfg.y_layer
+        self.y_ema = EMAReadout(cfg.d_x, cfg.d_y) if cfg.y_readout == "ema" else None
+        self._n_attention = cfg.n_layer + cfg.y_layer + (self.y_ema is not None)   # the EMA keeps its history in a cache
 
     # ------------------------------------------------------------------ names
     @property
@@ -145,6 +146,8 @@ class CGT(PretrainedMixin, Generation, nn.Module):
                                  cache=None if cache is None else cache[cfg.n_layer + n])
             if record is not None:
                 record[f"x.{n + 1}"], record[f"y.{n + 1}"] = x, y
+        if self.y_ema is not None:
+            y = self.y_ema(x, y, cache=None if cache is None else cache[-1])
         return x, self.ln_y(y), y
 
     def _coefficients(self, ybar, ablate=None) -> dict[str, torch.Tensor]:

@@ -363,7 +363,9 @@ def prepare_sequences(model, data, labels=None, boundary=None, *, n_batches: int
         text = [token_strings(inputs[i, :lengths[i]].tolist(), task, cfg.vocab_size) for i in range(n)]
     else:
         text = [[f"x{p}" for p in range(int(lengths[i]))] for i in range(n)]
-    joiner = "" if all(len(s) <= 1 for row in text[:8] for s in row) else " "
+    joiner = getattr(task, "joiner", None)   # a task whose tokens carry their own spaces says so ("")
+    if not isinstance(joiner, str):
+        joiner = "" if all(len(s) <= 1 for row in text[:8] for s in row) else " "
     token_labels = _check_labels(labels, lengths, t)
     label_name = "label"
     if token_labels is None and token_labels_from_data is not None:

@@ -33,7 +33,7 @@ from cgt_viz.tasks import make_task
 from cgt_viz.tasks.icl import SyntheticICL
 from cgt_viz.tasks.regression import LinearRegression
 from cgt_viz.tasks.text import TextMixture
-from cgt_viz.tasks.tokenizer import ByteTokenizer
+from cgt_viz.tasks.tokenizer import ByteTokenizer, CorpusBPE, GPT2Tokenizer, tokenizer_from_spec
 from cgt_viz.train import TrainHistory, train
 
 torch.set_num_threads(1)
@@ -229,6 +229,16 @@ case("TextMixture.get_batch", "batch_size", [0, 1.5], lambda v: ("<text-batch>",
 case("TextMixture.eval_batch", "k", [0, 64, 1.5], lambda v: ("<text-eval>", {"k": v}))
 case("ByteTokenizer.encode", "text", [5, None, ["a"]], lambda v: ByteTokenizer().encode(v))
 case("ByteTokenizer.decode", "ids", [[300], [-1], "abc", [1.5]], lambda v: ByteTokenizer().decode(v))
+case("GPT2Tokenizer.encode", "text", [5, None, ["a"]], lambda v: GPT2Tokenizer().encode(v))
+case("GPT2Tokenizer.decode", "ids", [[50257], [-1], "abc", [1.5]], lambda v: GPT2Tokenizer().decode(v))
+case("CorpusBPE.train", "vocab_size", [0, 256, 70000, 1.5, "300"], lambda v: CorpusBPE.train(["a b c"], v))
+case("CorpusBPE", "definition", [5, None, "{not json"], lambda v: CorpusBPE(v))
+case("CorpusBPE.encode", "text", [5, None], lambda v: CorpusBPE.train(["a b c"], 260).encode(v))
+case("CorpusBPE.decode", "ids", [[260], [-1], "abc"], lambda v: CorpusBPE.train(["a b c"], 260).decode(v))
+case("tokenizer_from_spec", "spec", ["sentencepiece", 5, None], lambda v: tokenizer_from_spec(v))
+case("tokenizer_from_spec", "spec", [{"name": "wordpiece"}], lambda v: tokenizer_from_spec(v), shows="'wordpiece'")
+case("TextMixture", "tokenizer", ["wordpiece", 5], lambda v: ("<text>", {"tokenizer": v}))
+case("TextMixture", "bpe_vocab", [0, 256, 1.5], lambda v: ("<text>", {"bpe_vocab": v}))
 
 # ------------------------------------------------------------------------------------------ train
 TRAIN_ARGS = {   # each TrainConfig field's declared contract, plus train()'s own arguments
@@ -607,7 +617,10 @@ NOT_AUDITED = {  # public names with no bad-argument cases here, and why
     "TemplateInspector.show": "as the constructor's sequence/token/site", "SmoothnessStrip.figure_for": "as show",
     "CompileCompare.figure_for": "as losses", "CompileCompare.show": "as losses",
     "Projector": "method and X cases", "seeds_summary": "runs and by cases",
-    "ByteTokenizer": "no arguments", "Points.concat": "internal (Explorer.add)", "Points.frame": "internal (selection)",
+    "ByteTokenizer": "no arguments", "ByteTokenizer.spec": "no arguments", "GPT2Tokenizer.spec": "no arguments",
+    "CorpusBPE.spec": "no arguments", "GPT2Tokenizer": "no arguments", "gpt2_files": "no arguments",
+    "ByteTokenizer.encode_array": "internal (TextMixture builds its token array)",
+    "GPT2Tokenizer.token_bytes": "display helper (token_str)", "CorpusBPE.token_bytes": "display helper (token_str)", "Points.concat": "internal (Explorer.add)", "Points.frame": "internal (selection)",
     "TrainHistory.to_dict": "no arguments", "TrainHistory.to_dataframe": "no arguments",
     "TrainHistory.evals_dataframe": "no arguments",
     "check_targets": "the checker itself (every targets/loss_mask case)",

@@ -305,9 +305,9 @@ def test_state_json_with_missing_keys_is_refused_by_name(tmp_path):
 
 def test_a_refused_flag_writes_no_run_json_and_the_corrected_command_runs(tmp_path, capsys):
     out = tmp_path / "run"
-    # --eval-every -2 passes the CLI's own checks and is refused by train(): run.json must not stay behind
+    # --eval-every -2 is refused (by TrainConfig, before training): run.json must not stay behind
     assert main(["train", *ICL, "--out", str(out), "--steps", "2", "--batch-size", "4", "--eval-every", "-2"]) == 2
-    assert "eval_every must be" in capsys.readouterr().err
+    assert "--eval-every must be" in capsys.readouterr().err
     assert not (out / "run.json").exists()
     assert main(["train", *ICL, "--out", str(out), "--steps", "2", "--batch-size", "4", "--eval-every", "1"]) == 0
 

@@ -219,7 +219,7 @@ def test_regression_active_dims_curriculum():
 
 # ---------------------------------------------------------------------------- TextMixture
 def test_text_folder_corpus_labels_boundary_and_split(tmp_path):
-    task = TextMixture(write_corpus(tmp_path), block_size=64, min_excerpt=8, val_fraction=0.34)
+    task = TextMixture(write_corpus(tmp_path), block_size=64, min_excerpt=8, val_fraction=0.34, tokenizer="bytes")
     assert task.topics == ["cats", "dogs", "fish"]
     b = task.get_batch(3, generator=gen(2))
     assert b.inputs.shape == b.targets.shape == (3, 64) and b.loss_mask is None
@@ -258,12 +258,13 @@ def test_text_bbc_corpus_split_is_disjoint_and_deterministic(bbc):
     assert (bbc.doc_is_val[e.info["doc"]]).all()
 
 
-def test_text_tokenizer_and_decode(bbc):
-    tok = bbc.tokenizer
+def test_text_tokenizer_and_decode():
+    task = TextMixture("bbc", block_size=128, tokenizer="bytes")
+    tok = task.tokenizer
     assert isinstance(tok, ByteTokenizer) and tok.vocab_size == 256
     assert tok.decode(tok.encode("naïve £5\n")) == "naïve £5\n"
-    assert bbc.decode(tok.encode("a b\n")) == ["a", "·", "b", "↵"]
-    cfg_kw = bbc.config_kwargs()
+    assert task.decode(tok.encode("a b\n")) == ["a", "·", "b", "↵"]
+    cfg_kw = task.config_kwargs()
     assert cfg_kw["vocab_size"] == 256 and cfg_kw["extra"]["task"]["source"] == "bbc"
     assert isinstance(task_from_config(cfg_kw), TextMixture)
 
@@ -277,19 +278,19 @@ def test_text_bad_inputs(tmp_path):
     root = write_corpus(tmp_path / "few", topics=("a", "b"), n_docs=2)
     (root / "c").mkdir()
     (root / "c" / "only.txt").write_text("x" * 400)
-    with pytest.raises(ValueError, match="topic 'c' has 1 document"):
-        TextMixture(root, block_size=64)
+    with pytest.raises(ValueError, match="topic 'c' has 1 training and 0 validation document"):
+        TextMixture(root, block_size=64, tokenizer="bytes")
     one = write_corpus(tmp_path / "one", topics=("a",), n_docs=3)
     with pytest.raises(ValueError, match="at least two topics"):
-        TextMixture(one, block_size=64)
+        TextMixture(one, block_size=64, tokenizer="bytes")
     ok = write_corpus(tmp_path / "ok", topics=("a", "b"), n_docs=2)
     with pytest.raises(ValueError, match="block_size"):
-        TextMixture(ok, block_size=1000)                                # documents too short
+        TextMixture(ok, block_size=1000, tokenizer="bytes")                                # documents too short
     with pytest.raises(ValueError, match="topics"):
-        TextMixture(ok, block_size=64, topics=["a", "zebra"])
+        TextMixture(ok, block_size=64, topics=["a", "zebra"], tokenizer="bytes")
     with pytest.raises(ValueError, match="min_excerpt"):
-        TextMixture(ok, block_size=64, min_excerpt=40)
-    task = TextMixture(ok, block_size=64, min_excerpt=8)
+        TextMixture(ok, block_size=64, min_excerpt=40, tokenizer="bytes")
+    task = TextMixture(ok, block_size=64, min_excerpt=8, tokenizer="bytes")
     with pytest.raises(ValueError, match="k=64"):
         task.eval_batch(64, 1)
     with pytest.raises(ValueError, match="boundary"):

