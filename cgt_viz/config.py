@@ -15,6 +15,9 @@ SITES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
 SMOOTH_KINDS = ("l2", "vae", "relative")
 Y_READS = ("post", "pre")
 Y_READOUTS = ("stream", "ema")
+# Fields added after models were first saved, with the value that reproduces a model saved before the field
+# existed: loading fills exactly these (an explicit migration); any other missing field is refused.
+ADDED_FIELDS = {"aux_row_fraction": 1.0, "y_readout": "stream"}
 
 # Each field's own contract; `validate` applies these, then the checks that relate fields to each other.
 FIELD_CONSTRAINTS = {

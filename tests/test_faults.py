@@ -576,3 +576,16 @@ def test_a_model_larger_than_the_free_memory_is_refused_before_loading(saved_mod
         CGT.from_pretrained(saved_model)
     monkeypatch.setattr(io_mod, "_available_memory", lambda: None)     # unknown: no refusal
     CGT.from_pretrained(saved_model)
+
+
+def test_fields_added_later_are_migrated_explicitly_and_the_model_is_unchanged(saved_model):
+    from cgt_viz.config import ADDED_FIELDS
+    before = CGT.from_pretrained(saved_model)
+    meta = read_json(saved_model / "config.json")
+    for name in ADDED_FIELDS:                 # a folder written before these fields existed
+        del meta["config"][name]
+    write_json(saved_model / "config.json", meta)
+    after = CGT.from_pretrained(saved_model)
+    assert after.config == before.config
+    idx = torch.randint(0, after.config.vocab_size, (2, 6))
+    assert torch.equal(after(idx), before(idx))
