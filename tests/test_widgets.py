@@ -37,6 +37,14 @@ def colors(fig):
     return np.asarray(fig.data[0].marker.color, dtype=float)
 
 
+def drawn_xy(ex):
+    """The coordinates the figure draws, back in point order (M, 2)."""
+    out = np.zeros((len(ex.points), 2))
+    for t, rows in zip(ex.figure.data, ex._groups or [np.arange(len(ex.points))]):
+        out[rows] = np.column_stack([t.x, t.y])
+    return out
+
+
 def widget_tree(w):
     """w and every widget below it (children, figures, linked views)."""
     out, todo = [], [w]
@@ -53,19 +61,42 @@ def embed_size(w) -> tuple[int, dict]:
 
 
 # ---------------------------------------------------------------------------------------------- explorer
+def trace_points(ex):
+    """{trace name: the drawn points it holds} (the explorer's own mapping) and the points' colours."""
+    groups = ex._groups or [np.arange(len(ex.points))]
+    return {t.name: g for t, g in zip(ex.figure.data, groups)}
+
+
 def test_colour_by_changes_trace_colours(ex):
     assert ex.color_by == "label" and len(ex.points) == 120
-    by_topic = colors(ex.figure)
-    assert set(by_topic) == {0, 1, 2}
+    # a categorical colouring: one trace per category, in the legend, each its own colour, no colour bar
+    by = trace_points(ex)
+    assert list(by) == ["a", "b", "c"] and all(t.showlegend for t in ex.figure.data)
+    assert len({t.marker.color for t in ex.figure.data}) == 3
+    for name, rows in by.items():
+        assert set(ex.points.label[rows]) == {name}
+        trace = next(t for t in ex.figure.data if t.name == name)
+        assert np.allclose(np.column_stack([trace.x, trace.y]), ex.coords[rows])
+    assert sorted(np.concatenate(list(by.values())).tolist()) == list(range(120))
     ex.color_picker.value = "position"                                 # the UI path: dropdown -> figure
-    assert ex.color_by == "position" and np.array_equal(colors(ex.figure), ex.points.pos)
-    assert ex.figure.data[0].marker.colorbar.title.text == "position"
+    assert ex.color_by == "position" and len(ex.figure.data) == 1 and np.array_equal(colors(ex.figure), ex.points.pos)
+    assert ex.figure.data[0].marker.colorbar.title.text == "position" and ex.figure.data[0].marker.showscale
     ex.set_color("document")
-    assert np.array_equal(colors(ex.figure), ex.points.seq)
+    assert [t.name for t in ex.figure.data] == [str(i) for i in range(6)]
     ex.set_color("excerpt half")
-    assert set(colors(ex.figure)) == {0, 1} and list(ex.figure.data[0].marker.colorbar.ticktext) == ["first", "second"]
+    assert [t.name for t in ex.figure.data] == ["first", "second"]
+    ex.set_color("token")                                               # the most frequent tokens, the rest "other"
+    names = [t.name for t in ex.figure.data]
+    assert "other" in names and len(names) <= 13
     with pytest.raises(ValueError, match="color_by must be one of"):
         ex.set_color("nope")
+
+
+def test_ybar_map_figure_numeric_ids_sort_as_numbers():
+    from cgt_viz.figures import ybar_map_figure
+    fig = ybar_map_figure(np.zeros((4, 2)), [10, 2, 10, 1], color_kind="categorical", selected=[0])
+    assert [t.name for t in fig.data] == ["1", "2", "10"]
+    assert [list(t.selectedpoints) for t in fig.data] == [[], [], [0]]
 
 
 def test_programmatic_selection_gives_the_right_rows(ex):
@@ -78,7 +109,10 @@ def test_programmatic_selection_gives_the_right_rows(ex):
         assert row["token_id"] == ex.seqs.inputs[row["sequence"], row["position"]].item()
         assert row["label"] == ["a", "b", "c"][row["sequence"] % 3]
         assert (row["x"], row["y"]) == pytest.approx(tuple(ex.coords[p]))
-    assert list(ex.figure.data[0].selectedpoints) == [3, 25, 64] and "3 points selected" in ex.selection_info.value
+    drawn = {t.name: list(t.selectedpoints) for t in ex.figure.data}     # the map shows it: per-trace indices
+    by = trace_points(ex)
+    assert sorted(int(by[n][i]) for n, sel in drawn.items() for i in sel) == [3, 25, 64]
+    assert "3 points selected" in ex.selection_info.value
     xy = ex.coords
     ex.select_box((0, xy[:, 0].max()), (0, xy[:, 1].max()))
     inside = np.nonzero((xy[:, 0] >= 0) & (xy[:, 1] >= 0))[0]
@@ -98,16 +132,22 @@ def test_browser_selection_and_click_messages_reach_python(ex):
         return {"new": {"event_type": event, "points": {"trace_indexes": [0] * len(inds), "point_indexes": inds,
                                                         "xs": [0.0] * len(inds), "ys": [0.0] * len(inds)},
                         "device_state": None, "selector": None}}
-    ex.figure._handler_js2py_pointsCallback(message("plotly_selected", [5, 7, 9]))
-    assert ex.selection["point"].tolist() == [5, 7, 9]
-    ex.figure._handler_js2py_pointsCallback(message("plotly_click", [47]))
-    seq, pos = int(ex.points.seq[47]), int(ex.points.pos[47])
+    def message2(event, pairs):   # (trace, index in that trace) pairs
+        return {"new": {"event_type": event, "points": {"trace_indexes": [t for t, _ in pairs],
+                                                        "point_indexes": [i for _, i in pairs],
+                                                        "xs": [0.0] * len(pairs), "ys": [0.0] * len(pairs)},
+                        "device_state": None, "selector": None}}
+    groups = ex._groups
+    ex.figure._handler_js2py_pointsCallback(message2("plotly_selected", [(0, 1), (2, 3), (2, 0)]))
+    assert ex.selection["point"].tolist() == sorted([groups[0][1], groups[2][3], groups[2][0]])
+    ex.figure._handler_js2py_pointsCallback(message2("plotly_click", [(1, 4)]))
+    seq, pos = int(ex.points.seq[groups[1][4]]), int(ex.points.pos[groups[1][4]])
     assert ex.strip is not None and ex.strip.sequence == seq and ex.strip.highlight == pos
     assert ex.inspector.sequence == seq and ex.inspector.token == pos
     assert list(ex.linked.children) == [ex.strip, ex.inspector]
     ex.open_point(0)                                                    # a second click updates in place
     assert ex.strip.sequence == int(ex.points.seq[0]) and list(ex.linked.children) == [ex.strip, ex.inspector]
-    ex.figure._handler_js2py_pointsCallback(message("plotly_deselect", []))
+    ex.figure._handler_js2py_pointsCallback(message2("plotly_deselect", []))
     assert ex.selection.empty
 
 
@@ -116,11 +156,11 @@ def test_switching_projection_changes_coordinates(ex):
     pca = ex.coords.copy()
     ex.set_projection("tsne", wait=True)
     assert ex.projection == "tsne" and ex.projection_picker.value == "tsne"
-    tsne = np.column_stack([ex.figure.data[0].x, ex.figure.data[0].y])
-    assert tsne.shape == pca.shape and not np.allclose(tsne, pca)
+    tsne = drawn_xy(ex)
+    assert tsne.shape == pca.shape and not np.allclose(tsne, pca) and np.allclose(tsne, ex.coords)
     assert "t-SNE" in ex.figure.layout.xaxis.title.text and "ready" in ex.status.value
     ex.projection_picker.value = "pca"                                  # cached: no refit, coordinates back
-    assert np.allclose(np.column_stack([ex.figure.data[0].x, ex.figure.data[0].y]), pca)
+    assert np.allclose(drawn_xy(ex), pca)
     assert "% of variance" in ex.figure.layout.xaxis.title.text
 
 
@@ -142,13 +182,13 @@ def test_umap_fits_in_the_background_and_waits_to_be_picked(model):
     pca = ex.coords.copy()
     ex.projection_picker.value = "umap"                                  # cached: shown at once
     assert ex.projection == "umap" and "UMAP" in ex.figure.layout.xaxis.title.text
-    assert not np.allclose(np.column_stack([ex.figure.data[0].x, ex.figure.data[0].y]), pca)
+    assert not np.allclose(drawn_xy(ex), pca)
 
 
 def test_subsampling_beyond_the_cap_is_stratified_and_visible(model):
     data = torch.randint(0, 256, (8, 40))
     ex = explore(model, data, labels=["x"] * 6 + ["rare"] * 2, max_points=50, background=None)
-    assert len(ex.points) == 50 and ex.n_total == 320 and len(ex.figure.data[0].x) == 50
+    assert len(ex.points) == 50 and ex.n_total == 320 and sum(len(t.x) for t in ex.figure.data) == 50
     assert "showing 50 of 320 tokens" in ex.figure.layout.title.text and "stratified by label" in ex.figure.layout.title.text
     kept = dict(zip(*np.unique(ex.points.label, return_counts=True)))
     assert kept == {"rare": 12, "x": 38} or kept == {"rare": 13, "x": 37}
@@ -159,7 +199,7 @@ def test_add_places_new_points_with_the_cached_reducer(ex, model):
     old = ex.coords.copy()
     new = torch.randint(0, 256, (2, 10))
     assert ex.add(new, labels=["new", "new"]) == 20
-    assert len(ex.points) == 140 and len(ex.figure.data[0].x) == 140 and ex.projectors["pca"] is reducer
+    assert len(ex.points) == 140 and sum(len(t.x) for t in ex.figure.data) == 140 and ex.projectors["pca"] is reducer
     assert np.allclose(ex.coords[:120], old)
     expected = reducer.transform(A.collect_ybar(model, new).reshape(20, -1))
     assert np.allclose(ex.coords[120:], expected, atol=1e-5)

@@ -12,11 +12,12 @@ from .. import analysis as A
 from .._checks import check_height, check_int
 from ..figures import compare_figure
 from ._base import boundary_of, figure_widget, html_status, replace_figure, sequences_of
+from ._static import StaticForm
 
 ALL = "all"   # the sequence picker's value for "mean over all sequences" (None means the same when constructing)
 
 
-class CompileCompare(W.VBox):
+class CompileCompare(StaticForm, W.VBox):
     """A split slider, a sequence picker (one or the mean of all), and `compare_figure`."""
 
     def __init__(self, model, data, labels=None, *, split: int | None = None, sequence: int | str | None = None,
@@ -83,6 +84,12 @@ class CompileCompare(W.VBox):
         ylabel = "cross-entropy" if self.model.config.mode == "tokens" else "MSE"
         return compare_figure(self.losses(split, seq), boundary=boundary, split=split, ylabel=ylabel,
                               height=self.height, title=f"Compile and compare · {what} · split s = {split}")
+
+    def static_figures(self) -> list:
+        return [self.figure_for()]
+
+    def static_text(self) -> str:
+        return f"compile and compare: split s = {self.split}, {self.sequence if self.sequence == ALL else f'sequence {self.sequence}'}"
 
     def show(self, split: int | None = None, sequence: int | str | None = None) -> None:
         """Redraw for another split and/or sequence ("all": the mean over all; None keeps the current)."""

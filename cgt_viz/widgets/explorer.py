@@ -21,9 +21,11 @@ import numpy as np
 from .. import analysis as A
 from .._checks import (check_array, check_bool, check_choice, check_height, check_index, check_int,
                        describe, is_number)
-from ..figures import color_spec, ybar_map_figure
-from ._base import check_view_ybar, figure_widget, html_status
+from ..figures import map_groups, ybar_map_figure
+from ._base import check_view_ybar, figure_widget, html_status, replace_figure
+from ._static import STATIC_MAX_POINTS, StaticForm
 
+TOKEN_COLOURS = 12   # colour by token: the most frequent tokens get a colour each, the rest are "other"
 AXIS_NAMES = {"pca": ("PC 1", "PC 2"), "umap": ("UMAP 1", "UMAP 2"), "tsne": ("t-SNE 1", "t-SNE 2")}
 METHOD_NAMES = {"pca": "PCA", "umap": "UMAP", "tsne": "t-SNE"}
 
@@ -59,6 +61,14 @@ def _check_pair(name: str, value) -> tuple[float, float]:
     return min(lo, hi), max(lo, hi)
 
 
+def _top_tokens(tokens: np.ndarray, k: int) -> np.ndarray:
+    """Each token's own string if it is among the k most frequent, else "other"."""
+    keys = tokens.astype(str)
+    names, counts = np.unique(keys, return_counts=True)
+    top = set(names[np.argsort(-counts, kind="stable")[:k]].tolist())
+    return np.array([repr(str(t)) if t in top else "other" for t in keys], dtype=object)
+
+
 def explore(model, data, labels=None, *, positions: Any = "all", projection: str = "pca",
             background: str | None = "umap", color_by: str | None = None, max_points: int = 100_000,
             boundary=None, n_batches: int = 4, batch_size: int = 32, seed: int = 0, linked: bool = True,
@@ -82,7 +92,7 @@ def explore(model, data, labels=None, *, positions: Any = "all", projection: str
                     projection_params=projection_params, height=height)
 
 
-class Explorer(W.VBox):
+class Explorer(StaticForm, W.VBox):
     """ipywidgets layout around a FigureWidget of ȳ points; see `explore` for the arguments."""
 
     def __init__(self, model, sequences: A.Sequences, ybar: np.ndarray | None = None, *, positions: Any = "all",
@@ -129,11 +139,10 @@ class Explorer(W.VBox):
         first = "pca"                           # always the first paint: instant; others follow when fitted
         t0 = time.perf_counter()
         self._fit_now(first)
+        self._groups: list[np.ndarray] = []
         self.figure = figure_widget(self._figure(first))
         self.projection = first
-        self._trace.on_selection(self._on_plotly_selection)
-        self._trace.on_deselect(lambda *_: self.select([]))
-        self._trace.on_click(self._on_plotly_click)
+        self._wire_traces()
 
         self.projection_picker = W.Dropdown(options=[(METHOD_NAMES[m], m) for m in A.PROJECTIONS], value=first,
                                             description="Projection", layout=W.Layout(width="220px"))
@@ -153,9 +162,19 @@ class Explorer(W.VBox):
             self._start_fit(background)
 
     # ------------------------------------------------------------------ data
-    @property
-    def _trace(self):
-        return self.figure.data[0]
+    def _wire_traces(self) -> None:
+        """(Re)attach the selection, click and deselect callbacks to every trace (after the traces change)."""
+        self._buffer: list[np.ndarray] = []
+        last = len(self.figure.data) - 1
+        for i, trace in enumerate(self.figure.data):
+            trace.on_selection(lambda tr, pts, sel, i=i: self._on_plotly_selection(i, last, pts))
+            trace.on_deselect(lambda tr, pts, i=i: self.select([]) if i == last else None)
+            trace.on_click(lambda tr, pts, state, i=i: self._on_plotly_click(i, pts))
+
+    def _to_points(self, trace: int, local) -> np.ndarray:
+        """Indices within trace `trace` -> indices of drawn points (0..M−1)."""
+        local = np.asarray(local, dtype=np.int64)
+        return self._groups[trace][local] if self._groups else local
 
     def _color_options(self) -> dict[str, tuple[np.ndarray, str]]:
         pts, opts = self.points, {}
@@ -164,6 +183,7 @@ class Explorer(W.VBox):
         opts["position"] = (pts.pos, "continuous")
         opts["document"] = (pts.seq, "categorical")
         opts["excerpt half"] = (np.where(pts.half == 0, "first", "second"), "categorical")
+        opts["token"] = (_top_tokens(pts.token, TOKEN_COLOURS), "categorical")
         return opts
 
     def _note(self) -> str:
@@ -174,11 +194,20 @@ class Explorer(W.VBox):
                     f"(max_points={self.max_points:,})")
         return f"{m:,} tokens from {len(np.unique(self.points.seq)):,} sequences"
 
-    def _figure(self, method: str):
+    def _figure(self, method: str, rows: np.ndarray | None = None, note: str | None = None):
+        """The map in projection `method` (rows: a subset of the drawn points, for the static copy)."""
         values, kind = self.color_options[self.color_by]
-        return ybar_map_figure(self._coords[method], values, self.points.hover, color_name=self.color_by,
-                               color_kind=kind, note=self._note(), axis_names=self._axis_names(method),
-                               height=self.height,
+        coords, hover, selected = self._coords[method], self.points.hover, self._selected
+        if rows is not None:
+            pos = np.full(len(self.points), -1)
+            pos[rows] = np.arange(len(rows))
+            values, coords, hover = values[rows], coords[rows], hover[rows]
+            selected = pos[selected][pos[selected] >= 0]
+        if rows is None:
+            self._groups = map_groups(values, kind)[1]
+        return ybar_map_figure(coords, values, hover, color_name=self.color_by, color_kind=kind,
+                               note=note or self._note(), axis_names=self._axis_names(method), height=self.height,
+                               selected=selected if len(selected) else None,
                                title=f"ȳ of {len(self.points):,} tokens · {METHOD_NAMES[method]}")
 
     def _axis_names(self, method: str) -> tuple[str, str]:
@@ -188,9 +217,26 @@ class Explorer(W.VBox):
             return tuple(names + ["PC 2"] * (2 - len(names)))
         return AXIS_NAMES[method]
 
-    def figure_static(self):
-        """The current view as a plain `go.Figure` (for write_html / reports)."""
-        return self._figure(self.projection)
+    def figure_static(self, max_points: int | None = None):
+        """The current view as a plain `go.Figure` (for write_html / reports); max_points: draw a subsample
+        (stratified like the map's) of at most that many points."""
+        if max_points is None or len(self.points) <= max_points:
+            return self._figure(self.projection)
+        max_points = check_int("max_points", max_points, 2)
+        strata = self.points.label.astype(str) if self.points.label is not None else self.points.seq
+        rows = A.stratified_subsample(strata, max_points, self.seed)
+        return self._figure(self.projection, rows, note=f"static copy: {len(rows):,} of {len(self.points):,} drawn "
+                                                        f"points ({self._note()})")
+
+    def static_figures(self) -> list:
+        """The map (at most STATIC_MAX_POINTS points) and the linked views that are open."""
+        figs = [self.figure_static(STATIC_MAX_POINTS)]
+        if self._strip is not None:
+            figs += [self._strip.figure_for(self._strip.sequence, self._strip.highlight), self._inspector.figure_for()]
+        return figs
+
+    def static_text(self) -> str:
+        return f"ȳ explorer: {len(self.points):,} tokens, {METHOD_NAMES[self.projection]}, colour by {self.color_by}"
 
     @property
     def coords(self) -> np.ndarray:
@@ -265,7 +311,10 @@ class Explorer(W.VBox):
         with self._lock:
             xy = self._coords[method]
             with self.figure.batch_update():
-                self._trace.x, self._trace.y = xy[:, 0], xy[:, 1]
+                groups = self._groups or [np.arange(len(xy))]
+                for trace, rows in zip(self.figure.data, groups):
+                    trace.x, trace.y = xy[rows, 0], xy[rows, 1]
+                self.figure.layout.selections = ()          # a box/lasso drawn in the old coordinates
                 self.figure.layout.xaxis.title.text, self.figure.layout.yaxis.title.text = self._axis_names(method)
                 self.figure.layout.title.text = (f"ȳ of {len(self.points):,} tokens · {METHOD_NAMES[method]}"
                                                  f"<br><sup>{self._note()}</sup>")
@@ -281,14 +330,9 @@ class Explorer(W.VBox):
     def set_color(self, by: str) -> None:
         """Colour points by one of `color_options` (topic/label, position, document, excerpt half)."""
         check_choice("color_by", by, self.color_options)   # the name explore() takes
-        values, kind = self.color_options[by]
-        spec = color_spec(values, by, kind)
-        with self._lock, self.figure.batch_update():
-            self._trace.marker.update(spec, overwrite=False)
-            self._trace.marker.colorbar.tickvals = spec["colorbar"]["tickvals"]
-            self._trace.marker.colorbar.ticktext = spec["colorbar"]["ticktext"]
-            self._trace.marker.cmin, self._trace.marker.cmax = spec["cmin"], spec["cmax"]
-        self.color_by = by
+        with self._lock:
+            self.color_by = by
+            self._redraw()
         if self.color_picker.value != by:
             self._syncing = True
             try:
@@ -296,12 +340,23 @@ class Explorer(W.VBox):
             finally:
                 self._syncing = False
 
+    def _redraw(self) -> None:
+        """Rebuild the traces (colouring, point set or legend grouping changed), keeping the selection."""
+        replace_figure(self.figure, self._figure(self.projection))
+        self.figure.layout.selections = ()
+        self._wire_traces()
+
     # ------------------------------------------------------------------ selection
     def select(self, points) -> None:
-        """Select drawn points by index (0..M−1); [] clears. Also what a box/lasso in the browser calls."""
+        """Select drawn points by index (0..M−1); [] clears. Also what a box/lasso in the browser calls.
+        The map shows the selection (other points faint)."""
         idx = self._check_points(points)
         self._selected = np.unique(idx)
-        self._trace.selectedpoints = self._selected.tolist() if idx.size else None
+        groups = self._groups or [np.arange(len(self.points))]
+        with self.figure.batch_update():
+            for trace, rows in zip(self.figure.data, groups):
+                trace.selectedpoints = (np.nonzero(np.isin(rows, self._selected))[0].tolist()
+                                        if self._selected.size else None)
         self._describe_selection()
 
     def _check_points(self, points) -> np.ndarray:
@@ -345,8 +400,13 @@ class Explorer(W.VBox):
         df = self.points.frame(self._selected, self.coords)
         return df.reset_index(drop=True)
 
-    def _on_plotly_selection(self, trace, points, selector) -> None:
-        self.select(points.point_inds)
+    def _on_plotly_selection(self, i: int, last: int, points) -> None:
+        # plotly calls every trace's callback once per selection event, in trace order
+        if i == 0:
+            self._buffer = []
+        self._buffer.append(self._to_points(i, points.point_inds))
+        if i == last:
+            self.select(np.concatenate(self._buffer) if self._buffer else [])
 
     def _describe_selection(self) -> None:
         n = len(self._selected)
@@ -361,9 +421,9 @@ class Explorer(W.VBox):
         self.selection_info.value = html_status(text + " — <code>explorer.selection</code> has them as a DataFrame")
 
     # ------------------------------------------------------------------ linked views
-    def _on_plotly_click(self, trace, points, state) -> None:
+    def _on_plotly_click(self, i: int, points) -> None:
         if points.point_inds:
-            self.open_point(points.point_inds[0])
+            self.open_point(int(self._to_points(i, points.point_inds[:1])[0]))
 
     def open_point(self, point: int) -> None:
         """Open the linked views for the sequence of drawn point `point`, its token highlighted."""
@@ -430,10 +490,8 @@ class Explorer(W.VBox):
                 self.color_picker.value = self.color_by
             finally:
                 self._syncing = False
-            fig = self._figure(self.projection)
-            with self.figure.batch_update():
-                self._trace.update(fig.data[0].to_plotly_json(), overwrite=True)
-                self.figure.layout.title.text = fig.layout.title.text
+            self._selected = np.zeros(0, dtype=np.int64)
+            self._redraw()
         if self._strip is not None:
             self._strip.seqs, self._strip.ybar = self.seqs, self.ybar_full
             self._inspector.set_data(self.seqs, self.ybar_full)

@@ -12,9 +12,10 @@ from .. import analysis as A
 from .._checks import check_height, check_index, check_int
 from ..figures import smoothness_figure
 from ._base import boundary_of, check_view_ybar, figure_widget, replace_figure, sequences_of
+from ._static import StaticForm
 
 
-class SmoothnessStrip(W.VBox):
+class SmoothnessStrip(StaticForm, W.VBox):
     """‖ȳ_t − ȳ_{t−1}‖, cosine and the ȳ heatmap of one sequence; a sequence picker; optional second model."""
 
     def __init__(self, model, data, labels=None, *, sequence: int = 0, highlight: int | None = None,
@@ -56,6 +57,12 @@ class SmoothnessStrip(W.VBox):
                                  highlight=highlight, overlay=overlay, name=self.names[0], height=self.height,
                                  title=f"Smoothness of ȳ · sequence {i}"
                                        + (f" · token {highlight}" if highlight is not None else ""))
+
+    def static_figures(self) -> list:
+        return [self.figure_for(self.sequence, self.highlight)]
+
+    def static_text(self) -> str:
+        return f"smoothness strip of ȳ: sequence {self.sequence} of {self.seqs.n}"
 
     def show(self, sequence: int, highlight: int | None = None) -> None:
         """Draw another sequence (and highlight one of its tokens)."""

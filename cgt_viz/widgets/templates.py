@@ -12,11 +12,12 @@ import numpy as np
 
 from .. import analysis as A
 from .._checks import check_height, check_index, check_int
-from ..figures import template_figure
+from ..figures import _natural_key, template_figure
 from ._base import boundary_of, check_view_ybar, figure_widget, html_status, replace_figure, sequences_of
+from ._static import StaticForm
 
 
-class TemplateInspector(W.VBox):
+class TemplateInspector(StaticForm, W.VBox):
     """Site picker, sequence picker, token slider, coefficient heatmap, mean |c_k| per label, singular
     values of ΔW(ȳ) at the chosen token, and template ablation Δloss (button)."""
 
@@ -82,7 +83,9 @@ class TemplateInspector(W.VBox):
                 labels = np.where((bound >= 0) & (pos >= bound), "second excerpt", "first excerpt")
             else:
                 labels = np.full(len(coeffs), "all tokens")
-            self._means[site] = A.mean_abs_by_label(coeffs, labels)
+            names, table = A.mean_abs_by_label(coeffs, labels)
+            order = sorted(range(len(names)), key=lambda j: _natural_key(names[j]))   # "2" before "10"
+            self._means[site] = [names[j] for j in order], table[order]
         return self._means[site]
 
     # ------------------------------------------------------------------ drawing
@@ -101,6 +104,12 @@ class TemplateInspector(W.VBox):
                                ablation=self._ablation.get(site), height=self.height,
                                title=f"κ-template inspector · site {site} · sequence {i} · token {tok} "
                                      f"({self.seqs.token_text[i][tok]!r})")
+
+    def static_figures(self) -> list:
+        return [self.figure_for()]
+
+    def static_text(self) -> str:
+        return f"κ-template inspector: site {self.site}, sequence {self.sequence}, token {self.token}"
 
     def show(self, sequence: int | None = None, token: int | None = None, site: str | None = None) -> None:
         """Redraw for another sequence / token / site (None keeps the current one)."""
