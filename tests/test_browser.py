@@ -222,3 +222,106 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
             browser.close()
     errors = [c for c in console if c.startswith("error") and "cgt_viz" in c]
     assert not errors, errors
+
+
+# ---------------------------------------------------------------------------------------------- static form
+DRAWN_TITLES_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
+    .filter(gd => gd._fullLayout && gd._fullData && gd._fullData.length > 0 && gd.querySelector('.main-svg'))
+    .map(gd => String(gd.layout.title && gd.layout.title.text || ''))"""
+
+
+def _executed_views_notebook(tmp_path: Path):
+    """tests/browser/static_views.py's cells run through nbclient (the way nbconvert --execute runs them:
+    widget state stored in the notebook), in a fresh kernel."""
+    import nbclient
+    import nbformat
+    sys.path.insert(0, str(ROOT / "tests" / "browser"))
+    from static_views import CELLS
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in CELLS]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    env_before = dict(os.environ)
+    os.environ.update(PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+                      OMP_NUM_THREADS="1")
+    try:
+        nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                                resources={"metadata": {"path": str(tmp_path)}}).execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(env_before)
+    return nb
+
+
+def _open_offline(page, path: Path) -> list[str]:
+    """Open a file with every non-file request refused (no CDN, no kernel); the URLs that were refused."""
+    refused: list[str] = []
+
+    def route(r):
+        if r.request.url.startswith("file:"):
+            r.continue_()
+        else:
+            refused.append(r.request.url)
+            r.abort()
+    page.route("**/*", route)
+    page.goto(path.as_uri(), wait_until="load", timeout=60_000)
+    return refused
+
+
+def test_static_export_draws_every_view_without_a_kernel(tmp_path):
+    """Execute a notebook with every view, convert it to HTML (with the StaticViews preprocessor, and plainly
+    after dropping the stored widget state, as for a notebook JupyterLab saved), open it in Chromium with
+    the network cut, and find a drawn plot for every view; plotly.js is in the page once."""
+    _need_browser()
+    import copy
+
+    import nbformat
+    from nbconvert import HTMLExporter
+    from playwright.sync_api import sync_playwright
+
+    from cgt_viz.widgets.export import StaticViews
+
+    nb = _executed_views_notebook(tmp_path)
+    from static_views import TITLES
+    outputs = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "display_data"]
+    assert len(outputs) == len(TITLES) and all(o["metadata"]["cgt_viz"]["static"] for o in outputs)
+    assert "widgets" in nb.metadata                      # nbclient stored widget state, as nbconvert --execute does
+    saved = tmp_path / "saved.ipynb"
+    nbformat.write(nb, saved)
+    plotly_js = len((Path(__import__("plotly").__file__).parent / "package_data" / "plotly.min.js").read_bytes())
+    assert saved.stat().st_size < plotly_js + 1_500_000, saved.stat().st_size   # plotly.js once, not per view
+
+    pages = {}
+    exporter = HTMLExporter()
+    exporter.register_preprocessor(StaticViews, enabled=True)
+    pages["preprocessed"] = exporter.from_notebook_node(copy.deepcopy(nb))[0]
+    plain = copy.deepcopy(nb)
+    del plain.metadata["widgets"]                        # what a notebook saved from JupyterLab looks like
+    pages["no widget state"] = HTMLExporter().from_notebook_node(plain)[0]
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            for name, body in pages.items():
+                assert body.count("window.dispatchEvent(new Event('cgt-viz-plotly-ready'))") == 1, name
+                path = tmp_path / f"{name.replace(' ', '_')}.html"
+                path.write_text(body, encoding="utf-8")
+                page = browser.new_page(viewport={"width": 1200, "height": 900})
+                errors: list[str] = []
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                _open_offline(page, path)
+                page.wait_for_function(f"({DRAWN_TITLES_JS})().length >= {len(TITLES) + 2}", timeout=60_000)
+                titles = page.evaluate(DRAWN_TITLES_JS)
+                for want in TITLES:
+                    assert any(t.startswith(want) for t in titles), (name, want, titles)
+                # the explorer's static copy after its linked views were opened: map, strip, inspector
+                assert sum(t.startswith("Smoothness of ȳ") for t in titles) == 2, (name, titles)
+                # the monitor's copy is the finished run (refreshed after the cell), log ticks in full
+                ticks = page.evaluate("""() => { const gd = Array.from(document.querySelectorAll('.js-plotly-plot'))
+                    .find(g => String(g.layout.title.text).startsWith('static-test monitor'));
+                    return [gd._fullData[0].x.length, Array.from(gd.querySelectorAll('.ytick text')).map(t => t.textContent)]; }""")
+                # losses run 31..130: plotly's bare-digit log labels would include "3"..."9"
+                assert ticks[0] == 40 and ticks[1] and all(float(t) >= 10 for t in ticks[1]), ticks
+                page.screenshot(path=str(ARTIFACTS / f"static_{name.replace(' ', '_')}.png"), full_page=False)
+                assert not errors, (name, errors)
+                page.close()
+        finally:
+            browser.close()

@@ -17,9 +17,17 @@ in place (`update_display`), so a monitor shows the finished training, an explor
 Interactions in the browser between cells reach the saved copy with the next cell that runs.
 Big views are thinned in the static copy (the explorer draws at most `STATIC_MAX_POINTS` points).
 
-Where it does not help: JupyterLab shows a *trusted* notebook's widget output with the widget renderer
-even when the widget model is gone ("model not found"); there `view.show_static()` in a cell of its own
-(or nbconvert) gives a plot that survives. Set CGT_VIZ_STATIC=0 to turn the static form off.
+nbconvert picks the widget view over text/html whenever the notebook stores widget state, which
+`jupyter nbconvert --execute` and nbclient do by default (JupyterLab does not); then the static form needs
+the preprocessor in `cgt_viz.widgets.export`:
+
+    jupyter nbconvert --to html --execute --HTMLExporter.preprocessors=cgt_viz.widgets.export.StaticViews nb.ipynb
+
+Where it does not help: JupyterLab draws a *trusted* notebook's widget output with the widget renderer
+even when the widget model is gone ("model not found"), ignoring the rest of the bundle; there
+`view.show_static()` in a cell of its own, or the preprocessor above with `--to notebook`, gives plots
+that survive. CGT_VIZ_STATIC=json keeps plotly.js out of the notebook (JupyterLab and VS Code only),
+CGT_VIZ_STATIC=0 turns the static form off (see `mode`).
 """
 from __future__ import annotations
 
@@ -46,8 +54,19 @@ _shown: dict[str, tuple[weakref.ref, str]] = {}   # display id -> (view, hash of
 _hook_installed = False
 
 
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+OUTPUT_METADATA = {"cgt_viz": {"static": True}}   # marks an output that carries a static form
+
+
+def mode() -> str:
+    """CGT_VIZ_STATIC: "1" (default) plotly JSON + HTML, "json" the plotly JSON only (no plotly.js in the
+    notebook: JupyterLab and VS Code still draw it, nbconvert HTML does not), "0" no static form."""
+    value = os.environ.get("CGT_VIZ_STATIC", "1")
+    return value if value in ("0", "1", "json") else "1"
+
+
 def enabled() -> bool:
-    return os.environ.get("CGT_VIZ_STATIC", "1") != "0"
+    return mode() != "0"
 
 
 def figure_json(fig) -> dict:
@@ -113,14 +132,15 @@ class StaticForm:
     def static_bundle(self, include_plotlyjs: bool = False, figures=None) -> dict:
         """The static part of the display bundle (see the module docstring)."""
         figs = self.static_figures() if figures is None else figures
-        return {PLOTLY_MIME: figure_json(figs[0]),
-                "text/html": figures_html(figs, include_plotlyjs=include_plotlyjs),
-                "text/plain": self.static_text()}
+        bundle = {PLOTLY_MIME: figure_json(figs[0]), "text/plain": self.static_text()}
+        if mode() != "json":
+            bundle["text/html"] = figures_html(figs, include_plotlyjs=include_plotlyjs)
+        return bundle
 
     def show_static(self) -> None:
         """Display only the static form (no widget): a plot that survives wherever the notebook goes."""
         from IPython.display import display
-        display(self.static_bundle(include_plotlyjs=True), raw=True)
+        display(self.static_bundle(include_plotlyjs=True), raw=True, metadata=OUTPUT_METADATA)
 
     def _bundle(self, display_id: str, figures=None) -> tuple[dict, str]:
         """(display bundle, digest of its figures) for the output `display_id`."""
@@ -142,7 +162,7 @@ class StaticForm:
             return
         display_id = uuid.uuid4().hex
         bundle, digest = self._bundle(display_id)
-        display(bundle, raw=True, display_id=display_id)
+        display(bundle, raw=True, display_id=display_id, metadata=OUTPUT_METADATA)
         _shown[display_id] = (weakref.ref(self), digest)
         _install_hook()
 
@@ -168,7 +188,7 @@ def refresh_static(*_args) -> int:
             bundle, digest = view._bundle(display_id, figs)
         except Exception:            # a view in a broken state keeps its last copy
             continue
-        update_display(bundle, raw=True, display_id=display_id)
+        update_display(bundle, raw=True, display_id=display_id, metadata=OUTPUT_METADATA)
         _shown[display_id] = (ref, digest)
         updated += 1
     return updated
