@@ -376,12 +376,44 @@ class Explorer(StaticForm, W.VBox):
                              f"({bad.size} out of range, e.g. {int(bad[0])})")
         return idx.astype(np.int64)
 
+    # ------------------------------------------------------------------ legend
+    @property
+    def hidden_categories(self) -> list[str]:
+        """The categories hidden from the map (a click on their legend entry, or `set_hidden`)."""
+        if not self._groups:
+            return []
+        return [t.name for t in self.figure.data if t.visible in ("legendonly", False)]
+
+    def set_hidden(self, categories) -> None:
+        """Hide these categories of the current colouring (and show the others); [] shows all."""
+        if not self._groups:
+            raise ValueError(f"set_hidden needs a colouring with a legend (one trace per category); colour by "
+                             f"{self.color_by!r} has none")
+        names = [t.name for t in self.figure.data]
+        if isinstance(categories, str) or not hasattr(categories, "__iter__"):
+            raise TypeError(f"categories must be a list of category names, got {describe(categories)}")
+        unknown = [c for c in categories if str(c) not in names]
+        if unknown:
+            raise ValueError(f"categories must be names of the colouring {self.color_by!r} ({names}), got {unknown}")
+        hide = {str(c) for c in categories}
+        with self.figure.batch_update():
+            for t in self.figure.data:
+                t.visible = "legendonly" if t.name in hide else True
+
+    def _visible_mask(self) -> np.ndarray:
+        """(M,) bool: the drawn points whose category is not hidden."""
+        mask = np.ones(len(self.points), bool)
+        for t, rows in zip(self.figure.data, self._groups):
+            if t.visible in ("legendonly", False):
+                mask[rows] = False
+        return mask
+
     def select_box(self, x: tuple[float, float], y: tuple[float, float]) -> None:
-        """Select the drawn points inside a rectangle of the current projection; x, y: (lo, hi) ranges."""
+        """Select the visible drawn points inside a rectangle of the current projection; x, y: (lo, hi)."""
         (x0, x1), (y0, y1) = _check_pair("x", x), _check_pair("y", y)
         xy = self.coords
         inside = (xy[:, 0] >= x0) & (xy[:, 0] <= x1) & (xy[:, 1] >= y0) & (xy[:, 1] <= y1)
-        self.select(np.nonzero(inside)[0])
+        self.select(np.nonzero(inside & self._visible_mask())[0])
 
     def select_lasso(self, xs, ys) -> None:
         """Select the drawn points inside a polygon (vertices xs, ys) of the current projection."""
@@ -392,7 +424,7 @@ class Explorer(StaticForm, W.VBox):
         px, py = self.coords[:, 0][:, None], self.coords[:, 1][:, None]
         x0, y0, x1, y1 = xs, ys, np.roll(xs, -1), np.roll(ys, -1)
         crosses = ((y0 > py) != (y1 > py)) & (px < (x1 - x0) * (py - y0) / np.where(y1 == y0, 1e-12, y1 - y0) + x0)
-        self.select(np.nonzero(crosses.sum(1) % 2 == 1)[0])
+        self.select(np.nonzero((crosses.sum(1) % 2 == 1) & self._visible_mask())[0])
 
     @property
     def selection(self):
