@@ -11,6 +11,7 @@ Skipped when /usr/bin/chromium is missing, unless CGT_REQUIRE_BROWSER=1 (CI), wh
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -107,10 +108,11 @@ def lab(tmp_path):
 
 
 PICK_POINT_JS = """() => {
-    // the explorer's point farthest from its neighbours (so the click picks it), in page pixels
+    // the explorer's point farthest from its neighbours (so the click picks it), in page pixels; every trace
     const gd = document.querySelectorAll('.js-plotly-plot')[0];
-    const xs = gd.data[0].x, ys = gd.data[0].y, xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
-    const px = Array.from(xs, x => xa.l2p(x)), py = Array.from(ys, y => ya.l2p(y));
+    const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, px = [], py = [], hover = [];
+    gd.data.forEach(t => { if (t.visible === 'legendonly') return;
+        Array.from(t.x).forEach((x, i) => { px.push(xa.l2p(x)); py.push(ya.l2p(t.y[i])); hover.push(t.hovertext[i]); }); });
     let best = 0, bestGap = -1;
     for (let i = 0; i < px.length; i += 1) {
         let gap = Infinity;
@@ -121,8 +123,52 @@ PICK_POINT_JS = """() => {
         if (gap > bestGap && gap < Infinity) { bestGap = gap; best = i; }
     }
     const r = gd.querySelector('.nsewdrag').getBoundingClientRect();
-    return {px: r.left + px[best], py: r.top + py[best], hover: gd.data[0].hovertext[best]};
+    return {px: r.left + px[best], py: r.top + py[best], hover: hover[best]};
 }"""
+FIND_HOVER_JS = """(needle) => {
+    // page pixels of the first explorer point whose hover text contains `needle`
+    const gd = document.querySelectorAll('.js-plotly-plot')[0];
+    const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, r = gd.querySelector('.nsewdrag').getBoundingClientRect();
+    const all = [];
+    for (const t of gd.data) for (let i = 0; i < t.x.length; i += 1)
+        all.push([xa.l2p(t.x[i]), ya.l2p(t.y[i]), String(t.hovertext[i]).includes(needle)]);
+    let best = null, bestGap = -1;      // of the points with the needle, the one farthest from any other
+    for (const [x, y, hit] of all) {
+        if (!hit) continue;
+        let gap = Infinity;
+        for (const [u, v] of all) { const d = Math.hypot(u - x, v - y); if (d > 0 && d < gap) gap = d; }
+        if (gap > bestGap) { bestGap = gap; best = {px: r.left + x, py: r.top + y}; }
+    }
+    return best;
+}"""
+KERNEL_JS = """async (code) => {
+    const k = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+    let text = '';
+    const f = k.requestExecute({code});
+    f.onIOPub = (msg) => { if (msg.content && msg.content.text) text += msg.content.text;
+                           if (msg.content && msg.content.ename) text += 'ERROR ' + msg.content.evalue; };
+    await f.done;
+    return text;
+}"""
+EXPLORER_JS = "document.querySelectorAll('.js-plotly-plot')[0]"
+
+
+def _lasso(page, frac=(0.15, 0.85)) -> None:
+    """Draw a lasso over the middle of the explorer's plot area with the mouse."""
+    r = page.evaluate(f"(() => {{ const b = {EXPLORER_JS}.querySelector('.nsewdrag').getBoundingClientRect(); "
+                      "return [b.left, b.top, b.width, b.height]; })()")
+    a, b = frac
+    corners = [(a, a), (b, a), (b, b), (a, b), (a, a + 0.01)]
+    x0, y0 = r[0] + r[2] * a, r[1] + r[3] * a
+    page.mouse.move(x0, y0)
+    page.mouse.down()
+    for fx, fy in corners[1:]:
+        page.mouse.move(r[0] + r[2] * fx, r[1] + r[3] * fy, steps=8)
+    page.mouse.up()
+
+
+TITLES_JS = ("() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
+             ".map(p => String(p.layout && p.layout.title && p.layout.title.text))")
 MONITOR_JS = """() => { const m = Array.from(document.querySelectorAll('.js-plotly-plot')).find(
     p => p.layout && p.layout.title && String(p.layout.title.text).startsWith('Live training')); """
 
@@ -167,10 +213,15 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
             page.wait_for_function("""Array.from(document.querySelectorAll('.js-plotly-plot')).every(
                 gd => gd._fullLayout && Math.abs(gd._fullLayout.width - gd.clientWidth) <= 3)""", timeout=15_000)
             explorer = page.locator(".js-plotly-plot").first
-            before = page.evaluate("Array.from(document.querySelectorAll('.js-plotly-plot')[0].data[0].marker.color)")
-            n_points = page.evaluate("document.querySelectorAll('.js-plotly-plot')[0].data[0].x.length")
+            # coloured by topic: one trace per topic, each in the legend with its own colour (no colour bar)
+            traces = page.evaluate(f"{EXPLORER_JS}.data.map(t => [t.name, t.x.length, t.marker.color])")
+            n_points = sum(n for _, n, _ in traces)
             assert n_points > 100, n_points
-            assert len(set(before)) == 3, f"coloured by topic: 3 colour codes expected, got {sorted(set(before))[:10]}"
+            assert sorted(t[0] for t in traces) == ["business", "politics", "sport"] and len({t[2] for t in traces}) == 3
+            legend = page.evaluate(f"Array.from({EXPLORER_JS}.querySelectorAll('.legend .traces .legendtext'))"
+                                   ".map(e => e.textContent)")
+            assert sorted(legend) == ["business", "politics", "sport"], legend
+            assert page.evaluate(f"{EXPLORER_JS}.querySelectorAll('.colorbar').length") == 0
             explorer.scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / "browser_notebook.png"), full_page=False)
             if shots:
@@ -187,11 +238,9 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
             select.scroll_into_view_if_needed()
             select.select_option(label="position")
             page.locator(".widget-label", has_text="colour: position").first.wait_for(timeout=30_000)
-            page.wait_for_function("""() => {
-                const c = document.querySelectorAll('.js-plotly-plot')[0].data[0].marker.color;
-                return new Set(Array.from(c)).size > 3; }""", timeout=30_000)
-            after = page.evaluate("Array.from(document.querySelectorAll('.js-plotly-plot')[0].data[0].marker.color)")
-            assert after != before and len(set(after)) > 3
+            page.wait_for_function(f"""() => {{ const gd = {EXPLORER_JS};
+                return gd.data.length === 1 && new Set(Array.from(gd.data[0].marker.color)).size > 3; }}""",
+                                   timeout=30_000)
             page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 5", timeout=30_000)
 
             # a click on a point opens the linked smoothness strip and template inspector of its sequence
@@ -202,12 +251,60 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
             page.wait_for_timeout(300)
             page.mouse.click(point["px"], point["py"])
             page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 7", timeout=30_000)
-            titles = page.evaluate("Array.from(document.querySelectorAll('.js-plotly-plot'))"
-                                   ".map(p => String(p.layout && p.layout.title && p.layout.title.text))")
+            titles = page.evaluate(TITLES_JS)
             pos = int(point["hover"].split("pos ")[1].split("<")[0])
             assert titles[1].startswith("Smoothness of ȳ · sequence") and titles[1].endswith(f"token {pos}"), titles
             assert titles[2].startswith("κ-template inspector") and f"token {pos} " in titles[2], titles
             page.screenshot(path=str(ARTIFACTS / "browser_after_interaction.png"), full_page=False)
+
+            # back to the topic labels from Python; hover text shows the text's quote once-escaped, as a quote
+            assert "ERROR" not in page.evaluate(KERNEL_JS, "ex.set_color('label')")
+            page.wait_for_function(f"{EXPLORER_JS}.data.length === 3", timeout=30_000)
+            spot = page.evaluate(FIND_HOVER_JS, '"match"')
+            assert spot is not None, "a point of the quoted text"
+            page.mouse.move(spot["px"] + 3, spot["py"] + 3)
+            page.mouse.move(spot["px"], spot["py"])
+            page.wait_for_function(f"{EXPLORER_JS}.querySelector('.hoverlayer .hovertext')", timeout=10_000)
+            hover = page.evaluate(f"{EXPLORER_JS}.querySelector('.hoverlayer .hovertext').textContent")
+            assert '"' in hover and "&quot;" not in hover and "&amp;" not in hover, hover
+
+            # a lasso in the browser, then a click on a point: the click still opens the linked views
+            page.mouse.move(5, 5)
+            _lasso(page)
+            page.locator(".widget-html", has_text="points selected").first.wait_for(timeout=30_000)
+            before = page.evaluate(TITLES_JS)[1]
+            point = page.evaluate(PICK_POINT_JS)
+            pos = int(point["hover"].split("pos ")[1].split("<")[0])
+            seq = int(point["hover"].split("seq ")[1].split(" ")[0])
+            page.mouse.move(point["px"] - 4, point["py"] - 4)
+            page.mouse.move(point["px"], point["py"])
+            page.wait_for_timeout(300)
+            page.mouse.click(point["px"], point["py"])
+            want = f"Smoothness of ȳ · sequence {seq} · token {pos}"
+            page.wait_for_function(f"({TITLES_JS})()[1] === {json.dumps(want)}", timeout=30_000)
+            assert before != want
+
+            # a selection made in Python is drawn in the page (selectedpoints reach every trace)
+            out = page.evaluate(KERNEL_JS, "ex.select(list(range(0, len(ex.points), 7))); print(len(ex.selection))")
+            n_sel = int(out.strip())
+            page.wait_for_function(f"""() => {EXPLORER_JS}.data.reduce((n, t) =>
+                n + (Array.isArray(t.selectedpoints) ? t.selectedpoints.length : 0), 0) === {n_sel}""", timeout=30_000)
+
+            # a lasso's outline belongs to the coordinates it was drawn in: a projection switch removes it
+            _lasso(page, (0.3, 0.7))
+            page.wait_for_function(f"({EXPLORER_JS}.layout.selections || []).length > 0", timeout=30_000)
+            select = page.locator(".widget-dropdown", has_text="Projection").locator("select")
+            select.select_option(label="t-SNE")
+            page.wait_for_function(f"String({EXPLORER_JS}.layout.xaxis.title.text).startsWith('t-SNE')", timeout=120_000)
+            page.wait_for_function(f"({EXPLORER_JS}.layout.selections || []).length === 0", timeout=30_000)
+            assert page.evaluate(f"{EXPLORER_JS}.querySelectorAll('.selectionlayer path').length") == 0
+
+            # the legend toggles a category: hidden in the page and in Python
+            page.locator(".js-plotly-plot").first.locator(".legend .traces", has_text="sport").click()
+            page.wait_for_function(f"{EXPLORER_JS}.data.find(t => t.name === 'sport').visible === 'legendonly'",
+                                   timeout=10_000)
+            out = page.evaluate(KERNEL_JS, "import time; time.sleep(0.5); print(ex.hidden_categories)")
+            assert "sport" in out, out
         except Exception:
             try:
                 page.screenshot(path=str(ARTIFACTS / "browser_failure.png"), full_page=True)
