@@ -405,3 +405,46 @@ def test_saved_notebook_with_an_explorer_is_small(tmp_path):
     figures = [s for s in states.values() if s["model_name"] == "AnyModel"]
     assert len(figures) == 2 and all(s["state"].get("_bundle", "") == "" for s in figures)
     assert path.stat().st_size < 1_500_000, path.stat().st_size             # plotly.js alone would be 5 MB per figure
+
+
+# ---------------------------------------------------------------------------------------------- projector features
+def test_search_neighbours_isolate_components_and_export(ex, tmp_path):
+    df = ex.search("b", field="label")                                  # search by label
+    assert len(df) == 40 and set(df["label"]) == {"b"} and len(ex.selection) == 40
+    tok = str(ex.points.token[0])
+    hits = ex.search(tok, field="token")
+    assert len(hits) and all(tok.lower() in t.lower() for t in hits["token"])
+    ex.search_box.value = "c"                                           # the UI path
+    assert set(ex.selection["label"]) >= {"c"}
+    nb = ex.neighbors(5, k=4)                                           # cosine in ȳ space, best first
+    Y = ex.points.ybar.astype(float)
+    cos = Y @ Y[5] / (np.linalg.norm(Y, axis=1) * np.linalg.norm(Y[5]))
+    cos[5] = -np.inf
+    assert nb["point"].tolist() == np.argsort(-cos)[:4].tolist() and np.allclose(nb["cosine"], np.sort(cos)[::-1][:4])
+    ex.open_point(5)
+    assert "nearest in ȳ" in ex.neighbours_info.value
+    ex.set_components(2, 3)                                             # PC choice
+    assert ex.components == (2, 3) and ex.figure.layout.xaxis.title.text.startswith("PC 2 (")
+    centered = Y - Y.mean(0)
+    assert np.isclose(np.var(ex.coords[:, 0], ddof=1), np.sort(np.linalg.eigvalsh(np.cov(centered.T)))[::-1][1], rtol=1e-3)
+    ex.pc_picker.value = (1, 2)
+    assert ex.components == (1, 2)
+    ex.search("a", field="label")
+    ex.isolate()                                                        # re-project the selection only
+    assert len(ex.points) == 40 and set(ex.points.label) == {"a"} and "isolated" in ex.figure.layout.title.text
+    with pytest.raises(ValueError, match="add needs every point shown"):
+        ex.add(torch.randint(0, 256, (1, 4)))
+    ex.show_all()
+    assert len(ex.points) == 120 and ex.selection.empty
+    with pytest.raises(ValueError, match="isolate needs a selection"):
+        ex.isolate()
+    ex.select([1, 2])
+    path = ex.export(tmp_path / "sel.csv")
+    assert open(path).read().splitlines()[0].startswith("point,sequence,position,token")
+    ex.set_hidden(["b"])                                                # legend toggle from Python
+    assert ex.hidden_categories == ["b"]
+    xy = ex.coords
+    ex.select_box((xy[:, 0].min(), xy[:, 0].max()), (xy[:, 1].min(), xy[:, 1].max()))
+    assert "b" not in set(ex.selection["label"])                        # hidden points are not selected
+    with pytest.raises(ValueError, match="a and b must be two different components"):
+        ex.set_components(1, 1)

@@ -10,6 +10,7 @@ go to the browser, so a saved notebook grows by the plotted points, not by ȳ.
 """
 from __future__ import annotations
 
+import html
 import math
 import threading
 import time
@@ -25,6 +26,8 @@ from ..figures import map_groups, ybar_map_figure
 from ._base import check_view_ybar, figure_widget, html_status, replace_figure
 from ._static import STATIC_MAX_POINTS, StaticForm
 
+MAX_PCS = 5          # principal components offered by the PC picker
+NEIGHBOURS_SHOWN = 8  # neighbours listed under the map after a click
 TOKEN_COLOURS = 12   # colour by token: the most frequent tokens get a colour each, the rest are "other"
 AXIS_NAMES = {"pca": ("PC 1", "PC 2"), "umap": ("UMAP 1", "UMAP 2"), "tsne": ("t-SNE 1", "t-SNE 2")}
 METHOD_NAMES = {"pca": "PCA", "umap": "UMAP", "tsne": "t-SNE"}
@@ -154,8 +157,28 @@ class Explorer(StaticForm, W.VBox):
         self.linked = W.VBox([])
         self.projection_picker.observe(self._on_projection_picked, names="value")
         self.color_picker.observe(self._on_color_picked, names="value")
-        super().__init__([W.HBox([self.projection_picker, self.color_picker, self.status]), self.figure,
-                          self.selection_info, self.linked])
+        n_pc = min(MAX_PCS, self.points.ybar.shape[1])
+        pairs = [(a, b) for a in range(1, n_pc + 1) for b in range(a + 1, n_pc + 1)]
+        self.components = (1, 2)
+        self.pc_picker = W.Dropdown(options=[(f"PC {a} & {b}", (a, b)) for a, b in pairs] or [("PC 1 & 2", (1, 2))],
+                                    value=(1, 2), description="PCs", layout=W.Layout(width="170px"))
+        self.pc_picker.observe(lambda ch: None if self._syncing else self.set_components(*ch["new"]), names="value")
+        self.search_box = W.Text(placeholder="search a token or label", continuous_update=False,
+                                 layout=W.Layout(width="220px"))
+        self.search_box.observe(lambda ch: self.search(ch["new"]) if ch["new"] else self.select([]), names="value")
+        self.isolate_button = W.Button(description="Isolate selection", tooltip="re-project only the selected points",
+                                       layout=W.Layout(width="140px"))
+        self.isolate_button.on_click(lambda _b: self._ui(self.isolate))
+        self.all_button = W.Button(description="Show all", tooltip="back to every point", layout=W.Layout(width="90px"))
+        self.all_button.on_click(lambda _b: self._ui(self.show_all))
+        self.export_button = W.Button(description="Export CSV", tooltip="the selection (or every point) as a CSV file",
+                                      layout=W.Layout(width="100px"))
+        self.export_button.on_click(lambda _b: self._ui(self.export))
+        self.neighbours_info = W.HTML("")
+        self._stack: list[tuple] = []
+        super().__init__([W.HBox([self.projection_picker, self.pc_picker, self.color_picker, self.status]),
+                          W.HBox([self.search_box, self.isolate_button, self.all_button, self.export_button]),
+                          self.figure, self.selection_info, self.neighbours_info, self.linked])
         if projection != first:
             self.set_projection(projection)
         if background is not None and background != "pca" and background not in self._threads:
@@ -188,6 +211,8 @@ class Explorer(StaticForm, W.VBox):
 
     def _note(self) -> str:
         m = len(self.points)
+        if getattr(self, "_stack", None):
+            return f"isolated selection: {m:,} of {len(self._stack[0][0]):,} drawn tokens, projected afresh"
         if m < self.n_total:
             by = self.label_name if self._strata_name == "label" else "document"
             return (f"showing {m:,} of {self.n_total:,} tokens, a subsample stratified by {by} "
@@ -211,11 +236,143 @@ class Explorer(StaticForm, W.VBox):
                                title=f"ȳ of {len(self.points):,} tokens · {METHOD_NAMES[method]}")
 
     def _axis_names(self, method: str) -> tuple[str, str]:
+        if method == "pca" and getattr(self, "_pc_ratio", None) is not None:
+            return tuple(f"PC {c} ({100 * self._pc_ratio[c - 1]:.0f}% of variance)" for c in self.components)
         if method == "pca" and "pca" in self.projectors:
             ratio = self.projectors["pca"].reducer.explained_variance_ratio_
             names = [f"PC {i + 1} ({100 * r:.0f}% of variance)" for i, r in enumerate(ratio[:2])]
             return tuple(names + ["PC 2"] * (2 - len(names)))
         return AXIS_NAMES[method]
+
+    def _ui(self, action) -> None:
+        """Run a button's action; a refusal (e.g. isolate with nothing selected) goes to the status line."""
+        try:
+            action()
+        except (ValueError, TypeError) as err:
+            self._set_status(html.escape(str(err)), "error")
+
+    # ------------------------------------------------------------------ principal components
+    def set_components(self, a: int, b: int) -> None:
+        """Show principal components a and b (1-based, up to MAX_PCS and d_y) and switch to PCA."""
+        n_pc = min(MAX_PCS, self.points.ybar.shape[1])
+        a = check_int("a", a, 1, n_pc, hint=" (a principal component)")
+        b = check_int("b", b, 1, n_pc, hint=" (a principal component)")
+        if a == b:
+            raise ValueError(f"a and b must be two different components, got {a} and {b}")
+        X = self.points.ybar.astype(np.float64)
+        centered = X - X.mean(0)
+        evals, evecs = np.linalg.eigh(centered.T @ centered / max(len(X) - 1, 1))
+        order = np.argsort(evals)[::-1][:n_pc]
+        comps = evecs[:, order].T
+        comps *= np.sign(comps[np.arange(len(comps)), np.abs(comps).argmax(1)])[:, None]   # as analysis' PCA
+        self._pc_ratio = evals[order] / max(evals.sum(), 1e-12)
+        self.components = (a, b)
+        with self._lock:
+            self._coords["pca"] = (centered @ comps[[a - 1, b - 1]].T).astype(np.float32)
+        self._syncing = True
+        try:
+            if self.pc_picker.value != (a, b) and (a, b) in [v for _, v in self.pc_picker.options]:
+                self.pc_picker.value = (a, b)
+        finally:
+            self._syncing = False
+        self.set_projection("pca")
+        self._show_projection("pca")
+
+    # ------------------------------------------------------------------ search, neighbours, export
+    def search(self, query: str, field: str = "any"):
+        """Select the drawn points whose token (field="token"), label ("label"), or either ("any") contains
+        `query` (case-insensitive); returns them as a DataFrame like `selection`."""
+        if not isinstance(query, str) or not query:
+            raise TypeError(f"query must be a non-empty string, got {describe(query)}")
+        check_choice("field", field, ("any", "token", "label"))
+        q = query.lower()
+        hit = np.zeros(len(self.points), bool)
+        if field in ("any", "token"):
+            hit |= np.char.find(np.char.lower(self.points.token.astype(str)), q) >= 0
+        if field in ("any", "label") and self.points.label is not None:
+            hit |= np.char.find(np.char.lower(self.points.label.astype(str)), q) >= 0
+        self.select(np.nonzero(hit & self._visible_mask())[0])
+        if not hit.any():
+            self.selection_info.value = html_status(f"no token or label contains {html.escape(query)!r}", "error")
+        return self.selection
+
+    def neighbors(self, point: int, k: int = 10):
+        """The k drawn points nearest to `point` by cosine similarity of ȳ, most similar first: a DataFrame
+        like `selection` with a `cosine` column."""
+        m = len(self.points)
+        point = check_index("point", point, m)
+        k = check_int("k", k, 1, max(m - 1, 1), hint=" (other drawn points)")
+        Y = self.points.ybar.astype(np.float64)
+        norms = np.linalg.norm(Y, axis=1)
+        cos = Y @ Y[point] / np.maximum(norms * norms[point], 1e-12)
+        cos[point] = -np.inf
+        idx = np.argpartition(-cos, min(k, m - 1) - 1)[:k]
+        idx = idx[np.argsort(-cos[idx], kind="stable")]
+        df = self.points.frame(idx, self.coords).reset_index(drop=True)
+        df["cosine"] = cos[idx]
+        return df
+
+    def _show_neighbours(self, point: int) -> None:
+        df = self.neighbors(point, min(NEIGHBOURS_SHOWN, len(self.points) - 1))
+        rows = "".join(f"<tr><td>{int(r.point)}</td><td>{int(r.sequence)}</td><td>{int(r.position)}</td>"
+                       f"<td><code>{html.escape(str(r.token))}</code></td><td>{html.escape(str(r.label))}</td>"
+                       f"<td>{r.cosine:.3f}</td></tr>" for r in df.itertuples())
+        head = html.escape(str(self.points.token[point]))
+        self.neighbours_info.value = (
+            f"<div style='font-size:12px'><b>nearest in ȳ (cosine) to point {point}</b> <code>{head}</code> — "
+            f"<code>explorer.neighbors({point})</code> gives them as a DataFrame<table style='font-size:12px'>"
+            f"<tr><th>point</th><th>seq</th><th>pos</th><th>token</th><th>label</th><th>cos</th></tr>{rows}"
+            f"</table></div>")
+
+    def export(self, path=None) -> str:
+        """Write the selection (every drawn point when nothing is selected) as CSV; returns the path
+        (default: ybar_selection.csv in the working folder). The Export button calls it."""
+        from pathlib import Path
+        df = self.selection if self._selected.size else self.points.frame(np.arange(len(self.points)), self.coords)
+        target = Path("ybar_selection.csv" if path is None else path)
+        df.to_csv(target, index=False)
+        self._set_status(f"wrote {len(df):,} rows to {html.escape(str(target.resolve()))}", "ok")
+        return str(target)
+
+    # ------------------------------------------------------------------ isolate
+    def isolate(self) -> None:
+        """Keep only the selected points and project them afresh (PCA now; other methods when picked).
+        Point indices then refer to the isolated set; `show_all()` goes back."""
+        if not self._selected.size:
+            raise ValueError("isolate needs a selection: select points first (box, lasso, search or select())")
+        for thread in list(self._threads.values()):
+            thread.join()
+        with self._lock:
+            self._stack.append((self.points, self._coords, self.projectors, self._threads, self._errors))
+            self.points = self.points.take(self._selected)
+            self._coords, self.projectors, self._threads, self._errors = {}, {}, {}, {}
+            self._reset_view()
+
+    def show_all(self) -> None:
+        """Undo `isolate` (every isolation, back to all drawn points)."""
+        if not self._stack:
+            return
+        with self._lock:
+            self.points, self._coords, self.projectors, self._threads, self._errors = self._stack[0]
+            self._stack.clear()
+            self._reset_view()
+
+    def _reset_view(self) -> None:
+        self._selected = np.zeros(0, dtype=np.int64)
+        self._pc_ratio, self.components = None, (1, 2)
+        self.color_options = self._color_options()
+        if "pca" not in self._coords:
+            self._fit_now("pca")
+        self._syncing = True
+        try:
+            self.projection_picker.value = "pca"
+            self.pc_picker.value = (1, 2)
+        finally:
+            self._syncing = False
+        self.projection = "pca"
+        self._redraw()
+        self._describe_selection()
+        self._set_status(f"{'isolated: ' if self._stack else ''}{len(self.points):,} points · PCA", "ok")
 
     def figure_static(self, max_points: int | None = None):
         """The current view as a plain `go.Figure` (for write_html / reports); max_points: draw a subsample
@@ -458,8 +615,11 @@ class Explorer(StaticForm, W.VBox):
             self.open_point(int(self._to_points(i, points.point_inds[:1])[0]))
 
     def open_point(self, point: int) -> None:
-        """Open the linked views for the sequence of drawn point `point`, its token highlighted."""
+        """Open the linked views for the sequence of drawn point `point`, its token highlighted, and list
+        its nearest neighbours in ȳ under the map."""
         point = check_index("point", point, len(self.points))
+        if len(self.points) > 1:
+            self._show_neighbours(point)
         self.open_sequence(int(self.points.seq[point]), int(self.points.pos[point]))
 
     def open_sequence(self, sequence: int, position: int | None = None) -> None:
@@ -495,6 +655,8 @@ class Explorer(StaticForm, W.VBox):
     def add(self, data, labels=None, boundary=None) -> int:
         """Add sequences; their tokens are placed with the cached reducers' `transform` (no refit).
         Returns the number of points added."""
+        if self._stack:
+            raise ValueError("add needs every point shown: call show_all() first (the explorer is isolated)")
         new = A.prepare_sequences(self.model, data, labels, boundary)
         for thread in list(self._threads.values()):   # a fit in flight must finish before the point set grows
             thread.join()
@@ -527,4 +689,6 @@ class Explorer(StaticForm, W.VBox):
         if self._strip is not None:
             self._strip.seqs, self._strip.ybar = self.seqs, self.ybar_full
             self._inspector.set_data(self.seqs, self.ybar_full)
+        if getattr(self, "_pc_ratio", None) is not None:          # chosen components: recomputed on every point
+            self.set_components(*self.components)
         return len(pts)
