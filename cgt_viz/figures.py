@@ -196,7 +196,7 @@ def ybar_map_figure(coords: Any, color: Any = None, hover: Sequence[str] | None 
     heading = title or "ȳ embedded in 2-D"
     if note:
         heading += f"<br><sup>{note}</sup>"
-    fig.update_layout(title=dict(text=heading, x=0.01), height=height, dragmode="lasso", clickmode="event",
+    fig.update_layout(title=dict(text=heading, x=0.01), height=height, dragmode="lasso", clickmode="event+select",
                       margin=dict(l=50, r=20, t=70, b=40), xaxis_title=axis_names[0], yaxis_title=axis_names[1],
                       template="plotly_white", hovermode="closest",
                       legend=dict(title=dict(text=color_name), itemsizing="constant"))
@@ -255,6 +255,76 @@ def smoothness_figure(ybar: Any, tokens: Sequence[str] | None = None, *, boundar
                       template="plotly_white", margin=dict(l=50, r=20, t=70, b=40),
                       legend=dict(orientation="h", y=1.08, x=1, xanchor="right"))
     return fig
+
+
+# ---------------------------------------------------------------------------------------------- token text
+def _token_colors(values: np.ndarray) -> tuple[str, float | None, float, float]:
+    """(colour scale, zmid, zmin, zmax): diverging around 0 for signed values, sequential otherwise."""
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return "Greys", None, 0.0, 1.0
+    lo, hi = float(finite.min()), float(finite.max())
+    if lo < 0 < hi:
+        lim = max(-lo, hi)
+        return "RdBu_r", 0.0, -lim, lim
+    return "Oranges" if lo >= 0 else "Blues_r", None, lo, hi if hi > lo else lo + 1e-9
+
+
+def token_text_figure(tokens: Sequence[str], values: Any, *, value_name: str = "value", title: str | None = None,
+                      per_row: int = 24, highlight: int | None = None, start: int = 0, height: int | None = None) -> go.Figure:
+    """Text coloured token by token by a per-token number (CircuitsVis' colored_tokens): the tokens in
+    reading order, `per_row` to a line, each cell coloured by its value (diverging around 0 when the
+    values have both signs), the value in the hover. tokens (t,) strings; values (t,) numbers (NaN: no
+    colour, e.g. ‖ȳ_t − ȳ_{t−1}‖ at t = 0); start: the position of tokens[0] (for the hover);
+    highlight: one position (outlined)."""
+    if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__len__"):
+        raise TypeError(f"tokens must be a list of strings (one per position), got {describe(tokens)}")
+    t = len(tokens)
+    if t == 0:
+        raise ValueError("tokens must hold at least one token, got an empty list")
+    values = _check_1d("values", values, t).astype(np.float64)
+    per_row = check_int("per_row", per_row, 1, hint=" (tokens per line)")
+    start = check_int("start", start, 0)
+    highlight = check_int("highlight", highlight, start, start + t - 1, allow_none=True,
+                          hint=" (a position of these tokens)")
+    rows = -(-t // per_row)
+    z = np.full((rows, per_row), np.nan)
+    text = np.full((rows, per_row), "", dtype=object)
+    custom = np.full((rows, per_row), "", dtype=object)
+    for i, (tok, v) in enumerate(zip(tokens, values)):
+        r, c = divmod(i, per_row)
+        shown = str(tok).replace("\n", "⏎")
+        z[r, c], text[r, c] = v, hover_escape(shown)
+        custom[r, c] = f"pos {start + i}: {hover_escape(repr(str(tok)))}"
+    scale, zmid, zmin, zmax = _token_colors(values)
+    fig = go.Figure(go.Heatmap(z=z, text=text, customdata=custom, texttemplate="%{text}", textfont=dict(size=12),
+                               colorscale=scale, zmid=zmid, zmin=zmin, zmax=zmax, xgap=1, ygap=3,
+                               colorbar=dict(title=dict(text=value_name), thickness=10),
+                               hovertemplate="%{customdata}<br>" + value_name + ": %{z:.4g}<extra></extra>"))
+    if highlight is not None:
+        r, c = divmod(highlight - start, per_row)
+        fig.add_shape(type="rect", x0=c - 0.5, x1=c + 0.5, y0=r - 0.5, y1=r + 0.5, line=dict(color="black", width=2))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False, autorange="reversed")
+    fig.update_layout(title=dict(text=title or f"Tokens coloured by {value_name}", x=0.01),
+                      height=height or (80 + 34 * rows), template="plotly_white", margin=dict(l=10, r=10, t=50, b=10))
+    return fig
+
+
+def colored_tokens_html(tokens: Sequence[str], values: Any, *, value_name: str = "value") -> str:
+    """The same as HTML spans (no plotly needed; each token escaped once, its value in the tooltip)."""
+    if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__len__") or not len(tokens):
+        raise TypeError(f"tokens must be a non-empty list of strings, got {describe(tokens)}")
+    values = _check_1d("values", values, len(tokens)).astype(np.float64)
+    _, _, zmin, zmax = _token_colors(values)
+    lim = max(abs(zmin), abs(zmax)) or 1.0
+    spans = []
+    for tok, v in zip(tokens, values):
+        a = 0.0 if not np.isfinite(v) else min(abs(v) / lim, 1.0)
+        rgb = "214,39,40" if v > 0 else "31,119,180"
+        spans.append(f"<span title='{html.escape(value_name)}: {v:.4g}' style='background:rgba({rgb},{a:.2f});"
+                     f"white-space:pre;font-family:monospace'>{html.escape(str(tok))}</span>")
+    return "<div style='line-height:1.8'>" + "".join(spans) + "</div>"
 
 
 # ---------------------------------------------------------------------------------------------- templates

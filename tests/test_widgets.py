@@ -448,3 +448,25 @@ def test_search_neighbours_isolate_components_and_export(ex, tmp_path):
     assert "b" not in set(ex.selection["label"])                        # hidden points are not selected
     with pytest.raises(ValueError, match="a and b must be two different components"):
         ex.set_components(1, 1)
+
+
+def test_token_coloured_text_in_strip_inspector_and_compare(model):
+    from cgt_viz.figures import colored_tokens_html, token_text_figure
+    seqs = A.prepare_sequences(model, ["a <b>bold</b> text", "second one here"])
+    strip = SmoothnessStrip(model, seqs, sequence=0, highlight=2)
+    step, _ = A.token_smoothness(A.collect_ybar(model, seqs.inputs)[0, :int(seqs.lengths[0])])
+    z = np.asarray(strip.tokens_figure.data[0].z, float).ravel()[:len(step)]
+    assert np.allclose(z[1:], step[1:], atol=1e-5) and np.isnan(z[0])
+    assert "&lt;b&gt;" in "".join(np.asarray(strip.tokens_figure.data[0].text).ravel())   # escaped once for plotly
+    strip.show(1)
+    assert "Sequence 1" in strip.tokens_figure.layout.title.text
+    insp = TemplateInspector(model, seqs, sequence=0, token=3)
+    insp.show(template=1)
+    c = A.site_coefficients(model, A.collect_ybar(model, seqs.inputs)[0, :int(seqs.lengths[0])], insp.site)[:, 1]
+    assert np.allclose(np.asarray(insp.tokens_figure.data[0].z, float).ravel()[:len(c)], c, atol=1e-5)
+    assert len(insp.static_figures()) == 2
+    fig = token_text_figure(["x", "y", "z"], [1.0, -2.0, 0.5], per_row=2, value_name="Δ")
+    assert np.asarray(fig.data[0].z).shape == (2, 2) and fig.data[0].zmid == 0
+    assert "&lt;a&gt;" in colored_tokens_html(["<a>"], [1.0])
+    with pytest.raises(ValueError, match=r"values must have shape \(3,\)"):
+        token_text_figure(["x", "y", "z"], [1.0])
