@@ -297,6 +297,8 @@ def token_text_figure(tokens: Sequence[str], values: Any, *, value_name: str = "
         z[r, c], text[r, c] = v, hover_escape(shown)
         custom[r, c] = f"pos {start + i}: {hover_escape(repr(str(tok)))}"
     scale, zmid, zmin, zmax = _token_colors(values)
+    # None, not NaN, for the empty cells: a widget sends z as JSON, which has no NaN
+    z = [[None if not np.isfinite(v) else float(v) for v in row] for row in z]
     fig = go.Figure(go.Heatmap(z=z, text=text, customdata=custom, texttemplate="%{text}", textfont=dict(size=12),
                                colorscale=scale, zmid=zmid, zmin=zmin, zmax=zmax, xgap=1, ygap=3,
                                colorbar=dict(title=dict(text=value_name), thickness=10),

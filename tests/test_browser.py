@@ -250,9 +250,11 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
             page.mouse.move(point["px"], point["py"])
             page.wait_for_timeout(300)
             page.mouse.click(point["px"], point["py"])
-            page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 7", timeout=30_000)
-            titles = page.evaluate(TITLES_JS)
             pos = int(point["hover"].split("pos ")[1].split("<")[0])
+            page.wait_for_function(f"""() => {{ const t = ({TITLES_JS})();
+                return t[1].startsWith('Smoothness of ȳ · sequence') && t[1].endsWith(' · token {pos}'); }}""",
+                                   timeout=30_000)
+            titles = page.evaluate(TITLES_JS)
             assert titles[1].startswith("Smoothness of ȳ · sequence") and titles[1].endswith(f"token {pos}"), titles
             assert titles[2].startswith("κ-template inspector") and f"token {pos} " in titles[2], titles
             page.screenshot(path=str(ARTIFACTS / "browser_after_interaction.png"), full_page=False)
@@ -273,6 +275,9 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
             _lasso(page)
             page.locator(".widget-html", has_text="points selected").first.wait_for(timeout=30_000)
             before = page.evaluate(TITLES_JS)[1]
+            page.evaluate(f"""() => {{ const gd = {EXPLORER_JS}; window.__cgtEvents = [];
+                ['plotly_click', 'plotly_deselect', 'plotly_selected'].forEach(
+                    e => gd.on(e, () => window.__cgtEvents.push(e))); }}""")
             point = page.evaluate(PICK_POINT_JS)
             pos = int(point["hover"].split("pos ")[1].split("<")[0])
             seq = int(point["hover"].split("seq ")[1].split(" ")[0])
@@ -281,7 +286,14 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
             page.wait_for_timeout(300)
             page.mouse.click(point["px"], point["py"])
             want = f"Smoothness of ȳ · sequence {seq} · token {pos}"
-            page.wait_for_function(f"({TITLES_JS})()[1] === {json.dumps(want)}", timeout=30_000)
+            try:
+                page.wait_for_function(f"({TITLES_JS})()[1] === {json.dumps(want)}", timeout=30_000)
+            except Exception:
+                print("events after the click:", page.evaluate("window.__cgtEvents"), "want", want)
+                print("page titles:", page.evaluate(TITLES_JS)[:6])
+                print("kernel:", page.evaluate(KERNEL_JS, "print(ex.strip.sequence, ex.strip.highlight, "
+                                               "ex.strip.figure.layout.title.text, ex.selection.shape)"))
+                raise
             assert before != want
 
             # a selection made in Python is drawn in the page (selectedpoints reach every trace)
@@ -420,5 +432,43 @@ def test_static_export_draws_every_view_without_a_kernel(tmp_path):
                 page.screenshot(path=str(ARTIFACTS / f"static_{name.replace(' ', '_')}.png"), full_page=False)
                 assert not errors, (name, errors)
                 page.close()
+        finally:
+            browser.close()
+
+
+def test_saved_notebook_reopened_in_jupyterlab_draws_every_view(tmp_path):
+    """The executed notebook (nbclient: untrusted when opened, its widget models gone with its kernel)
+    reopened in JupyterLab: every view's output is drawn from its plotly JSON by plotly's lab extension."""
+    _need_browser()
+    import nbformat
+    from playwright.sync_api import sync_playwright
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "lab-home").mkdir()
+    nb = _executed_views_notebook(tmp_path / "run")
+    from static_views import TITLES
+    saved = tmp_path / "views.ipynb"
+    nbformat.write(nb, saved)
+    with jupyter_lab(tmp_path / "lab-home", saved) as (url, _work, log), sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.goto(url + "lab/tree/views.ipynb", wait_until="domcontentloaded", timeout=60_000)
+            page.wait_for_function("document.querySelectorAll('.jp-Notebook .jp-Cell').length >= 5", timeout=60_000)
+            want = len(TITLES)
+            # plotly's lab renderer draws each output as it scrolls into view: visit every output
+            for i in range(page.locator(".jp-OutputArea-output").count()):
+                page.locator(".jp-OutputArea-output").nth(i).scroll_into_view_if_needed()
+                page.wait_for_timeout(200)
+            page.wait_for_function(f"document.querySelectorAll('.jp-RenderedPlotly').length >= {want}", timeout=60_000)
+            page.wait_for_function(f"""Array.from(document.querySelectorAll('.jp-RenderedPlotly'))
+                .filter(el => el.querySelector('.main-svg') || el.querySelector('img.plot-img[src]')).length >= {want}""",
+                                   timeout=60_000)
+            text = page.evaluate("Array.from(document.querySelectorAll('.jp-OutputArea-output')).map(e => e.innerText).join(' ')")
+            assert "TrainingMonitor(children=" not in text and "Explorer(children=" not in text
+            page.screenshot(path=str(ARTIFACTS / "static_jupyterlab_reopened.png"), full_page=False)
+        except Exception:
+            print(log.read_text()[-2000:])
+            raise
         finally:
             browser.close()

@@ -460,6 +460,7 @@ def test_token_coloured_text_in_strip_inspector_and_compare(model):
     assert "&lt;b&gt;" in "".join(np.asarray(strip.tokens_figure.data[0].text).ravel())   # escaped once for plotly
     strip.show(1)
     assert "Sequence 1" in strip.tokens_figure.layout.title.text
+    json.dumps(strip.tokens_figure.data[0].to_plotly_json()["z"], allow_nan=False)   # a widget sends z as JSON
     insp = TemplateInspector(model, seqs, sequence=0, token=3)
     insp.show(template=1)
     c = A.site_coefficients(model, A.collect_ybar(model, seqs.inputs)[0, :int(seqs.lengths[0])], insp.site)[:, 1]
