@@ -256,7 +256,8 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
                                    timeout=30_000)
             titles = page.evaluate(TITLES_JS)
             assert titles[1].startswith("Smoothness of ȳ · sequence") and titles[1].endswith(f"token {pos}"), titles
-            assert titles[2].startswith("κ-template inspector") and f"token {pos} " in titles[2], titles
+            assert titles[2].startswith("Sequence ") and "how far ȳ moved" in titles[2], titles      # its token view
+            assert titles[3].startswith("κ-template inspector") and f"token {pos} " in titles[3], titles
             page.screenshot(path=str(ARTIFACTS / "browser_after_interaction.png"), full_page=False)
 
             # back to the topic labels from Python; hover text shows the text's quote once-escaped, as a quote
@@ -292,7 +293,7 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
                 print("events after the click:", page.evaluate("window.__cgtEvents"), "want", want)
                 print("page titles:", page.evaluate(TITLES_JS)[:6])
                 print("kernel:", page.evaluate(KERNEL_JS, "print(ex.strip.sequence, ex.strip.highlight, "
-                                               "ex.strip.figure.layout.title.text, ex.selection.shape)"))
+                                               "ex.strip.figure.layout.title.text, ex.selection.to_dict('records'))"))
                 raise
             assert before != want
 

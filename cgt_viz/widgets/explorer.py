@@ -4,6 +4,15 @@
     ex                     # displays: PCA at once, UMAP fitting in the background (status line)
     ex.selection           # box/lasso selection as a DataFrame (point, sequence, position, token, label, x, y)
     ex.open_sequence(3)    # what a click does: smoothness strip + template inspector for sequence 3
+    ex.search("sport")     # select the points whose token or label contains it (the search box); a DataFrame
+    ex.neighbors(17, k=10) # nearest points in ȳ by cosine (listed under the map after a click)
+    ex.isolate(); ex.show_all()      # re-project only the selection / back to every point (the buttons)
+    ex.set_components(2, 3)          # PCA on PC 2 and PC 3 (the PCs picker, up to PC 5)
+    ex.set_hidden(["tech"])          # what a click on a legend entry does; ex.hidden_categories
+    ex.export("sel.csv")             # the Export CSV button: the selection (or every point)
+
+A categorical colouring (topic, document, excerpt half, token) draws one trace per category with a legend
+entry each; numbers (position) get a colour bar. 3-D is not offered.
 
 Big arrays (ȳ, tokens) stay in Python attributes; only the drawn points (x, y, colour codes, hover text)
 go to the browser, so a saved notebook grows by the plotted points, not by ȳ.
@@ -190,7 +199,7 @@ class Explorer(StaticForm, W.VBox):
         self._buffer: list[np.ndarray] = []
         last = len(self.figure.data) - 1
         for i, trace in enumerate(self.figure.data):
-            trace.on_selection(lambda tr, pts, sel, i=i: self._on_plotly_selection(i, last, pts))
+            trace.on_selection(lambda tr, pts, sel, i=i: self._on_plotly_selection(i, last, pts, sel))
             trace.on_deselect(lambda tr, pts, i=i: self.select([]) if i == last else None)
             trace.on_click(lambda tr, pts, state, i=i: self._on_plotly_click(i, pts))
 
@@ -589,13 +598,21 @@ class Explorer(StaticForm, W.VBox):
         df = self.points.frame(self._selected, self.coords)
         return df.reset_index(drop=True)
 
-    def _on_plotly_selection(self, i: int, last: int, points) -> None:
+    def _on_plotly_selection(self, i: int, last: int, points, selector=None) -> None:
         # plotly calls every trace's callback once per selection event, in trace order
         if i == 0:
             self._buffer = []
         self._buffer.append(self._to_points(i, points.point_inds))
         if i == last:
-            self.select(np.concatenate(self._buffer) if self._buffer else [])
+            chosen = np.concatenate(self._buffer) if self._buffer else np.zeros(0, np.int64)
+            self.select(chosen)
+            if len(chosen) == 1:
+                # a click (clickmode "event+select") selects its point and then sends plotly_click in the
+                # same instant; the frontend may pass on only the first of the two messages (after a box
+                # or lasso it always did): so a one-point selection opens the point itself (a selector
+                # may still be attached: plotly repeats the last lasso's outline in the event)
+                self._opened_by_select = int(chosen[0])
+                self.open_point(int(chosen[0]))
 
     def _describe_selection(self) -> None:
         n = len(self._selected)
@@ -612,7 +629,11 @@ class Explorer(StaticForm, W.VBox):
     # ------------------------------------------------------------------ linked views
     def _on_plotly_click(self, i: int, points) -> None:
         if points.point_inds:
-            self.open_point(int(self._to_points(i, points.point_inds[:1])[0]))
+            point = int(self._to_points(i, points.point_inds[:1])[0])
+            if getattr(self, "_opened_by_select", None) == point:    # opened by its click-selection already
+                self._opened_by_select = None
+                return
+            self.open_point(point)
 
     def open_point(self, point: int) -> None:
         """Open the linked views for the sequence of drawn point `point`, its token highlighted, and list
