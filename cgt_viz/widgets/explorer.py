@@ -200,8 +200,21 @@ class Explorer(StaticForm, W.VBox):
         last = len(self.figure.data) - 1
         for i, trace in enumerate(self.figure.data):
             trace.on_selection(lambda tr, pts, sel, i=i: self._on_plotly_selection(i, last, pts, sel))
-            trace.on_deselect(lambda tr, pts, i=i: self.select([]) if i == last else None)
+            trace.on_deselect(lambda tr, pts, i=i: self._on_plotly_deselect() if i == last else None)
             trace.on_click(lambda tr, pts, state, i=i: self._on_plotly_click(i, pts))
+
+    def _clear_outline(self) -> None:
+        """Remove a box/lasso outline drawn in the browser. plotly.js keeps it in layout.selections and
+        re-applies it on every redraw (overriding selectedpoints set from Python), and the Python side of
+        the figure does not know it is there, so the relayout is sent as is."""
+        self._quiet_until = time.monotonic() + 1.0          # the deselect plotly answers with is ours
+        with self.figure.batch_update():
+            self.figure.layout.selections = ()
+        self.figure._send_relayout_msg({"selections": []})
+
+    def _on_plotly_deselect(self) -> None:
+        if time.monotonic() >= getattr(self, "_quiet_until", 0.0):
+            self.select([])
 
     def _to_points(self, trace: int, local) -> np.ndarray:
         """Indices within trace `trace` -> indices of drawn points (0..M−1)."""
@@ -480,11 +493,11 @@ class Explorer(StaticForm, W.VBox):
                 groups = self._groups or [np.arange(len(xy))]
                 for trace, rows in zip(self.figure.data, groups):
                     trace.x, trace.y = xy[rows, 0], xy[rows, 1]
-                self.figure.layout.selections = ()          # a box/lasso drawn in the old coordinates
                 self.figure.layout.xaxis.title.text, self.figure.layout.yaxis.title.text = self._axis_names(method)
                 self.figure.layout.title.text = (f"ȳ of {len(self.points):,} tokens · {METHOD_NAMES[method]}"
                                                  f"<br><sup>{self._note()}</sup>")
             self.projection = method
+            self._clear_outline()                              # a box/lasso drawn in the old coordinates
         if method not in self._threads or not self._threads[method].is_alive():
             self._set_status(f"showing {METHOD_NAMES[method]}", "ok")
 
@@ -509,20 +522,25 @@ class Explorer(StaticForm, W.VBox):
     def _redraw(self) -> None:
         """Rebuild the traces (colouring, point set or legend grouping changed), keeping the selection."""
         replace_figure(self.figure, self._figure(self.projection))
-        self.figure.layout.selections = ()
+        self._clear_outline()
         self._wire_traces()
 
     # ------------------------------------------------------------------ selection
-    def select(self, points) -> None:
+    def select(self, points, _from_browser: bool = False) -> None:
         """Select drawn points by index (0..M−1); [] clears. Also what a box/lasso in the browser calls.
-        The map shows the selection (other points faint)."""
+        The map shows the selection (other points faint; a box/lasso outline from the browser is removed)."""
         idx = self._check_points(points)
         self._selected = np.unique(idx)
         groups = self._groups or [np.arange(len(self.points))]
-        with self.figure.batch_update():
-            for trace, rows in zip(self.figure.data, groups):
-                trace.selectedpoints = (np.nonzero(np.isin(rows, self._selected))[0].tolist()
-                                        if self._selected.size else None)
+        per_trace = [np.nonzero(np.isin(rows, self._selected))[0].tolist() if self._selected.size else None
+                     for rows in groups]
+        traces = list(range(len(self.figure.data)))
+        self.figure.plotly_update(restyle_data={"selectedpoints": per_trace}, trace_indexes=traces)
+        if not _from_browser:
+            # one message for both: the page drops a box/lasso outline it would otherwise re-apply over
+            # the new selectedpoints (see _clear_outline)
+            self._quiet_until = time.monotonic() + 1.0
+            self.figure._send_update_msg({"selectedpoints": per_trace}, {"selections": []}, trace_indexes=traces)
         self._describe_selection()
 
     def _check_points(self, points) -> np.ndarray:
@@ -605,7 +623,7 @@ class Explorer(StaticForm, W.VBox):
         self._buffer.append(self._to_points(i, points.point_inds))
         if i == last:
             chosen = np.concatenate(self._buffer) if self._buffer else np.zeros(0, np.int64)
-            self.select(chosen)
+            self.select(chosen, _from_browser=True)
             if len(chosen) == 1:
                 # a click (clickmode "event+select") selects its point and then sends plotly_click in the
                 # same instant; the frontend may pass on only the first of the two messages (after a box
