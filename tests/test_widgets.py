@@ -409,7 +409,7 @@ def test_saved_notebook_with_an_explorer_is_small(tmp_path):
     nbformat.write(nb, path)
     states = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     figures = [s for s in states.values() if s["model_name"] == "AnyModel"]
-    assert len(figures) == 2 and all(s["state"].get("_bundle", "") == "" for s in figures)
+    assert len(figures) == 3 and all(s["state"].get("_bundle", "") == "" for s in figures)   # map, strip + its token view
     # the static form embeds plotly.js once per session (for nbconvert's HTML); the widgets add no more
     plotly_js = (Path(__import__("plotly").__file__).parent / "package_data" / "plotly.min.js").stat().st_size
     text = path.read_text()
