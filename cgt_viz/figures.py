@@ -71,13 +71,13 @@ def _check_position(name: str, value: Any, t: int) -> int | None:
     return check_int(name, value, 0, t - 1, allow_none=True, hint=" (a position in the sequence)")
 
 # ---------------------------------------------------------------------------------------------- colours
-def _color_values(values: Any) -> np.ndarray:
+def _color_values(values: Any, name: str = "colour values") -> np.ndarray:
     try:
         values = np.asarray(values)
     except ValueError:   # ragged nesting
-        raise TypeError(f"colour values must be 1-D (one per point), got {describe(values)}") from None
+        raise TypeError(f"{name} must be 1-D (one per point), got {describe(values)}") from None
     if values.ndim != 1:
-        raise ValueError(f"colour values must be 1-D (one per point), got shape {values.shape}")
+        raise ValueError(f"{name} must be 1-D (one per point), got shape {values.shape}")
     return values
 
 
@@ -136,6 +136,7 @@ def map_groups(color: Any, kind: str | None = None) -> tuple[list[str] | None, l
     (a legend entry each, click to hide/show); anything else is one trace."""
     if color is None:
         return None, []
+    color = _color_values(color, "color")
     if color_kind(color, kind) == "categorical":
         names, codes = color_categories(color)
         if len(names) <= MAX_COLOR_CATEGORIES:

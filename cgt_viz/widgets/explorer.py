@@ -570,12 +570,12 @@ class Explorer(StaticForm, W.VBox):
 
     def set_hidden(self, categories) -> None:
         """Hide these categories of the current colouring (and show the others); [] shows all."""
-        if not self._groups:
-            raise ValueError(f"set_hidden needs a colouring with a legend (one trace per category); colour by "
-                             f"{self.color_by!r} has none")
-        names = [t.name for t in self.figure.data]
         if isinstance(categories, str) or not hasattr(categories, "__iter__"):
             raise TypeError(f"categories must be a list of category names, got {describe(categories)}")
+        if not self._groups:
+            raise ValueError(f"categories can only be hidden in a colouring with a legend (one trace per "
+                             f"category); colour by {self.color_by!r} has none, got {list(categories)}")
+        names = [t.name for t in self.figure.data]
         unknown = [c for c in categories if str(c) not in names]
         if unknown:
             raise ValueError(f"categories must be names of the colouring {self.color_by!r} ({names}), got {unknown}")
