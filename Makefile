@@ -33,6 +33,7 @@ lab: env   ## open JupyterLab on notebook 01
 demo: env   ## run notebook 01 headless and write an HTML report to runs/demo/
 	mkdir -p runs/demo
 	$(BIN)/jupyter nbconvert --to html --execute --ExecutePreprocessor.timeout=1200 \
+	  --HTMLExporter.preprocessors=cgt_viz.widgets.export.StaticViews \
 	  --output-dir runs/demo notebooks/01_synthetic_icl.ipynb
 
 bench: env   ## write benchmarks/results/*.json (+ HTML plot, README tables): a few minutes on a CPU

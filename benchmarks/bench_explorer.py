@@ -79,7 +79,7 @@ def main(argv=None) -> dict:
         coords = A.Projector("pca").fit_transform(pts.ybar)
         return ybar_map_figure(coords, pts.label, pts.hover, color_name="topic")
     stats, fig = timed(first_paint, args.repeats)
-    res["first_paint"] = {**stats, "points": len(fig.data[0].x),
+    res["first_paint"] = {**stats, "points": sum(len(t.x) for t in fig.data),
                           "what": "prepare_sequences + collect_ybar + collect_points + PCA + ybar_map_figure"}
     seqs = A.prepare_sequences(model, data, labels)
     for name, fn in (("ybar_s", lambda: A.collect_ybar(model, seqs.inputs)),):

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import html
 import importlib
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -438,64 +436,9 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 
 # -------------------------------------------------------------------------------------------- report
-def _curves_figure(history: dict[str, Any]):
-    """The widgets' training figure when cgt_viz.figures provides it, else plain plotly curves."""
-    try:
-        from .figures import training_curves_figure
-        return training_curves_figure(history)
-    except (ImportError, AttributeError):
-        pass
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, subplot_titles=("training losses", "evaluation"))
-    for name in ("main", "aux", "smooth", "total"):
-        ys = history.get(name, [])
-        if any(y > 0 for y in ys):
-            fig.add_trace(go.Scatter(x=history["step"], y=ys, mode="lines", name=name), row=1, col=1)
-    evals = history.get("evals", [])
-    for name in sorted({k for e in evals for k in e} - {"step"}):
-        pts = [(e["step"], e[name]) for e in evals if name in e and math.isfinite(e[name])]
-        fig.add_trace(go.Scatter(x=[s for s, _ in pts], y=[v for _, v in pts], mode="lines+markers", name=name),
-                      row=2, col=1)
-    fig.update_yaxes(type="log", row=1, col=1)
-    fig.update_layout(title="Training", height=520, template="plotly_white")
-    return fig
-
-
 def cmd_report(args: argparse.Namespace) -> int:
-    import plotly.graph_objects as go
-    import plotly.io as pio
-
-    from .io import atomic_write, read_json
-
-    run = Path(args.run)
-    info = _read_run(run)
-    history = _history_of(run)
-    figures = [_curves_figure(history)]
-    if history.get("lr"):
-        lr_fig = go.Figure(go.Scatter(x=history["step"], y=history["lr"], mode="lines", name="lr"))
-        lr_fig.update_layout(title="Learning rate", height=260, template="plotly_white")
-        figures.append(lr_fig)
-    parts = [pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)]
-    esc = html.escape
-    settings_rows = "".join(f"<tr><td>{esc(str(k))}</td><td>{esc(json.dumps(v))}</td></tr>"
-                            for k, v in {**info["settings"], **info.get("config", {})}.items())
-    evaluation = ""
-    if (run / "evaluation.json").is_file():
-        evaluation = f"<h2>Evaluation</h2><pre>{esc(_table(read_json(run / 'evaluation.json')))}</pre>"
-    status = (f"{len(history.get('step', []))} steps, {history.get('seconds', 0):.1f} s"
-              + (" (interrupted)" if history.get("interrupted") else ""))
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>cgt_viz run {esc(run.name)}</title>"
-            "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}td{padding:2px 12px;"
-            "border-bottom:1px solid #eee;font-family:monospace}</style></head><body>"
-            f"<h1>Run {esc(run.name)}</h1><p>{esc(info.get('model_class', ''))} on task "
-            f"{esc(str(info['settings']['task']))}: {esc(status)}</p>{''.join(parts)}{evaluation}"
-            f"<h2>Settings</h2><table>{settings_rows}</table></body></html>")
-    output = Path(args.output) if args.output else run / "report.html"
-    atomic_write(output, lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
-    print(f"report written to {output}")
-    return 0
+    from .report import write_report   # the page is built in cgt_viz/report.py
+    return write_report(args.run, args.output, load_run=load_run, history_of=_history_of, read_run=_read_run)
 
 
 # ---------------------------------------------------------------------------------------------- main

@@ -172,8 +172,10 @@ def _hover_snippets(text: list[str], joiner: str, pos: np.ndarray, width: int) -
     for p in pos:
         a, b = offsets[p], offsets[p] + len(text[p])
         left, right = full[max(0, a - width):a], full[b:b + width]
-        out.append(f"{'…' if a > width else ''}{html.escape(left)}<b>[{html.escape(text[p])}]</b>"
-                   f"{html.escape(right)}{'…' if b + width < len(full) else ''}")
+        # plotly's hover labels decode &lt; &gt; &amp; but show &quot; and &#x27; literally: quote=False
+        esc = lambda s: html.escape(s, quote=False)   # noqa: E731
+        out.append(f"{'…' if a > width else ''}{esc(left)}<b>[{esc(text[p])}]</b>"
+                   f"{esc(right)}{'…' if b + width < len(full) else ''}")
     return out
 
 
@@ -203,7 +205,8 @@ def points_at(seqs: Sequences, ybar_full: np.ndarray, seq: np.ndarray, pos: np.n
         hover[rows] = [f"seq {i + seq_offset} · pos {p}<br>{s}" for p, s in zip(pos[rows], snips)]
     label = None if seqs.token_labels is None else seqs.token_labels[seq, pos]
     if label is not None:
-        hover = np.array([f"{h}<br>label: {html.escape(str(lab))}" for h, lab in zip(hover, label)], dtype=object)
+        hover = np.array([f"{h}<br>label: {html.escape(str(lab), quote=False)}" for h, lab in zip(hover, label)],
+                         dtype=object)
     # which excerpt: split at the row's boundary, or at the middle of rows that have none
     split = seqs.lengths[seq] / 2 if seqs.boundary is None else \
         np.where(seqs.boundary[seq] >= 0, seqs.boundary[seq], seqs.lengths[seq] / 2)

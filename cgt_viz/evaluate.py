@@ -13,6 +13,8 @@ the held-out queries):
     baseline      a plain GPT with the prompt in context (optional)
 
     gap closed  G = (L_no_context − L_specialized) / (L_no_context − L_prompted)
+                NaN, with the reason in gap_closed_note, when L_no_context − L_prompted ≤ GAP_NOISE_FLOOR
+                (0.01 nats; MSE for vectors tasks): a ratio over a difference that small is noise
 
 G = 1: the compiled model is as good as the prompted one; G = 0: compiling bought nothing. G can exceed
 1 when the specialized model beats the prompted one (the auxiliary loss trains it directly on queries).
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -39,8 +42,24 @@ from .sequences import model_device, check_baseline, eval_mode, require_text_tas
 
 
 # ---------------------------------------------------------------------------- small helpers
-def gap_closed(loss_no_context: float, loss_specialized: float, loss_prompted: float, eps: float = 1e-8) -> float:
-    """G = (L_nc − L_spec) / (L_nc − L_prompt); NaN when the prompt does not help (denominator ≤ eps)."""
+GAP_NOISE_FLOOR = 0.01       # loss units (nats, or MSE for vectors tasks): below it L_nc − L_prompted is noise
+GAP_NOISE_FLOOR_ACC = 0.01   # accuracy (one percentage point), for gap_closed_acc
+
+
+def gap_note(loss_no_context: float, loss_prompted: float, floor: float = GAP_NOISE_FLOOR) -> str:
+    """Why G is NaN for these losses ("" when it is defined): the prompt helps by less than the noise floor."""
+    denom = loss_no_context - loss_prompted
+    if math.isfinite(denom) and denom > floor:
+        return ""
+    return (f"L_no_context − L_prompted = {denom:.4g} is below the noise floor {floor:g}: the prompt barely "
+            f"helps here, so G (a ratio over that difference) is undefined and reported as NaN")
+
+
+def gap_closed(loss_no_context: float, loss_specialized: float, loss_prompted: float,
+               eps: float = GAP_NOISE_FLOOR) -> float:
+    """G = (L_nc − L_spec) / (L_nc − L_prompt); NaN when the prompt does not help: the denominator is at
+    most `eps`, the noise floor (GAP_NOISE_FLOOR = 0.01 nats by default; on a difference of 0.004 nats a
+    G of −5 says nothing)."""
     for name, value in (("loss_no_context", loss_no_context), ("loss_specialized", loss_specialized),
                         ("loss_prompted", loss_prompted)):
         check_float(name, value)
@@ -48,7 +67,7 @@ def gap_closed(loss_no_context: float, loss_specialized: float, loss_prompted: f
     return _gap(float(loss_no_context), float(loss_specialized), float(loss_prompted), eps)
 
 
-def _gap(loss_no_context: float, loss_specialized: float, loss_prompted: float, eps: float = 1e-8) -> float:
+def _gap(loss_no_context: float, loss_specialized: float, loss_prompted: float, eps: float = GAP_NOISE_FLOOR) -> float:
     """gap_closed without the checks: NaN in (e.g. accuracy of a vectors task) gives NaN out."""
     denom = loss_no_context - loss_prompted
     if not math.isfinite(denom) or denom <= eps:
@@ -95,9 +114,11 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
     baseline   optional plain GPT trained on the same task; it sees the prompt in context
     check_merged  compare `forward_specialized` once against the merged `specialize` GPT (float tolerance)
 
-    Returns one row per k: k, n_scored, loss_<mode> and acc_<mode> for mode in MODES (acc is NaN for
-    vectors tasks, baseline columns NaN without a baseline), gap_closed, gap_closed_acc (the same ratio
-    on accuracy), and spec_merge_max_diff (max |logit difference| of the merged check, NaN if skipped).
+    Returns one row per k: k, n_scored, loss_<mode> then acc_<mode> for mode in MODES (acc is NaN for
+    vectors tasks; no baseline columns without a baseline), gap_closed, gap_closed_acc (the same ratio
+    on accuracy), gap_closed_note ("" or why G is NaN: L_no_context − L_prompted under the noise floor
+    GAP_NOISE_FLOOR = 0.01, which also warns), and spec_merge_max_diff (max |logit difference| of the
+    merged check, NaN if skipped).
     """
     if not isinstance(model, CGT):
         raise TypeError(f"model must be a CGT, got {describe(model)}")
@@ -137,13 +158,18 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
             if n_scored == 0:
                 raise ValueError(f"task.eval_batch(k={k}) marked no held-out query positions in loss_mask")
             row: dict[str, Any] = {"k": k, "n_scored": n_scored}
-            for mode in MODES:
-                have = mode != "baseline" or baseline is not None
-                row[f"loss_{mode}"] = sums[mode][0] / n_scored if have else float("nan")
-                row[f"acc_{mode}"] = sums[mode][1] / n_scored if (have and cfg.mode == "tokens") else float("nan")
+            modes = [m for m in MODES if m != "baseline" or baseline is not None]   # no baseline: no columns
+            for mode in modes:
+                row[f"loss_{mode}"] = sums[mode][0] / n_scored
+            for mode in modes:
+                row[f"acc_{mode}"] = sums[mode][1] / n_scored if cfg.mode == "tokens" else float("nan")
             row["gap_closed"] = _gap(row["loss_no_context"], row["loss_specialized"], row["loss_prompted"])
             # the same ratio on accuracy (higher is better, so the signs flip)
-            row["gap_closed_acc"] = _gap(-row["acc_no_context"], -row["acc_specialized"], -row["acc_prompted"])
+            row["gap_closed_acc"] = _gap(-row["acc_no_context"], -row["acc_specialized"], -row["acc_prompted"],
+                                         GAP_NOISE_FLOOR_ACC)
+            row["gap_closed_note"] = gap_note(row["loss_no_context"], row["loss_prompted"])
+            if row["gap_closed_note"]:
+                warnings.warn(f"k = {k}: {row['gap_closed_note']}", stacklevel=3)
             row["spec_merge_max_diff"] = merge_diff
             rows.append(row)
     return rows

@@ -17,7 +17,8 @@ from plotly.subplots import make_subplots
 from ._checks import check_array, check_bool, check_choice, check_float, check_height, check_int, describe
 from .analysis import token_smoothness, training_series
 
-PALETTE = qualitative.Plotly + qualitative.Dark24
+# well-separated colours first (Tableau 10: no two neighbours alike), then more
+PALETTE = qualitative.T10 + qualitative.Dark24
 MAX_COLOR_CATEGORIES = 30     # more categories (e.g. documents) than this get no legend bar
 MODEL_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
 COLOR_KINDS = ("categorical", "continuous")
@@ -75,47 +76,94 @@ def _check_position(name: str, value: Any, t: int) -> int | None:
     return check_int(name, value, 0, t - 1, allow_none=True, hint=" (a position in the sequence)")
 
 # ---------------------------------------------------------------------------------------------- colours
-def color_spec(values: Any, name: str = "label", kind: str | None = None) -> dict:
-    """Marker settings colouring points by `values` (N,): categorical -> integer codes on a discrete
-    colour scale with a labelled colour bar; continuous -> Viridis. kind: None (guess), "categorical",
-    "continuous". Returns a dict for `go.Scattergl(marker=...)`."""
-    check_choice("kind", kind, COLOR_KINDS, allow_none=True)
+def _color_values(values: Any, name: str = "colour values") -> np.ndarray:
     try:
         values = np.asarray(values)
     except ValueError:   # ragged nesting
-        raise TypeError(f"colour values must be 1-D (one per point), got {describe(values)}") from None
+        raise TypeError(f"{name} must be 1-D (one per point), got {describe(values)}") from None
     if values.ndim != 1:
-        raise ValueError(f"colour values must be 1-D (one per point), got shape {values.shape}")
+        raise ValueError(f"{name} must be 1-D (one per point), got shape {values.shape}")
+    return values
+
+
+def color_kind(values: Any, kind: str | None = None) -> str:
+    """"categorical" or "continuous" for colour values (N,): kind as given (checked), else numbers with more
+    than 12 distinct values are continuous and everything else (labels, few numbers) categorical."""
+    check_choice("kind", kind, COLOR_KINDS, allow_none=True)
+    values = _color_values(values)
     numeric = np.issubdtype(values.dtype, np.number) and values.dtype != np.bool_
     if kind == "continuous" and not numeric:
         raise ValueError(f"kind='continuous' needs numeric colour values, got dtype {values.dtype}; "
                          f"use kind='categorical' for labels")
     if kind is None:
         kind = "continuous" if (numeric and len(np.unique(values)) > 12) else "categorical"
+    return kind
+
+
+def _natural_key(name: str):
+    """Sort key that puts "2" before "10" and numbers before words."""
+    try:
+        return (0, float(name), "")
+    except ValueError:
+        return (1, 0.0, name)
+
+
+def color_categories(values: Any) -> tuple[list[str], np.ndarray]:
+    """Category names (sorted, numbers numerically) and each point's code: values (N,) -> (names, (N,) int)."""
+    values = _color_values(values)
+    keys = values.astype(str)
+    names = sorted(set(keys.tolist()), key=_natural_key)
+    lookup = {nm: i for i, nm in enumerate(names)}
+    return names, np.fromiter((lookup[k] for k in keys), dtype=np.int64, count=len(keys))
+
+
+def color_spec(values: Any, name: str = "label", kind: str | None = None) -> dict:
+    """Marker settings colouring one trace by `values` (N,): continuous -> Viridis with a colour bar;
+    categorical -> one distinct colour per category (no colour bar: the map puts categories in a legend).
+    kind: None (guess, see color_kind), "categorical", "continuous". Returns a dict for `marker=`."""
+    kind = color_kind(values, kind)
+    values = _color_values(values)
     if kind == "continuous":
         return dict(color=values.astype(np.float32), colorscale="Viridis", cmin=None, cmax=None, showscale=True,
                     colorbar=dict(title=dict(text=_esc(name)), tickvals=None, ticktext=None))
-    names, codes = np.unique(values.astype(str) if values.dtype == object else values, return_inverse=True)
+    names, codes = color_categories(values)
     n = len(names)
     scale = []
     for i in range(n):   # a flat band per category: codes i map to [i/n, (i+1)/n]
         c = PALETTE[i % len(PALETTE)]
         scale += [[i / n, c], [(i + 1) / n, c]]
-    show = n <= MAX_COLOR_CATEGORIES
-    return dict(color=codes.astype(np.int32), colorscale=scale, cmin=-0.5, cmax=n - 0.5, showscale=show,
-                colorbar=dict(title=dict(text=_esc(name)), tickvals=list(range(n)) if show else None,
-                              ticktext=[_esc(s) for s in names] if show else None))
+    return dict(color=codes.astype(np.int32), colorscale=scale, cmin=-0.5, cmax=n - 0.5, showscale=False)
+
+
+def map_groups(color: Any, kind: str | None = None) -> tuple[list[str] | None, list[np.ndarray]]:
+    """How `ybar_map_figure` splits points into traces: (category names or None, point indices per trace).
+    A categorical colouring with at most MAX_COLOR_CATEGORIES categories gets one trace per category
+    (a legend entry each, click to hide/show); anything else is one trace."""
+    if color is None:
+        return None, []
+    color = _color_values(color, "color")
+    if color_kind(color, kind) == "categorical":
+        names, codes = color_categories(color)
+        if len(names) <= MAX_COLOR_CATEGORIES:
+            order = np.argsort(codes, kind="stable")
+            bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
+            return names, [order[bounds[j]:bounds[j + 1]] for j in range(len(names))]
+    return None, []
 
 
 # ---------------------------------------------------------------------------------------------- ȳ map
 def ybar_map_figure(coords: Any, color: Any = None, hover: Sequence[str] | None = None, *, color_name: str = "label",
                     color_kind: str | None = None, title: str | None = None, note: str | None = None,
                     axis_names: tuple[str, str] = ("dim 1", "dim 2"), marker_size: float | None = None,
-                    height: int = 520) -> go.Figure:
-    """ȳ of many tokens embedded in 2-D: one WebGL scatter (Scattergl), points in row order.
+                    selected: Any = None, height: int = 520) -> go.Figure:
+    """ȳ of many tokens embedded in 2-D as WebGL scatter (Scattergl).
 
-    coords (N, 2); color (N,) labels or numbers (None: one colour); hover (N,) HTML strings;
-    note: a line under the title (e.g. "showing 20,000 of 100,000 tokens, stratified by topic").
+    coords (N, 2); color (N,) labels or numbers (None: one colour); hover (N,) plotly hover strings (escape
+    user text with `hover_escape`); note: a line under the title (e.g. "showing 20,000 of 100,000 tokens");
+    selected: indices of selected points (the others are drawn faint).
+    Traces: a categorical colouring with ≤ MAX_COLOR_CATEGORIES categories gives one trace per category, in
+    sorted order, named by it and listed in the legend (a click hides it); otherwise one trace with points in
+    row order (a colour bar for numbers). `map_groups` says which points each trace holds.
     """
     coords = _check_shape("coords", coords, "(N, 2) with N >= 1",
                           lambda shape: len(shape) == 2 and shape[1] == 2 and shape[0] >= 1, finite=True)
@@ -123,23 +171,47 @@ def ybar_map_figure(coords: Any, color: Any = None, hover: Sequence[str] | None 
     check_choice("color_kind", color_kind, COLOR_KINDS, allow_none=True)
     height = check_height("height", height)
     n = len(coords)
-    marker = dict(size=marker_size or (6 if n < 2000 else 4 if n < 20000 else 2.5), opacity=0.8 if n < 20000 else 0.6)
     if color is not None:
-        marker.update(color_spec(_check_1d("color", color, n, numeric=False), color_name, color_kind))
+        color = _check_1d("color", color, n, numeric=False)
     if hover is not None:
         hover = _check_1d("hover", np.asarray(hover, dtype=object), n, numeric=False)
-    trace = go.Scattergl(x=coords[:, 0], y=coords[:, 1], mode="markers", marker=marker,
-                         hovertext=hover, hoverinfo="text" if hover is not None else "x+y",
-                         hoverlabel=dict(align="left"), unselected=dict(marker=dict(opacity=0.15)),
-                         name="tokens", showlegend=False)
+    chosen = None
+    if selected is not None:
+        chosen = np.zeros(n, bool)
+        chosen[_check_1d("selected", selected).astype(np.int64)] = True
+    base = dict(size=marker_size or (6 if n < 2000 else 4 if n < 20000 else 2.5), opacity=0.8 if n < 20000 else 0.6)
+    names, groups = map_groups(color, color_kind)
+
+    def scatter(rows, marker, name, legend):
+        sel = None if chosen is None else np.nonzero(chosen[rows])[0].tolist()
+        return go.Scattergl(x=coords[rows, 0], y=coords[rows, 1], mode="markers", marker=marker,
+                            hovertext=None if hover is None else hover[rows],
+                            hoverinfo="text" if hover is not None else "x+y", hoverlabel=dict(align="left"),
+                            selectedpoints=sel, unselected=dict(marker=dict(opacity=0.15)), name=name,
+                            showlegend=legend, legendgroup=name if legend else None)
+
+    fig = go.Figure()
+    if names is not None:
+        for j, (nm, rows) in enumerate(zip(names, groups)):
+            fig.add_trace(scatter(rows, dict(base, color=PALETTE[j % len(PALETTE)]), _esc(nm), True))
+    else:
+        marker = dict(base)
+        if color is not None:
+            marker.update(color_spec(color, color_name, color_kind))
+        fig.add_trace(scatter(np.arange(n), marker, "tokens", False))
     heading = title or "ȳ embedded in 2-D"
     if note:
         heading += f"<br><sup>{note}</sup>"
-    fig = go.Figure(trace)
-    fig.update_layout(title=dict(text=heading, x=0.01), height=height, dragmode="lasso",
+    fig.update_layout(title=dict(text=heading, x=0.01), height=height, dragmode="lasso", clickmode="event+select",
                       margin=dict(l=50, r=20, t=70, b=40), xaxis_title=axis_names[0], yaxis_title=axis_names[1],
-                      template="plotly_white", hovermode="closest")
+                      template="plotly_white", hovermode="closest",
+                      legend=dict(title=dict(text=_esc(color_name)), itemsizing="constant"))
     return fig
+
+
+def hover_escape(text: Any) -> str:
+    """User text for plotly hover labels and titles: <, > and & escaped once (plotly shows &quot; literally)."""
+    return html.escape(str(text), quote=False)
 
 
 # ---------------------------------------------------------------------------------------------- smoothness
@@ -191,13 +263,85 @@ def smoothness_figure(ybar: Any, tokens: Sequence[str] | None = None, *, boundar
     return fig
 
 
+# ---------------------------------------------------------------------------------------------- token text
+def _token_colors(values: np.ndarray) -> tuple[str, float | None, float, float]:
+    """(colour scale, zmid, zmin, zmax): diverging around 0 for signed values, sequential otherwise."""
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return "Greys", None, 0.0, 1.0
+    lo, hi = float(finite.min()), float(finite.max())
+    if lo < 0 < hi:
+        lim = max(-lo, hi)
+        return "RdBu_r", 0.0, -lim, lim
+    return "Oranges" if lo >= 0 else "Blues_r", None, lo, hi if hi > lo else lo + 1e-9
+
+
+def token_text_figure(tokens: Sequence[str], values: Any, *, value_name: str = "value", title: str | None = None,
+                      per_row: int = 24, highlight: int | None = None, start: int = 0, height: int | None = None) -> go.Figure:
+    """Text coloured token by token by a per-token number (CircuitsVis' colored_tokens): the tokens in
+    reading order, `per_row` to a line, each cell coloured by its value (diverging around 0 when the
+    values have both signs), the value in the hover. tokens (t,) strings; values (t,) numbers (NaN: no
+    colour, e.g. ‖ȳ_t − ȳ_{t−1}‖ at t = 0); start: the position of tokens[0] (for the hover);
+    highlight: one position (outlined)."""
+    if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__len__"):
+        raise TypeError(f"tokens must be a list of strings (one per position), got {describe(tokens)}")
+    t = len(tokens)
+    if t == 0:
+        raise ValueError("tokens must hold at least one token, got an empty list")
+    values = _check_1d("values", values, t).astype(np.float64)
+    per_row = check_int("per_row", per_row, 1, hint=" (tokens per line)")
+    start = check_int("start", start, 0)
+    highlight = check_int("highlight", highlight, start, start + t - 1, allow_none=True,
+                          hint=" (a position of these tokens)")
+    rows = -(-t // per_row)
+    z = np.full((rows, per_row), np.nan)
+    text = np.full((rows, per_row), "", dtype=object)
+    custom = np.full((rows, per_row), "", dtype=object)
+    for i, (tok, v) in enumerate(zip(tokens, values)):
+        r, c = divmod(i, per_row)
+        shown = str(tok).replace("\n", "⏎")
+        z[r, c], text[r, c] = v, hover_escape(shown)
+        custom[r, c] = f"pos {start + i}: {hover_escape(repr(str(tok)))}"
+    scale, zmid, zmin, zmax = _token_colors(values)
+    # None, not NaN, for the empty cells: a widget sends z as JSON, which has no NaN
+    z = [[None if not np.isfinite(v) else float(v) for v in row] for row in z]
+    fig = go.Figure(go.Heatmap(z=z, text=text, customdata=custom, texttemplate="%{text}", textfont=dict(size=12),
+                               colorscale=scale, zmid=zmid, zmin=zmin, zmax=zmax, xgap=1, ygap=3,
+                               colorbar=dict(title=dict(text=value_name), thickness=10),
+                               hovertemplate="%{customdata}<br>" + value_name + ": %{z:.4g}<extra></extra>"))
+    if highlight is not None:
+        r, c = divmod(highlight - start, per_row)
+        fig.add_shape(type="rect", x0=c - 0.5, x1=c + 0.5, y0=r - 0.5, y1=r + 0.5, line=dict(color="black", width=2))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False, autorange="reversed")
+    fig.update_layout(title=dict(text=title or f"Tokens coloured by {value_name}", x=0.01),
+                      height=height or (80 + 34 * rows), template="plotly_white", margin=dict(l=10, r=10, t=50, b=10))
+    return fig
+
+
+def colored_tokens_html(tokens: Sequence[str], values: Any, *, value_name: str = "value") -> str:
+    """The same as HTML spans (no plotly needed; each token escaped once, its value in the tooltip)."""
+    if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__len__") or not len(tokens):
+        raise TypeError(f"tokens must be a non-empty list of strings, got {describe(tokens)}")
+    values = _check_1d("values", values, len(tokens)).astype(np.float64)
+    _, _, zmin, zmax = _token_colors(values)
+    lim = max(abs(zmin), abs(zmax)) or 1.0
+    spans = []
+    for tok, v in zip(tokens, values):
+        a = 0.0 if not np.isfinite(v) else min(abs(v) / lim, 1.0)
+        rgb = "214,39,40" if v > 0 else "31,119,180"
+        spans.append(f"<span title='{html.escape(value_name)}: {v:.4g}' style='background:rgba({rgb},{a:.2f});"
+                     f"white-space:pre;font-family:monospace'>{html.escape(str(tok))}</span>")
+    return "<div style='line-height:1.8'>" + "".join(spans) + "</div>"
+
+
 # ---------------------------------------------------------------------------------------------- templates
 def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: str = "", boundary: int | None = None,
                     highlight: int | None = None, label_names: Sequence[str] | None = None, mean_abs: Any = None,
                     singular_values: Any = None, ablation: Any = None, title: str | None = None,
                     height: int = 620) -> go.Figure:
     """The K templates of one site κ: coefficients c_k(ȳ_t) over a sequence (row 1, K × t heatmap);
-    mean |c_k| per label (row 2 left, L × K); singular values of ΔW(ȳ) at the highlighted token (middle);
+    mean |c_k| per label (row 2 left, L × K, rows in the order given); singular values of ΔW(ȳ) at the highlighted token (middle);
     Δ loss when template k is ablated (right; empty until computed).
 
     coeffs (t, K); mean_abs (L, K) with label_names (L,); singular_values (m,); ablation (K,) or None.
@@ -226,7 +370,8 @@ def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: s
             raise ValueError(f"mean_abs must have shape (labels={len(names)}, K={K}), got {mean_abs.shape}")
     else:
         mean_abs, names = np.zeros((0, K), np.float32), []
-    fig.add_trace(go.Heatmap(z=mean_abs, x=ks, y=names, colorscale="Viridis", showscale=False,
+    fig.add_trace(go.Heatmap(z=mean_abs, x=ks, y=names, colorscale="Viridis", showscale=True,
+                             colorbar=dict(len=0.4, y=0.2, x=0.3, thickness=10, title=dict(text="|c_k|")),
                              hovertemplate="%{y} · %{x}: %{z:.3f}<extra></extra>"), row=2, col=1)
     sv = np.zeros(0) if singular_values is None else _check_1d("singular_values", singular_values)
     fig.add_trace(go.Bar(x=np.arange(1, len(sv) + 1), y=sv, marker_color="#636EFA",
@@ -234,6 +379,10 @@ def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: s
     abl = np.zeros(0) if ablation is None else _check_1d("ablation", ablation, K)
     fig.add_trace(go.Bar(x=ks[:len(abl)], y=abl, marker_color=["#d62728" if v > 0 else "#2ca02c" for v in abl],
                          hovertemplate="%{x}: Δloss %{y:+.4f}<extra></extra>"), row=2, col=3)
+    if ablation is None:
+        fig.add_annotation(text="not computed yet:<br>press “Δ loss: ablate each<br>template” or call .ablate()",
+                           x=0.5, y=0.5, xref="x4 domain", yref="y4 domain", showarrow=False,
+                           font=dict(size=11, color="#777"))
     if boundary is not None:
         _vline(fig, boundary - 0.5, "#d62728", "dash", "boundary")
         fig.layout.shapes[-1].update(yref="y domain", y0=0, y1=1)
@@ -296,26 +445,37 @@ def compare_figure(losses: dict, *, boundary: float | None = None, split: int | 
 
 
 # ---------------------------------------------------------------------------------------------- training
+def drawn_series(steps: dict) -> tuple[dict, list[str]]:
+    """The training terms worth a curve: ({name: (steps, values)} without the terms that are exactly 0 at
+    every step so far, e.g. "smooth" when w_smooth = 0), and the names left out."""
+    kept = {k: v for k, v in steps.items() if not (len(v[1]) and np.all(np.asarray(v[1]) == 0))}
+    return kept, [k for k in steps if k not in kept]
+
+
 def training_curves_figure(history: Any, *, log_y: bool = True, title: str | None = None,
                            max_points: int = 2000, height: int = 460) -> go.Figure:
     """Loss curves (main, aux, smooth, total; row 1) and evaluation metrics (row 2) of a training run.
 
     history: a TrainHistory, a dict of lists, or a list of callback records (see analysis.training_series).
-    Long curves are thinned to max_points per trace (every k-th step; the last step always kept).
+    Long curves are thinned to max_points per trace (every k-th step; the last step always kept). A term
+    that is 0 at every step (smooth with w_smooth = 0) gets no curve; the title of row 1 says so. On the log
+    axis every tick is labelled with its full value (70, 60, 50; not plotly's bare digits 7, 6, 5).
     """
     check_bool("log_y", log_y)
     max_points = check_int("max_points", max_points, 2, hint=" (points drawn per curve)")
     height = check_height("height", height)
     steps, evals = training_series(history)
+    steps, zero = drawn_series(steps)
+    top = "training losses" + (f" ({', '.join(zero)} = 0 throughout: not drawn)" if zero else "")
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1, row_heights=[0.62, 0.38],
-                        subplot_titles=("training losses", "evaluation"))
+                        subplot_titles=(top, "evaluation"))
     for name, (s, v) in steps.items():
         s, v = thin(s, max_points), thin(v, max_points)
         fig.add_trace(go.Scatter(x=s, y=v, mode="lines", name=name), row=1, col=1)
     for name, (s, v) in evals.items():
         fig.add_trace(go.Scatter(x=s, y=v, mode="lines+markers", name=name), row=2, col=1)
     if log_y:
-        fig.update_yaxes(type="log", row=1, col=1)
+        fig.update_yaxes(type="log", tickformat="~g", row=1, col=1)
     fig.update_xaxes(title_text="step", row=2, col=1)
     fig.update_layout(title=dict(text=title or "Training", x=0.01), height=height, template="plotly_white",
                       margin=dict(l=50, r=20, t=60, b=40))

@@ -329,6 +329,15 @@ _C2 = np.zeros((4, 2))
 case("ybar_map_figure", "coords", [np.zeros((4, 3)), np.zeros(4), "xy", np.full((4, 2), np.nan)],
      lambda v: F.ybar_map_figure(v), shows="")
 case("ybar_map_figure", "color", [[1, 2]], lambda v: F.ybar_map_figure(_C2, v), shows="2")
+case("token_text_figure", "tokens", ["abc", 5], lambda v: F.token_text_figure(v, [1.0]))
+case("token_text_figure", "tokens", [[]], lambda v: F.token_text_figure(v, []), shows="")
+case("token_text_figure", "values", [[1.0, 2.0], "ab"], lambda v: F.token_text_figure(["a"], v), shows="")
+case("token_text_figure", "per_row", [0, 1.5, "3"], lambda v: F.token_text_figure(["a"], [1.0], per_row=v))
+case("token_text_figure", "highlight", [5, -1], lambda v: F.token_text_figure(["a"], [1.0], highlight=v))
+case("colored_tokens_html", "tokens", ["abc", 5, []], lambda v: F.colored_tokens_html(v, [1.0]), shows="")
+case("color_kind", "kind", ["nonsense", 3], lambda v: F.color_kind([1, 2], v))
+case("color_categories", "values", [np.zeros((2, 2))], lambda v: F.color_categories(v), shows="")
+case("map_groups", "color", [np.zeros((2, 2))], lambda v: F.map_groups(v), shows="")
 case("ybar_map_figure", "hover", [["a"]], lambda v: F.ybar_map_figure(_C2, hover=v), shows="1")
 case("ybar_map_figure", "color_kind", ["nonsense"], lambda v: F.ybar_map_figure(_C2, [1, 2, 3, 4], color_kind=v))
 case("ybar_map_figure", "height", [0, -5, "tall"], lambda v: F.ybar_map_figure(_C2, height=v))
@@ -383,6 +392,12 @@ EXPLORER_METHODS = {
     "open_sequence": ("sequence", [3, -1, 1.5], lambda ex, v: ex.open_sequence(v)),
     "open_sequence ": ("position", [10, -1, 1.5], lambda ex, v: ex.open_sequence(0, v)),
     "add": ("data", [torch.full((2, 4), 99), 5], lambda ex, v: ex.add(v)),
+    "search": ("query", [5, ""], lambda ex, v: ex.search(v)),
+    "search ": ("field", ["nonsense", 3], lambda ex, v: ex.search("a", v)),
+    "neighbors": ("point", [999, -1, 1.5], lambda ex, v: ex.neighbors(v)),
+    "neighbors ": ("k", [0, 1.5, "3"], lambda ex, v: ex.neighbors(0, v)),
+    "set_components": ("a", [0, 9, 1.5], lambda ex, v: ex.set_components(v, 2)),
+    "set_hidden": ("categories", ["a", 5], lambda ex, v: ex.set_hidden(v)),
 }
 for _m, (_arg, _values, _call) in EXPLORER_METHODS.items():
     case(f"Explorer.{_m.strip()}", _arg, _values, lambda v, c=_call: ("<explorer>", c, v),
@@ -581,6 +596,14 @@ AUDITED_MODULES = ["cgt_viz.config", "cgt_viz.model", "cgt_viz.io", "cgt_viz.tra
                    "cgt_viz.widgets.explorer", "cgt_viz.widgets.smoothness", "cgt_viz.widgets.templates",
                    "cgt_viz.widgets.compare", "cgt_viz.widgets.monitor"]
 NOT_AUDITED = {  # public names with no bad-argument cases here, and why
+    **{f"{view}.{m}": "no arguments (the static form)" for view in
+       ("Explorer", "SmoothnessStrip", "TemplateInspector", "CompileCompare", "TrainingMonitor")
+       for m in ("static_figures", "static_text")},
+    "SmoothnessStrip.token_figure_for": "as show", "TemplateInspector.token_figure_for": "as show (template)",
+    "CompileCompare.token_figure_for": "as losses", "Explorer.isolate": "no arguments (refuses an empty selection)",
+    "Explorer.show_all": "no arguments", "Explorer.export": "a file path, written by pandas",
+    "hover_escape": "any value (its str())", "drawn_series": "internal (training_curves_figure)",
+    "gap_note": "internal (evaluate_specialization rows)",
     "CGTConfig.validate": "runs on every construction (all CGTConfig cases)",
     "CGTConfig.to_dict": "no arguments", "CGTConfig.to_json": "no arguments",
     "CGT.cache_names": "no arguments", "CGT.x_only": "no arguments", "CGT.new_cache": "no arguments",

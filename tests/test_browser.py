@@ -11,6 +11,7 @@ Skipped when /usr/bin/chromium is missing, unless CGT_REQUIRE_BROWSER=1 (CI), wh
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -107,10 +108,11 @@ def lab(tmp_path):
 
 
 PICK_POINT_JS = """() => {
-    // the explorer's point farthest from its neighbours (so the click picks it), in page pixels
+    // the explorer's point farthest from its neighbours (so the click picks it), in page pixels; every trace
     const gd = document.querySelectorAll('.js-plotly-plot')[0];
-    const xs = gd.data[0].x, ys = gd.data[0].y, xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
-    const px = Array.from(xs, x => xa.l2p(x)), py = Array.from(ys, y => ya.l2p(y));
+    const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, px = [], py = [], hover = [];
+    gd.data.forEach(t => { if (t.visible === 'legendonly') return;
+        Array.from(t.x).forEach((x, i) => { px.push(xa.l2p(x)); py.push(ya.l2p(t.y[i])); hover.push(t.hovertext[i]); }); });
     let best = 0, bestGap = -1;
     for (let i = 0; i < px.length; i += 1) {
         let gap = Infinity;
@@ -121,8 +123,52 @@ PICK_POINT_JS = """() => {
         if (gap > bestGap && gap < Infinity) { bestGap = gap; best = i; }
     }
     const r = gd.querySelector('.nsewdrag').getBoundingClientRect();
-    return {px: r.left + px[best], py: r.top + py[best], hover: gd.data[0].hovertext[best]};
+    return {px: r.left + px[best], py: r.top + py[best], hover: hover[best]};
 }"""
+FIND_HOVER_JS = """(needle) => {
+    // page pixels of the first explorer point whose hover text contains `needle`
+    const gd = document.querySelectorAll('.js-plotly-plot')[0];
+    const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, r = gd.querySelector('.nsewdrag').getBoundingClientRect();
+    const all = [];
+    for (const t of gd.data) for (let i = 0; i < t.x.length; i += 1)
+        all.push([xa.l2p(t.x[i]), ya.l2p(t.y[i]), String(t.hovertext[i]).includes(needle)]);
+    let best = null, bestGap = -1;      // of the points with the needle, the one farthest from any other
+    for (const [x, y, hit] of all) {
+        if (!hit) continue;
+        let gap = Infinity;
+        for (const [u, v] of all) { const d = Math.hypot(u - x, v - y); if (d > 0 && d < gap) gap = d; }
+        if (gap > bestGap) { bestGap = gap; best = {px: r.left + x, py: r.top + y}; }
+    }
+    return best;
+}"""
+KERNEL_JS = """async (code) => {
+    const k = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+    let text = '';
+    const f = k.requestExecute({code});
+    f.onIOPub = (msg) => { if (msg.content && msg.content.text) text += msg.content.text;
+                           if (msg.content && msg.content.ename) text += 'ERROR ' + msg.content.evalue; };
+    await f.done;
+    return text;
+}"""
+EXPLORER_JS = "document.querySelectorAll('.js-plotly-plot')[0]"
+
+
+def _lasso(page, frac=(0.15, 0.85)) -> None:
+    """Draw a lasso over the middle of the explorer's plot area with the mouse."""
+    r = page.evaluate(f"(() => {{ const b = {EXPLORER_JS}.querySelector('.nsewdrag').getBoundingClientRect(); "
+                      "return [b.left, b.top, b.width, b.height]; })()")
+    a, b = frac
+    corners = [(a, a), (b, a), (b, b), (a, b), (a, a + 0.01)]
+    x0, y0 = r[0] + r[2] * a, r[1] + r[3] * a
+    page.mouse.move(x0, y0)
+    page.mouse.down()
+    for fx, fy in corners[1:]:
+        page.mouse.move(r[0] + r[2] * fx, r[1] + r[3] * fy, steps=8)
+    page.mouse.up()
+
+
+TITLES_JS = ("() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
+             ".map(p => String(p.layout && p.layout.title && p.layout.title.text))")
 MONITOR_JS = """() => { const m = Array.from(document.querySelectorAll('.js-plotly-plot')).find(
     p => p.layout && p.layout.title && String(p.layout.title.text).startsWith('Live training')); """
 
@@ -167,10 +213,15 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
             page.wait_for_function("""Array.from(document.querySelectorAll('.js-plotly-plot')).every(
                 gd => gd._fullLayout && Math.abs(gd._fullLayout.width - gd.clientWidth) <= 3)""", timeout=15_000)
             explorer = page.locator(".js-plotly-plot").first
-            before = page.evaluate("Array.from(document.querySelectorAll('.js-plotly-plot')[0].data[0].marker.color)")
-            n_points = page.evaluate("document.querySelectorAll('.js-plotly-plot')[0].data[0].x.length")
+            # coloured by topic: one trace per topic, each in the legend with its own colour (no colour bar)
+            traces = page.evaluate(f"{EXPLORER_JS}.data.map(t => [t.name, t.x.length, t.marker.color])")
+            n_points = sum(n for _, n, _ in traces)
             assert n_points > 100, n_points
-            assert len(set(before)) == 3, f"coloured by topic: 3 colour codes expected, got {sorted(set(before))[:10]}"
+            assert sorted(t[0] for t in traces) == ["business", "politics", "sport"] and len({t[2] for t in traces}) == 3
+            legend = page.evaluate(f"Array.from({EXPLORER_JS}.querySelectorAll('.legend .traces .legendtext'))"
+                                   ".map(e => e.textContent)")
+            assert sorted(legend) == ["business", "politics", "sport"], legend
+            assert page.evaluate(f"{EXPLORER_JS}.querySelectorAll('.colorbar').length") == 0
             explorer.scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / "browser_notebook.png"), full_page=False)
             if shots:
@@ -187,11 +238,9 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
             select.scroll_into_view_if_needed()
             select.select_option(label="position")
             page.locator(".widget-label", has_text="colour: position").first.wait_for(timeout=30_000)
-            page.wait_for_function("""() => {
-                const c = document.querySelectorAll('.js-plotly-plot')[0].data[0].marker.color;
-                return new Set(Array.from(c)).size > 3; }""", timeout=30_000)
-            after = page.evaluate("Array.from(document.querySelectorAll('.js-plotly-plot')[0].data[0].marker.color)")
-            assert after != before and len(set(after)) > 3
+            page.wait_for_function(f"""() => {{ const gd = {EXPLORER_JS};
+                return gd.data.length === 1 && new Set(Array.from(gd.data[0].marker.color)).size > 3; }}""",
+                                   timeout=30_000)
             page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 5", timeout=30_000)
 
             # a click on a point opens the linked smoothness strip and template inspector of its sequence
@@ -201,13 +250,85 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
             page.mouse.move(point["px"], point["py"])
             page.wait_for_timeout(300)
             page.mouse.click(point["px"], point["py"])
-            page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 7", timeout=30_000)
-            titles = page.evaluate("Array.from(document.querySelectorAll('.js-plotly-plot'))"
-                                   ".map(p => String(p.layout && p.layout.title && p.layout.title.text))")
             pos = int(point["hover"].split("pos ")[1].split("<")[0])
+            page.wait_for_function(f"""() => {{ const t = ({TITLES_JS})();
+                return t[1].startsWith('Smoothness of ȳ · sequence') && t[1].endsWith(' · token {pos}'); }}""",
+                                   timeout=30_000)
+            titles = page.evaluate(TITLES_JS)
             assert titles[1].startswith("Smoothness of ȳ · sequence") and titles[1].endswith(f"token {pos}"), titles
-            assert titles[2].startswith("κ-template inspector") and f"token {pos} " in titles[2], titles
+            assert titles[2].startswith("Sequence ") and "how far ȳ moved" in titles[2], titles      # its token view
+            assert titles[3].startswith("κ-template inspector") and f"token {pos} " in titles[3], titles
             page.screenshot(path=str(ARTIFACTS / "browser_after_interaction.png"), full_page=False)
+
+            # back to the topic labels from Python; hover text shows the text's quote once-escaped, as a quote
+            assert "ERROR" not in page.evaluate(KERNEL_JS, "ex.set_color('label')")
+            page.wait_for_function(f"{EXPLORER_JS}.data.length === 3", timeout=30_000)
+            spot = page.evaluate(FIND_HOVER_JS, '"match"')
+            assert spot is not None, "a point of the quoted text"
+            page.mouse.move(spot["px"] + 3, spot["py"] + 3)
+            page.mouse.move(spot["px"], spot["py"])
+            page.wait_for_function(f"{EXPLORER_JS}.querySelector('.hoverlayer .hovertext')", timeout=10_000)
+            hover = page.evaluate(f"{EXPLORER_JS}.querySelector('.hoverlayer .hovertext').textContent")
+            assert '"' in hover and "&quot;" not in hover and "&amp;" not in hover, hover
+
+            # a lasso in the browser, then a click on a point: the click still opens the linked views
+            page.mouse.move(5, 5)
+            _lasso(page)
+            page.locator(".widget-html", has_text="points selected").first.wait_for(timeout=30_000)
+            # (the texts repeat, so several points share a place: reset the linked views from Python first and
+            # expect the clicked position; KERNEL_JS runs a cell, whose end refreshes the static copies)
+            assert "ERROR" not in page.evaluate(KERNEL_JS, "ex.open_sequence(0)")
+            page.wait_for_function(f"({TITLES_JS})()[1] === 'Smoothness of ȳ · sequence 0'", timeout=30_000)
+            page.locator(".widget-html", has_text="points selected").first.wait_for(timeout=30_000)
+            before = page.evaluate(TITLES_JS)[1]
+            page.evaluate(f"""() => {{ const gd = {EXPLORER_JS}; window.__cgtEvents = [];
+                ['plotly_click', 'plotly_deselect', 'plotly_selected'].forEach(
+                    e => gd.on(e, () => window.__cgtEvents.push(e))); }}""")
+            point = page.evaluate(PICK_POINT_JS)
+            pos = int(point["hover"].split("pos ")[1].split("<")[0])
+            seq = int(point["hover"].split("seq ")[1].split(" ")[0])
+            page.mouse.move(point["px"] - 4, point["py"] - 4)
+            page.mouse.move(point["px"], point["py"])
+            page.wait_for_timeout(300)
+            page.mouse.click(point["px"], point["py"])
+            want = f" · token {pos}"
+            try:
+                page.wait_for_function(f"({TITLES_JS})()[1].endsWith({json.dumps(want)})", timeout=30_000)
+            except Exception:
+                print("events after the click:", page.evaluate("window.__cgtEvents"), "want", want)
+                print("page titles:", page.evaluate(TITLES_JS)[:6])
+                print("kernel:", page.evaluate(KERNEL_JS, "print(ex.strip.sequence, ex.strip.highlight, "
+                                               "ex.strip.figure.layout.title.text, ex.selection.to_dict('records'))"))
+                raise
+            assert before != want
+
+            # a selection made in Python is drawn in the page (selectedpoints reach every trace)
+            out = page.evaluate(KERNEL_JS, "ex.select(list(range(0, len(ex.points), 7))); print(len(ex.selection))")
+            n_sel = int(out.strip())
+            drawn_js = f"""() => {EXPLORER_JS}.data.reduce((n, t) =>
+                n + (t.selectedpoints ? Array.from(t.selectedpoints).length : 0), 0)"""
+            try:
+                page.wait_for_function(f"({drawn_js})() === {n_sel}", timeout=30_000)
+            except Exception:
+                print("selected in Python", n_sel, "drawn", page.evaluate(drawn_js),
+                      page.evaluate(f"{EXPLORER_JS}.data.map(t => String(t.selectedpoints).slice(0, 80))"))
+                raise
+
+            # a lasso's outline belongs to the coordinates it was drawn in: a projection switch removes it
+            _lasso(page, (0.3, 0.7))
+            page.wait_for_function(f"({EXPLORER_JS}.layout.selections || []).length > 0", timeout=30_000)
+            select = page.locator(".widget-dropdown", has_text="Projection").locator("select")
+            select.select_option(label="t-SNE")
+            page.wait_for_function(f"String({EXPLORER_JS}.layout.xaxis.title.text).startsWith('t-SNE')", timeout=120_000)
+            page.wait_for_function(f"({EXPLORER_JS}.layout.selections || []).length === 0", timeout=30_000)
+            assert page.evaluate(f"{EXPLORER_JS}.querySelectorAll('.selectionlayer path').length") == 0
+
+            # the legend toggles a category: hidden in the page and in Python
+            page.locator(".js-plotly-plot").first.locator(".legend .traces", has_text="sport").click()
+            page.wait_for_function(f"{EXPLORER_JS}.data.find(t => t.name === 'sport').visible === 'legendonly'",
+                                   timeout=10_000)
+            out = page.evaluate(KERNEL_JS, "import time; time.sleep(0.5); print(ex.hidden_categories)")
+            assert "sport" in out, out
         except Exception:
             try:
                 page.screenshot(path=str(ARTIFACTS / "browser_failure.png"), full_page=True)
@@ -254,5 +375,146 @@ def test_an_onerror_handler_in_a_label_does_not_fire():
                 assert not fired(pages[name], True), f"the {name} ran the label's onerror handler"
             assert not fired(pages["figure"], False), "the exported figure ran the label's onerror handler"
             assert page.locator(".js-plotly-plot").count() == 1     # and the figure did render
+        finally:
+            browser.close()
+
+
+# ---------------------------------------------------------------------------------------------- static form
+DRAWN_TITLES_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot'))
+    .filter(gd => gd._fullLayout && gd._fullData && gd._fullData.length > 0 && gd.querySelector('.main-svg'))
+    .map(gd => String(gd.layout.title && gd.layout.title.text || ''))"""
+
+
+def _executed_views_notebook(tmp_path: Path):
+    """tests/browser/static_views.py's cells run through nbclient (the way nbconvert --execute runs them:
+    widget state stored in the notebook), in a fresh kernel."""
+    import nbclient
+    import nbformat
+    sys.path.insert(0, str(ROOT / "tests" / "browser"))
+    from static_views import CELLS
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in CELLS]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    env_before = dict(os.environ)
+    os.environ.update(PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+                      OMP_NUM_THREADS="1")
+    try:
+        nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                                resources={"metadata": {"path": str(tmp_path)}}).execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(env_before)
+    return nb
+
+
+def _open_offline(page, path: Path) -> list[str]:
+    """Open a file with every non-file request refused (no CDN, no kernel); the URLs that were refused."""
+    refused: list[str] = []
+
+    def route(r):
+        if r.request.url.startswith("file:"):
+            r.continue_()
+        else:
+            refused.append(r.request.url)
+            r.abort()
+    page.route("**/*", route)
+    page.goto(path.as_uri(), wait_until="load", timeout=60_000)
+    return refused
+
+
+def test_static_export_draws_every_view_without_a_kernel(tmp_path):
+    """Execute a notebook with every view, convert it to HTML (with the StaticViews preprocessor, and plainly
+    after dropping the stored widget state, as for a notebook JupyterLab saved), open it in Chromium with
+    the network cut, and find a drawn plot for every view; plotly.js is in the page once."""
+    _need_browser()
+    import copy
+
+    import nbformat
+    from nbconvert import HTMLExporter
+    from playwright.sync_api import sync_playwright
+
+    from cgt_viz.widgets.export import StaticViews
+
+    nb = _executed_views_notebook(tmp_path)
+    from static_views import TITLES
+    outputs = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "display_data"]
+    assert len(outputs) == len(TITLES) and all(o["metadata"]["cgt_viz"]["static"] for o in outputs)
+    assert "widgets" in nb.metadata                      # nbclient stored widget state, as nbconvert --execute does
+    saved = tmp_path / "saved.ipynb"
+    nbformat.write(nb, saved)
+    plotly_js = len((Path(__import__("plotly").__file__).parent / "package_data" / "plotly.min.js").read_bytes())
+    assert saved.stat().st_size < plotly_js + 1_500_000, saved.stat().st_size   # plotly.js once, not per view
+
+    pages = {}
+    exporter = HTMLExporter()
+    exporter.register_preprocessor(StaticViews, enabled=True)
+    pages["preprocessed"] = exporter.from_notebook_node(copy.deepcopy(nb))[0]
+    plain = copy.deepcopy(nb)
+    del plain.metadata["widgets"]                        # what a notebook saved from JupyterLab looks like
+    pages["no widget state"] = HTMLExporter().from_notebook_node(plain)[0]
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            for name, body in pages.items():
+                assert body.count("window.dispatchEvent(new Event('cgt-viz-plotly-ready'))") == 1, name
+                path = tmp_path / f"{name.replace(' ', '_')}.html"
+                path.write_text(body, encoding="utf-8")
+                page = browser.new_page(viewport={"width": 1200, "height": 900})
+                errors: list[str] = []
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                _open_offline(page, path)
+                page.wait_for_function(f"({DRAWN_TITLES_JS})().length >= {len(TITLES) + 2}", timeout=60_000)
+                titles = page.evaluate(DRAWN_TITLES_JS)
+                for want in TITLES:
+                    assert any(t.startswith(want) for t in titles), (name, want, titles)
+                # the explorer's static copy after its linked views were opened: map, strip, inspector
+                assert sum(t.startswith("Smoothness of ȳ") for t in titles) == 2, (name, titles)
+                # the monitor's copy is the finished run (refreshed after the cell), log ticks in full
+                ticks = page.evaluate("""() => { const gd = Array.from(document.querySelectorAll('.js-plotly-plot'))
+                    .find(g => String(g.layout.title.text).startsWith('static-test monitor'));
+                    return [gd._fullData[0].x.length, Array.from(gd.querySelectorAll('.ytick text')).map(t => t.textContent)]; }""")
+                # losses run 31..130: plotly's bare-digit log labels would include "3"..."9"
+                assert ticks[0] == 40 and ticks[1] and all(float(t) >= 10 for t in ticks[1]), ticks
+                page.screenshot(path=str(ARTIFACTS / f"static_{name.replace(' ', '_')}.png"), full_page=False)
+                assert not errors, (name, errors)
+                page.close()
+        finally:
+            browser.close()
+
+
+def test_saved_notebook_reopened_in_jupyterlab_draws_every_view(tmp_path):
+    """The executed notebook (nbclient: untrusted when opened, its widget models gone with its kernel)
+    reopened in JupyterLab: every view's output is drawn from its plotly JSON by plotly's lab extension."""
+    _need_browser()
+    import nbformat
+    from playwright.sync_api import sync_playwright
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "lab-home").mkdir()
+    nb = _executed_views_notebook(tmp_path / "run")
+    from static_views import TITLES
+    saved = tmp_path / "views.ipynb"
+    nbformat.write(nb, saved)
+    with jupyter_lab(tmp_path / "lab-home", saved) as (url, _work, log), sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.goto(url + "lab/tree/views.ipynb", wait_until="domcontentloaded", timeout=60_000)
+            page.wait_for_function("document.querySelectorAll('.jp-Notebook .jp-Cell').length >= 5", timeout=60_000)
+            want = len(TITLES)
+            # plotly's lab renderer draws each output as it scrolls into view: visit every output
+            for i in range(page.locator(".jp-OutputArea-output").count()):
+                page.locator(".jp-OutputArea-output").nth(i).scroll_into_view_if_needed()
+                page.wait_for_timeout(200)
+            page.wait_for_function(f"document.querySelectorAll('.jp-RenderedPlotly').length >= {want}", timeout=60_000)
+            page.wait_for_function(f"""Array.from(document.querySelectorAll('.jp-RenderedPlotly'))
+                .filter(el => el.querySelector('.main-svg') || el.querySelector('img.plot-img[src]')).length >= {want}""",
+                                   timeout=60_000)
+            text = page.evaluate("Array.from(document.querySelectorAll('.jp-OutputArea-output')).map(e => e.innerText).join(' ')")
+            assert "TrainingMonitor(children=" not in text and "Explorer(children=" not in text
+            page.screenshot(path=str(ARTIFACTS / "static_jupyterlab_reopened.png"), full_page=False)
+        except Exception:
+            print(log.read_text()[-2000:])
+            raise
         finally:
             browser.close()

@@ -114,7 +114,16 @@ def test_untrained_cgt_specialised_equals_no_context():
     model = tiny_model(task, perturb=False)                      # T = I: compiling changes nothing
     row = evaluate_specialization(model, task, k_values=3, n_batches=1, batch_size=8)[0]
     assert row["loss_specialized"] == pytest.approx(row["loss_no_context"], abs=1e-6)
-    assert math.isnan(row["loss_baseline"])
+    assert "loss_baseline" not in row and "acc_baseline" not in row    # no baseline: no baseline columns
+    # the prompt cannot help an untrained T = I model: G is NaN, with the reason, and a warning
+    assert math.isnan(row["gap_closed"]) and "noise floor 0.01" in row["gap_closed_note"]
+
+
+def test_gap_closed_is_nan_under_the_noise_floor():
+    assert math.isnan(gap_closed(2.004, 2.025, 2.0))              # 0.004 nats of help: G would be −5.25
+    assert gap_closed(2.004, 2.025, 2.0, eps=1e-3) == pytest.approx(-5.25)
+    from cgt_viz.evaluate import gap_note
+    assert gap_note(2.5, 2.0) == "" and "0.004" in gap_note(2.004, 2.0)
 
 
 def test_evaluate_bad_arguments():

@@ -136,9 +136,11 @@ def test_user_strings_in_widget_html_are_escaped():
 
 
 def test_labels_in_figures_are_escaped():
-    from cgt_viz.figures import color_spec, template_figure
-    spec = color_spec([XSS, "b"])
-    assert XSS not in spec["colorbar"]["ticktext"] and "&lt;img src=x onerror=window.__xss=1&gt;" in spec["colorbar"]["ticktext"]
+    from cgt_viz.figures import color_spec, template_figure, ybar_map_figure
+    spec = color_spec(np.arange(20.0), name=XSS)                              # a colour bar's title
+    assert spec["colorbar"]["title"]["text"] == "&lt;img src=x onerror=window.__xss=1&gt;"
+    legend = ybar_map_figure(np.zeros((2, 2)), color=[XSS, "b"], color_name=XSS)   # legend entries and title
+    assert XSS not in legend.to_json() and "&lt;img src=x onerror=window.__xss=1&gt;" in [t.name for t in legend.data]
     fig = template_figure(np.zeros((2, 2)), [XSS, "b"], label_names=[XSS], mean_abs=np.zeros((1, 2)))
     assert XSS not in fig.to_json()
 

@@ -21,15 +21,29 @@ def test_ybar_map_categorical_and_continuous():
     coords = rng.normal(size=(50, 2))
     labels = np.array(["sport", "tech", "politics"] * 16 + ["sport", "tech"], dtype=object)
     fig = Fg.ybar_map_figure(coords, labels, [f"tok {i}" for i in range(50)], color_name="topic", note="50 tokens")
-    (trace,) = fig.data
-    assert isinstance(fig, go.Figure) and trace.type == "scattergl" and len(trace.x) == 50
-    codes = np.asarray(trace.marker.color)
-    names = list(trace.marker.colorbar.ticktext)
-    assert names == ["politics", "sport", "tech"] and [names[c] for c in codes[:3]] == ["sport", "tech", "politics"]
-    assert trace.hovertext[7] == "tok 7" and "50 tokens" in fig.layout.title.text
+    assert [t.name for t in fig.data] == ["politics", "sport", "tech"]        # one trace per category, sorted
+    assert all(t.type == "scattergl" and t.showlegend for t in fig.data) and sum(len(t.x) for t in fig.data) == 50
+    assert len({t.marker.color for t in fig.data}) == 3 and fig.layout.legend.title.text == "topic"
+    names, groups = Fg.map_groups(labels)
+    sport = fig.data[1]
+    assert np.allclose(np.column_stack([sport.x, sport.y]), coords[groups[1]].astype(np.float32))
+    assert list(sport.hovertext[:2]) == ["tok 0", "tok 3"] and "50 tokens" in fig.layout.title.text
     cont = Fg.ybar_map_figure(coords, np.arange(50), color_kind="continuous", color_name="position").data[0]
     assert cont.marker.colorscale[0][1] != cont.marker.colorscale[-1][1] and np.allclose(cont.marker.color, np.arange(50))
     json.loads(fig.to_json())                                       # serialisable as is (static export)
+
+
+def test_training_curves_skip_zero_terms_and_label_log_ticks():
+    hist = {"step": [0, 1, 2], "main": [70.0, 60.0, 50.0], "aux": [3.0, 2.0, 1.0], "smooth": [0.0, 0.0, 0.0],
+            "total": [73.0, 62.0, 51.0]}
+    fig = Fg.training_curves_figure(hist)
+    assert [t.name for t in fig.data] == ["main", "aux", "total"]                 # w_smooth = 0: no flat curve
+    assert "smooth = 0 throughout" in fig.layout.annotations[0].text
+    assert fig.layout.yaxis.type == "log" and fig.layout.yaxis.tickformat == "~g"  # 70, not a bare 7
+
+
+def test_hover_escape_escapes_once_without_entities_plotly_cannot_show():
+    assert Fg.hover_escape('say "hi" <b> & it\'s') == 'say "hi" &lt;b&gt; &amp; it\'s'
 
 
 def test_color_spec_many_categories_hide_the_bar():

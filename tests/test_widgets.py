@@ -37,6 +37,14 @@ def colors(fig):
     return np.asarray(fig.data[0].marker.color, dtype=float)
 
 
+def drawn_xy(ex):
+    """The coordinates the figure draws, back in point order (M, 2)."""
+    out = np.zeros((len(ex.points), 2))
+    for t, rows in zip(ex.figure.data, ex._groups or [np.arange(len(ex.points))]):
+        out[rows] = np.column_stack([t.x, t.y])
+    return out
+
+
 def widget_tree(w):
     """w and every widget below it (children, figures, linked views)."""
     out, todo = [], [w]
@@ -53,19 +61,42 @@ def embed_size(w) -> tuple[int, dict]:
 
 
 # ---------------------------------------------------------------------------------------------- explorer
+def trace_points(ex):
+    """{trace name: the drawn points it holds} (the explorer's own mapping) and the points' colours."""
+    groups = ex._groups or [np.arange(len(ex.points))]
+    return {t.name: g for t, g in zip(ex.figure.data, groups)}
+
+
 def test_colour_by_changes_trace_colours(ex):
     assert ex.color_by == "label" and len(ex.points) == 120
-    by_topic = colors(ex.figure)
-    assert set(by_topic) == {0, 1, 2}
+    # a categorical colouring: one trace per category, in the legend, each its own colour, no colour bar
+    by = trace_points(ex)
+    assert list(by) == ["a", "b", "c"] and all(t.showlegend for t in ex.figure.data)
+    assert len({t.marker.color for t in ex.figure.data}) == 3
+    for name, rows in by.items():
+        assert set(ex.points.label[rows]) == {name}
+        trace = next(t for t in ex.figure.data if t.name == name)
+        assert np.allclose(np.column_stack([trace.x, trace.y]), ex.coords[rows])
+    assert sorted(np.concatenate(list(by.values())).tolist()) == list(range(120))
     ex.color_picker.value = "position"                                 # the UI path: dropdown -> figure
-    assert ex.color_by == "position" and np.array_equal(colors(ex.figure), ex.points.pos)
-    assert ex.figure.data[0].marker.colorbar.title.text == "position"
+    assert ex.color_by == "position" and len(ex.figure.data) == 1 and np.array_equal(colors(ex.figure), ex.points.pos)
+    assert ex.figure.data[0].marker.colorbar.title.text == "position" and ex.figure.data[0].marker.showscale
     ex.set_color("document")
-    assert np.array_equal(colors(ex.figure), ex.points.seq)
+    assert [t.name for t in ex.figure.data] == [str(i) for i in range(6)]
     ex.set_color("excerpt half")
-    assert set(colors(ex.figure)) == {0, 1} and list(ex.figure.data[0].marker.colorbar.ticktext) == ["first", "second"]
+    assert [t.name for t in ex.figure.data] == ["first", "second"]
+    ex.set_color("token")                                               # the most frequent tokens, the rest "other"
+    names = [t.name for t in ex.figure.data]
+    assert "other" in names and len(names) <= 13
     with pytest.raises(ValueError, match="color_by must be one of"):
         ex.set_color("nope")
+
+
+def test_ybar_map_figure_numeric_ids_sort_as_numbers():
+    from cgt_viz.figures import ybar_map_figure
+    fig = ybar_map_figure(np.zeros((4, 2)), [10, 2, 10, 1], color_kind="categorical", selected=[0])
+    assert [t.name for t in fig.data] == ["1", "2", "10"]
+    assert [list(t.selectedpoints) for t in fig.data] == [[], [], [0]]
 
 
 def test_programmatic_selection_gives_the_right_rows(ex):
@@ -78,7 +109,10 @@ def test_programmatic_selection_gives_the_right_rows(ex):
         assert row["token_id"] == ex.seqs.inputs[row["sequence"], row["position"]].item()
         assert row["label"] == ["a", "b", "c"][row["sequence"] % 3]
         assert (row["x"], row["y"]) == pytest.approx(tuple(ex.coords[p]))
-    assert list(ex.figure.data[0].selectedpoints) == [3, 25, 64] and "3 points selected" in ex.selection_info.value
+    drawn = {t.name: list(t.selectedpoints) for t in ex.figure.data}     # the map shows it: per-trace indices
+    by = trace_points(ex)
+    assert sorted(int(by[n][i]) for n, sel in drawn.items() for i in sel) == [3, 25, 64]
+    assert "3 points selected" in ex.selection_info.value
     xy = ex.coords
     ex.select_box((0, xy[:, 0].max()), (0, xy[:, 1].max()))
     inside = np.nonzero((xy[:, 0] >= 0) & (xy[:, 1] >= 0))[0]
@@ -98,16 +132,28 @@ def test_browser_selection_and_click_messages_reach_python(ex):
         return {"new": {"event_type": event, "points": {"trace_indexes": [0] * len(inds), "point_indexes": inds,
                                                         "xs": [0.0] * len(inds), "ys": [0.0] * len(inds)},
                         "device_state": None, "selector": None}}
-    ex.figure._handler_js2py_pointsCallback(message("plotly_selected", [5, 7, 9]))
-    assert ex.selection["point"].tolist() == [5, 7, 9]
-    ex.figure._handler_js2py_pointsCallback(message("plotly_click", [47]))
-    seq, pos = int(ex.points.seq[47]), int(ex.points.pos[47])
+    def message2(event, pairs):   # (trace, index in that trace) pairs
+        return {"new": {"event_type": event, "points": {"trace_indexes": [t for t, _ in pairs],
+                                                        "point_indexes": [i for _, i in pairs],
+                                                        "xs": [0.0] * len(pairs), "ys": [0.0] * len(pairs)},
+                        "device_state": None, "selector": None}}
+    groups = ex._groups
+    ex.figure._handler_js2py_pointsCallback(message2("plotly_selected", [(0, 1), (2, 3), (2, 0)]))
+    assert ex.selection["point"].tolist() == sorted([groups[0][1], groups[2][3], groups[2][0]])
+    ex.figure._handler_js2py_pointsCallback(message2("plotly_click", [(1, 4)]))
+    seq, pos = int(ex.points.seq[groups[1][4]]), int(ex.points.pos[groups[1][4]])
+    assert ex.strip.sequence == seq and ex.strip.highlight == pos
+    # a click selects its point (no selector) and opens it even when the click message itself is lost
+    ex.figure._handler_js2py_pointsCallback(message2("plotly_selected", [(2, 5)]))
+    assert ex.selection["point"].tolist() == [groups[2][5]] and ex.strip.highlight == int(ex.points.pos[groups[2][5]])
+    assert ex.strip.sequence == int(ex.points.seq[groups[2][5]])
+    ex.figure._handler_js2py_pointsCallback(message2("plotly_click", [(1, 4)]))
     assert ex.strip is not None and ex.strip.sequence == seq and ex.strip.highlight == pos
     assert ex.inspector.sequence == seq and ex.inspector.token == pos
     assert list(ex.linked.children) == [ex.strip, ex.inspector]
     ex.open_point(0)                                                    # a second click updates in place
     assert ex.strip.sequence == int(ex.points.seq[0]) and list(ex.linked.children) == [ex.strip, ex.inspector]
-    ex.figure._handler_js2py_pointsCallback(message("plotly_deselect", []))
+    ex.figure._handler_js2py_pointsCallback(message2("plotly_deselect", []))
     assert ex.selection.empty
 
 
@@ -116,11 +162,11 @@ def test_switching_projection_changes_coordinates(ex):
     pca = ex.coords.copy()
     ex.set_projection("tsne", wait=True)
     assert ex.projection == "tsne" and ex.projection_picker.value == "tsne"
-    tsne = np.column_stack([ex.figure.data[0].x, ex.figure.data[0].y])
-    assert tsne.shape == pca.shape and not np.allclose(tsne, pca)
+    tsne = drawn_xy(ex)
+    assert tsne.shape == pca.shape and not np.allclose(tsne, pca) and np.allclose(tsne, ex.coords)
     assert "t-SNE" in ex.figure.layout.xaxis.title.text and "ready" in ex.status.value
     ex.projection_picker.value = "pca"                                  # cached: no refit, coordinates back
-    assert np.allclose(np.column_stack([ex.figure.data[0].x, ex.figure.data[0].y]), pca)
+    assert np.allclose(drawn_xy(ex), pca)
     assert "% of variance" in ex.figure.layout.xaxis.title.text
 
 
@@ -142,13 +188,13 @@ def test_umap_fits_in_the_background_and_waits_to_be_picked(model):
     pca = ex.coords.copy()
     ex.projection_picker.value = "umap"                                  # cached: shown at once
     assert ex.projection == "umap" and "UMAP" in ex.figure.layout.xaxis.title.text
-    assert not np.allclose(np.column_stack([ex.figure.data[0].x, ex.figure.data[0].y]), pca)
+    assert not np.allclose(drawn_xy(ex), pca)
 
 
 def test_subsampling_beyond_the_cap_is_stratified_and_visible(model):
     data = torch.randint(0, 256, (8, 40))
     ex = explore(model, data, labels=["x"] * 6 + ["rare"] * 2, max_points=50, background=None)
-    assert len(ex.points) == 50 and ex.n_total == 320 and len(ex.figure.data[0].x) == 50
+    assert len(ex.points) == 50 and ex.n_total == 320 and sum(len(t.x) for t in ex.figure.data) == 50
     assert "showing 50 of 320 tokens" in ex.figure.layout.title.text and "stratified by label" in ex.figure.layout.title.text
     kept = dict(zip(*np.unique(ex.points.label, return_counts=True)))
     assert kept == {"rare": 12, "x": 38} or kept == {"rare": 13, "x": 37}
@@ -159,7 +205,7 @@ def test_add_places_new_points_with_the_cached_reducer(ex, model):
     old = ex.coords.copy()
     new = torch.randint(0, 256, (2, 10))
     assert ex.add(new, labels=["new", "new"]) == 20
-    assert len(ex.points) == 140 and len(ex.figure.data[0].x) == 140 and ex.projectors["pca"] is reducer
+    assert len(ex.points) == 140 and sum(len(t.x) for t in ex.figure.data) == 140 and ex.projectors["pca"] is reducer
     assert np.allclose(ex.coords[:120], old)
     expected = reducer.transform(A.collect_ybar(model, new).reshape(20, -1))
     assert np.allclose(ex.coords[120:], expected, atol=1e-5)
@@ -363,5 +409,76 @@ def test_saved_notebook_with_an_explorer_is_small(tmp_path):
     nbformat.write(nb, path)
     states = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     figures = [s for s in states.values() if s["model_name"] == "AnyModel"]
-    assert len(figures) == 2 and all(s["state"].get("_bundle", "") == "" for s in figures)
-    assert path.stat().st_size < 1_500_000, path.stat().st_size             # plotly.js alone would be 5 MB per figure
+    assert len(figures) == 3 and all(s["state"].get("_bundle", "") == "" for s in figures)   # map, strip + its token view
+    # the static form embeds plotly.js once per session (for nbconvert's HTML); the widgets add no more
+    plotly_js = (Path(__import__("plotly").__file__).parent / "package_data" / "plotly.min.js").stat().st_size
+    text = path.read_text()
+    assert text.count("* plotly.js v") == 1
+    # widget state (~1 MB for 4,000 points) plus the static copy (plotly JSON + HTML, ≤ 5,000 points each)
+    assert path.stat().st_size < plotly_js + 2_500_000, path.stat().st_size   # not 5 MB per figure
+
+
+# ---------------------------------------------------------------------------------------------- projector features
+def test_search_neighbours_isolate_components_and_export(ex, tmp_path):
+    df = ex.search("b", field="label")                                  # search by label
+    assert len(df) == 40 and set(df["label"]) == {"b"} and len(ex.selection) == 40
+    tok = str(ex.points.token[0])
+    hits = ex.search(tok, field="token")
+    assert len(hits) and all(tok.lower() in t.lower() for t in hits["token"])
+    ex.search_box.value = "c"                                           # the UI path
+    assert set(ex.selection["label"]) >= {"c"}
+    nb = ex.neighbors(5, k=4)                                           # cosine in ȳ space, best first
+    Y = ex.points.ybar.astype(float)
+    cos = Y @ Y[5] / (np.linalg.norm(Y, axis=1) * np.linalg.norm(Y[5]))
+    cos[5] = -np.inf
+    assert nb["point"].tolist() == np.argsort(-cos)[:4].tolist() and np.allclose(nb["cosine"], np.sort(cos)[::-1][:4])
+    ex.open_point(5)
+    assert "nearest in ȳ" in ex.neighbours_info.value
+    ex.set_components(2, 3)                                             # PC choice
+    assert ex.components == (2, 3) and ex.figure.layout.xaxis.title.text.startswith("PC 2 (")
+    centered = Y - Y.mean(0)
+    assert np.isclose(np.var(ex.coords[:, 0], ddof=1), np.sort(np.linalg.eigvalsh(np.cov(centered.T)))[::-1][1], rtol=1e-3)
+    ex.pc_picker.value = (1, 2)
+    assert ex.components == (1, 2)
+    ex.search("a", field="label")
+    ex.isolate()                                                        # re-project the selection only
+    assert len(ex.points) == 40 and set(ex.points.label) == {"a"} and "isolated" in ex.figure.layout.title.text
+    with pytest.raises(ValueError, match="add needs every point shown"):
+        ex.add(torch.randint(0, 256, (1, 4)))
+    ex.show_all()
+    assert len(ex.points) == 120 and ex.selection.empty
+    with pytest.raises(ValueError, match="isolate needs a selection"):
+        ex.isolate()
+    ex.select([1, 2])
+    path = ex.export(tmp_path / "sel.csv")
+    assert open(path).read().splitlines()[0].startswith("point,sequence,position,token")
+    ex.set_hidden(["b"])                                                # legend toggle from Python
+    assert ex.hidden_categories == ["b"]
+    xy = ex.coords
+    ex.select_box((xy[:, 0].min(), xy[:, 0].max()), (xy[:, 1].min(), xy[:, 1].max()))
+    assert "b" not in set(ex.selection["label"])                        # hidden points are not selected
+    with pytest.raises(ValueError, match="a and b must be two different components"):
+        ex.set_components(1, 1)
+
+
+def test_token_coloured_text_in_strip_inspector_and_compare(model):
+    from cgt_viz.figures import colored_tokens_html, token_text_figure
+    seqs = A.prepare_sequences(model, ["a <b>bold</b> text", "second one here"])
+    strip = SmoothnessStrip(model, seqs, sequence=0, highlight=2)
+    step, _ = A.token_smoothness(A.collect_ybar(model, seqs.inputs)[0, :int(seqs.lengths[0])])
+    z = np.asarray(strip.tokens_figure.data[0].z, float).ravel()[:len(step)]
+    assert np.allclose(z[1:], step[1:], atol=1e-5) and np.isnan(z[0])
+    assert "&lt;b&gt;" in "".join(np.asarray(strip.tokens_figure.data[0].text).ravel())   # escaped once for plotly
+    strip.show(1)
+    assert "Sequence 1" in strip.tokens_figure.layout.title.text
+    json.dumps(strip.tokens_figure.data[0].to_plotly_json()["z"], allow_nan=False)   # a widget sends z as JSON
+    insp = TemplateInspector(model, seqs, sequence=0, token=3)
+    insp.show(template=1)
+    c = A.site_coefficients(model, A.collect_ybar(model, seqs.inputs)[0, :int(seqs.lengths[0])], insp.site)[:, 1]
+    assert np.allclose(np.asarray(insp.tokens_figure.data[0].z, float).ravel()[:len(c)], c, atol=1e-5)
+    assert len(insp.static_figures()) == 2
+    fig = token_text_figure(["x", "y", "z"], [1.0, -2.0, 0.5], per_row=2, value_name="Δ")
+    assert np.asarray(fig.data[0].z).shape == (2, 2) and fig.data[0].zmid == 0
+    assert "&lt;a&gt;" in colored_tokens_html(["<a>"], [1.0])
+    with pytest.raises(ValueError, match=r"values must have shape \(3,\)"):
+        token_text_figure(["x", "y", "z"], [1.0])

@@ -125,8 +125,18 @@ def _kernel_shell():
     return shell if shell is not None and getattr(shell, "kernel", None) is not None else None
 
 
+_in_cell = False      # between pre_run_cell and post_run_cell: a widget made now is made by a cell's code
+
+
+def _cell_started(*_args) -> None:
+    global _in_cell
+    _in_cell = True
+
+
 def _drop_bundles(*_args) -> None:
     """After a cell: the frontend has the bundle by now (comm_open came first); empty the traits."""
+    global _in_cell
+    _in_cell = False
     while _carriers:
         widget = _carriers.pop()()
         if widget is not None:
@@ -134,11 +144,23 @@ def _drop_bundles(*_args) -> None:
 
 
 def _install_hook(shell) -> None:
-    global _hook_installed
+    global _hook_installed, _in_cell
     with _hook_lock:
         if not _hook_installed:
+            shell.events.register("pre_run_cell", _cell_started)
             shell.events.register("post_run_cell", _drop_bundles)
             _hook_installed = True
+            _in_cell = True          # the first figure of a session is made by a cell
+
+
+def _send_code_now(shell) -> bool:
+    """Ship plotly's code with a new figure? In a cell, yes (the page may be new, and the kernel may stay
+    busy); from a widget callback between cells (a click opening linked views), no: the page that sent the
+    click has the code already (or asks for it), and 5 MB per figure would stall the answer."""
+    if shell is None:
+        return False
+    _install_hook(shell)
+    return _in_cell
 
 
 class LeanFigureWidget(go.FigureWidget):
@@ -148,10 +170,11 @@ class LeanFigureWidget(go.FigureWidget):
     _bundle = traitlets.Unicode("").tag(sync=True)
 
     def __init__(self, *args, send_code: bool | None = None, **kwargs):
-        """send_code: ship plotly's code with the widget (default: when running in a Jupyter kernel);
-        False makes the browser ask for it unless it has it already (what a page opened later does)."""
+        """send_code: ship plotly's code with the widget (default: when a cell of a Jupyter kernel makes it,
+        see `_send_code_now`); False makes the browser ask for it unless it has it already (what a page
+        opened later does)."""
         shell = _kernel_shell()
-        self._send_code = shell is not None if send_code is None else bool(send_code)
+        self._send_code = _send_code_now(shell) if send_code is None else bool(send_code)
         super().__init__(*args, **kwargs)
         self._config = {**self._config, "responsive": True}   # follow the width of the notebook
         if self._send_code:

@@ -10,13 +10,14 @@ import numpy as np
 
 from .. import analysis as A
 from .._checks import check_height, check_int
-from ..figures import compare_figure
+from ..figures import compare_figure, token_text_figure
 from ._base import boundary_of, figure_widget, html_status, replace_figure, sequences_of
+from ._static import StaticForm
 
 ALL = "all"   # the sequence picker's value for "mean over all sequences" (None means the same when constructing)
 
 
-class CompileCompare(W.VBox):
+class CompileCompare(StaticForm, W.VBox):
     """A split slider, a sequence picker (one or the mean of all), and `compare_figure`."""
 
     def __init__(self, model, data, labels=None, *, split: int | None = None, sequence: int | str | None = None,
@@ -83,6 +84,26 @@ class CompileCompare(W.VBox):
         ylabel = "cross-entropy" if self.model.config.mode == "tokens" else "MSE"
         return compare_figure(self.losses(split, seq), boundary=boundary, split=split, ylabel=ylabel,
                               height=self.height, title=f"Compile and compare · {what} · split s = {split}")
+
+    def token_figure_for(self, sequence: int, split: int | None = None):
+        """One sequence's suffix, each token coloured by its loss prompted − specialized (red: compiling the
+        prefix lost more than the prompt did; blue: compiling did better)."""
+        seq = check_int("sequence", sequence, 0, self.seqs.n - 1)
+        split = self.split if split is None else self._check_split(split)
+        res = self.losses(split, seq)
+        tokens = self.seqs.token_text[seq][split:split + len(res["position"])]
+        diff = np.asarray(res["specialized"]) - np.asarray(res["prompted"])
+        return token_text_figure(tokens, diff[:len(tokens)], value_name="L_spec − L_prompt", start=split,
+                                 title=f"Sequence {seq} after s = {split}: loss specialized − prompted per token")
+
+    def static_figures(self) -> list:
+        figs = [self.figure_for()]
+        if self.sequence != ALL:
+            figs.append(self.token_figure_for(self.sequence))
+        return figs
+
+    def static_text(self) -> str:
+        return f"compile and compare: split s = {self.split}, {self.sequence if self.sequence == ALL else f'sequence {self.sequence}'}"
 
     def show(self, split: int | None = None, sequence: int | str | None = None) -> None:
         """Redraw for another split and/or sequence ("all": the mean over all; None keeps the current)."""

@@ -4,6 +4,15 @@
     ex                     # displays: PCA at once, UMAP fitting in the background (status line)
     ex.selection           # box/lasso selection as a DataFrame (point, sequence, position, token, label, x, y)
     ex.open_sequence(3)    # what a click does: smoothness strip + template inspector for sequence 3
+    ex.search("sport")     # select the points whose token or label contains it (the search box); a DataFrame
+    ex.neighbors(17, k=10) # nearest points in ȳ by cosine (listed under the map after a click)
+    ex.isolate(); ex.show_all()      # re-project only the selection / back to every point (the buttons)
+    ex.set_components(2, 3)          # PCA on PC 2 and PC 3 (the PCs picker, up to PC 5)
+    ex.set_hidden(["tech"])          # what a click on a legend entry does; ex.hidden_categories
+    ex.export("sel.csv")             # the Export CSV button: the selection (or every point)
+
+A categorical colouring (topic, document, excerpt half, token) draws one trace per category with a legend
+entry each; numbers (position) get a colour bar. 3-D is not offered.
 
 Big arrays (ȳ, tokens) stay in Python attributes; only the drawn points (x, y, colour codes, hover text)
 go to the browser, so a saved notebook grows by the plotted points, not by ȳ.
@@ -22,9 +31,13 @@ import numpy as np
 from .. import analysis as A
 from .._checks import (check_array, check_bool, check_choice, check_height, check_index, check_int,
                        describe, is_number)
-from ..figures import color_spec, ybar_map_figure
-from ._base import check_view_ybar, figure_widget, html_status
+from ..figures import map_groups, ybar_map_figure
+from ._base import check_view_ybar, figure_widget, html_status, replace_figure
+from ._static import STATIC_MAX_POINTS, StaticForm
 
+MAX_PCS = 5          # principal components offered by the PC picker
+NEIGHBOURS_SHOWN = 8  # neighbours listed under the map after a click
+TOKEN_COLOURS = 12   # colour by token: the most frequent tokens get a colour each, the rest are "other"
 AXIS_NAMES = {"pca": ("PC 1", "PC 2"), "umap": ("UMAP 1", "UMAP 2"), "tsne": ("t-SNE 1", "t-SNE 2")}
 METHOD_NAMES = {"pca": "PCA", "umap": "UMAP", "tsne": "t-SNE"}
 
@@ -60,6 +73,14 @@ def _check_pair(name: str, value) -> tuple[float, float]:
     return min(lo, hi), max(lo, hi)
 
 
+def _top_tokens(tokens: np.ndarray, k: int) -> np.ndarray:
+    """Each token's own string if it is among the k most frequent, else "other"."""
+    keys = tokens.astype(str)
+    names, counts = np.unique(keys, return_counts=True)
+    top = set(names[np.argsort(-counts, kind="stable")[:k]].tolist())
+    return np.array([repr(str(t)) if t in top else "other" for t in keys], dtype=object)
+
+
 def explore(model, data, labels=None, *, positions: Any = "all", projection: str = "pca",
             background: str | None = "umap", color_by: str | None = None, max_points: int = 100_000,
             boundary=None, n_batches: int = 4, batch_size: int = 32, seed: int = 0, linked: bool = True,
@@ -83,7 +104,7 @@ def explore(model, data, labels=None, *, positions: Any = "all", projection: str
                     projection_params=projection_params, height=height)
 
 
-class Explorer(W.VBox):
+class Explorer(StaticForm, W.VBox):
     """ipywidgets layout around a FigureWidget of ȳ points; see `explore` for the arguments."""
 
     def __init__(self, model, sequences: A.Sequences, ybar: np.ndarray | None = None, *, positions: Any = "all",
@@ -130,11 +151,10 @@ class Explorer(W.VBox):
         first = "pca"                           # always the first paint: instant; others follow when fitted
         t0 = time.perf_counter()
         self._fit_now(first)
+        self._groups: list[np.ndarray] = []
         self.figure = figure_widget(self._figure(first))
         self.projection = first
-        self._trace.on_selection(self._on_plotly_selection)
-        self._trace.on_deselect(lambda *_: self.select([]))
-        self._trace.on_click(self._on_plotly_click)
+        self._wire_traces()
 
         self.projection_picker = W.Dropdown(options=[(METHOD_NAMES[m], m) for m in A.PROJECTIONS], value=first,
                                             description="Projection", layout=W.Layout(width="220px"))
@@ -146,17 +166,60 @@ class Explorer(W.VBox):
         self.linked = W.VBox([])
         self.projection_picker.observe(self._on_projection_picked, names="value")
         self.color_picker.observe(self._on_color_picked, names="value")
-        super().__init__([W.HBox([self.projection_picker, self.color_picker, self.status]), self.figure,
-                          self.selection_info, self.linked])
+        n_pc = min(MAX_PCS, self.points.ybar.shape[1])
+        pairs = [(a, b) for a in range(1, n_pc + 1) for b in range(a + 1, n_pc + 1)]
+        self.components = (1, 2)
+        self.pc_picker = W.Dropdown(options=[(f"PC {a} & {b}", (a, b)) for a, b in pairs] or [("PC 1 & 2", (1, 2))],
+                                    value=(1, 2), description="PCs", layout=W.Layout(width="170px"))
+        self.pc_picker.observe(lambda ch: None if self._syncing else self.set_components(*ch["new"]), names="value")
+        self.search_box = W.Text(placeholder="search a token or label", continuous_update=False,
+                                 layout=W.Layout(width="220px"))
+        self.search_box.observe(lambda ch: self.search(ch["new"]) if ch["new"] else self.select([]), names="value")
+        self.isolate_button = W.Button(description="Isolate selection", tooltip="re-project only the selected points",
+                                       layout=W.Layout(width="140px"))
+        self.isolate_button.on_click(lambda _b: self._ui(self.isolate))
+        self.all_button = W.Button(description="Show all", tooltip="back to every point", layout=W.Layout(width="90px"))
+        self.all_button.on_click(lambda _b: self._ui(self.show_all))
+        self.export_button = W.Button(description="Export CSV", tooltip="the selection (or every point) as a CSV file",
+                                      layout=W.Layout(width="100px"))
+        self.export_button.on_click(lambda _b: self._ui(self.export))
+        self.neighbours_info = W.HTML("")
+        self._stack: list[tuple] = []
+        super().__init__([W.HBox([self.projection_picker, self.pc_picker, self.color_picker, self.status]),
+                          W.HBox([self.search_box, self.isolate_button, self.all_button, self.export_button]),
+                          self.figure, self.selection_info, self.neighbours_info, self.linked])
         if projection != first:
             self.set_projection(projection)
         if background is not None and background != "pca" and background not in self._threads:
             self._start_fit(background)
 
     # ------------------------------------------------------------------ data
-    @property
-    def _trace(self):
-        return self.figure.data[0]
+    def _wire_traces(self) -> None:
+        """(Re)attach the selection, click and deselect callbacks to every trace (after the traces change)."""
+        self._buffer: list[np.ndarray] = []
+        last = len(self.figure.data) - 1
+        for i, trace in enumerate(self.figure.data):
+            trace.on_selection(lambda tr, pts, sel, i=i: self._on_plotly_selection(i, last, pts, sel))
+            trace.on_deselect(lambda tr, pts, i=i: self._on_plotly_deselect() if i == last else None)
+            trace.on_click(lambda tr, pts, state, i=i: self._on_plotly_click(i, pts))
+
+    def _clear_outline(self) -> None:
+        """Remove a box/lasso outline drawn in the browser. plotly.js keeps it in layout.selections and
+        re-applies it on every redraw (overriding selectedpoints set from Python), and the Python side of
+        the figure does not know it is there, so the relayout is sent as is."""
+        self._quiet_until = time.monotonic() + 1.0          # the deselect plotly answers with is ours
+        with self.figure.batch_update():
+            self.figure.layout.selections = ()
+        self.figure._send_relayout_msg({"selections": []})
+
+    def _on_plotly_deselect(self) -> None:
+        if time.monotonic() >= getattr(self, "_quiet_until", 0.0):
+            self.select([])
+
+    def _to_points(self, trace: int, local) -> np.ndarray:
+        """Indices within trace `trace` -> indices of drawn points (0..M−1)."""
+        local = np.asarray(local, dtype=np.int64)
+        return self._groups[trace][local] if self._groups else local
 
     def _color_options(self) -> dict[str, tuple[np.ndarray, str]]:
         pts, opts = self.points, {}
@@ -165,33 +228,194 @@ class Explorer(W.VBox):
         opts["position"] = (pts.pos, "continuous")
         opts["document"] = (pts.seq, "categorical")
         opts["excerpt half"] = (np.where(pts.half == 0, "first", "second"), "categorical")
+        opts["token"] = (_top_tokens(pts.token, TOKEN_COLOURS), "categorical")
         return opts
 
     def _note(self) -> str:
         m = len(self.points)
+        if getattr(self, "_stack", None):
+            return f"isolated selection: {m:,} of {len(self._stack[0][0]):,} drawn tokens, projected afresh"
         if m < self.n_total:
             by = self.label_name if self._strata_name == "label" else "document"
             return (f"showing {m:,} of {self.n_total:,} tokens, a subsample stratified by {html.escape(str(by), quote=False)} "
                     f"(max_points={self.max_points:,})")
         return f"{m:,} tokens from {len(np.unique(self.points.seq)):,} sequences"
 
-    def _figure(self, method: str):
+    def _figure(self, method: str, rows: np.ndarray | None = None, note: str | None = None):
+        """The map in projection `method` (rows: a subset of the drawn points, for the static copy)."""
         values, kind = self.color_options[self.color_by]
-        return ybar_map_figure(self._coords[method], values, self.points.hover, color_name=self.color_by,
-                               color_kind=kind, note=self._note(), axis_names=self._axis_names(method),
-                               height=self.height,
+        coords, hover, selected = self._coords[method], self.points.hover, self._selected
+        if rows is not None:
+            pos = np.full(len(self.points), -1)
+            pos[rows] = np.arange(len(rows))
+            values, coords, hover = values[rows], coords[rows], hover[rows]
+            selected = pos[selected][pos[selected] >= 0]
+        if rows is None:
+            self._groups = map_groups(values, kind)[1]
+        return ybar_map_figure(coords, values, hover, color_name=self.color_by, color_kind=kind,
+                               note=note or self._note(), axis_names=self._axis_names(method), height=self.height,
+                               selected=selected if len(selected) else None,
                                title=f"ȳ of {len(self.points):,} tokens · {METHOD_NAMES[method]}")
 
     def _axis_names(self, method: str) -> tuple[str, str]:
+        if method == "pca" and getattr(self, "_pc_ratio", None) is not None:
+            return tuple(f"PC {c} ({100 * self._pc_ratio[c - 1]:.0f}% of variance)" for c in self.components)
         if method == "pca" and "pca" in self.projectors:
             ratio = self.projectors["pca"].reducer.explained_variance_ratio_
             names = [f"PC {i + 1} ({100 * r:.0f}% of variance)" for i, r in enumerate(ratio[:2])]
             return tuple(names + ["PC 2"] * (2 - len(names)))
         return AXIS_NAMES[method]
 
-    def figure_static(self):
-        """The current view as a plain `go.Figure` (for write_html / reports)."""
-        return self._figure(self.projection)
+    def _ui(self, action) -> None:
+        """Run a button's action; a refusal (e.g. isolate with nothing selected) goes to the status line."""
+        try:
+            action()
+        except (ValueError, TypeError) as err:
+            self._set_status(html.escape(str(err)), "error")
+
+    # ------------------------------------------------------------------ principal components
+    def set_components(self, a: int, b: int) -> None:
+        """Show principal components a and b (1-based, up to MAX_PCS and d_y) and switch to PCA."""
+        n_pc = min(MAX_PCS, self.points.ybar.shape[1])
+        a = check_int("a", a, 1, n_pc, hint=" (a principal component)")
+        b = check_int("b", b, 1, n_pc, hint=" (a principal component)")
+        if a == b:
+            raise ValueError(f"a and b must be two different components, got {a} and {b}")
+        X = self.points.ybar.astype(np.float64)
+        centered = X - X.mean(0)
+        evals, evecs = np.linalg.eigh(centered.T @ centered / max(len(X) - 1, 1))
+        order = np.argsort(evals)[::-1][:n_pc]
+        comps = evecs[:, order].T
+        comps *= np.sign(comps[np.arange(len(comps)), np.abs(comps).argmax(1)])[:, None]   # as analysis' PCA
+        self._pc_ratio = evals[order] / max(evals.sum(), 1e-12)
+        self.components = (a, b)
+        with self._lock:
+            self._coords["pca"] = (centered @ comps[[a - 1, b - 1]].T).astype(np.float32)
+        self._syncing = True
+        try:
+            if self.pc_picker.value != (a, b) and (a, b) in [v for _, v in self.pc_picker.options]:
+                self.pc_picker.value = (a, b)
+        finally:
+            self._syncing = False
+        self.set_projection("pca")
+        self._show_projection("pca")
+
+    # ------------------------------------------------------------------ search, neighbours, export
+    def search(self, query: str, field: str = "any"):
+        """Select the drawn points whose token (field="token"), label ("label"), or either ("any") contains
+        `query` (case-insensitive); returns them as a DataFrame like `selection`."""
+        if not isinstance(query, str) or not query:
+            raise TypeError(f"query must be a non-empty string, got {describe(query)}")
+        check_choice("field", field, ("any", "token", "label"))
+        q = query.lower()
+        hit = np.zeros(len(self.points), bool)
+        if field in ("any", "token"):
+            hit |= np.char.find(np.char.lower(self.points.token.astype(str)), q) >= 0
+        if field in ("any", "label") and self.points.label is not None:
+            hit |= np.char.find(np.char.lower(self.points.label.astype(str)), q) >= 0
+        self.select(np.nonzero(hit & self._visible_mask())[0])
+        if not hit.any():
+            self.selection_info.value = html_status(f"no token or label contains {html.escape(query)!r}", "error")
+        return self.selection
+
+    def neighbors(self, point: int, k: int = 10):
+        """The k drawn points nearest to `point` by cosine similarity of ȳ, most similar first: a DataFrame
+        like `selection` with a `cosine` column."""
+        m = len(self.points)
+        point = check_index("point", point, m)
+        k = check_int("k", k, 1, max(m - 1, 1), hint=" (other drawn points)")
+        Y = self.points.ybar.astype(np.float64)
+        norms = np.linalg.norm(Y, axis=1)
+        cos = Y @ Y[point] / np.maximum(norms * norms[point], 1e-12)
+        cos[point] = -np.inf
+        idx = np.argpartition(-cos, min(k, m - 1) - 1)[:k]
+        idx = idx[np.argsort(-cos[idx], kind="stable")]
+        df = self.points.frame(idx, self.coords).reset_index(drop=True)
+        df["cosine"] = cos[idx]
+        return df
+
+    def _show_neighbours(self, point: int) -> None:
+        df = self.neighbors(point, min(NEIGHBOURS_SHOWN, len(self.points) - 1))
+        rows = "".join(f"<tr><td>{int(r.point)}</td><td>{int(r.sequence)}</td><td>{int(r.position)}</td>"
+                       f"<td><code>{html.escape(str(r.token))}</code></td><td>{html.escape(str(r.label))}</td>"
+                       f"<td>{r.cosine:.3f}</td></tr>" for r in df.itertuples())
+        head = html.escape(str(self.points.token[point]))
+        self.neighbours_info.value = (
+            f"<div style='font-size:12px'><b>nearest in ȳ (cosine) to point {point}</b> <code>{head}</code> — "
+            f"<code>explorer.neighbors({point})</code> gives them as a DataFrame<table style='font-size:12px'>"
+            f"<tr><th>point</th><th>seq</th><th>pos</th><th>token</th><th>label</th><th>cos</th></tr>{rows}"
+            f"</table></div>")
+
+    def export(self, path=None) -> str:
+        """Write the selection (every drawn point when nothing is selected) as CSV; returns the path
+        (default: ybar_selection.csv in the working folder). The Export button calls it."""
+        from pathlib import Path
+        df = self.selection if self._selected.size else self.points.frame(np.arange(len(self.points)), self.coords)
+        target = Path("ybar_selection.csv" if path is None else path)
+        df.to_csv(target, index=False)
+        self._set_status(f"wrote {len(df):,} rows to {html.escape(str(target.resolve()))}", "ok")
+        return str(target)
+
+    # ------------------------------------------------------------------ isolate
+    def isolate(self) -> None:
+        """Keep only the selected points and project them afresh (PCA now; other methods when picked).
+        Point indices then refer to the isolated set; `show_all()` goes back."""
+        if not self._selected.size:
+            raise ValueError("isolate needs a selection: select points first (box, lasso, search or select())")
+        for thread in list(self._threads.values()):
+            thread.join()
+        with self._lock:
+            self._stack.append((self.points, self._coords, self.projectors, self._threads, self._errors))
+            self.points = self.points.take(self._selected)
+            self._coords, self.projectors, self._threads, self._errors = {}, {}, {}, {}
+            self._reset_view()
+
+    def show_all(self) -> None:
+        """Undo `isolate` (every isolation, back to all drawn points)."""
+        if not self._stack:
+            return
+        with self._lock:
+            self.points, self._coords, self.projectors, self._threads, self._errors = self._stack[0]
+            self._stack.clear()
+            self._reset_view()
+
+    def _reset_view(self) -> None:
+        self._selected = np.zeros(0, dtype=np.int64)
+        self._pc_ratio, self.components = None, (1, 2)
+        self.color_options = self._color_options()
+        if "pca" not in self._coords:
+            self._fit_now("pca")
+        self._syncing = True
+        try:
+            self.projection_picker.value = "pca"
+            self.pc_picker.value = (1, 2)
+        finally:
+            self._syncing = False
+        self.projection = "pca"
+        self._redraw()
+        self._describe_selection()
+        self._set_status(f"{'isolated: ' if self._stack else ''}{len(self.points):,} points · PCA", "ok")
+
+    def figure_static(self, max_points: int | None = None):
+        """The current view as a plain `go.Figure` (for write_html / reports); max_points: draw a subsample
+        (stratified like the map's) of at most that many points."""
+        if max_points is None or len(self.points) <= max_points:
+            return self._figure(self.projection)
+        max_points = check_int("max_points", max_points, 2)
+        strata = self.points.label.astype(str) if self.points.label is not None else self.points.seq
+        rows = A.stratified_subsample(strata, max_points, self.seed)
+        return self._figure(self.projection, rows, note=f"static copy: {len(rows):,} of {len(self.points):,} drawn "
+                                                        f"points ({self._note()})")
+
+    def static_figures(self) -> list:
+        """The map (at most STATIC_MAX_POINTS points) and the linked views that are open."""
+        figs = [self.figure_static(STATIC_MAX_POINTS)]
+        if self._strip is not None:
+            figs += [self._strip.figure_for(self._strip.sequence, self._strip.highlight), self._inspector.figure_for()]
+        return figs
+
+    def static_text(self) -> str:
+        return f"ȳ explorer: {len(self.points):,} tokens, {METHOD_NAMES[self.projection]}, colour by {self.color_by}"
 
     @property
     def coords(self) -> np.ndarray:
@@ -266,11 +490,14 @@ class Explorer(W.VBox):
         with self._lock:
             xy = self._coords[method]
             with self.figure.batch_update():
-                self._trace.x, self._trace.y = xy[:, 0], xy[:, 1]
+                groups = self._groups or [np.arange(len(xy))]
+                for trace, rows in zip(self.figure.data, groups):
+                    trace.x, trace.y = xy[rows, 0], xy[rows, 1]
                 self.figure.layout.xaxis.title.text, self.figure.layout.yaxis.title.text = self._axis_names(method)
                 self.figure.layout.title.text = (f"ȳ of {len(self.points):,} tokens · {METHOD_NAMES[method]}"
                                                  f"<br><sup>{self._note()}</sup>")
             self.projection = method
+            self._clear_outline()                              # a box/lasso drawn in the old coordinates
         if method not in self._threads or not self._threads[method].is_alive():
             self._set_status(f"showing {METHOD_NAMES[method]}", "ok")
 
@@ -282,14 +509,9 @@ class Explorer(W.VBox):
     def set_color(self, by: str) -> None:
         """Colour points by one of `color_options` (topic/label, position, document, excerpt half)."""
         check_choice("color_by", by, self.color_options)   # the name explore() takes
-        values, kind = self.color_options[by]
-        spec = color_spec(values, by, kind)
-        with self._lock, self.figure.batch_update():
-            self._trace.marker.update(spec, overwrite=False)
-            self._trace.marker.colorbar.tickvals = spec["colorbar"]["tickvals"]
-            self._trace.marker.colorbar.ticktext = spec["colorbar"]["ticktext"]
-            self._trace.marker.cmin, self._trace.marker.cmax = spec["cmin"], spec["cmax"]
-        self.color_by = by
+        with self._lock:
+            self.color_by = by
+            self._redraw()
         if self.color_picker.value != by:
             self._syncing = True
             try:
@@ -297,12 +519,28 @@ class Explorer(W.VBox):
             finally:
                 self._syncing = False
 
+    def _redraw(self) -> None:
+        """Rebuild the traces (colouring, point set or legend grouping changed), keeping the selection."""
+        replace_figure(self.figure, self._figure(self.projection))
+        self._clear_outline()
+        self._wire_traces()
+
     # ------------------------------------------------------------------ selection
-    def select(self, points) -> None:
-        """Select drawn points by index (0..M−1); [] clears. Also what a box/lasso in the browser calls."""
+    def select(self, points, _from_browser: bool = False) -> None:
+        """Select drawn points by index (0..M−1); [] clears. Also what a box/lasso in the browser calls.
+        The map shows the selection (other points faint; a box/lasso outline from the browser is removed)."""
         idx = self._check_points(points)
         self._selected = np.unique(idx)
-        self._trace.selectedpoints = self._selected.tolist() if idx.size else None
+        groups = self._groups or [np.arange(len(self.points))]
+        per_trace = [np.nonzero(np.isin(rows, self._selected))[0].tolist() if self._selected.size else None
+                     for rows in groups]
+        traces = list(range(len(self.figure.data)))
+        self.figure.plotly_update(restyle_data={"selectedpoints": per_trace}, trace_indexes=traces)
+        if not _from_browser:
+            # one message for both: the page drops a box/lasso outline it would otherwise re-apply over
+            # the new selectedpoints (see _clear_outline)
+            self._quiet_until = time.monotonic() + 1.0
+            self.figure._send_update_msg({"selectedpoints": per_trace}, {"selections": []}, trace_indexes=traces)
         self._describe_selection()
 
     def _check_points(self, points) -> np.ndarray:
@@ -322,12 +560,44 @@ class Explorer(W.VBox):
                              f"({bad.size} out of range, e.g. {int(bad[0])})")
         return idx.astype(np.int64)
 
+    # ------------------------------------------------------------------ legend
+    @property
+    def hidden_categories(self) -> list[str]:
+        """The categories hidden from the map (a click on their legend entry, or `set_hidden`)."""
+        if not self._groups:
+            return []
+        return [html.unescape(t.name) for t in self.figure.data if t.visible in ("legendonly", False)]
+
+    def set_hidden(self, categories) -> None:
+        """Hide these categories of the current colouring (and show the others); [] shows all."""
+        if isinstance(categories, str) or not hasattr(categories, "__iter__"):
+            raise TypeError(f"categories must be a list of category names, got {describe(categories)}")
+        if not self._groups:
+            raise ValueError(f"categories can only be hidden in a colouring with a legend (one trace per "
+                             f"category); colour by {self.color_by!r} has none, got {list(categories)}")
+        names = [html.unescape(t.name) for t in self.figure.data]   # trace names are escaped user strings
+        unknown = [c for c in categories if str(c) not in names]
+        if unknown:
+            raise ValueError(f"categories must be names of the colouring {self.color_by!r} ({names}), got {unknown}")
+        hide = {str(c) for c in categories}
+        with self.figure.batch_update():
+            for t in self.figure.data:
+                t.visible = "legendonly" if html.unescape(t.name) in hide else True
+
+    def _visible_mask(self) -> np.ndarray:
+        """(M,) bool: the drawn points whose category is not hidden."""
+        mask = np.ones(len(self.points), bool)
+        for t, rows in zip(self.figure.data, self._groups):
+            if t.visible in ("legendonly", False):
+                mask[rows] = False
+        return mask
+
     def select_box(self, x: tuple[float, float], y: tuple[float, float]) -> None:
-        """Select the drawn points inside a rectangle of the current projection; x, y: (lo, hi) ranges."""
+        """Select the visible drawn points inside a rectangle of the current projection; x, y: (lo, hi)."""
         (x0, x1), (y0, y1) = _check_pair("x", x), _check_pair("y", y)
         xy = self.coords
         inside = (xy[:, 0] >= x0) & (xy[:, 0] <= x1) & (xy[:, 1] >= y0) & (xy[:, 1] <= y1)
-        self.select(np.nonzero(inside)[0])
+        self.select(np.nonzero(inside & self._visible_mask())[0])
 
     def select_lasso(self, xs, ys) -> None:
         """Select the drawn points inside a polygon (vertices xs, ys) of the current projection."""
@@ -338,7 +608,7 @@ class Explorer(W.VBox):
         px, py = self.coords[:, 0][:, None], self.coords[:, 1][:, None]
         x0, y0, x1, y1 = xs, ys, np.roll(xs, -1), np.roll(ys, -1)
         crosses = ((y0 > py) != (y1 > py)) & (px < (x1 - x0) * (py - y0) / np.where(y1 == y0, 1e-12, y1 - y0) + x0)
-        self.select(np.nonzero(crosses.sum(1) % 2 == 1)[0])
+        self.select(np.nonzero((crosses.sum(1) % 2 == 1) & self._visible_mask())[0])
 
     @property
     def selection(self):
@@ -346,8 +616,21 @@ class Explorer(W.VBox):
         df = self.points.frame(self._selected, self.coords)
         return df.reset_index(drop=True)
 
-    def _on_plotly_selection(self, trace, points, selector) -> None:
-        self.select(points.point_inds)
+    def _on_plotly_selection(self, i: int, last: int, points, selector=None) -> None:
+        # plotly calls every trace's callback once per selection event, in trace order
+        if i == 0:
+            self._buffer = []
+        self._buffer.append(self._to_points(i, points.point_inds))
+        if i == last:
+            chosen = np.concatenate(self._buffer) if self._buffer else np.zeros(0, np.int64)
+            self.select(chosen, _from_browser=True)
+            if len(chosen) == 1:
+                # a click (clickmode "event+select") selects its point and then sends plotly_click in the
+                # same instant; the frontend may pass on only the first of the two messages (after a box
+                # or lasso it always did): so a one-point selection opens the point itself (a selector
+                # may still be attached: plotly repeats the last lasso's outline in the event)
+                self._opened_by_select = int(chosen[0])
+                self.open_point(int(chosen[0]))
 
     def _describe_selection(self) -> None:
         n = len(self._selected)
@@ -362,13 +645,20 @@ class Explorer(W.VBox):
         self.selection_info.value = html_status(text, markup=" — <code>explorer.selection</code> has them as a DataFrame")
 
     # ------------------------------------------------------------------ linked views
-    def _on_plotly_click(self, trace, points, state) -> None:
+    def _on_plotly_click(self, i: int, points) -> None:
         if points.point_inds:
-            self.open_point(points.point_inds[0])
+            point = int(self._to_points(i, points.point_inds[:1])[0])
+            if getattr(self, "_opened_by_select", None) == point:    # opened by its click-selection already
+                self._opened_by_select = None
+                return
+            self.open_point(point)
 
     def open_point(self, point: int) -> None:
-        """Open the linked views for the sequence of drawn point `point`, its token highlighted."""
+        """Open the linked views for the sequence of drawn point `point`, its token highlighted, and list
+        its nearest neighbours in ȳ under the map."""
         point = check_index("point", point, len(self.points))
+        if len(self.points) > 1:
+            self._show_neighbours(point)
         self.open_sequence(int(self.points.seq[point]), int(self.points.pos[point]))
 
     def open_sequence(self, sequence: int, position: int | None = None) -> None:
@@ -404,6 +694,8 @@ class Explorer(W.VBox):
     def add(self, data, labels=None, boundary=None) -> int:
         """Add sequences; their tokens are placed with the cached reducers' `transform` (no refit).
         Returns the number of points added."""
+        if self._stack:
+            raise ValueError("add needs every point shown: call show_all() first (the explorer is isolated)")
         new = A.prepare_sequences(self.model, data, labels, boundary)
         for thread in list(self._threads.values()):   # a fit in flight must finish before the point set grows
             thread.join()
@@ -431,11 +723,11 @@ class Explorer(W.VBox):
                 self.color_picker.value = self.color_by
             finally:
                 self._syncing = False
-            fig = self._figure(self.projection)
-            with self.figure.batch_update():
-                self._trace.update(fig.data[0].to_plotly_json(), overwrite=True)
-                self.figure.layout.title.text = fig.layout.title.text
+            self._selected = np.zeros(0, dtype=np.int64)
+            self._redraw()
         if self._strip is not None:
             self._strip.seqs, self._strip.ybar = self.seqs, self.ybar_full
             self._inspector.set_data(self.seqs, self.ybar_full)
+        if getattr(self, "_pc_ratio", None) is not None:          # chosen components: recomputed on every point
+            self.set_components(*self.components)
         return len(pts)

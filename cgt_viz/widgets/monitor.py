@@ -17,13 +17,14 @@ import numpy as np
 
 from .._checks import check_bool, check_float, check_height, check_int
 from ..analysis import NOT_PLOTTED
-from ..figures import thin, training_curves_figure
+from ..figures import drawn_series, thin, training_curves_figure
 from ._base import figure_widget, html_status, replace_figure
+from ._static import StaticForm
 
 KINDS = ("step", "eval", "end")
 
 
-class TrainingMonitor(W.VBox):
+class TrainingMonitor(StaticForm, W.VBox):
     """Callable with callback records; shows training losses (log scale) and evaluation metrics."""
 
     def __init__(self, *, min_interval: float = 0.5, log_y: bool = True, max_points: int = 2000,
@@ -73,17 +74,25 @@ class TrainingMonitor(W.VBox):
         return training_curves_figure(self.records, log_y=self.log_y, title=self.title, max_points=self.max_points,
                                       height=self.height)
 
+    def static_figures(self) -> list:
+        return [self.figure_static()]
+
+    def static_text(self) -> str:
+        last = self.records[-1] if self.records else {}
+        return f"training monitor: {len(self._steps.get('main', ([], []))[0])} steps recorded, last step {last.get('step', '-')}"
+
     def redraw(self, final: bool = False) -> None:
         """Push the current curves to the plot (called for you, throttled)."""
         self._last_draw = time.monotonic()
         self.redraws += 1
         names = [tr.name for tr in self.figure.data]
-        want = list(self._steps) + list(self._evals)
+        steps = drawn_series(self._steps)[0]            # no curve for a term that is 0 throughout
+        want = list(steps) + list(self._evals)
         if names != want:                      # a new series appeared: rebuild the trace list once
             replace_figure(self.figure, self.figure_static())
         else:
             with self.figure.batch_update():
-                for trace, (xs, ys) in zip(self.figure.data, list(self._steps.values()) + list(self._evals.values())):
+                for trace, (xs, ys) in zip(self.figure.data, list(steps.values()) + list(self._evals.values())):
                     trace.x = thin(np.asarray(xs), self.max_points)
                     trace.y = thin(np.asarray(ys), self.max_points)
         last = self.records[-1] if self.records else {}

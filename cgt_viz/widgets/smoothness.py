@@ -10,11 +10,12 @@ import numpy as np
 
 from .. import analysis as A
 from .._checks import check_height, check_index, check_int
-from ..figures import smoothness_figure
+from ..figures import smoothness_figure, token_text_figure
 from ._base import boundary_of, check_view_ybar, figure_widget, replace_figure, sequences_of
+from ._static import StaticForm
 
 
-class SmoothnessStrip(W.VBox):
+class SmoothnessStrip(StaticForm, W.VBox):
     """‖ȳ_t − ȳ_{t−1}‖, cosine and the ȳ heatmap of one sequence; a sequence picker; optional second model."""
 
     def __init__(self, model, data, labels=None, *, sequence: int = 0, highlight: int | None = None,
@@ -35,11 +36,13 @@ class SmoothnessStrip(W.VBox):
         self.ybar = A.collect_ybar(model, self.seqs.inputs) if ybar is None else check_view_ybar(ybar, self.seqs, model)
         self.ybar_other = None if other is None else A.collect_ybar(other, self.seqs.inputs)
         self.figure = figure_widget(self.figure_for(self.sequence, highlight))
+        self.tokens_figure = figure_widget(self.token_figure_for(self.sequence, highlight))
         self.picker = W.BoundedIntText(value=self.sequence, min=0, max=self.seqs.n - 1, description="sequence",
                                        layout=W.Layout(width="180px"))
         self._syncing = False
         self.picker.observe(self._on_pick, names="value")
-        super().__init__([W.HBox([self.picker, W.HTML(f"<small>{self.seqs.n} sequences</small>")]), self.figure])
+        super().__init__([W.HBox([self.picker, W.HTML(f"<small>{self.seqs.n} sequences</small>")]), self.figure,
+                          self.tokens_figure])
 
     def _check_highlight(self, highlight, sequence: int) -> int | None:
         """None or a token position of `sequence`."""
@@ -57,12 +60,28 @@ class SmoothnessStrip(W.VBox):
                                  title=f"Smoothness of ȳ · sequence {i}"
                                        + (f" · token {highlight}" if highlight is not None else ""))
 
+    def token_figure_for(self, sequence: int, highlight: int | None = None):
+        """The text of one sequence, each token coloured by ‖ȳ_t − ȳ_{t−1}‖ (how far ȳ moved on reading it)."""
+        i = check_index("sequence", sequence, self.seqs.n)
+        highlight = self._check_highlight(highlight, i)
+        length = int(self.seqs.lengths[i])
+        step, _ = A.token_smoothness(self.ybar[i, :length])
+        return token_text_figure(self.seqs.token_text[i], step, value_name="‖ȳ_t − ȳ_t−1‖", highlight=highlight,
+                                 title=f"Sequence {i}, each token coloured by how far ȳ moved on it")
+
+    def static_figures(self) -> list:
+        return [self.figure_for(self.sequence, self.highlight), self.token_figure_for(self.sequence, self.highlight)]
+
+    def static_text(self) -> str:
+        return f"smoothness strip of ȳ: sequence {self.sequence} of {self.seqs.n}"
+
     def show(self, sequence: int, highlight: int | None = None) -> None:
         """Draw another sequence (and highlight one of its tokens)."""
         sequence = check_index("sequence", sequence, self.seqs.n)
         self.highlight = self._check_highlight(highlight, sequence)
         self.sequence = sequence
         replace_figure(self.figure, self.figure_for(self.sequence, highlight))
+        replace_figure(self.tokens_figure, self.token_figure_for(self.sequence, highlight))
         if self.picker.value != self.sequence:
             self._syncing = True
             try:

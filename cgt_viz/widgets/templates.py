@@ -13,11 +13,12 @@ import numpy as np
 
 from .. import analysis as A
 from .._checks import check_height, check_index, check_int
-from ..figures import template_figure
+from ..figures import _natural_key, template_figure, token_text_figure
 from ._base import boundary_of, check_view_ybar, figure_widget, html_status, replace_figure, sequences_of
+from ._static import StaticForm
 
 
-class TemplateInspector(W.VBox):
+class TemplateInspector(StaticForm, W.VBox):
     """Site picker, sequence picker, token slider, coefficient heatmap, mean |c_k| per label, singular
     values of ΔW(ȳ) at the chosen token, and template ablation Δloss (button)."""
 
@@ -35,7 +36,9 @@ class TemplateInspector(W.VBox):
         self.sequence = check_index("sequence", sequence, self.seqs.n)
         self.token = self._check_token(token)
 
+        self.template: int | None = None      # the template k of the token view (None: the largest mean |c_k|)
         self.figure = figure_widget(self.figure_for())
+        self.tokens_figure = figure_widget(self.token_figure_for())
         self.site_picker = W.Dropdown(options=self.sites, value=self.site, description="site κ",
                                       layout=W.Layout(width="200px"))
         self.seq_picker = W.BoundedIntText(value=self.sequence, min=0, max=self.seqs.n - 1, description="sequence",
@@ -50,7 +53,7 @@ class TemplateInspector(W.VBox):
         self.token_slider.observe(lambda ch: self._picked(token=ch["new"]), names="value")
         self.ablate_button.on_click(lambda _b: self.ablate())
         super().__init__([W.HBox([self.site_picker, self.seq_picker, self.token_slider]),
-                          W.HBox([self.ablate_button, self.status]), self.figure])
+                          W.HBox([self.ablate_button, self.status]), self.figure, self.tokens_figure])
 
     # ------------------------------------------------------------------ data
     def set_data(self, seqs: A.Sequences, ybar: np.ndarray | None = None, redraw: bool = True) -> None:
@@ -83,7 +86,9 @@ class TemplateInspector(W.VBox):
                 labels = np.where((bound >= 0) & (pos >= bound), "second excerpt", "first excerpt")
             else:
                 labels = np.full(len(coeffs), "all tokens")
-            self._means[site] = A.mean_abs_by_label(coeffs, labels)
+            names, table = A.mean_abs_by_label(coeffs, labels)
+            order = sorted(range(len(names)), key=lambda j: _natural_key(names[j]))   # "2" before "10"
+            self._means[site] = [names[j] for j in order], table[order]
         return self._means[site]
 
     # ------------------------------------------------------------------ drawing
@@ -103,8 +108,28 @@ class TemplateInspector(W.VBox):
                                title=f"κ-template inspector · site {site} · sequence {i} · token {tok} "
                                      f"({html.escape(repr(self.seqs.token_text[i][tok]), quote=False)})")
 
-    def show(self, sequence: int | None = None, token: int | None = None, site: str | None = None) -> None:
-        """Redraw for another sequence / token / site (None keeps the current one)."""
+    def token_figure_for(self, template: int | None = None):
+        """The current sequence's text, each token coloured by c_k(ȳ_t) of one template k of the current
+        site (default: `self.template`, else the template with the largest mean |c_k| on this sequence)."""
+        i, site = self.sequence, self.site
+        length = int(self.seqs.lengths[i])
+        coeffs = A.site_coefficients(self.model, self.ybar[i, :length], site)            # (t, K)
+        k = self.template if template is None else template
+        k = int(np.abs(coeffs).mean(0).argmax()) if k is None else check_index("template", k, coeffs.shape[1])
+        return token_text_figure(self.seqs.token_text[i], coeffs[:, k], value_name=f"c_{k}", highlight=self.token,
+                                 title=f"Sequence {i}, each token coloured by c_{k}(ȳ_t) at site {site}")
+
+    def static_figures(self) -> list:
+        return [self.figure_for(), self.token_figure_for()]
+
+    def static_text(self) -> str:
+        return f"κ-template inspector: site {self.site}, sequence {self.sequence}, token {self.token}"
+
+    def show(self, sequence: int | None = None, token: int | None = None, site: str | None = None,
+             template: int | None = None) -> None:
+        """Redraw for another sequence / token / site / token-view template k (None keeps the current one)."""
+        if template is not None:
+            self.template = check_index("template", template, self.model.config.n_templates)
         if site is not None:
             self.site = "{}.{}".format(*A.parse_site(self.model, site))
         if sequence is not None:
@@ -115,6 +140,7 @@ class TemplateInspector(W.VBox):
             self.token = self._check_token(token)
         self.token = min(self.token, int(self.seqs.lengths[self.sequence]) - 1)
         replace_figure(self.figure, self.figure_for())
+        replace_figure(self.tokens_figure, self.token_figure_for())
         self._syncing = True
         try:
             self.site_picker.value = self.site
