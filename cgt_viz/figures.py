@@ -100,7 +100,7 @@ def color_kind(values: Any, kind: str | None = None) -> str:
     return kind
 
 
-def _natural_key(name: str):
+def natural_key(name: str):
     """Sort key that puts "2" before "10" and numbers before words."""
     try:
         return (0, float(name), "")
@@ -112,7 +112,7 @@ def color_categories(values: Any) -> tuple[list[str], np.ndarray]:
     """Category names (sorted, numbers numerically) and each point's code: values (N,) -> (names, (N,) int)."""
     values = _color_values(values)
     keys = values.astype(str)
-    names = sorted(set(keys.tolist()), key=_natural_key)
+    names = sorted(set(keys.tolist()), key=natural_key)
     lookup = {nm: i for i, nm in enumerate(names)}
     return names, np.fromiter((lookup[k] for k in keys), dtype=np.int64, count=len(keys))
 

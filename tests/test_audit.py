@@ -610,6 +610,8 @@ NOT_AUDITED = {  # public names with no bad-argument cases here, and why
     "GPT.new_cache": "no arguments", "GPT.embed_inputs": "internal step of forward (validated there)",
     "fold_affine_ln_y": "a load-time migration (test_model: old checkpoints load exactly)",
     "aux_length_groups": "internal grouping of a split the loss has checked",
+    "is_validation_document": "internal: the deterministic document split (test_text)",
+    "natural_key": "a sort key (figures and the inspector)",
     "per_position_loss": "internal: called with validated tensors", "masked_loss": "internal: as above",
     "PretrainedMixin": "base class (CGT/GPT save/load cases)", "atomic_write": "internal I/O (test_checkpoint)",
     "write_json": "internal I/O", "read_json": "internal I/O", "save_tensors": "internal I/O",

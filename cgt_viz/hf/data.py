@@ -15,7 +15,7 @@ import torch
 from .._checks import check_float, check_int, describe
 from ..tasks.base import Batch, Task
 from ..tasks.icl import check_batch_size, check_part
-from ..tasks.text import _is_val, load_corpus
+from ..tasks.text import is_validation_document, load_corpus
 
 
 class BBCTokens(Task):
@@ -48,7 +48,7 @@ class BBCTokens(Task):
             if len(keep) < 2:
                 raise ValueError(f"topic {topic!r} has {len(keep)} document(s) of at least block_size + 1 = "
                                  f"{block_size + 1} tokens; each topic needs >= 2")
-            for (fname, ids), val in zip(keep, _is_val(topic, [n for n, _ in keep], val_fraction)):
+            for (fname, ids), val in zip(keep, is_validation_document(topic, [n for n, _ in keep], val_fraction)):
                 docs.append(ids)
                 topic_of.append(ti)
                 names.append(f"{topic}/{fname}")

@@ -119,7 +119,7 @@ def load_corpus(source: str | os.PathLike = "bbc") -> dict[str, list[tuple[str, 
     return corpus
 
 
-def _is_val(topic: str, names: list[str], val_fraction: float) -> list[bool]:
+def is_validation_document(topic: str, names: list[str], val_fraction: float) -> list[bool]:
     """Deterministic per-topic document split: hash order, the first ⌈val_fraction·n⌉ (≥ 1, ≤ n − 1) are val."""
     order = sorted(range(len(names)), key=lambda i: hashlib.sha1(f"{topic}/{names[i]}".encode()).hexdigest())
     n_val = min(max(1, int(round(val_fraction * len(names)))), len(names) - 1)
@@ -174,7 +174,7 @@ class TextMixture(Task):
             raise ValueError(f"source must hold at least two topics (folders root/<topic>/*.txt); {self.source!r} "
                              f"has {len(corpus)}: {sorted(corpus)}")
         self.topics: list[str] = list(corpus)
-        flags = {t: _is_val(t, [n for n, _ in corpus[t]], self.val_fraction) for t in self.topics}
+        flags = {t: is_validation_document(t, [n for n, _ in corpus[t]], self.val_fraction) for t in self.topics}
         self.tokenizer = self._make_tokenizer(tokenizer, corpus, flags)
         self.joiner = getattr(self.tokenizer, "joiner", "")
         self._build(corpus, flags)

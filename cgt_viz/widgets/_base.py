@@ -115,7 +115,7 @@ def _bundle_text() -> str:
     return _BUNDLE_TEXT
 
 
-def _kernel_shell():
+def kernel_shell():
     """The IPython shell of a running Jupyter kernel, or None (plain Python, tests, terminal IPython)."""
     try:
         from IPython import get_ipython
@@ -173,7 +173,7 @@ class LeanFigureWidget(go.FigureWidget):
         """send_code: ship plotly's code with the widget (default: when a cell of a Jupyter kernel makes it,
         see `_send_code_now`); False makes the browser ask for it unless it has it already (what a page
         opened later does)."""
-        shell = _kernel_shell()
+        shell = kernel_shell()
         self._send_code = _send_code_now(shell) if send_code is None else bool(send_code)
         super().__init__(*args, **kwargs)
         self._config = {**self._config, "responsive": True}   # follow the width of the notebook

@@ -196,8 +196,8 @@ def refresh_static(*_args) -> int:
 
 def _install_hook() -> None:
     global _hook_installed
-    from ._base import _kernel_shell
-    shell = _kernel_shell()
+    from ._base import kernel_shell
+    shell = kernel_shell()
     with _lock:
         if shell is None or _hook_installed:
             return

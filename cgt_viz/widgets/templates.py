@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import analysis as A
 from .._checks import check_height, check_index, check_int
-from ..figures import _natural_key, template_figure, token_text_figure
+from ..figures import natural_key, template_figure, token_text_figure
 from ._base import boundary_of, check_view_ybar, figure_widget, html_status, replace_figure, sequences_of
 from ._static import StaticForm
 
@@ -87,7 +87,7 @@ class TemplateInspector(StaticForm, W.VBox):
             else:
                 labels = np.full(len(coeffs), "all tokens")
             names, table = A.mean_abs_by_label(coeffs, labels)
-            order = sorted(range(len(names)), key=lambda j: _natural_key(names[j]))   # "2" before "10"
+            order = sorted(range(len(names)), key=lambda j: natural_key(names[j]))   # "2" before "10"
             self._means[site] = [names[j] for j in order], table[order]
         return self._means[site]
 
