@@ -460,19 +460,19 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"pip install -e '.[notebook]'", file=sys.stderr)
         return 2
     except (CLIError, ValueError, TypeError, FileNotFoundError, FolderLocked) as err:
-        if os.environ.get("CGT_VIZ_DEBUG"):
-            raise
-        print(f"error: {err}", file=sys.stderr)
-        for note in getattr(err, "__notes__", []):
-            print(f"note: {note}", file=sys.stderr)
-        return 2
+        return _report_error(err, str(err), 2)
     except OSError as err:   # disk full, permissions, a path of the wrong kind: what and where, no traceback
-        if os.environ.get("CGT_VIZ_DEBUG"):
-            raise
-        print(f"error: {_os_error(err)}", file=sys.stderr)
-        for note in getattr(err, "__notes__", []):
-            print(f"note: {note}", file=sys.stderr)
-        return 3
+        return _report_error(err, _os_error(err), 3)
+
+
+def _report_error(err: BaseException, message: str, code: int) -> int:
+    """One line (plus the exception's notes) on stderr and the exit code; CGT_VIZ_DEBUG=1 shows the traceback."""
+    if os.environ.get("CGT_VIZ_DEBUG"):
+        raise err
+    print(f"error: {message}", file=sys.stderr)
+    for note in getattr(err, "__notes__", []):
+        print(f"note: {note}", file=sys.stderr)
+    return code
 
 
 def _os_error(err: OSError) -> str:

@@ -170,18 +170,24 @@ def _check_memory(path: Path, header: dict) -> None:
                          f"{free / 2**30:.2f} GiB of memory is free; load it on a machine with more memory")
 
 
+def model_folder(path: Any) -> Path:
+    """The folder `save_pretrained` writes into: a str or PathLike that is a directory or does not exist yet."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike folder, got {describe(path)}")
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"path must be a directory (or not exist yet), got the file {str(path)!r}")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 class PretrainedMixin:
     """save_pretrained / from_pretrained for GPT and CGT: a folder with config.json + model.safetensors."""
 
     config: Any
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"path must be a str or os.PathLike folder, got {describe(path)}")
-        path = Path(path)
-        if path.exists() and not path.is_dir():
-            raise ValueError(f"path must be a directory (or not exist yet), got the file {str(path)!r}")
-        path.mkdir(parents=True, exist_ok=True)
+        path = model_folder(path)
         # weights first, config last: a folder with a config always has matching weights
         save_tensors(path / WEIGHTS_NAME, self.state_dict(), metadata={"model_class": type(self).__name__})
         write_json(path / CONFIG_NAME, {"model_class": type(self).__name__, "config": self.config.to_dict()})

@@ -612,6 +612,7 @@ NOT_AUDITED = {  # public names with no bad-argument cases here, and why
     "aux_length_groups": "internal grouping of a split the loss has checked",
     "is_validation_document": "internal: the deterministic document split (test_text)",
     "natural_key": "a sort key (figures and the inspector)",
+    "model_folder": "the folder check of save_pretrained (save_pretrained path cases)",
     "per_position_loss": "internal: called with validated tensors", "masked_loss": "internal: as above",
     "PretrainedMixin": "base class (CGT/GPT save/load cases)", "atomic_write": "internal I/O (test_checkpoint)",
     "write_json": "internal I/O", "read_json": "internal I/O", "save_tensors": "internal I/O",

@@ -51,7 +51,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .._checks import check_bool, check_float, check_int, describe
 from ..config import SITES, CGTConfig
-from ..io import CONFIG_NAME, WEIGHTS_NAME, load_tensors, read_json, save_tensors, write_json
+from ..io import CONFIG_NAME, WEIGHTS_NAME, load_tensors, model_folder, read_json, save_tensors, write_json
 from ..layers import SITE_WEIGHTS, SiteTemplates, YBlock
 from ..contracts import (IGNORE_INDEX, cache_name_filter, check_ablate, check_inputs, check_split, check_summary,
                          check_targets)
@@ -602,12 +602,7 @@ class CGTLM(CGT):
     # ------------------------------------------------------------------ persistence
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """A folder with config.json + model.safetensors holding the y stream and templates only (not the LM)."""
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"path must be a str or os.PathLike folder, got {describe(path)}")
-        path = Path(path)
-        if path.exists() and not path.is_dir():
-            raise ValueError(f"path must be a directory (or not exist yet), got the file {str(path)!r}")
-        path.mkdir(parents=True, exist_ok=True)
+        path = model_folder(path)
         save_tensors(path / WEIGHTS_NAME, self.state_dict(), metadata={"model_class": "CGTLM"})
         cfg = self.config
         write_json(path / CONFIG_NAME, {"model_class": "CGTLM", "config": cfg.to_dict(),
