@@ -626,7 +626,7 @@ NOT_AUDITED = {  # public names with no bad-argument cases here, and why
     "check_eval_size": "the checker itself", "check_part": "the checker itself",
     "Points": "a record built by collect_points", "collect_points": "internal: fed by prepare_sequences",
     "points_at": "internal (Explorer.open_point)", "mean_abs_by_label": "internal (TemplateInspector)",
-"thin": "internal (figures)",
+    "thin": "internal (figures)",
     "sequences_of": "internal (widget constructors)", "boundary_of": "internal", "check_index": "the checker itself",
     "Explorer": "constructed by explore (explore cases); Explorer(sequences=...) type-checked",
     "Explorer.figure_static": "no arguments", "TrainingMonitor.figure_static": "no arguments",

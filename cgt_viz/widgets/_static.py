@@ -52,6 +52,7 @@ _lock = threading.Lock()
 _carrier_id: str | None = None      # the display id whose static HTML embeds plotly.js in this process
 _shown: dict[str, tuple[weakref.ref, str]] = {}   # display id -> (view, hash of its last published static form)
 _hook_installed = False
+_before_cell: dict[str, str] = {}  # display id -> hash of a page-state view's static form when the cell began
 
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -117,7 +118,14 @@ def figures_html(figures, *, include_plotlyjs: bool = False, title: str | None =
 
 class StaticForm:
     """Mixin for the widget views: `static_figures()` (the figures a saved copy shows, main one first) and
-    `static_text()`; displaying the view publishes the live widget and the static form in one bundle."""
+    `static_text()`; displaying the view publishes the live widget and the static form in one bundle.
+
+    refresh_after_cells: re-publish the static form after each cell that changed it. Re-publishing re-renders
+    the live widget from its model, which loses what only the page holds (a selection made since); views
+    whose state lives in the page set it False: their static form is re-published only for changes a cell
+    made, not for what the page did between cells."""
+
+    refresh_after_cells = True
 
     def static_figures(self) -> list:                          # pragma: no cover - each view defines it
         raise NotImplementedError
@@ -183,7 +191,10 @@ def refresh_static(*_args) -> int:
             continue
         try:
             figs = view.static_figures()
-            if _digest(figs) == digest:
+            now = _digest(figs)
+            # a page-state view is re-published only for what this cell changed, not for what the page did
+            # between cells (the page shows that already, and re-rendering it would lose the page's state)
+            if now == digest or (not view.refresh_after_cells and _before_cell.get(display_id, now) == now):
                 continue
             bundle, digest = view._bundle(display_id, figs)
         except Exception:            # a view in a broken state keeps its last copy
@@ -194,6 +205,18 @@ def refresh_static(*_args) -> int:
     return updated
 
 
+def note_before_cell(*_args) -> None:
+    """Remember the static form of each page-state view as the cell starts (runs before each cell)."""
+    _before_cell.clear()
+    for display_id, (ref, _digest_shown) in list(_shown.items()):
+        view = ref()
+        if view is not None and not view.refresh_after_cells:
+            try:
+                _before_cell[display_id] = _digest(view.static_figures())
+            except Exception:
+                pass
+
+
 def _install_hook() -> None:
     global _hook_installed
     from ._base import kernel_shell
@@ -201,5 +224,6 @@ def _install_hook() -> None:
     with _lock:
         if shell is None or _hook_installed:
             return
+        shell.events.register("pre_run_cell", note_before_cell)
         shell.events.register("post_run_cell", refresh_static)
         _hook_installed = True

@@ -104,8 +104,13 @@ def explore(model, data, labels=None, *, positions: Any = "all", projection: str
                     projection_params=projection_params, height=height)
 
 
+# how long after we remove a box/lasso outline its answering deselect may still arrive (a loaded machine is slow)
+_OWN_DESELECT_S = 10.0
+
 class Explorer(StaticForm, W.VBox):
     """ipywidgets layout around a FigureWidget of ȳ points; see `explore` for the arguments."""
+
+    refresh_after_cells = False   # its selection lives in the page (see StaticForm); `show_static()` shows it now
 
     def __init__(self, model, sequences: A.Sequences, ybar: np.ndarray | None = None, *, positions: Any = "all",
                  projection: str = "pca", background: str | None = "umap", color_by: str | None = None,
@@ -207,14 +212,17 @@ class Explorer(StaticForm, W.VBox):
         """Remove a box/lasso outline drawn in the browser. plotly.js keeps it in layout.selections and
         re-applies it on every redraw (overriding selectedpoints set from Python), and the Python side of
         the figure does not know it is there, so the relayout is sent as is."""
-        self._quiet_until = time.monotonic() + 1.0          # the deselect plotly answers with is ours
+        self._quiet_until = time.monotonic() + _OWN_DESELECT_S   # the deselect plotly answers with is ours
         with self.figure.batch_update():
             self.figure.layout.selections = ()
         self.figure._send_relayout_msg({"selections": []})
 
     def _on_plotly_deselect(self) -> None:
-        if time.monotonic() >= getattr(self, "_quiet_until", 0.0):
-            self.select([])
+        # one deselect answers our own outline removal: ignore it (once), however late a busy machine delivers it
+        if time.monotonic() < getattr(self, "_quiet_until", 0.0):
+            self._quiet_until = 0.0
+            return
+        self.select([])
 
     def _to_points(self, trace: int, local) -> np.ndarray:
         """Indices within trace `trace` -> indices of drawn points (0..M−1)."""
@@ -241,10 +249,11 @@ class Explorer(StaticForm, W.VBox):
                     f"(max_points={self.max_points:,})")
         return f"{m:,} tokens from {len(np.unique(self.points.seq)):,} sequences"
 
-    def _figure(self, method: str, rows: np.ndarray | None = None, note: str | None = None):
+    def _figure(self, method: str, rows: np.ndarray | None = None, note: str | None = None, selection: bool = True):
         """The map in projection `method` (rows: a subset of the drawn points, for the static copy)."""
         values, kind = self.color_options[self.color_by]
-        coords, hover, selected = self._coords[method], self.points.hover, self._selected
+        coords, hover = self._coords[method], self.points.hover
+        selected = self._selected if selection else np.zeros(0, np.int64)
         if rows is not None:
             pos = np.full(len(self.points), -1)
             pos[rows] = np.arange(len(rows))
@@ -396,20 +405,22 @@ class Explorer(StaticForm, W.VBox):
         self._describe_selection()
         self._set_status(f"{'isolated: ' if self._stack else ''}{len(self.points):,} points · PCA", "ok")
 
-    def figure_static(self, max_points: int | None = None):
+    def figure_static(self, max_points: int | None = None, selection: bool = True):
         """The current view as a plain `go.Figure` (for write_html / reports); max_points: draw a subsample
-        (stratified like the map's) of at most that many points."""
+        (stratified like the map's) of at most that many points; selection: show the selection."""
         if max_points is None or len(self.points) <= max_points:
-            return self._figure(self.projection)
+            return self._figure(self.projection, selection=selection)
         max_points = check_int("max_points", max_points, 2)
         strata = self.points.label.astype(str) if self.points.label is not None else self.points.seq
         rows = A.stratified_subsample(strata, max_points, self.seed)
         return self._figure(self.projection, rows, note=f"static copy: {len(rows):,} of {len(self.points):,} drawn "
-                                                        f"points ({self._note()})")
+                                                        f"points ({self._note()})", selection=selection)
 
     def static_figures(self) -> list:
-        """The map (at most STATIC_MAX_POINTS points) and the linked views that are open."""
-        figs = [self.figure_static(STATIC_MAX_POINTS)]
+        """The map (at most STATIC_MAX_POINTS points) and the linked views that are open. The selection is
+        left out: a changed static copy is re-published after the cell, which re-renders the live widget, and
+        a selection set since then would be lost from the page."""
+        figs = [self.figure_static(STATIC_MAX_POINTS, selection=False)]
         if self._strip is not None:
             figs += [self._strip.figure_for(self._strip.sequence, self._strip.highlight), self._inspector.figure_for()]
         return figs
@@ -539,7 +550,7 @@ class Explorer(StaticForm, W.VBox):
         if not _from_browser:
             # one message for both: the page drops a box/lasso outline it would otherwise re-apply over
             # the new selectedpoints (see _clear_outline)
-            self._quiet_until = time.monotonic() + 1.0
+            self._quiet_until = time.monotonic() + _OWN_DESELECT_S
             self.figure._send_update_msg({"selectedpoints": per_trace}, {"selections": []}, trace_indexes=traces)
         self._describe_selection()
 
