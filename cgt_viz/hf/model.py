@@ -288,13 +288,7 @@ class CGTLM(CGT):
             raise ValueError(f"idx must have at least 2 positions per row to calibrate, got shape {tuple(idx.shape)}")
         pooled = []
         for rows in idx.split(batch_size):
-            record: dict = {}
-            state = {"coeffs": None, "record": record, "stop": True}
-            with self._hooks(state):
-                try:
-                    self.lm.model(input_ids=rows, use_cache=False)
-                except _StopAfterY:
-                    pass
+            record = self._lower_only(rows, record={})["record"]
             x = record[f"x.{self.config.y_layer}"].to(self.pool.weight.dtype)
             pooled.append(causal_mean_skip_first(self.ln_x(x))[:, 1:].flatten(0, 1))   # (b·(t−1), d)
         pooled = torch.cat(pooled)
@@ -393,13 +387,17 @@ class CGTLM(CGT):
     def context(self, idx: torch.Tensor) -> torch.Tensor:
         """ȳ at every token: idx (b, t) -> (b, t, e). Runs only layers 1..ℓ of the LM."""
         idx = check_inputs(self.config, idx, device=self.device)
-        state = {"coeffs": None, "record": None, "stop": True}
+        return self._lower_only(idx)["ybar"]
+
+    def _lower_only(self, idx: torch.Tensor, record: dict | None = None) -> dict:
+        """Run the LM's layers 1..ℓ and the y stream only (the hooks stop the pass after ℓ); the hooks' state."""
+        state = {"coeffs": None, "record": record, "stop": True}
         with self._hooks(state):
             try:
                 self.lm.model(input_ids=idx, use_cache=False)
             except _StopAfterY:
                 pass
-        return state["ybar"]
+        return state
 
     def run_with_cache(self, idx: torch.Tensor, names=None,
                        ablate: dict[str, Sequence[int]] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
