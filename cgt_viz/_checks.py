@@ -205,6 +205,13 @@ class Int(Constraint):
         return out
 
 
+class Height(Int):
+    """A figure height in pixels (plotly refuses heights below 10), as `check_height`."""
+
+    def __init__(self):
+        super().__init__(10, hint=" (pixels)")
+
+
 class Float(Constraint):
     def __init__(self, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
                  hi_open: bool = False, none: bool = False, hint: str = ""):

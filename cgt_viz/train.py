@@ -188,7 +188,7 @@ def _json_safe(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=str))
 
 
-def task_identity(task: Task) -> dict[str, Any]:
+def _task_identity(task: Task) -> dict[str, Any]:
     """What identifies a task for the resume check: its class, name and the config fields it fixes."""
     ident: dict[str, Any] = {"class": f"{type(task).__module__}.{type(task).__qualname__}",
                              "name": getattr(task, "name", None)}
@@ -407,7 +407,7 @@ def _run(*, model, task, cfg, steps, batch_size, lr, warmup, min_lr_ratio, weigh
     if warmup is None:  # the default depends on steps; a resumed run that extends `steps` keeps its warm-up
         warmup = ckpt.run["warmup"] if ckpt is not None else min(100, steps // 10)
     run_id = _json_safe({"model_class": type(model).__name__, "config": model.config.to_dict(),
-                         "task": task_identity(task), **cfg.identity(warmup)})
+                         "task": _task_identity(task), **cfg.identity(warmup)})
     history, start = TrainHistory(), 0
     if ckpt is not None:
         diff = config_differences({k: v for k, v in ckpt.run.items() if k != "steps"}, run_id)

@@ -9,7 +9,7 @@ import ipywidgets as W
 import numpy as np
 
 from .. import analysis as A
-from .._checks import check_height, check_index, check_int
+from .._checks import Height, check_index, check_int, checked
 from ..figures import smoothness_figure, token_text_figure
 from ._base import boundary_of, check_view_ybar, figure_widget, replace_figure, sequences_of
 from ._static import StaticForm
@@ -18,6 +18,7 @@ from ._static import StaticForm
 class SmoothnessStrip(StaticForm, W.VBox):
     """‖ȳ_t − ȳ_{t−1}‖, cosine and the ȳ heatmap of one sequence; a sequence picker; optional second model."""
 
+    @checked(height=Height())
     def __init__(self, model, data, labels=None, *, sequence: int = 0, highlight: int | None = None,
                  other=None, names: tuple[str, str] = ("model", "other"), boundary=None,
                  ybar: np.ndarray | None = None, height: int = 560, **prepare_kw):
@@ -29,7 +30,7 @@ class SmoothnessStrip(StaticForm, W.VBox):
                                  f"vocab_size {other.config.vocab_size} vs {model.config.vocab_size}")
         if not (isinstance(names, (tuple, list)) and len(names) == 2 and all(isinstance(s, str) for s in names)):
             raise ValueError(f"names must be two strings (model, other), got {names!r}")
-        self.model, self.other, self.names, self.height = model, other, tuple(names), check_height("height", height)
+        self.model, self.other, self.names, self.height = model, other, tuple(names), height
         self.seqs = sequences_of(model, data, labels, boundary, **prepare_kw)
         self.sequence = check_index("sequence", sequence, self.seqs.n)
         self.highlight = self._check_highlight(highlight, self.sequence)
