@@ -61,10 +61,7 @@ def _check_1d(name: str, a: Any, n: int | None = None, *, numeric: bool = True) 
     fits = lambda shape: len(shape) == 1 and (n is None or shape[0] == n)   # noqa: E731
     if numeric:
         return _check_shape(name, a, want, fits)
-    try:
-        arr = np.asarray(a)
-    except ValueError:   # ragged nesting
-        raise TypeError(f"{name} must have shape {want} (one per point), got {describe(a)}") from None
+    arr = _as_array(name, a, f"have shape {want} (one per point)")
     if not fits(arr.shape):
         got = describe(a) if arr.ndim == 0 else f"shape {arr.shape}"
         raise ValueError(f"{name} must have shape {want} (one per point), got {got}")
@@ -75,12 +72,18 @@ def _check_position(name: str, value: Any, t: int) -> int | None:
     """None or a position 0..t-1 of the drawn sequence."""
     return check_int(name, value, 0, t - 1, allow_none=True, hint=" (a position in the sequence)")
 
+
+def _as_array(name: str, a: Any, want: str) -> np.ndarray:
+    """np.asarray(a); ragged nesting is a TypeError "name must <want>"."""
+    try:
+        return np.asarray(a)
+    except ValueError:
+        raise TypeError(f"{name} must {want}, got {describe(a)}") from None
+
+
 # ---------------------------------------------------------------------------------------------- colours
 def _color_values(values: Any, name: str = "colour values") -> np.ndarray:
-    try:
-        values = np.asarray(values)
-    except ValueError:   # ragged nesting
-        raise TypeError(f"{name} must be 1-D (one per point), got {describe(values)}") from None
+    values = _as_array(name, values, "be 1-D (one per point)")
     if values.ndim != 1:
         raise ValueError(f"{name} must be 1-D (one per point), got shape {values.shape}")
     return values

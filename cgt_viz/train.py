@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ._checks import check_callable, check_device, describe
+from ._checks import check_callable, check_device, check_dict, describe
 from .checkpoint import RunLock, capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
 from .losses import LOSS_TERMS
 from .tasks.base import Batch, Task, check_task_fits
@@ -102,8 +102,7 @@ class TrainHistory:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainHistory":
-        if not isinstance(d, dict):
-            raise TypeError(f"d must be a dict as written by TrainHistory.to_dict, got {describe(d)}")
+        check_dict("d", d, "a dict as written by TrainHistory.to_dict")
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         for name in ("step", "main", "aux", "smooth", "total", "lr", "grad_norm", "evals"):
             if name in known and not isinstance(known[name], list):

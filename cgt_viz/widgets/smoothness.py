@@ -50,11 +50,14 @@ class SmoothnessStrip(StaticForm, W.VBox):
         return check_int("highlight", highlight, 0, int(self.seqs.lengths[sequence]) - 1, allow_none=True,
                          hint=f" (a token of sequence {sequence})")
 
+    def _checked_row(self, sequence, highlight) -> tuple[int, int | None, int]:
+        """(sequence, highlight, the sequence's length), checked."""
+        i = check_index("sequence", sequence, self.seqs.n)
+        return i, self._check_highlight(highlight, i), int(self.seqs.lengths[i])
+
     def figure_for(self, sequence: int, highlight: int | None = None):
         """The strip of one sequence as a static `go.Figure`."""
-        i = check_index("sequence", sequence, self.seqs.n)
-        highlight = self._check_highlight(highlight, i)
-        length = int(self.seqs.lengths[i])
+        i, highlight, length = self._checked_row(sequence, highlight)
         overlay = None if self.ybar_other is None else {self.names[1]: self.ybar_other[i, :length]}
         return smoothness_figure(self.ybar[i, :length], self.seqs.token_text[i], boundary=boundary_of(self.seqs, i),
                                  highlight=highlight, overlay=overlay, name=self.names[0], height=self.height,
@@ -63,9 +66,7 @@ class SmoothnessStrip(StaticForm, W.VBox):
 
     def token_figure_for(self, sequence: int, highlight: int | None = None):
         """The text of one sequence, each token coloured by ‖ȳ_t − ȳ_{t−1}‖ (how far ȳ moved on reading it)."""
-        i = check_index("sequence", sequence, self.seqs.n)
-        highlight = self._check_highlight(highlight, i)
-        length = int(self.seqs.lengths[i])
+        i, highlight, length = self._checked_row(sequence, highlight)
         step, _ = A.token_smoothness(self.ybar[i, :length])
         return token_text_figure(self.seqs.token_text[i], step, value_name="‖ȳ_t − ȳ_t−1‖", highlight=highlight,
                                  title=f"Sequence {i}, each token coloured by how far ȳ moved on it")
