@@ -164,19 +164,34 @@ class Points:
         return df
 
 
-def _hover_snippets(text: list[str], joiner: str, pos: np.ndarray, width: int) -> list[str]:
-    """'…before [token] after…' around each position of one row, HTML-escaped for plotly hover."""
-    offsets = np.cumsum([0] + [len(s) + len(joiner) for s in text])    # char offset of each token
+def _escape_map(full: str) -> tuple[str, np.ndarray]:
+    """full HTML-escaped as plotly hover wants it (quote=False) and where each of its characters starts
+    there: escaping is a per-character substitution, so escape(full[i:j]) == escaped[at[i]:at[j]]."""
+    code = np.frombuffer(full.encode("utf-32-le"), dtype=np.uint32)
+    width = 1 + 4 * (code == ord("&")) + 3 * ((code == ord("<")) | (code == ord(">")))
+    at = np.zeros(len(code) + 1, dtype=np.int64)
+    np.cumsum(width, out=at[1:])
+    return html.escape(full, quote=False), at
+
+
+def _hover_snippets(text: list[str], joiner: str, pos: np.ndarray, width: int, head: str = "") -> list[str]:
+    """head + '…before [token] after…' around each position of one row, HTML-escaped for plotly hover
+    (plotly's hover labels decode &lt; &gt; &amp; but show &quot; and &#x27; literally: quote=False).
+    head may hold "{p}", replaced by the position. The row is escaped once, not once per point."""
+    lens = np.fromiter((len(s) for s in text), dtype=np.int64, count=len(text))
+    offsets = np.concatenate([[0], np.cumsum(lens + len(joiner))])     # char offset of each token
     full = joiner.join(text)
-    out = []
-    for p in pos:
-        a, b = offsets[p], offsets[p] + len(text[p])
-        left, right = full[max(0, a - width):a], full[b:b + width]
-        # plotly's hover labels decode &lt; &gt; &amp; but show &quot; and &#x27; literally: quote=False
-        esc = lambda s: html.escape(s, quote=False)   # noqa: E731
-        out.append(f"{'…' if a > width else ''}{esc(left)}<b>[{esc(text[p])}]</b>"
-                   f"{esc(right)}{'…' if b + width < len(full) else ''}")
-    return out
+    esc, at = _escape_map(full)
+    pos = np.asarray(pos, dtype=np.int64)
+    a = offsets[pos]
+    b = a + lens[pos]
+    lo, hi = at[np.maximum(0, a - width)], at[np.minimum(b + width, len(full))]
+    ea, eb = at[a], at[b]
+    before, after = (a > width).tolist(), (b + width < len(full)).tolist()
+    first, _, rest = head.partition("{p}")
+    heads = [f"{first}{p}{rest}" for p in pos.tolist()] if "{p}" in head else [head] * len(pos)
+    return [f"{h}{'…' if bf else ''}{esc[l:x]}<b>[{esc[x:y]}]</b>{esc[y:r]}{'…' if af else ''}"
+            for h, bf, l, x, y, r, af in zip(heads, before, lo.tolist(), ea.tolist(), eb.tolist(), hi.tolist(), after)]
 
 
 def collect_points(seqs: Sequences, ybar_full: np.ndarray, positions: Any = "all", context_chars: int = 24) -> Points:
@@ -200,13 +215,13 @@ def points_at(seqs: Sequences, ybar_full: np.ndarray, seq: np.ndarray, pos: np.n
     for rows in np.split(order, starts[1:]):
         i = int(seq[rows[0]])
         text = seqs.token_text[i]
-        token[rows] = [text[p] for p in pos[rows]]
-        snips = _hover_snippets(text, seqs.joiner, pos[rows], context_chars)
-        hover[rows] = [f"seq {i + seq_offset} · pos {p}<br>{s}" for p, s in zip(pos[rows], snips)]
+        token[rows] = [text[p] for p in pos[rows].tolist()]
+        hover[rows] = _hover_snippets(text, seqs.joiner, pos[rows], context_chars, f"seq {i + seq_offset} · pos {{p}}<br>")
     label = None if seqs.token_labels is None else seqs.token_labels[seq, pos]
-    if label is not None:
-        hover = np.array([f"{h}<br>label: {html.escape(str(lab), quote=False)}" for h, lab in zip(hover, label)],
-                         dtype=object)
+    if label is not None:   # each distinct label escaped once
+        names, which = np.unique(np.array([str(lab) for lab in label], dtype=object), return_inverse=True)
+        tails = ["<br>label: " + html.escape(nm, quote=False) for nm in names.tolist()]
+        hover = np.array([h + tails[j] for h, j in zip(hover.tolist(), which.tolist())], dtype=object)
     # which excerpt: split at the row's boundary, or at the middle of rows that have none
     split = seqs.lengths[seq] / 2 if seqs.boundary is None else \
         np.where(seqs.boundary[seq] >= 0, seqs.boundary[seq], seqs.lengths[seq] / 2)

@@ -112,9 +112,11 @@ def color_categories(values: Any) -> tuple[list[str], np.ndarray]:
     """Category names (sorted, numbers numerically) and each point's code: values (N,) -> (names, (N,) int)."""
     values = _color_values(values)
     keys = values.astype(str)
-    names = sorted(set(keys.tolist()), key=natural_key)
+    distinct, which = np.unique(keys, return_inverse=True)          # one Python step per category, not per point
+    names = sorted(distinct.tolist(), key=natural_key)
     lookup = {nm: i for i, nm in enumerate(names)}
-    return names, np.fromiter((lookup[k] for k in keys), dtype=np.int64, count=len(keys))
+    rank = np.array([lookup[k] for k in distinct.tolist()], dtype=np.int64)
+    return names, rank[which.reshape(-1)]
 
 
 def color_spec(values: Any, name: str = "label", kind: str | None = None) -> dict:

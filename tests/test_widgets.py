@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -482,3 +483,32 @@ def test_token_coloured_text_in_strip_inspector_and_compare(model):
     assert "&lt;a&gt;" in colored_tokens_html(["<a>"], [1.0])
     with pytest.raises(ValueError, match=r"values must have shape \(3,\)"):
         token_text_figure(["x", "y", "z"], [1.0])
+
+
+def test_big_data_first_paints_a_preview_and_python_sees_every_point(model, monkeypatch):
+    """Collecting ȳ of many tokens: the first paint shows some sequences (stratified by label), a
+    background thread collects the rest; every attribute and method waits for it, so the results are the
+    same as without a preview."""
+    torch.manual_seed(0)
+    data = torch.randint(0, 256, (24, 20))
+    labels = ["a", "b", "c"] * 8
+    full = explore(model, data, labels=labels, background=None, linked=False)
+    assert not full.collecting
+    monkeypatch.setattr(Explorer, "preview_tokens", 60)       # 480 tokens > 2 × 60: a preview of 3 sequences
+    gate, collect = threading.Event(), A.collect_ybar
+
+    def held(m, x, **kw):      # the background part waits until the test has looked at the preview
+        if len(x) > 3:
+            gate.wait(30)
+        return collect(m, x, **kw)
+    monkeypatch.setattr(A, "collect_ybar", held)
+    ex = explore(model, data, labels=labels, background=None, linked=False)
+    assert ex.collecting and len(ex._points) == 60 and sorted(labels[r] for r in ex._preview_rows) == ["a", "b", "c"]
+    assert "preview" in ex.figure.layout.title.text and sum(len(t.x) for t in ex.figure.data) == 60
+    gate.set()
+    assert len(ex.points) == 480 and not ex.collecting          # waits for the collection
+    np.testing.assert_array_equal(ex.ybar_full, full.ybar_full)
+    np.testing.assert_allclose(ex.coords, full.coords, atol=1e-5)
+    assert (ex.points.hover == full.points.hover).all()
+    assert sum(len(t.x) for t in ex.figure.data) == 480 and "preview" not in ex.figure.layout.title.text
+    assert ex.wait() is ex and ex.selection.empty

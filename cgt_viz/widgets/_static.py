@@ -193,8 +193,10 @@ def refresh_static(*_args) -> int:
             figs = view.static_figures()
             now = _digest(figs)
             # a page-state view is re-published only for what this cell changed, not for what the page did
-            # between cells (the page shows that already, and re-rendering it would lose the page's state)
-            if now == digest or (not view.refresh_after_cells and _before_cell.get(display_id, now) == now):
+            # between cells (the page shows that already, and re-rendering it would lose the page's state);
+            # one displayed by this cell has no earlier state: what changed since its display is this cell's
+            if now == digest or (not view.refresh_after_cells and display_id in _before_cell
+                                 and _before_cell[display_id] == now):
                 continue
             bundle, digest = view._bundle(display_id, figs)
         except Exception:            # a view in a broken state keeps its last copy

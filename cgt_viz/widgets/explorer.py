@@ -32,6 +32,7 @@ from .. import analysis as A
 from .._checks import (check_array, check_bool, check_choice, check_height, check_index, check_int,
                        describe, is_number)
 from ..figures import map_groups, ybar_map_figure
+from ..sequences import model_device
 from ._base import check_view_ybar, figure_widget, html_status, replace_figure
 from ._static import STATIC_MAX_POINTS, StaticForm
 
@@ -76,9 +77,18 @@ def _check_pair(name: str, value) -> tuple[float, float]:
 def _top_tokens(tokens: np.ndarray, k: int) -> np.ndarray:
     """Each token's own string if it is among the k most frequent, else "other"."""
     keys = tokens.astype(str)
-    names, counts = np.unique(keys, return_counts=True)
-    top = set(names[np.argsort(-counts, kind="stable")[:k]].tolist())
-    return np.array([repr(str(t)) if t in top else "other" for t in keys], dtype=object)
+    names, which, counts = np.unique(keys, return_inverse=True, return_counts=True)
+    top = set(np.argsort(-counts, kind="stable")[:k].tolist())
+    shown = np.array([repr(str(t)) if j in top else "other" for j, t in enumerate(names.tolist())], dtype=object)
+    return shown[which.reshape(-1)]
+
+
+def _batch_size(model, seqs: A.Sequences) -> int:
+    """Sequences per forward pass when collecting ȳ: about 8k tokens on a CPU (faster there than bigger
+    batches: they fit the cache), collect_ybar's default elsewhere."""
+    if model_device(model).type != "cpu":
+        return 64
+    return max(1, 8192 // max(int(seqs.t), 1))
 
 
 def explore(model, data, labels=None, *, positions: Any = "all", projection: str = "pca",
@@ -104,13 +114,44 @@ def explore(model, data, labels=None, *, positions: Any = "all", projection: str
                     projection_params=projection_params, height=height)
 
 
+class _FullLock:
+    """The explorer's re-entrant lock; taking it first waits for a background ȳ collection (which takes it
+    to swap in every point), except in the collecting thread and while the display shows the preview."""
+
+    def __init__(self, explorer: "Explorer"):
+        self._explorer, self._lock = explorer, threading.RLock()
+
+    def __enter__(self):
+        self._explorer._await_full()
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+    def acquire_now(self):
+        """The lock without waiting for the collection (the display of the preview)."""
+        self._lock.acquire()
+        return self
+
+    def release(self) -> None:
+        self._lock.release()
+
+
 # how long after we remove a box/lasso outline its answering deselect may still arrive (a loaded machine is slow)
 _OWN_DESELECT_S = 10.0
 
 class Explorer(StaticForm, W.VBox):
-    """ipywidgets layout around a FigureWidget of ȳ points; see `explore` for the arguments."""
+    """ipywidgets layout around a FigureWidget of ȳ points; see `explore` for the arguments.
 
-    refresh_after_cells = False   # its selection lives in the page (see StaticForm); `show_static()` shows it now
+    Collecting ȳ of more than 2 × `preview_tokens` tokens (CPU: ~3 s per 100k tokens on one thread for a
+    small model) first paints a preview: the PCA of about `preview_tokens` tokens from sequences stratified
+    by label, while a background thread collects the rest and then draws every point. Python never sees
+    the preview: every method and attribute waits for the full set (`wait()` does only that).
+    `Explorer.preview_tokens = None` turns the preview off."""
+
+    refresh_after_cells = False
+    preview_tokens: int | None = 16_384   # its selection lives in the page (see StaticForm); `show_static()` shows it now
 
     def __init__(self, model, sequences: A.Sequences, ybar: np.ndarray | None = None, *, positions: Any = "all",
                  projection: str = "pca", background: str | None = "umap", color_by: str | None = None,
@@ -124,23 +165,30 @@ class Explorer(StaticForm, W.VBox):
                                                   height)
         self.model, self.seqs, self.seed, self.positions = model, sequences, seed, positions
         self.max_points, self._linked_enabled, self.height = int(max_points), bool(linked), int(height)
-        self.ybar_full = (A.collect_ybar(model, sequences.inputs) if ybar is None
-                          else check_view_ybar(ybar, sequences, model))
+        self._lock = _FullLock(self)
+        self._collector: threading.Thread | None = None
+        self._collect_error: BaseException | None = None
+        self._peek_thread: int | None = None
         seq, pos = A.select_positions(sequences.lengths, positions, sequences.boundary)
         if len(seq) < 2:
             raise ValueError(f"data with positions={positions!r} gives {len(seq)} token; the explorer needs at "
                              f"least 2 points (pass more or longer sequences)")
-        labelled = sequences.token_labels is not None
-        strata = sequences.token_labels[seq, pos].astype(str) if labelled else seq
-        shown = A.stratified_subsample(strata, max_points, seed)      # before hover text is built for them
-        self.n_total = len(seq)
-        self.points = A.points_at(sequences, self.ybar_full, seq[shown], pos[shown])
-        self._strata_name = "label" if labelled else "sequence"
+        self._strata_name = "label" if sequences.token_labels is not None else "sequence"
         self.label_name = sequences.label_name
+        self._preview_rows = None if ybar is not None else self._pick_preview(sequences, seq)
+        if ybar is not None:
+            self._ybar_full = check_view_ybar(ybar, sequences, model)
+        elif self._preview_rows is None:
+            self._ybar_full = A.collect_ybar(model, sequences.inputs, batch_size=_batch_size(model, sequences))
+        else:   # the first paint shows these rows; the rest is collected in the background (see `wait`)
+            rows = self._preview_rows
+            self._ybar_full = np.zeros((sequences.n, sequences.t, model.config.d_y), np.float32)
+            self._ybar_full[rows] = A.collect_ybar(model, sequences.inputs[rows],
+                                                   batch_size=_batch_size(model, sequences))
+        self._take_points(seq, pos)
 
-        self._lock = threading.RLock()
         self._coords: dict[str, np.ndarray] = {}
-        self.projectors: dict[str, A.Projector] = {}
+        self._projectors: dict[str, A.Projector] = {}
         self._threads: dict[str, threading.Thread] = {}
         self._errors: dict[str, BaseException] = {}
         self._selected = np.zeros(0, dtype=np.int64)
@@ -193,10 +241,139 @@ class Explorer(StaticForm, W.VBox):
         super().__init__([W.HBox([self.projection_picker, self.pc_picker, self.color_picker, self.status]),
                           W.HBox([self.search_box, self.isolate_button, self.all_button, self.export_button]),
                           self.figure, self.selection_info, self.neighbours_info, self.linked])
+        if self._preview_rows is not None:
+            self._collector = threading.Thread(target=self._collect_rest, args=(background,), daemon=True,
+                                               name="cgt-viz-ybar")
+            self._collector.start()
         if projection != first:
             self.set_projection(projection)
-        if background is not None and background != "pca" and background not in self._threads:
+        if self._preview_rows is None and background is not None and background != "pca" \
+                and background not in self._threads:
             self._start_fit(background)
+
+    # ------------------------------------------------------------------ preview while ȳ is collected
+    def _pick_preview(self, sequences: A.Sequences, seq: np.ndarray) -> np.ndarray | None:
+        """Rows whose ȳ the first paint shows when collecting all of them takes long (more than
+        2 × PREVIEW_TOKENS tokens): about PREVIEW_TOKENS tokens, stratified by label; None: no preview."""
+        if self.preview_tokens is None or int(sequences.lengths.sum()) <= 2 * self.preview_tokens:
+            return None
+        per_row = max(float(sequences.lengths.mean()), 1.0)
+        k = max(2, int(math.ceil(self.preview_tokens / per_row)))
+        strata = (sequences.token_labels[:, 0].astype(str) if sequences.token_labels is not None
+                  else np.arange(sequences.n))
+        rows = np.sort(A.stratified_subsample(strata, k, self.seed))
+        return rows if np.isin(seq, rows).sum() >= 2 else None
+
+    def _take_points(self, seq: np.ndarray, pos: np.ndarray) -> None:
+        """The drawn points among the tokens (seq, pos): all, or a stratified subsample of max_points (of the
+        preview rows' tokens while the preview is shown)."""
+        if self._preview_rows is not None and self._collector is None:
+            keep = np.isin(seq, self._preview_rows)
+            seq, pos = seq[keep], pos[keep]
+        labelled = self.seqs.token_labels is not None
+        strata = self.seqs.token_labels[seq, pos].astype(str) if labelled else seq
+        shown = A.stratified_subsample(strata, self.max_points, self.seed)   # before hover text is built for them
+        self._n_total = len(seq)
+        self._points = A.points_at(self.seqs, self._ybar_full, seq[shown], pos[shown])
+
+    def _collect_rest(self, background: str | None) -> None:
+        """Background thread: ȳ of the rows the preview left out, then every point drawn (PCA afresh)."""
+        t0 = time.perf_counter()
+        try:
+            rest = np.setdiff1d(np.arange(self.seqs.n), self._preview_rows)
+            part = A.collect_ybar(self.model, self.seqs.inputs[rest], batch_size=_batch_size(self.model, self.seqs))
+            with self._lock:
+                self._ybar_full[rest] = part
+                seq, pos = A.select_positions(self.seqs.lengths, self.positions, self.seqs.boundary)
+                self._take_points(seq, pos)
+                self._preview_rows = None
+                self._coords, self._projectors = {}, {}
+                self._selected = np.zeros(0, dtype=np.int64)
+                self.color_options = self._color_options()
+                self._fit_now("pca")
+                self.projection = "pca"
+                self._redraw()
+                self._describe_selection()
+        except Exception as exc:   # shown in the status line; `wait()` re-raises it
+            self._collect_error = exc
+            self._set_status(f"collecting ȳ failed: {type(exc).__name__}: {exc}", "error")
+            return
+        self._set_status(f"ȳ of every token collected and PCA of {len(self._points):,} points in "
+                         f"{time.perf_counter() - t0:.1f} s", "ok")
+        if background is not None and background != "pca":
+            self._start_fit(background)
+
+    def _await_full(self) -> None:
+        """What Python sees is always every point: wait for a background ȳ collection (not in the thread
+        that collects, nor while the display shows the preview)."""
+        thread = self.__dict__.get("_collector")
+        if thread is None or threading.get_ident() in (thread.ident, self.__dict__.get("_peek_thread")):
+            return
+        thread.join()
+        if self._collect_error is not None:
+            raise RuntimeError(f"collecting ȳ for the explorer failed: {self._collect_error}") from self._collect_error
+
+    def wait(self) -> "Explorer":
+        """Wait until ȳ of every token is collected (a big data set first paints a preview of some of its
+        sequences and collects the rest in the background; any other method waits for it too)."""
+        self._await_full()
+        return self
+
+    @property
+    def collecting(self) -> bool:
+        """True while the map shows a preview and ȳ of the other sequences is still being collected."""
+        return self._collector is not None and self._collector.is_alive()
+
+    @property
+    def points(self) -> A.Points:
+        """The drawn points (ȳ, sequence, position, token, hover text, label)."""
+        self._await_full()
+        return self._points
+
+    @points.setter
+    def points(self, value: A.Points) -> None:
+        self._points = value
+
+    @property
+    def ybar_full(self) -> np.ndarray:
+        """ȳ of every token of `seqs`: (n, t, d_y)."""
+        self._await_full()
+        return self._ybar_full
+
+    @ybar_full.setter
+    def ybar_full(self, value: np.ndarray) -> None:
+        self._ybar_full = value
+
+    @property
+    def n_total(self) -> int:
+        """How many tokens the positions select (the drawn points are at most max_points of them)."""
+        self._await_full()
+        return self._n_total
+
+    @n_total.setter
+    def n_total(self, value: int) -> None:
+        self._n_total = value
+
+    @property
+    def projectors(self) -> dict:
+        """The fitted reducers by method (they place points that `add` brings)."""
+        self._await_full()
+        return self._projectors
+
+    @projectors.setter
+    def projectors(self, value: dict) -> None:
+        self._projectors = value
+
+    def _ipython_display_(self) -> None:
+        # the display shows what the map shows now (a preview while ȳ is collected), without waiting; the
+        # static copy follows after the cell (refresh_static waits for every point)
+        self._peek_thread = threading.get_ident()
+        self._lock.acquire_now()
+        try:
+            super()._ipython_display_()
+        finally:
+            self._lock.release()
+            self._peek_thread = None
 
     # ------------------------------------------------------------------ data
     def _wire_traces(self) -> None:
@@ -241,6 +418,9 @@ class Explorer(StaticForm, W.VBox):
 
     def _note(self) -> str:
         m = len(self.points)
+        if self._preview_rows is not None:
+            return (f"preview: ȳ of {len(self._preview_rows):,} of {self.seqs.n:,} sequences ({m:,} tokens); "
+                    f"collecting the rest in the background…")
         if getattr(self, "_stack", None):
             return f"isolated selection: {m:,} of {len(self._stack[0][0]):,} drawn tokens, projected afresh"
         if m < self.n_total:
