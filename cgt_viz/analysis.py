@@ -241,16 +241,18 @@ def _as_points(X: Any, name: str = "X", cols: int | None = None) -> np.ndarray:
 
 
 class Projector:
-    """2-D projection of ȳ points by PCA, UMAP or t-SNE; keeps the fitted reducer to place new points.
+    """2-D (or, with dims=3, 3-D) projection of ȳ points by PCA, UMAP or t-SNE; keeps the fitted reducer to
+    place new points.
 
-    fit_transform(X (N, e)) -> (N, 2) float32;  transform(X_new (M, e)) -> (M, 2): PCA and UMAP use their
-    own transform, t-SNE (which has none) places a new point at the distance-weighted mean of the
+    fit_transform(X (N, e)) -> (N, dims) float32;  transform(X_new (M, e)) -> (M, dims): PCA and UMAP use
+    their own transform, t-SNE (which has none) places a new point at the distance-weighted mean of the
     embeddings of its 5 nearest fitted neighbours.
     """
 
-    def __init__(self, method: str = "pca", seed: int = 0, **params):
+    def __init__(self, method: str = "pca", seed: int = 0, dims: int = 2, **params):
         check_choice("method", method, PROJECTIONS)
         check_int("seed", seed, 0)
+        self.dims = check_int("dims", dims, 2, 3, hint=" (a 2-D or 3-D projection)")
         if method == "pca" and params:
             raise TypeError(f"params must be empty for a pca projection (it has no settings), got {sorted(params)}")
         if "n_components" in params:
@@ -296,7 +298,7 @@ class Projector:
                                  f"dimension {spread:.3g}): ȳ is constant here (an untrained or collapsed model?); "
                                  f"use projection='pca', or points from a trained model")
         if self.method == "pca":
-            self.reducer = _PCA()
+            self.reducer = _PCA(self.dims)
             Y = self.reducer.fit_transform(X)
         elif self.method == "umap":
             import umap
@@ -307,44 +309,49 @@ class Projector:
                       init="pca" if n > 16 else "random", n_epochs=200 if n <= 10_000 else 100,
                       negative_sample_rate=3)
             kw.update(self.params)
-            self.reducer = umap.UMAP(n_components=2, **kw)
+            self.reducer = umap.UMAP(n_components=self.dims, **kw)
             Y = self.reducer.fit_transform(X)
         else:
             from sklearn.manifold import TSNE
             self._check_params(TSNE, n)
             kw = dict(perplexity=min(30.0, (n - 1) / 3), init="pca", random_state=self.seed)
             kw.update(self.params)
-            self.reducer = TSNE(n_components=2, **kw)
+            if self.dims == 3 and "method" not in self.params:
+                kw["method"] = "barnes_hut"         # supports up to 3 components
+            self.reducer = TSNE(n_components=self.dims, **kw)
             Y = self.reducer.fit_transform(X)
             self._fit_X, self._fit_Y = X, Y
         if not np.isfinite(Y).all():
             raise ValueError(f"the {self.method} projection of X ({n} points) gave NaN/inf coordinates; X is too "
                              f"degenerate for it (too few distinct points?): use projection='pca'")
-        return _pad2(Y)
+        return _pad2(Y, self.dims)
 
     def transform(self, X) -> np.ndarray:
         if self.reducer is None:
             raise ValueError(f"this {self.method} projector is not fitted yet; call fit_transform first")
         X = _as_points(X, cols=self._width)
         if self.method != "tsne":
-            return _pad2(self.reducer.transform(X))
+            return _pad2(self.reducer.transform(X), self.dims)
         from sklearn.neighbors import NearestNeighbors
         k = min(5, len(self._fit_X))
         dist, idx = NearestNeighbors(n_neighbors=k).fit(self._fit_X).kneighbors(X)
         w = 1.0 / (dist + 1e-6)
-        return _pad2((self._fit_Y[idx] * w[..., None]).sum(1) / w.sum(1, keepdims=True))
+        return _pad2((self._fit_Y[idx] * w[..., None]).sum(1) / w.sum(1, keepdims=True), self.dims)
 
 
 class _PCA:
-    """Two principal components by an eigendecomposition of the e × e covariance (no sklearn import on
-    the first paint). Signs are fixed so that each component's largest loading is positive."""
+    """The first k (2 or 3) principal components by an eigendecomposition of the e × e covariance (no
+    sklearn import on the first paint). Signs are fixed so that each component's largest loading is positive."""
+
+    def __init__(self, k: int = 2):
+        self.k = k
 
     def fit_transform(self, X: np.ndarray) -> np.ndarray:
         X64 = X.astype(np.float64)
         self.mean_ = X64.mean(0)
         centered = X64 - self.mean_
         evals, evecs = np.linalg.eigh(centered.T @ centered / max(len(X) - 1, 1))
-        order = np.argsort(evals)[::-1][:2]
+        order = np.argsort(evals)[::-1][:self.k]
         comps = evecs[:, order].T                                             # (k, e)
         comps *= np.sign(comps[np.arange(len(comps)), np.abs(comps).argmax(1)])[:, None]
         self.components_ = comps
@@ -355,10 +362,10 @@ class _PCA:
         return ((X.astype(np.float64) - self.mean_) @ self.components_.T).astype(np.float32)
 
 
-def _pad2(Y: np.ndarray) -> np.ndarray:
+def _pad2(Y: np.ndarray, dims: int = 2) -> np.ndarray:
     Y = np.asarray(Y, dtype=np.float32)
-    if Y.shape[1] < 2:   # d_y = 1 or a single PCA component: a flat second axis
-        Y = np.concatenate([Y, np.zeros((len(Y), 2 - Y.shape[1]), np.float32)], axis=1)
+    if Y.shape[1] < dims:   # d_y < dims (fewer PCA components): flat further axes
+        Y = np.concatenate([Y, np.zeros((len(Y), dims - Y.shape[1]), np.float32)], axis=1)
     return Y
 
 

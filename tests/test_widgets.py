@@ -512,3 +512,47 @@ def test_big_data_first_paints_a_preview_and_python_sees_every_point(model, monk
     assert (ex.points.hover == full.points.hover).all()
     assert sum(len(t.x) for t in ex.figure.data) == 480 and "preview" not in ex.figure.layout.title.text
     assert ex.wait() is ex and ex.selection.empty
+
+
+def test_three_d_map_from_python_and_the_toggle(ex):
+    """set_projection(..., dims=3): a Scatter3d of PC 1-3 (the same first two PCs as the 2-D map); the
+    selection lists z; box selection is refused; the toggle goes back to 2-D; the static copy is 3-D too."""
+    flat = ex.coords.copy()
+    ex.set_projection("pca", dims=3)
+    assert ex.dims == 3 and ex.dims_picker.value == 3 and ex.coords.shape == (len(ex.points), 3)
+    assert {t.type for t in ex.figure.data} == {"scatter3d"} and len(ex.figure.data) == 3     # one per label
+    np.testing.assert_allclose(ex.coords[:, :2], flat, atol=1e-5)
+    assert ex.figure.layout.scene.zaxis.title.text.startswith("PC 3") and "PCA 3-D" in ex.figure.layout.title.text
+    xyz = np.zeros((len(ex.points), 3))
+    for t, rows in zip(ex.figure.data, ex._groups):
+        xyz[rows] = np.column_stack([t.x, t.y, t.z])
+    np.testing.assert_allclose(xyz, ex.coords, atol=1e-6)
+    ex.select([0, 3, 9])
+    assert ex.selection.z.tolist() == pytest.approx(ex.coords[[0, 3, 9], 2].tolist())
+    with pytest.raises(ValueError, match="2-D map"):
+        ex.select_box((0, 1), (0, 1))
+    static = ex.static_figures()[0]
+    assert static.data[0].type == "scatter3d" and "PCA 3-D" in ex.static_text()
+    ex.dims_picker.value = 2                                   # the toggle
+    assert ex.dims == 2 and {t.type for t in ex.figure.data} == {"scattergl"}
+    np.testing.assert_allclose(drawn_xy(ex), flat, atol=1e-6)
+    ex.set_projection("pca", dims=3)
+    ex.set_components(2, 3)                                    # a pair of PCs is a 2-D map
+    assert ex.dims == 2 and ex.dims_picker.value == 2 and ex.figure.data[0].type == "scattergl"
+    with pytest.raises(ValueError, match="dims"):
+        ex.set_projection("pca", dims=4)
+
+
+def test_three_d_from_explore_and_the_figure_function(model):
+    torch.manual_seed(0)
+    ex = explore(model, torch.randint(0, 256, (4, 20)), background=None, dims=3, linked=False)
+    assert ex.figure.data[0].type == "scatter3d" and ex.coords.shape == (80, 3)
+    ex.set_color("position")                                   # one trace with a colour bar, still 3-D
+    assert len(ex.figure.data) == 1 and ex.figure.data[0].type == "scatter3d"
+    assert A.Projector("pca", dims=3).fit_transform(ex.points.ybar).shape == (80, 3)
+    from cgt_viz.figures import ybar_map_figure
+    fig = ybar_map_figure(np.random.default_rng(0).normal(size=(10, 3)), ["a", "b"] * 5,
+                          axis_names=("u", "v", "w"))
+    assert [t.type for t in fig.data] == ["scatter3d"] * 2 and fig.layout.scene.zaxis.title.text == "w"
+    with pytest.raises(ValueError, match="dims"):
+        explore(model, torch.randint(0, 256, (4, 20)), dims=1)

@@ -8,11 +8,14 @@
     ex.neighbors(17, k=10) # nearest points in ȳ by cosine (listed under the map after a click)
     ex.isolate(); ex.show_all()      # re-project only the selection / back to every point (the buttons)
     ex.set_components(2, 3)          # PCA on PC 2 and PC 3 (the PCs picker, up to PC 5)
+    ex.set_projection("umap", dims=3)  # a 3-D map (PC 1-3, or UMAP / t-SNE with 3 components; the 2-D/3-D toggle)
     ex.set_hidden(["tech"])          # what a click on a legend entry does; ex.hidden_categories
     ex.export("sel.csv")             # the Export CSV button: the selection (or every point)
 
 A categorical colouring (topic, document, excerpt half, token) draws one trace per category with a legend
-entry each; numbers (position) get a colour bar. 3-D is not offered.
+entry each; numbers (position) get a colour bar. In 3-D (plotly's Scatter3d: drag to turn, scroll to zoom)
+a click still opens a point's sequence, but a box or lasso selects nothing (plotly has no 3-D selection), and
+a selection made from Python (select, search) is listed, not drawn.
 
 Big arrays (ȳ, tokens) stay in Python attributes; only the drawn points (x, y, colour codes, hover text)
 go to the browser, so a saved notebook grows by the plotted points, not by ȳ.
@@ -39,7 +42,8 @@ from ._static import STATIC_MAX_POINTS, StaticForm
 MAX_PCS = 5          # principal components offered by the PC picker
 NEIGHBOURS_SHOWN = 8  # neighbours listed under the map after a click
 TOKEN_COLOURS = 12   # colour by token: the most frequent tokens get a colour each, the rest are "other"
-AXIS_NAMES = {"pca": ("PC 1", "PC 2"), "umap": ("UMAP 1", "UMAP 2"), "tsne": ("t-SNE 1", "t-SNE 2")}
+AXIS_NAMES = {"pca": ("PC 1", "PC 2", "PC 3"), "umap": ("UMAP 1", "UMAP 2", "UMAP 3"),
+              "tsne": ("t-SNE 1", "t-SNE 2", "t-SNE 3")}
 METHOD_NAMES = {"pca": "PCA", "umap": "UMAP", "tsne": "t-SNE"}
 
 
@@ -74,6 +78,20 @@ def _check_pair(name: str, value) -> tuple[float, float]:
     return min(lo, hi), max(lo, hi)
 
 
+def _key(method: str, dims: int) -> str:
+    """Where the coordinates of a projection are kept: "umap" (2-D), "umap3d" (3-D)."""
+    return method if dims == 2 else f"{method}3d"
+
+
+def _split(key: str) -> tuple[str, int]:
+    return (key[:-2], 3) if key.endswith("3d") else (key, 2)
+
+
+def _method_name(key: str) -> str:
+    method, dims = _split(key)
+    return METHOD_NAMES[method] + (" 3-D" if dims == 3 else "")
+
+
 def _top_tokens(tokens: np.ndarray, k: int) -> np.ndarray:
     """Each token's own string if it is among the k most frequent, else "other"."""
     keys = tokens.astype(str)
@@ -94,7 +112,7 @@ def _batch_size(model, seqs: A.Sequences) -> int:
 def explore(model, data, labels=None, *, positions: Any = "all", projection: str = "pca",
             background: str | None = "umap", color_by: str | None = None, max_points: int = 100_000,
             boundary=None, n_batches: int = 4, batch_size: int = 32, seed: int = 0, linked: bool = True,
-            projection_params: dict | None = None, height: int = 520) -> "Explorer":
+            projection_params: dict | None = None, height: int = 520, dims: int = 2) -> "Explorer":
     """Collect ȳ for the tokens of `data` and open the explorer.
 
     data       LongTensor (n, t) | list of strings (the model's task tokenizer, else bytes) | Batch | Task
@@ -102,16 +120,18 @@ def explore(model, data, labels=None, *, positions: Any = "all", projection: str
     labels     None, one per sequence (n,), or one per token (n, t)
     positions  "all" | "ends" (last token of each excerpt) | k (every k-th token) | list of positions
     projection the first paint: "pca" (instant), "umap" or "tsne" (fitted in the background)
+    dims       2 or 3: a 2-D map or a 3-D one (see `Explorer.set_projection`)
     background a projection to fit in a background thread right away (None: only when picked)
     max_points cap on drawn points; beyond it a stratified subsample (by label, else by sequence) is drawn
     projection_params  {method: keyword arguments for its reducer}, e.g. {"umap": {"n_neighbors": 30}}
     """
     A.require_cgt(model)
     _check_view_args(projection, background, max_points, projection_params, linked, height)   # before the work
+    check_int("dims", dims, 2, 3, hint=" (a 2-D or 3-D map)")
     seqs = A.prepare_sequences(model, data, labels, boundary, n_batches=n_batches, batch_size=batch_size, seed=seed)
     return Explorer(model, seqs, positions=positions, projection=projection, background=background,
                     color_by=color_by, max_points=max_points, seed=seed, linked=linked,
-                    projection_params=projection_params, height=height)
+                    projection_params=projection_params, height=height, dims=dims)
 
 
 class _FullLock:
@@ -156,13 +176,14 @@ class Explorer(StaticForm, W.VBox):
     def __init__(self, model, sequences: A.Sequences, ybar: np.ndarray | None = None, *, positions: Any = "all",
                  projection: str = "pca", background: str | None = "umap", color_by: str | None = None,
                  max_points: int = 100_000, seed: int = 0, linked: bool = True,
-                 projection_params: dict | None = None, height: int = 520):
+                 projection_params: dict | None = None, height: int = 520, dims: int = 2):
         A.require_cgt(model)
         if not isinstance(sequences, A.Sequences):
             raise TypeError(f"sequences must be an analysis.Sequences (use cgt_viz.explore for raw data), "
                             f"got {type(sequences).__name__}")
         self.projection_params = _check_view_args(projection, background, max_points, projection_params, linked,
                                                   height)
+        self.dims = check_int("dims", dims, 2, 3, hint=" (a 2-D or 3-D map)")
         self.model, self.seqs, self.seed, self.positions = model, sequences, seed, positions
         self.max_points, self._linked_enabled, self.height = int(max_points), bool(linked), int(height)
         self._lock = _FullLock(self)
@@ -203,7 +224,7 @@ class Explorer(StaticForm, W.VBox):
 
         first = "pca"                           # always the first paint: instant; others follow when fitted
         t0 = time.perf_counter()
-        self._fit_now(first)
+        self._fit_now(_key(first, self.dims))
         self._groups: list[np.ndarray] = []
         self.figure = figure_widget(self._figure(first))
         self.projection = first
@@ -213,11 +234,18 @@ class Explorer(StaticForm, W.VBox):
                                             description="Projection", layout=W.Layout(width="220px"))
         self.color_picker = W.Dropdown(options=list(self.color_options), value=color_by, description="Colour by",
                                        layout=W.Layout(width="240px"))
-        self.status = W.HTML(html_status(f"PCA of {len(self.points):,} points in {time.perf_counter() - t0:.2f} s", "ok"))
+        self.status = W.HTML(html_status(f"{_method_name(_key(first, self.dims))} of {len(self.points):,} points in "
+                                         f"{time.perf_counter() - t0:.2f} s", "ok"))
         self.selection_info = W.HTML(html_status("Drag a box or lasso to select points; click a point to open "
                                                  "its sequence below."))
         self.linked = W.VBox([])
         self.projection_picker.observe(self._on_projection_picked, names="value")
+        self.dims_picker = W.ToggleButtons(options=[("2-D", 2), ("3-D", 3)], value=self.dims,
+                                           tooltips=["a 2-D map (box and lasso select)", "a 3-D map (drag to turn)"],
+                                           style={"button_width": "44px"}, layout=W.Layout(width="auto"))
+        self.dims_picker.observe(lambda ch: None if self._syncing else
+                                 self._ui(lambda: self.set_projection(self.projection_picker.value, dims=ch["new"])),
+                                 names="value")
         self.color_picker.observe(self._on_color_picked, names="value")
         n_pc = min(MAX_PCS, self.points.ybar.shape[1])
         pairs = [(a, b) for a in range(1, n_pc + 1) for b in range(a + 1, n_pc + 1)]
@@ -238,7 +266,8 @@ class Explorer(StaticForm, W.VBox):
         self.export_button.on_click(lambda _b: self._ui(self.export))
         self.neighbours_info = W.HTML("")
         self._stack: list[tuple] = []
-        super().__init__([W.HBox([self.projection_picker, self.pc_picker, self.color_picker, self.status]),
+        super().__init__([W.HBox([self.projection_picker, self.dims_picker, self.pc_picker, self.color_picker,
+                                  self.status]),
                           W.HBox([self.search_box, self.isolate_button, self.all_button, self.export_button]),
                           self.figure, self.selection_info, self.neighbours_info, self.linked])
         if self._preview_rows is not None:
@@ -248,8 +277,8 @@ class Explorer(StaticForm, W.VBox):
         if projection != first:
             self.set_projection(projection)
         if self._preview_rows is None and background is not None and background != "pca" \
-                and background not in self._threads:
-            self._start_fit(background)
+                and _key(background, self.dims) not in self._threads:
+            self._start_fit(_key(background, self.dims))
 
     # ------------------------------------------------------------------ preview while ȳ is collected
     def _pick_preview(self, sequences: A.Sequences, seq: np.ndarray) -> np.ndarray | None:
@@ -290,7 +319,7 @@ class Explorer(StaticForm, W.VBox):
                 self._coords, self._projectors = {}, {}
                 self._selected = np.zeros(0, dtype=np.int64)
                 self.color_options = self._color_options()
-                self._fit_now("pca")
+                self._fit_now(_key("pca", self.dims))
                 self.projection = "pca"
                 self._redraw()
                 self._describe_selection()
@@ -298,10 +327,10 @@ class Explorer(StaticForm, W.VBox):
             self._collect_error = exc
             self._set_status(f"collecting ȳ failed: {type(exc).__name__}: {exc}", "error")
             return
-        self._set_status(f"ȳ of every token collected and PCA of {len(self._points):,} points in "
-                         f"{time.perf_counter() - t0:.1f} s", "ok")
+        self._set_status(f"ȳ of every token collected and {_method_name(_key('pca', self.dims))} of "
+                         f"{len(self._points):,} points in {time.perf_counter() - t0:.1f} s", "ok")
         if background is not None and background != "pca":
-            self._start_fit(background)
+            self._start_fit(_key(background, self.dims))
 
     def _await_full(self) -> None:
         """What Python sees is always every point: wait for a background ȳ collection (not in the thread
@@ -432,7 +461,7 @@ class Explorer(StaticForm, W.VBox):
     def _figure(self, method: str, rows: np.ndarray | None = None, note: str | None = None, selection: bool = True):
         """The map in projection `method` (rows: a subset of the drawn points, for the static copy)."""
         values, kind = self.color_options[self.color_by]
-        coords, hover = self._coords[method], self.points.hover
+        coords, hover = self._coords[_key(method, self.dims)], self.points.hover
         selected = self._selected if selection else np.zeros(0, np.int64)
         if rows is not None:
             pos = np.full(len(self.points), -1)
@@ -444,16 +473,17 @@ class Explorer(StaticForm, W.VBox):
         return ybar_map_figure(coords, values, hover, color_name=self.color_by, color_kind=kind,
                                note=note or self._note(), axis_names=self._axis_names(method), height=self.height,
                                selected=selected if len(selected) else None,
-                               title=f"ȳ of {len(self.points):,} tokens · {METHOD_NAMES[method]}")
+                               title=f"ȳ of {len(self.points):,} tokens · {_method_name(_key(method, self.dims))}")
 
-    def _axis_names(self, method: str) -> tuple[str, str]:
-        if method == "pca" and getattr(self, "_pc_ratio", None) is not None:
+    def _axis_names(self, method: str) -> tuple[str, ...]:
+        d, key = self.dims, _key(method, self.dims)
+        if method == "pca" and d == 2 and getattr(self, "_pc_ratio", None) is not None:
             return tuple(f"PC {c} ({100 * self._pc_ratio[c - 1]:.0f}% of variance)" for c in self.components)
-        if method == "pca" and "pca" in self.projectors:
-            ratio = self.projectors["pca"].reducer.explained_variance_ratio_
-            names = [f"PC {i + 1} ({100 * r:.0f}% of variance)" for i, r in enumerate(ratio[:2])]
-            return tuple(names + ["PC 2"] * (2 - len(names)))
-        return AXIS_NAMES[method]
+        if method == "pca" and key in self._projectors:
+            ratio = self._projectors[key].reducer.explained_variance_ratio_
+            names = [f"PC {i + 1} ({100 * r:.0f}% of variance)" for i, r in enumerate(ratio[:d])]
+            return tuple(names + list(AXIS_NAMES["pca"][len(names):d]))
+        return AXIS_NAMES[method][:d]
 
     def _ui(self, action) -> None:
         """Run a button's action; a refusal (e.g. isolate with nothing selected) goes to the status line."""
@@ -486,7 +516,7 @@ class Explorer(StaticForm, W.VBox):
                 self.pc_picker.value = (a, b)
         finally:
             self._syncing = False
-        self.set_projection("pca")
+        self.set_projection("pca", dims=2)         # a pair of components is a 2-D map
         self._show_projection("pca")
 
     # ------------------------------------------------------------------ search, neighbours, export
@@ -519,7 +549,7 @@ class Explorer(StaticForm, W.VBox):
         cos[point] = -np.inf
         idx = np.argpartition(-cos, min(k, m - 1) - 1)[:k]
         idx = idx[np.argsort(-cos[idx], kind="stable")]
-        df = self.points.frame(idx, self.coords).reset_index(drop=True)
+        df = self._frame(idx).reset_index(drop=True)
         df["cosine"] = cos[idx]
         return df
 
@@ -539,7 +569,7 @@ class Explorer(StaticForm, W.VBox):
         """Write the selection (every drawn point when nothing is selected) as CSV; returns the path
         (default: ybar_selection.csv in the working folder). The Export button calls it."""
         from pathlib import Path
-        df = self.selection if self._selected.size else self.points.frame(np.arange(len(self.points)), self.coords)
+        df = self.selection if self._selected.size else self._frame(np.arange(len(self.points)))
         target = Path("ybar_selection.csv" if path is None else path)
         df.to_csv(target, index=False)
         self._set_status(f"wrote {len(df):,} rows to {html.escape(str(target.resolve()))}", "ok")
@@ -572,8 +602,8 @@ class Explorer(StaticForm, W.VBox):
         self._selected = np.zeros(0, dtype=np.int64)
         self._pc_ratio, self.components = None, (1, 2)
         self.color_options = self._color_options()
-        if "pca" not in self._coords:
-            self._fit_now("pca")
+        if _key("pca", self.dims) not in self._coords:
+            self._fit_now(_key("pca", self.dims))
         self._syncing = True
         try:
             self.projection_picker.value = "pca"
@@ -583,7 +613,8 @@ class Explorer(StaticForm, W.VBox):
         self.projection = "pca"
         self._redraw()
         self._describe_selection()
-        self._set_status(f"{'isolated: ' if self._stack else ''}{len(self.points):,} points · PCA", "ok")
+        self._set_status(f"{'isolated: ' if self._stack else ''}{len(self.points):,} points · "
+                         f"{_method_name(_key('pca', self.dims))}", "ok")
 
     def figure_static(self, max_points: int | None = None, selection: bool = True):
         """The current view as a plain `go.Figure` (for write_html / reports); max_points: draw a subsample
@@ -606,68 +637,92 @@ class Explorer(StaticForm, W.VBox):
         return figs
 
     def static_text(self) -> str:
-        return f"ȳ explorer: {len(self.points):,} tokens, {METHOD_NAMES[self.projection]}, colour by {self.color_by}"
+        return (f"ȳ explorer: {len(self.points):,} tokens, {_method_name(_key(self.projection, self.dims))}, "
+                f"colour by {self.color_by}")
 
     @property
     def coords(self) -> np.ndarray:
-        """(M, 2) coordinates of the drawn points in the current projection."""
-        return self._coords[self.projection]
+        """(M, 2) coordinates of the drawn points in the current projection ((M, 3) in 3-D)."""
+        self._await_full()
+        return self._coords[_key(self.projection, self.dims)]
 
     # ------------------------------------------------------------------ projection
-    def _fit_now(self, method: str) -> np.ndarray:
-        proj = A.Projector(method, seed=self.seed, **self.projection_params[method])
+    def _fit_now(self, key: str) -> np.ndarray:
+        """Fit the projection `key` ("pca", "umap3d", ...; see _key) on the drawn points."""
+        method, dims = _split(key)
+        proj = A.Projector(method, seed=self.seed, dims=dims, **self.projection_params[method])
         coords = proj.fit_transform(self.points.ybar)
         with self._lock:
-            self.projectors[method], self._coords[method] = proj, coords
+            self.projectors[key], self._coords[key] = proj, coords
         return coords
 
-    def _start_fit(self, method: str) -> None:
+    def _start_fit(self, key: str) -> None:
         with self._lock:
-            if method in self._coords or (method in self._threads and self._threads[method].is_alive()):
+            if key in self._coords or (key in self._threads and self._threads[key].is_alive()):
                 return
-            self._errors.pop(method, None)
+            self._errors.pop(key, None)
             hint = (" (the first UMAP in a process also compiles numba: ~20–60 s on a small CPU)"
-                    if method == "umap" else "")
-            self._set_status(f"{METHOD_NAMES[method]}: fitting in the background on {len(self.points):,} points{hint}…",
+                    if key.startswith("umap") else "")
+            self._set_status(f"{_method_name(key)}: fitting in the background on {len(self.points):,} points{hint}…",
                              "busy")
-            thread = threading.Thread(target=self._fit_job, args=(method,), daemon=True, name=f"cgt-viz-{method}")
-            self._threads[method] = thread
+            thread = threading.Thread(target=self._fit_job, args=(key,), daemon=True, name=f"cgt-viz-{key}")
+            self._threads[key] = thread
         thread.start()
 
-    def _fit_job(self, method: str) -> None:
+    def _fit_job(self, key: str) -> None:
         t0 = time.perf_counter()
         try:
-            self._fit_now(method)
+            self._fit_now(key)
         except Exception as exc:   # shown in the status line; set_projection(wait=True) re-raises it
-            self._errors[method] = exc
-            self._set_status(f"{METHOD_NAMES[method]} failed: {type(exc).__name__}: {exc}", "error")
+            self._errors[key] = exc
+            self._set_status(f"{_method_name(key)} failed: {type(exc).__name__}: {exc}", "error")
             return
-        self._set_status(f"{METHOD_NAMES[method]} ready ({time.perf_counter() - t0:.1f} s)"
-                         + ("" if self._wanted() == method else " — pick it under Projection"), "ok")
-        if self._wanted() == method:
-            self._show_projection(method)
+        self._set_status(f"{_method_name(key)} ready ({time.perf_counter() - t0:.1f} s)"
+                         + ("" if self._wanted() == key else " — pick it under Projection"), "ok")
+        if self._wanted() == key:
+            self._show_projection(*_split(key))
 
     def _wanted(self) -> str:
-        return self.projection_picker.value if hasattr(self, "projection_picker") else self.projection
+        """The projection the pickers ask for, as a key ("umap3d")."""
+        method = self.projection_picker.value if hasattr(self, "projection_picker") else self.projection
+        return _key(method, self.dims_picker.value if hasattr(self, "dims_picker") else self.dims)
 
-    def set_projection(self, method: str, wait: bool = False) -> None:
-        """Show PCA, UMAP or t-SNE coordinates; fits (in the background unless wait=True) when not cached."""
+    def _pick_dims(self, dims: int) -> None:
+        """Set the 2-D/3-D toggle (`dims` is what the map draws, set when it is drawn)."""
+        if hasattr(self, "dims_picker") and self.dims_picker.value != dims:
+            self._syncing = True
+            try:
+                self.dims_picker.value = dims
+            finally:
+                self._syncing = False
+
+    def set_projection(self, method: str, wait: bool = False, dims: int | None = None) -> None:
+        """Show PCA, UMAP or t-SNE coordinates; fits (in the background unless wait=True) when not cached.
+        dims: 2 or 3 (a 3-D map: PC 1-3, or UMAP / t-SNE with 3 components); None keeps the current one."""
         check_choice("method", method, A.PROJECTIONS)
         check_bool("wait", wait)
+        dims = self.dims if dims is None else check_int("dims", dims, 2, 3, hint=" (a 2-D or 3-D map)")
+        self._await_full()
         if self.projection_picker.value != method:
             self._syncing = True
             try:
                 self.projection_picker.value = method
             finally:
                 self._syncing = False
-        if method in self._coords:
-            self._show_projection(method)
+        self._pick_dims(dims)
+        key = _key(method, dims)
+        if key in self._coords:
+            self._show_projection(method, dims)
             return
-        self._start_fit(method)
+        if method == "pca":                        # instant: no background thread
+            self._fit_now(key)
+            self._show_projection(method, dims)
+            return
+        self._start_fit(key)
         if wait:
-            self._threads[method].join()
-            if method in self._errors:
-                raise self._errors[method]
+            self._threads[key].join()
+            if key in self._errors:
+                raise self._errors[key]
 
     def _on_color_picked(self, change) -> None:
         if not self._syncing:
@@ -677,20 +732,36 @@ class Explorer(StaticForm, W.VBox):
         if not self._syncing:
             self.set_projection(change["new"])
 
-    def _show_projection(self, method: str) -> None:
+    def _show_projection(self, method: str, dims: int | None = None) -> None:
+        """Draw the coordinates of `method` in `dims` (default: the current; 2-D <-> 3-D rebuilds the traces)."""
+        dims = self.dims if dims is None else dims
+        key = _key(method, dims)
         with self._lock:
-            xy = self._coords[method]
-            with self.figure.batch_update():
-                groups = self._groups or [np.arange(len(xy))]
-                for trace, rows in zip(self.figure.data, groups):
-                    trace.x, trace.y = xy[rows, 0], xy[rows, 1]
-                self.figure.layout.xaxis.title.text, self.figure.layout.yaxis.title.text = self._axis_names(method)
-                self.figure.layout.title.text = (f"ȳ of {len(self.points):,} tokens · {METHOD_NAMES[method]}"
-                                                 f"<br><sup>{self._note()}</sup>")
-            self.projection = method
-            self._clear_outline()                              # a box/lasso drawn in the old coordinates
-        if method not in self._threads or not self._threads[method].is_alive():
-            self._set_status(f"showing {METHOD_NAMES[method]}", "ok")
+            xyz = self._coords[key]
+            three = dims == 3
+            if three != (self.figure.data[0].type == "scatter3d"):
+                self.projection, self.dims = method, dims
+                self._redraw()
+            else:
+                with self.figure.batch_update():
+                    groups = self._groups or [np.arange(len(xyz))]
+                    for trace, rows in zip(self.figure.data, groups):
+                        trace.x, trace.y = xyz[rows, 0], xyz[rows, 1]
+                        if three:
+                            trace.z = xyz[rows, 2]
+                    self.dims = dims
+                    names = self._axis_names(method)
+                    axes = ((self.figure.layout.scene.xaxis, self.figure.layout.scene.yaxis,
+                             self.figure.layout.scene.zaxis) if three else (self.figure.layout.xaxis,
+                                                                            self.figure.layout.yaxis))
+                    for axis, name in zip(axes, names):
+                        axis.title.text = name
+                    self.figure.layout.title.text = (f"ȳ of {len(self.points):,} tokens · {_method_name(key)}"
+                                                     f"<br><sup>{self._note()}</sup>")
+                self.projection = method
+                self._clear_outline()                          # a box/lasso drawn in the old coordinates
+        if key not in self._threads or not self._threads[key].is_alive():
+            self._set_status(f"showing {_method_name(key)}", "ok")
 
     def _set_status(self, text: str, kind: str = "info") -> None:
         if hasattr(self, "status"):
@@ -722,6 +793,9 @@ class Explorer(StaticForm, W.VBox):
         The map shows the selection (other points faint; a box/lasso outline from the browser is removed)."""
         idx = self._check_points(points)
         self._selected = np.unique(idx)
+        if self.figure.data and self.figure.data[0].type == "scatter3d":   # no selection in plotly's 3-D scatter
+            self._describe_selection()
+            return
         groups = self._groups or [np.arange(len(self.points))]
         per_trace = [np.nonzero(np.isin(rows, self._selected))[0].tolist() if self._selected.size else None
                      for rows in groups]
@@ -786,6 +860,7 @@ class Explorer(StaticForm, W.VBox):
     def select_box(self, x: tuple[float, float], y: tuple[float, float]) -> None:
         """Select the visible drawn points inside a rectangle of the current projection; x, y: (lo, hi)."""
         (x0, x1), (y0, y1) = _check_pair("x", x), _check_pair("y", y)
+        self._need_2d("select_box")
         xy = self.coords
         inside = (xy[:, 0] >= x0) & (xy[:, 0] <= x1) & (xy[:, 1] >= y0) & (xy[:, 1] <= y1)
         self.select(np.nonzero(inside & self._visible_mask())[0])
@@ -796,15 +871,30 @@ class Explorer(StaticForm, W.VBox):
         if len(xs) < 3 or xs.shape != ys.shape:
             raise ValueError(f"xs and ys must be two equal-length lists of >= 3 vertices, got shapes {xs.shape} "
                              f"and {ys.shape}")
+        self._need_2d("select_lasso")
         px, py = self.coords[:, 0][:, None], self.coords[:, 1][:, None]
         x0, y0, x1, y1 = xs, ys, np.roll(xs, -1), np.roll(ys, -1)
         crosses = ((y0 > py) != (y1 > py)) & (px < (x1 - x0) * (py - y0) / np.where(y1 == y0, 1e-12, y1 - y0) + x0)
         self.select(np.nonzero((crosses.sum(1) % 2 == 1) & self._visible_mask())[0])
 
+    def _need_2d(self, what: str) -> None:
+        if self.dims != 2:
+            raise ValueError(f"{what} works on a 2-D map, got dims={self.dims}: call set_projection(..., dims=2) "
+                             f"first, or select points with select() or search()")
+
+    def _frame(self, rows: np.ndarray):
+        """points.frame of `rows` with their coordinates: x, y (and z in 3-D)."""
+        coords = self.coords
+        df = self.points.frame(rows, coords)
+        if coords.shape[1] == 3:
+            df["z"] = coords[np.asarray(rows, dtype=np.int64), 2]
+        return df
+
     @property
     def selection(self):
-        """The selected points as a pandas DataFrame: point, sequence, position, token, token_id, label, x, y."""
-        df = self.points.frame(self._selected, self.coords)
+        """The selected points as a pandas DataFrame: point, sequence, position, token, token_id, label, x, y
+        (and z in 3-D)."""
+        df = self._frame(self._selected)
         return df.reset_index(drop=True)
 
     def _on_plotly_selection(self, i: int, last: int, points, selector=None) -> None:
