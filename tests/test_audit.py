@@ -326,7 +326,7 @@ case("training_series", "history", [5, "h", {"step": [1, 2], "main": [1.0]}], la
 
 # ------------------------------------------------------------------------------------------ figures
 _C2 = np.zeros((4, 2))
-case("ybar_map_figure", "coords", [np.zeros((4, 3)), np.zeros(4), "xy", np.full((4, 2), np.nan)],
+case("ybar_map_figure", "coords", [np.zeros((4, 4)), np.zeros(4), "xy", np.full((4, 2), np.nan)],
      lambda v: F.ybar_map_figure(v), shows="")
 case("ybar_map_figure", "color", [[1, 2]], lambda v: F.ybar_map_figure(_C2, v), shows="2")
 case("token_text_figure", "tokens", ["abc", 5], lambda v: F.token_text_figure(v, [1.0]))
@@ -384,6 +384,7 @@ case("explore", "projection_params", [{"isomap": {}}, 5], lambda v: explorer_cas
 case("explore", "height", [0, "tall"], lambda v: explorer_case(height=v))
 EXPLORER_METHODS = {
     "set_projection": ("method", ["isomap", None], lambda ex, v: ex.set_projection(v)),
+    "set_projection ": ("dims", [4, 1, 2.5, "3"], lambda ex, v: ex.set_projection("pca", dims=v)),
     "set_color": ("by", ["nonsense"], lambda ex, v: ex.set_color(v)),
     "select": ("points", [[999], [-1], "all", [1.5]], lambda ex, v: ex.select(v)),
     "select_box": ("x", [(1,), "ab", (math.nan, 1)], lambda ex, v: ex.select_box(v, (0, 1))),
@@ -601,7 +602,7 @@ NOT_AUDITED = {  # public names with no bad-argument cases here, and why
        for m in ("static_figures", "static_text")},
     "SmoothnessStrip.token_figure_for": "as show", "TemplateInspector.token_figure_for": "as show (template)",
     "CompileCompare.token_figure_for": "as losses", "Explorer.isolate": "no arguments (refuses an empty selection)",
-    "Explorer.show_all": "no arguments", "Explorer.export": "a file path, written by pandas",
+    "Explorer.show_all": "no arguments", "Explorer.wait": "no arguments", "Explorer.export": "a file path, written by pandas",
     "hover_escape": "any value (its str())", "drawn_series": "internal (training_curves_figure)",
     "gap_note": "internal (evaluate_specialization rows)",
     "CGTConfig.validate": "runs on every construction (all CGTConfig cases)",
