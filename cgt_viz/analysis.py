@@ -164,19 +164,34 @@ class Points:
         return df
 
 
-def _hover_snippets(text: list[str], joiner: str, pos: np.ndarray, width: int) -> list[str]:
-    """'…before [token] after…' around each position of one row, HTML-escaped for plotly hover."""
-    offsets = np.cumsum([0] + [len(s) + len(joiner) for s in text])    # char offset of each token
+def _escape_map(full: str) -> tuple[str, np.ndarray]:
+    """full HTML-escaped as plotly hover wants it (quote=False) and where each of its characters starts
+    there: escaping is a per-character substitution, so escape(full[i:j]) == escaped[at[i]:at[j]]."""
+    code = np.frombuffer(full.encode("utf-32-le"), dtype=np.uint32)
+    width = 1 + 4 * (code == ord("&")) + 3 * ((code == ord("<")) | (code == ord(">")))
+    at = np.zeros(len(code) + 1, dtype=np.int64)
+    np.cumsum(width, out=at[1:])
+    return html.escape(full, quote=False), at
+
+
+def _hover_snippets(text: list[str], joiner: str, pos: np.ndarray, width: int, head: str = "") -> list[str]:
+    """head + '…before [token] after…' around each position of one row, HTML-escaped for plotly hover
+    (plotly's hover labels decode &lt; &gt; &amp; but show &quot; and &#x27; literally: quote=False).
+    head may hold "{p}", replaced by the position. The row is escaped once, not once per point."""
+    lens = np.fromiter((len(s) for s in text), dtype=np.int64, count=len(text))
+    offsets = np.concatenate([[0], np.cumsum(lens + len(joiner))])     # char offset of each token
     full = joiner.join(text)
-    out = []
-    for p in pos:
-        a, b = offsets[p], offsets[p] + len(text[p])
-        left, right = full[max(0, a - width):a], full[b:b + width]
-        # plotly's hover labels decode &lt; &gt; &amp; but show &quot; and &#x27; literally: quote=False
-        esc = lambda s: html.escape(s, quote=False)   # noqa: E731
-        out.append(f"{'…' if a > width else ''}{esc(left)}<b>[{esc(text[p])}]</b>"
-                   f"{esc(right)}{'…' if b + width < len(full) else ''}")
-    return out
+    esc, at = _escape_map(full)
+    pos = np.asarray(pos, dtype=np.int64)
+    a = offsets[pos]
+    b = a + lens[pos]
+    lo, hi = at[np.maximum(0, a - width)], at[np.minimum(b + width, len(full))]
+    ea, eb = at[a], at[b]
+    before, after = (a > width).tolist(), (b + width < len(full)).tolist()
+    first, _, rest = head.partition("{p}")
+    heads = [f"{first}{p}{rest}" for p in pos.tolist()] if "{p}" in head else [head] * len(pos)
+    return [f"{h}{'…' if bf else ''}{esc[l:x]}<b>[{esc[x:y]}]</b>{esc[y:r]}{'…' if af else ''}"
+            for h, bf, l, x, y, r, af in zip(heads, before, lo.tolist(), ea.tolist(), eb.tolist(), hi.tolist(), after)]
 
 
 def collect_points(seqs: Sequences, ybar_full: np.ndarray, positions: Any = "all", context_chars: int = 24) -> Points:
@@ -200,13 +215,13 @@ def points_at(seqs: Sequences, ybar_full: np.ndarray, seq: np.ndarray, pos: np.n
     for rows in np.split(order, starts[1:]):
         i = int(seq[rows[0]])
         text = seqs.token_text[i]
-        token[rows] = [text[p] for p in pos[rows]]
-        snips = _hover_snippets(text, seqs.joiner, pos[rows], context_chars)
-        hover[rows] = [f"seq {i + seq_offset} · pos {p}<br>{s}" for p, s in zip(pos[rows], snips)]
+        token[rows] = [text[p] for p in pos[rows].tolist()]
+        hover[rows] = _hover_snippets(text, seqs.joiner, pos[rows], context_chars, f"seq {i + seq_offset} · pos {{p}}<br>")
     label = None if seqs.token_labels is None else seqs.token_labels[seq, pos]
-    if label is not None:
-        hover = np.array([f"{h}<br>label: {html.escape(str(lab), quote=False)}" for h, lab in zip(hover, label)],
-                         dtype=object)
+    if label is not None:   # each distinct label escaped once
+        names, which = np.unique(np.array([str(lab) for lab in label], dtype=object), return_inverse=True)
+        tails = ["<br>label: " + html.escape(nm, quote=False) for nm in names.tolist()]
+        hover = np.array([h + tails[j] for h, j in zip(hover.tolist(), which.tolist())], dtype=object)
     # which excerpt: split at the row's boundary, or at the middle of rows that have none
     split = seqs.lengths[seq] / 2 if seqs.boundary is None else \
         np.where(seqs.boundary[seq] >= 0, seqs.boundary[seq], seqs.lengths[seq] / 2)
@@ -226,15 +241,17 @@ def _as_points(X: Any, name: str = "X", cols: int | None = None) -> np.ndarray:
 
 
 class Projector:
-    """2-D projection of ȳ points by PCA, UMAP or t-SNE; keeps the fitted reducer to place new points.
+    """2-D (or, with dims=3, 3-D) projection of ȳ points by PCA, UMAP or t-SNE; keeps the fitted reducer to
+    place new points.
 
-    fit_transform(X (N, e)) -> (N, 2) float32;  transform(X_new (M, e)) -> (M, 2): PCA and UMAP use their
-    own transform, t-SNE (which has none) places a new point at the distance-weighted mean of the
+    fit_transform(X (N, e)) -> (N, dims) float32;  transform(X_new (M, e)) -> (M, dims): PCA and UMAP use
+    their own transform, t-SNE (which has none) places a new point at the distance-weighted mean of the
     embeddings of its 5 nearest fitted neighbours.
     """
 
-    @checked(method=Choice(*PROJECTIONS), seed=Int(0))
-    def __init__(self, method: str = "pca", seed: int = 0, **params):
+    @checked(method=Choice(*PROJECTIONS), seed=Int(0), dims=Int(2, 3, hint=" (a 2-D or 3-D projection)"))
+    def __init__(self, method: str = "pca", seed: int = 0, dims: int = 2, **params):
+        self.dims = dims
         if method == "pca" and params:
             raise TypeError(f"params must be empty for a pca projection (it has no settings), got {sorted(params)}")
         if "n_components" in params:
@@ -280,7 +297,7 @@ class Projector:
                                  f"dimension {spread:.3g}): ȳ is constant here (an untrained or collapsed model?); "
                                  f"use projection='pca', or points from a trained model")
         if self.method == "pca":
-            self.reducer = _PCA()
+            self.reducer = _PCA(self.dims)
             Y = self.reducer.fit_transform(X)
         elif self.method == "umap":
             import umap
@@ -291,44 +308,49 @@ class Projector:
                       init="pca" if n > 16 else "random", n_epochs=200 if n <= 10_000 else 100,
                       negative_sample_rate=3)
             kw.update(self.params)
-            self.reducer = umap.UMAP(n_components=2, **kw)
+            self.reducer = umap.UMAP(n_components=self.dims, **kw)
             Y = self.reducer.fit_transform(X)
         else:
             from sklearn.manifold import TSNE
             self._check_params(TSNE, n)
             kw = dict(perplexity=min(30.0, (n - 1) / 3), init="pca", random_state=self.seed)
             kw.update(self.params)
-            self.reducer = TSNE(n_components=2, **kw)
+            if self.dims == 3 and "method" not in self.params:
+                kw["method"] = "barnes_hut"         # supports up to 3 components
+            self.reducer = TSNE(n_components=self.dims, **kw)
             Y = self.reducer.fit_transform(X)
             self._fit_X, self._fit_Y = X, Y
         if not np.isfinite(Y).all():
             raise ValueError(f"the {self.method} projection of X ({n} points) gave NaN/inf coordinates; X is too "
                              f"degenerate for it (too few distinct points?): use projection='pca'")
-        return _pad2(Y)
+        return _pad2(Y, self.dims)
 
     def transform(self, X) -> np.ndarray:
         if self.reducer is None:
             raise ValueError(f"this {self.method} projector is not fitted yet; call fit_transform first")
         X = _as_points(X, cols=self._width)
         if self.method != "tsne":
-            return _pad2(self.reducer.transform(X))
+            return _pad2(self.reducer.transform(X), self.dims)
         from sklearn.neighbors import NearestNeighbors
         k = min(5, len(self._fit_X))
         dist, idx = NearestNeighbors(n_neighbors=k).fit(self._fit_X).kneighbors(X)
         w = 1.0 / (dist + 1e-6)
-        return _pad2((self._fit_Y[idx] * w[..., None]).sum(1) / w.sum(1, keepdims=True))
+        return _pad2((self._fit_Y[idx] * w[..., None]).sum(1) / w.sum(1, keepdims=True), self.dims)
 
 
 class _PCA:
-    """Two principal components by an eigendecomposition of the e × e covariance (no sklearn import on
-    the first paint). Signs are fixed so that each component's largest loading is positive."""
+    """The first k (2 or 3) principal components by an eigendecomposition of the e × e covariance (no
+    sklearn import on the first paint). Signs are fixed so that each component's largest loading is positive."""
+
+    def __init__(self, k: int = 2):
+        self.k = k
 
     def fit_transform(self, X: np.ndarray) -> np.ndarray:
         X64 = X.astype(np.float64)
         self.mean_ = X64.mean(0)
         centered = X64 - self.mean_
         evals, evecs = np.linalg.eigh(centered.T @ centered / max(len(X) - 1, 1))
-        order = np.argsort(evals)[::-1][:2]
+        order = np.argsort(evals)[::-1][:self.k]
         comps = evecs[:, order].T                                             # (k, e)
         comps *= np.sign(comps[np.arange(len(comps)), np.abs(comps).argmax(1)])[:, None]
         self.components_ = comps
@@ -339,10 +361,10 @@ class _PCA:
         return ((X.astype(np.float64) - self.mean_) @ self.components_.T).astype(np.float32)
 
 
-def _pad2(Y: np.ndarray) -> np.ndarray:
+def _pad2(Y: np.ndarray, dims: int = 2) -> np.ndarray:
     Y = np.asarray(Y, dtype=np.float32)
-    if Y.shape[1] < 2:   # d_y = 1 or a single PCA component: a flat second axis
-        Y = np.concatenate([Y, np.zeros((len(Y), 2 - Y.shape[1]), np.float32)], axis=1)
+    if Y.shape[1] < dims:   # d_y < dims (fewer PCA components): flat further axes
+        Y = np.concatenate([Y, np.zeros((len(Y), dims - Y.shape[1]), np.float32)], axis=1)
     return Y
 
 

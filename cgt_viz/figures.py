@@ -115,9 +115,11 @@ def color_categories(values: Any) -> tuple[list[str], np.ndarray]:
     """Category names (sorted, numbers numerically) and each point's code: values (N,) -> (names, (N,) int)."""
     values = _color_values(values)
     keys = values.astype(str)
-    names = sorted(set(keys.tolist()), key=natural_key)
+    distinct, which = np.unique(keys, return_inverse=True)          # one Python step per category, not per point
+    names = sorted(distinct.tolist(), key=natural_key)
     lookup = {nm: i for i, nm in enumerate(names)}
-    return names, np.fromiter((lookup[k] for k in keys), dtype=np.int64, count=len(keys))
+    rank = np.array([lookup[k] for k in distinct.tolist()], dtype=np.int64)
+    return names, rank[which.reshape(-1)]
 
 
 def color_spec(values: Any, name: str = "label", kind: str | None = None) -> dict:
@@ -160,17 +162,18 @@ def ybar_map_figure(coords: Any, color: Any = None, hover: Sequence[str] | None 
                     color_kind: str | None = None, title: str | None = None, note: str | None = None,
                     axis_names: tuple[str, str] = ("dim 1", "dim 2"), marker_size: float | None = None,
                     selected: Any = None, height: int = 520) -> go.Figure:
-    """ȳ of many tokens embedded in 2-D as WebGL scatter (Scattergl).
+    """ȳ of many tokens embedded in 2-D as WebGL scatter (Scattergl), or in 3-D (Scatter3d, also WebGL).
 
-    coords (N, 2); color (N,) labels or numbers (None: one colour); hover (N,) plotly hover strings (escape
+    coords (N, 2) or (N, 3) (then axis_names has three names; `selected` is not drawn: plotly's 3-D
+    scatter has no selection); color (N,) labels or numbers (None: one colour); hover (N,) plotly hover strings (escape
     user text with `hover_escape`); note: a line under the title (e.g. "showing 20,000 of 100,000 tokens");
     selected: indices of selected points (the others are drawn faint).
     Traces: a categorical colouring with ≤ MAX_COLOR_CATEGORIES categories gives one trace per category, in
     sorted order, named by it and listed in the legend (a click hides it); otherwise one trace with points in
     row order (a colour bar for numbers). `map_groups` says which points each trace holds.
     """
-    coords = _check_shape("coords", coords, "(N, 2) with N >= 1",
-                          lambda shape: len(shape) == 2 and shape[1] == 2 and shape[0] >= 1, finite=True)
+    coords = _check_shape("coords", coords, "(N, 2) or (N, 3) with N >= 1",
+                          lambda shape: len(shape) == 2 and shape[1] in (2, 3) and shape[0] >= 1, finite=True)
     coords = coords.astype(np.float32)   # half the bytes sent to the browser
     n = len(coords)
     if color is not None:
@@ -181,10 +184,20 @@ def ybar_map_figure(coords: Any, color: Any = None, hover: Sequence[str] | None 
     if selected is not None:
         chosen = np.zeros(n, bool)
         chosen[_check_1d("selected", selected).astype(np.int64)] = True
+    three = coords.shape[1] == 3
+    if three and len(axis_names) == 2:
+        axis_names = (*axis_names, "dim 3")
     base = dict(size=marker_size or (6 if n < 2000 else 4 if n < 20000 else 2.5), opacity=0.8 if n < 20000 else 0.6)
+    if three:   # Scatter3d markers are drawn smaller than Scattergl's of the same size
+        base = dict(size=marker_size or (4 if n < 2000 else 2.5 if n < 20000 else 1.5), opacity=base["opacity"])
     names, groups = map_groups(color, color_kind)
 
     def scatter(rows, marker, name, legend):
+        if three:
+            return go.Scatter3d(x=coords[rows, 0], y=coords[rows, 1], z=coords[rows, 2], mode="markers", marker=marker,
+                                hovertext=None if hover is None else hover[rows],
+                                hoverinfo="text" if hover is not None else "x+y+z", hoverlabel=dict(align="left"),
+                                name=name, showlegend=legend, legendgroup=name if legend else None)
         sel = None if chosen is None else np.nonzero(chosen[rows])[0].tolist()
         return go.Scattergl(x=coords[rows, 0], y=coords[rows, 1], mode="markers", marker=marker,
                             hovertext=None if hover is None else hover[rows],
@@ -204,10 +217,14 @@ def ybar_map_figure(coords: Any, color: Any = None, hover: Sequence[str] | None 
     heading = title or "ȳ embedded in 2-D"
     if note:
         heading += f"<br><sup>{note}</sup>"
-    fig.update_layout(title=dict(text=heading, x=0.01), height=height, dragmode="lasso", clickmode="event+select",
-                      margin=dict(l=50, r=20, t=70, b=40), xaxis_title=axis_names[0], yaxis_title=axis_names[1],
-                      template="plotly_white", hovermode="closest",
+    fig.update_layout(title=dict(text=heading, x=0.01), height=height, clickmode="event+select",
+                      margin=dict(l=50, r=20, t=70, b=40), template="plotly_white", hovermode="closest",
                       legend=dict(title=dict(text=_esc(color_name)), itemsizing="constant"))
+    if three:
+        fig.update_layout(scene=dict(xaxis_title=axis_names[0], yaxis_title=axis_names[1], zaxis_title=axis_names[2]),
+                          margin=dict(l=10, r=10, t=70, b=10))
+    else:
+        fig.update_layout(dragmode="lasso", xaxis_title=axis_names[0], yaxis_title=axis_names[1])
     return fig
 
 

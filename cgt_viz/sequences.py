@@ -126,12 +126,20 @@ def model_task(model: Any):
         return None
 
 
+def _byte_text(t: int) -> str:
+    s = chr(t) if 32 <= t < 127 or t in (9, 10) else f"\\x{t:02x}"
+    return s.replace("\n", "⏎").replace("\t", "⇥")
+
+
+_BYTE_TEXT = [_byte_text(t) for t in range(256)]   # token_strings of a byte, looked up instead of built per token
+
+
 def token_strings(tokens: Sequence[int], task=None, vocab_size: int | None = None) -> list[str]:
     """Printable per-token strings: the task's `decode`, else bytes as characters, else the ids."""
     if task is not None and callable(getattr(task, "decode", None)):
         out = [str(s) for s in task.decode([int(t) for t in tokens])]
     elif vocab_size is not None and 128 < vocab_size <= 256:   # bytes: printable ASCII as is, the rest escaped
-        out = [chr(int(t)) if 32 <= int(t) < 127 or int(t) in (9, 10) else f"\\x{int(t):02x}" for t in tokens]
+        return [_BYTE_TEXT[int(t)] if 0 <= int(t) < 256 else _byte_text(int(t)) for t in tokens]
     else:
         out = [str(int(t)) for t in tokens]
     return [s.replace("\n", "⏎").replace("\t", "⇥") for s in out]

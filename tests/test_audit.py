@@ -314,7 +314,7 @@ case("training_series", "history", [5, "h", {"step": [1, 2], "main": [1.0]}], la
 
 # ------------------------------------------------------------------------------------------ figures
 _C2 = np.zeros((4, 2))
-case("ybar_map_figure", "coords", [np.zeros((4, 3)), np.zeros(4), "xy", np.full((4, 2), np.nan)],
+case("ybar_map_figure", "coords", [np.zeros((4, 4)), np.zeros(4), "xy", np.full((4, 2), np.nan)],
      lambda v: F.ybar_map_figure(v), shows="")
 case("ybar_map_figure", "color", [[1, 2]], lambda v: F.ybar_map_figure(_C2, v), shows="2")
 case("token_text_figure", "tokens", ["abc", 5], lambda v: F.token_text_figure(v, [1.0]))

@@ -326,6 +326,16 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
                                    timeout=10_000)
             out = page.evaluate(KERNEL_JS, "import time; time.sleep(0.5); print(ex.hidden_categories)")
             assert "sport" in out, out
+
+            # the 2-D/3-D toggle: a WebGL 3-D scene (Scatter3d of PC 1-3) is drawn in the page
+            page.locator(".widget-toggle-buttons button", has_text="3-D").first.click()
+            page.wait_for_function(f"""() => {{ const gd = {EXPLORER_JS};
+                return gd.data.length > 0 && gd.data.every(t => t.type === 'scatter3d') && gd._fullLayout.scene &&
+                       gd.querySelector('.gl-container canvas') && String(gd.layout.title.text).includes('3-D'); }}""",
+                                   timeout=60_000)
+            out = page.evaluate(KERNEL_JS, "import time; time.sleep(0.5); print(ex.dims, ex.coords.shape)")
+            assert out.split()[0] == "3", out
+            page.screenshot(path=str(ARTIFACTS / "browser_explorer_3d.png"), full_page=False)
         except Exception:
             try:
                 page.screenshot(path=str(ARTIFACTS / "browser_failure.png"), full_page=True)
@@ -513,5 +523,38 @@ def test_saved_notebook_reopened_in_jupyterlab_draws_every_view(tmp_path):
         except Exception:
             print(log.read_text()[-2000:])
             raise
+        finally:
+            browser.close()
+
+
+def test_three_d_static_copy_is_drawn_offline(tmp_path):
+    """The explorer's static form in 3-D (what a saved notebook shows): plotly.js draws a WebGL 3-D scene
+    from the page alone, with the network cut."""
+    _need_browser()
+    import torch
+    from playwright.sync_api import sync_playwright
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_analysis import tiny_cgt
+
+    import cgt_viz
+    torch.manual_seed(0)
+    ex = cgt_viz.explore(tiny_cgt(seed=1), torch.randint(0, 256, (6, 20)), labels=["a", "b", "c"] * 2,
+                         background=None, linked=False, dims=3)
+    path = tmp_path / "explorer_3d.html"
+    path.write_text(f"<!doctype html><html><body>{ex.static_html()}</body></html>", encoding="utf-8")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1000, "height": 800})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            refused = _open_offline(page, path)
+            page.wait_for_function("""() => { const gd = document.querySelector('.js-plotly-plot');
+                return gd && gd._fullData && gd._fullData.length === 3 && gd._fullData.every(t => t.type === 'scatter3d')
+                       && gd._fullLayout.scene && gd.querySelector('.gl-container canvas'); }""", timeout=60_000)
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "static_explorer_3d.png"), full_page=False)
+            assert not errors and not refused, (errors, refused)
         finally:
             browser.close()

@@ -54,7 +54,7 @@ def test_color_spec_many_categories_hide_the_bar():
 
 
 @pytest.mark.parametrize("coords, color, words", [
-    (np.zeros((5, 3)), None, "coords must have shape"),
+    (np.zeros((5, 4)), None, "coords must have shape"),
     (np.zeros((0, 2)), None, "coords must have shape"),
     (np.zeros((5, 2)), np.zeros(4), r"color must have shape \(5,\)"),
 ])

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -482,3 +483,76 @@ def test_token_coloured_text_in_strip_inspector_and_compare(model):
     assert "&lt;a&gt;" in colored_tokens_html(["<a>"], [1.0])
     with pytest.raises(ValueError, match=r"values must have shape \(3,\)"):
         token_text_figure(["x", "y", "z"], [1.0])
+
+
+def test_big_data_first_paints_a_preview_and_python_sees_every_point(model, monkeypatch):
+    """Collecting ȳ of many tokens: the first paint shows some sequences (stratified by label), a
+    background thread collects the rest; every attribute and method waits for it, so the results are the
+    same as without a preview."""
+    torch.manual_seed(0)
+    data = torch.randint(0, 256, (24, 20))
+    labels = ["a", "b", "c"] * 8
+    full = explore(model, data, labels=labels, background=None, linked=False)
+    assert not full.collecting
+    monkeypatch.setattr(Explorer, "preview_tokens", 60)       # 480 tokens > 2 × 60: a preview of 3 sequences
+    gate, collect = threading.Event(), A.collect_ybar
+
+    def held(m, x, **kw):      # the background part waits until the test has looked at the preview
+        if len(x) > 3:
+            gate.wait(30)
+        return collect(m, x, **kw)
+    monkeypatch.setattr(A, "collect_ybar", held)
+    ex = explore(model, data, labels=labels, background=None, linked=False)
+    assert ex.collecting and len(ex._points) == 60 and sorted(labels[r] for r in ex._preview_rows) == ["a", "b", "c"]
+    assert "preview" in ex.figure.layout.title.text and sum(len(t.x) for t in ex.figure.data) == 60
+    gate.set()
+    assert len(ex.points) == 480 and not ex.collecting          # waits for the collection
+    np.testing.assert_array_equal(ex.ybar_full, full.ybar_full)
+    np.testing.assert_allclose(ex.coords, full.coords, atol=1e-5)
+    assert (ex.points.hover == full.points.hover).all()
+    assert sum(len(t.x) for t in ex.figure.data) == 480 and "preview" not in ex.figure.layout.title.text
+    assert ex.wait() is ex and ex.selection.empty
+
+
+def test_three_d_map_from_python_and_the_toggle(ex):
+    """set_projection(..., dims=3): a Scatter3d of PC 1-3 (the same first two PCs as the 2-D map); the
+    selection lists z; box selection is refused; the toggle goes back to 2-D; the static copy is 3-D too."""
+    flat = ex.coords.copy()
+    ex.set_projection("pca", dims=3)
+    assert ex.dims == 3 and ex.dims_picker.value == 3 and ex.coords.shape == (len(ex.points), 3)
+    assert {t.type for t in ex.figure.data} == {"scatter3d"} and len(ex.figure.data) == 3     # one per label
+    np.testing.assert_allclose(ex.coords[:, :2], flat, atol=1e-5)
+    assert ex.figure.layout.scene.zaxis.title.text.startswith("PC 3") and "PCA 3-D" in ex.figure.layout.title.text
+    xyz = np.zeros((len(ex.points), 3))
+    for t, rows in zip(ex.figure.data, ex._groups):
+        xyz[rows] = np.column_stack([t.x, t.y, t.z])
+    np.testing.assert_allclose(xyz, ex.coords, atol=1e-6)
+    ex.select([0, 3, 9])
+    assert ex.selection.z.tolist() == pytest.approx(ex.coords[[0, 3, 9], 2].tolist())
+    with pytest.raises(ValueError, match="2-D map"):
+        ex.select_box((0, 1), (0, 1))
+    static = ex.static_figures()[0]
+    assert static.data[0].type == "scatter3d" and "PCA 3-D" in ex.static_text()
+    ex.dims_picker.value = 2                                   # the toggle
+    assert ex.dims == 2 and {t.type for t in ex.figure.data} == {"scattergl"}
+    np.testing.assert_allclose(drawn_xy(ex), flat, atol=1e-6)
+    ex.set_projection("pca", dims=3)
+    ex.set_components(2, 3)                                    # a pair of PCs is a 2-D map
+    assert ex.dims == 2 and ex.dims_picker.value == 2 and ex.figure.data[0].type == "scattergl"
+    with pytest.raises(ValueError, match="dims"):
+        ex.set_projection("pca", dims=4)
+
+
+def test_three_d_from_explore_and_the_figure_function(model):
+    torch.manual_seed(0)
+    ex = explore(model, torch.randint(0, 256, (4, 20)), background=None, dims=3, linked=False)
+    assert ex.figure.data[0].type == "scatter3d" and ex.coords.shape == (80, 3)
+    ex.set_color("position")                                   # one trace with a colour bar, still 3-D
+    assert len(ex.figure.data) == 1 and ex.figure.data[0].type == "scatter3d"
+    assert A.Projector("pca", dims=3).fit_transform(ex.points.ybar).shape == (80, 3)
+    from cgt_viz.figures import ybar_map_figure
+    fig = ybar_map_figure(np.random.default_rng(0).normal(size=(10, 3)), ["a", "b"] * 5,
+                          axis_names=("u", "v", "w"))
+    assert [t.type for t in fig.data] == ["scatter3d"] * 2 and fig.layout.scene.zaxis.title.text == "w"
+    with pytest.raises(ValueError, match="dims"):
+        explore(model, torch.randint(0, 256, (4, 20)), dims=1)

@@ -24,9 +24,14 @@ the preprocessor in `cgt_viz.widgets.export`:
     jupyter nbconvert --to html --execute --HTMLExporter.preprocessors=cgt_viz.widgets.export.StaticViews nb.ipynb
 
 Where it does not help: JupyterLab draws a *trusted* notebook's widget output with the widget renderer
-even when the widget model is gone ("model not found"), ignoring the rest of the bundle; there
-`view.show_static()` in a cell of its own, or the preprocessor above with `--to notebook`, gives plots
-that survive. CGT_VIZ_STATIC=json keeps plotly.js out of the notebook (JupyterLab and VS Code only),
+even when the widget model is gone ("model not found"), ignoring the rest of the bundle (the renderer is
+chosen by MIME-type rank, the widget's -10 beats every other, before the model is looked up, and
+@jupyter-widgets/jupyterlab-manager's renderModel does not fall back; the order of keys in the bundle
+plays no part); there `view.show_static()` in a cell of its own, or the preprocessor above with
+`--to notebook`, gives plots that survive. GitHub's notebook preview runs no JavaScript and shows only
+image/png: no PNG is made here (kaleido 1.x renders one offline through /usr/bin/chromium when given a
+local plotly.js and mathjax=False, its default page loads MathJax from a CDN, but took 1.5-7 s per figure on
+the test machine, too slow to run for every displayed view). CGT_VIZ_STATIC=json keeps plotly.js out of the notebook (JupyterLab and VS Code only),
 CGT_VIZ_STATIC=0 turns the static form off (see `mode`).
 """
 from __future__ import annotations
@@ -193,8 +198,10 @@ def refresh_static(*_args) -> int:
             figs = view.static_figures()
             now = _digest(figs)
             # a page-state view is re-published only for what this cell changed, not for what the page did
-            # between cells (the page shows that already, and re-rendering it would lose the page's state)
-            if now == digest or (not view.refresh_after_cells and _before_cell.get(display_id, now) == now):
+            # between cells (the page shows that already, and re-rendering it would lose the page's state);
+            # one displayed by this cell has no earlier state: what changed since its display is this cell's
+            if now == digest or (not view.refresh_after_cells and display_id in _before_cell
+                                 and _before_cell[display_id] == now):
                 continue
             bundle, digest = view._bundle(display_id, figs)
         except Exception:            # a view in a broken state keeps its last copy

@@ -8,11 +8,14 @@
     ex.neighbors(17, k=10) # nearest points in ȳ by cosine (listed under the map after a click)
     ex.isolate(); ex.show_all()      # re-project only the selection / back to every point (the buttons)
     ex.set_components(2, 3)          # PCA on PC 2 and PC 3 (the PCs picker, up to PC 5)
+    ex.set_projection("umap", dims=3)  # a 3-D map (PC 1-3, or UMAP / t-SNE with 3 components; the 2-D/3-D toggle)
     ex.set_hidden(["tech"])          # what a click on a legend entry does; ex.hidden_categories
     ex.export("sel.csv")             # the Export CSV button: the selection (or every point)
 
 A categorical colouring (topic, document, excerpt half, token) draws one trace per category with a legend
-entry each; numbers (position) get a colour bar. 3-D is not offered.
+entry each; numbers (position) get a colour bar. In 3-D (plotly's Scatter3d: drag to turn, scroll to zoom)
+a click still opens a point's sequence, but a box or lasso selects nothing (plotly has no 3-D selection), and
+a selection made from Python (select, search) is listed, not drawn.
 
 Big arrays (ȳ, tokens) stay in Python attributes; only the drawn points (x, y, colour codes, hover text)
 go to the browser, so a saved notebook grows by the plotted points, not by ȳ.
@@ -32,19 +35,22 @@ from .. import analysis as A
 from .._checks import (Bool, Choice, Height, Int, check_array, check_choice, check_index, check_int, checked,
                        describe, is_number)
 from ..figures import map_groups, ybar_map_figure
+from ..sequences import model_device
 from ._base import check_view_ybar, figure_widget, html_status, replace_figure
 from ._static import STATIC_MAX_POINTS, StaticForm
 
 MAX_PCS = 5          # principal components offered by the PC picker
 NEIGHBOURS_SHOWN = 8  # neighbours listed under the map after a click
 TOKEN_COLOURS = 12   # colour by token: the most frequent tokens get a colour each, the rest are "other"
-AXIS_NAMES = {"pca": ("PC 1", "PC 2"), "umap": ("UMAP 1", "UMAP 2"), "tsne": ("t-SNE 1", "t-SNE 2")}
+AXIS_NAMES = {"pca": ("PC 1", "PC 2", "PC 3"), "umap": ("UMAP 1", "UMAP 2", "UMAP 3"),
+              "tsne": ("t-SNE 1", "t-SNE 2", "t-SNE 3")}
 METHOD_NAMES = {"pca": "PCA", "umap": "UMAP", "tsne": "t-SNE"}
 
 
 # the explorer's own options, declared for explore() and Explorer()
 _VIEW_ARGS = dict(projection=Choice(*A.PROJECTIONS), background=Choice(*A.PROJECTIONS, none=True),
-                  max_points=Int(2, hint=" (points drawn)"), linked=Bool(), height=Height())
+                  max_points=Int(2, hint=" (points drawn)"), linked=Bool(), height=Height(),
+                  dims=Int(2, 3, hint=" (a 2-D or 3-D map)"))
 
 
 def _check_projection_params(projection_params) -> dict:
@@ -73,19 +79,42 @@ def _check_pair(name: str, value) -> tuple[float, float]:
     return min(lo, hi), max(lo, hi)
 
 
+def _key(method: str, dims: int) -> str:
+    """Where the coordinates of a projection are kept: "umap" (2-D), "umap3d" (3-D)."""
+    return method if dims == 2 else f"{method}3d"
+
+
+def _split(key: str) -> tuple[str, int]:
+    return (key[:-2], 3) if key.endswith("3d") else (key, 2)
+
+
+def _method_name(key: str) -> str:
+    method, dims = _split(key)
+    return METHOD_NAMES[method] + (" 3-D" if dims == 3 else "")
+
+
 def _top_tokens(tokens: np.ndarray, k: int) -> np.ndarray:
     """Each token's own string if it is among the k most frequent, else "other"."""
     keys = tokens.astype(str)
-    names, counts = np.unique(keys, return_counts=True)
-    top = set(names[np.argsort(-counts, kind="stable")[:k]].tolist())
-    return np.array([repr(str(t)) if t in top else "other" for t in keys], dtype=object)
+    names, which, counts = np.unique(keys, return_inverse=True, return_counts=True)
+    top = set(np.argsort(-counts, kind="stable")[:k].tolist())
+    shown = np.array([repr(str(t)) if j in top else "other" for j, t in enumerate(names.tolist())], dtype=object)
+    return shown[which.reshape(-1)]
+
+
+def _batch_size(model, seqs: A.Sequences) -> int:
+    """Sequences per forward pass when collecting ȳ: about 8k tokens on a CPU (faster there than bigger
+    batches: they fit the cache), collect_ybar's default elsewhere."""
+    if model_device(model).type != "cpu":
+        return 64
+    return max(1, 8192 // max(int(seqs.t), 1))
 
 
 @checked(**_VIEW_ARGS)
 def explore(model, data, labels=None, *, positions: Any = "all", projection: str = "pca",
             background: str | None = "umap", color_by: str | None = None, max_points: int = 100_000,
             boundary=None, n_batches: int = 4, batch_size: int = 32, seed: int = 0, linked: bool = True,
-            projection_params: dict | None = None, height: int = 520) -> "Explorer":
+            projection_params: dict | None = None, height: int = 520, dims: int = 2) -> "Explorer":
     """Collect ȳ for the tokens of `data` and open the explorer.
 
     data       LongTensor (n, t) | list of strings (the model's task tokenizer, else bytes) | Batch | Task
@@ -93,6 +122,7 @@ def explore(model, data, labels=None, *, positions: Any = "all", projection: str
     labels     None, one per sequence (n,), or one per token (n, t)
     positions  "all" | "ends" (last token of each excerpt) | k (every k-th token) | list of positions
     projection the first paint: "pca" (instant), "umap" or "tsne" (fitted in the background)
+    dims       2 or 3: a 2-D map or a 3-D one (see `Explorer.set_projection`)
     background a projection to fit in a background thread right away (None: only when picked)
     max_points cap on drawn points; beyond it a stratified subsample (by label, else by sequence) is drawn
     projection_params  {method: keyword arguments for its reducer}, e.g. {"umap": {"n_neighbors": 30}}
@@ -102,46 +132,85 @@ def explore(model, data, labels=None, *, positions: Any = "all", projection: str
     seqs = A.prepare_sequences(model, data, labels, boundary, n_batches=n_batches, batch_size=batch_size, seed=seed)
     return Explorer(model, seqs, positions=positions, projection=projection, background=background,
                     color_by=color_by, max_points=max_points, seed=seed, linked=linked,
-                    projection_params=projection_params, height=height)
+                    projection_params=projection_params, height=height, dims=dims)
+
+
+class _FullLock:
+    """The explorer's re-entrant lock; taking it first waits for a background ȳ collection (which takes it
+    to swap in every point), except in the collecting thread and while the display shows the preview."""
+
+    def __init__(self, explorer: "Explorer"):
+        self._explorer, self._lock = explorer, threading.RLock()
+
+    def __enter__(self):
+        self._explorer._await_full()
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+    def acquire_now(self):
+        """The lock without waiting for the collection (the display of the preview)."""
+        self._lock.acquire()
+        return self
+
+    def release(self) -> None:
+        self._lock.release()
 
 
 # how long after we remove a box/lasso outline its answering deselect may still arrive (a loaded machine is slow)
 _OWN_DESELECT_S = 10.0
 
 class Explorer(StaticForm, W.VBox):
-    """ipywidgets layout around a FigureWidget of ȳ points; see `explore` for the arguments."""
+    """ipywidgets layout around a FigureWidget of ȳ points; see `explore` for the arguments.
 
-    refresh_after_cells = False   # its selection lives in the page (see StaticForm); `show_static()` shows it now
+    Collecting ȳ of more than 2 × `preview_tokens` tokens (CPU: ~3 s per 100k tokens on one thread for a
+    small model) first paints a preview: the PCA of about `preview_tokens` tokens from sequences stratified
+    by label, while a background thread collects the rest and then draws every point. Python never sees
+    the preview: every method and attribute waits for the full set (`wait()` does only that).
+    `Explorer.preview_tokens = None` turns the preview off."""
+
+    refresh_after_cells = False
+    preview_tokens: int | None = 16_384   # its selection lives in the page (see StaticForm); `show_static()` shows it now
 
     @checked(**_VIEW_ARGS)
     def __init__(self, model, sequences: A.Sequences, ybar: np.ndarray | None = None, *, positions: Any = "all",
                  projection: str = "pca", background: str | None = "umap", color_by: str | None = None,
                  max_points: int = 100_000, seed: int = 0, linked: bool = True,
-                 projection_params: dict | None = None, height: int = 520):
+                 projection_params: dict | None = None, height: int = 520, dims: int = 2):
         A.require_cgt(model)
         if not isinstance(sequences, A.Sequences):
             raise TypeError(f"sequences must be an analysis.Sequences (use cgt_viz.explore for raw data), "
                             f"got {type(sequences).__name__}")
         self.projection_params = _check_projection_params(projection_params)
+        self.dims = dims
         self.model, self.seqs, self.seed, self.positions = model, sequences, seed, positions
         self.max_points, self._linked_enabled, self.height = int(max_points), bool(linked), int(height)
-        self.ybar_full = (A.collect_ybar(model, sequences.inputs) if ybar is None
-                          else check_view_ybar(ybar, sequences, model))
+        self._lock = _FullLock(self)
+        self._collector: threading.Thread | None = None
+        self._collect_error: BaseException | None = None
+        self._peek_thread: int | None = None
         seq, pos = A.select_positions(sequences.lengths, positions, sequences.boundary)
         if len(seq) < 2:
             raise ValueError(f"data with positions={positions!r} gives {len(seq)} token; the explorer needs at "
                              f"least 2 points (pass more or longer sequences)")
-        labelled = sequences.token_labels is not None
-        strata = sequences.token_labels[seq, pos].astype(str) if labelled else seq
-        shown = A.stratified_subsample(strata, max_points, seed)      # before hover text is built for them
-        self.n_total = len(seq)
-        self.points = A.points_at(sequences, self.ybar_full, seq[shown], pos[shown])
-        self._strata_name = "label" if labelled else "sequence"
+        self._strata_name = "label" if sequences.token_labels is not None else "sequence"
         self.label_name = sequences.label_name
+        self._preview_rows = None if ybar is not None else self._pick_preview(sequences, seq)
+        if ybar is not None:
+            self._ybar_full = check_view_ybar(ybar, sequences, model)
+        elif self._preview_rows is None:
+            self._ybar_full = A.collect_ybar(model, sequences.inputs, batch_size=_batch_size(model, sequences))
+        else:   # the first paint shows these rows; the rest is collected in the background (see `wait`)
+            rows = self._preview_rows
+            self._ybar_full = np.zeros((sequences.n, sequences.t, model.config.d_y), np.float32)
+            self._ybar_full[rows] = A.collect_ybar(model, sequences.inputs[rows],
+                                                   batch_size=_batch_size(model, sequences))
+        self._take_points(seq, pos)
 
-        self._lock = threading.RLock()
         self._coords: dict[str, np.ndarray] = {}
-        self.projectors: dict[str, A.Projector] = {}
+        self._projectors: dict[str, A.Projector] = {}
         self._threads: dict[str, threading.Thread] = {}
         self._errors: dict[str, BaseException] = {}
         self._selected = np.zeros(0, dtype=np.int64)
@@ -156,7 +225,7 @@ class Explorer(StaticForm, W.VBox):
 
         first = "pca"                           # always the first paint: instant; others follow when fitted
         t0 = time.perf_counter()
-        self._fit_now(first)
+        self._fit_now(_key(first, self.dims))
         self._groups: list[np.ndarray] = []
         self.figure = figure_widget(self._figure(first))
         self.projection = first
@@ -166,11 +235,18 @@ class Explorer(StaticForm, W.VBox):
                                             description="Projection", layout=W.Layout(width="220px"))
         self.color_picker = W.Dropdown(options=list(self.color_options), value=color_by, description="Colour by",
                                        layout=W.Layout(width="240px"))
-        self.status = W.HTML(html_status(f"PCA of {len(self.points):,} points in {time.perf_counter() - t0:.2f} s", "ok"))
+        self.status = W.HTML(html_status(f"{_method_name(_key(first, self.dims))} of {len(self.points):,} points in "
+                                         f"{time.perf_counter() - t0:.2f} s", "ok"))
         self.selection_info = W.HTML(html_status("Drag a box or lasso to select points; click a point to open "
                                                  "its sequence below."))
         self.linked = W.VBox([])
         self.projection_picker.observe(self._on_projection_picked, names="value")
+        self.dims_picker = W.ToggleButtons(options=[("2-D", 2), ("3-D", 3)], value=self.dims,
+                                           tooltips=["a 2-D map (box and lasso select)", "a 3-D map (drag to turn)"],
+                                           style={"button_width": "44px"}, layout=W.Layout(width="auto"))
+        self.dims_picker.observe(lambda ch: None if self._syncing else
+                                 self._ui(lambda: self.set_projection(self.projection_picker.value, dims=ch["new"])),
+                                 names="value")
         self.color_picker.observe(self._on_color_picked, names="value")
         n_pc = min(MAX_PCS, self.points.ybar.shape[1])
         pairs = [(a, b) for a in range(1, n_pc + 1) for b in range(a + 1, n_pc + 1)]
@@ -191,13 +267,143 @@ class Explorer(StaticForm, W.VBox):
         self.export_button.on_click(lambda _b: self._ui(self.export))
         self.neighbours_info = W.HTML("")
         self._stack: list[tuple] = []
-        super().__init__([W.HBox([self.projection_picker, self.pc_picker, self.color_picker, self.status]),
+        super().__init__([W.HBox([self.projection_picker, self.dims_picker, self.pc_picker, self.color_picker,
+                                  self.status]),
                           W.HBox([self.search_box, self.isolate_button, self.all_button, self.export_button]),
                           self.figure, self.selection_info, self.neighbours_info, self.linked])
+        if self._preview_rows is not None:
+            self._collector = threading.Thread(target=self._collect_rest, args=(background,), daemon=True,
+                                               name="cgt-viz-ybar")
+            self._collector.start()
         if projection != first:
             self.set_projection(projection)
-        if background is not None and background != "pca" and background not in self._threads:
-            self._start_fit(background)
+        if self._preview_rows is None and background is not None and background != "pca" \
+                and _key(background, self.dims) not in self._threads:
+            self._start_fit(_key(background, self.dims))
+
+    # ------------------------------------------------------------------ preview while ȳ is collected
+    def _pick_preview(self, sequences: A.Sequences, seq: np.ndarray) -> np.ndarray | None:
+        """Rows whose ȳ the first paint shows when collecting all of them takes long (more than
+        2 × PREVIEW_TOKENS tokens): about PREVIEW_TOKENS tokens, stratified by label; None: no preview."""
+        if self.preview_tokens is None or int(sequences.lengths.sum()) <= 2 * self.preview_tokens:
+            return None
+        per_row = max(float(sequences.lengths.mean()), 1.0)
+        k = max(2, int(math.ceil(self.preview_tokens / per_row)))
+        strata = (sequences.token_labels[:, 0].astype(str) if sequences.token_labels is not None
+                  else np.arange(sequences.n))
+        rows = np.sort(A.stratified_subsample(strata, k, self.seed))
+        return rows if np.isin(seq, rows).sum() >= 2 else None
+
+    def _take_points(self, seq: np.ndarray, pos: np.ndarray) -> None:
+        """The drawn points among the tokens (seq, pos): all, or a stratified subsample of max_points (of the
+        preview rows' tokens while the preview is shown)."""
+        if self._preview_rows is not None and self._collector is None:
+            keep = np.isin(seq, self._preview_rows)
+            seq, pos = seq[keep], pos[keep]
+        labelled = self.seqs.token_labels is not None
+        strata = self.seqs.token_labels[seq, pos].astype(str) if labelled else seq
+        shown = A.stratified_subsample(strata, self.max_points, self.seed)   # before hover text is built for them
+        self._n_total = len(seq)
+        self._points = A.points_at(self.seqs, self._ybar_full, seq[shown], pos[shown])
+
+    def _collect_rest(self, background: str | None) -> None:
+        """Background thread: ȳ of the rows the preview left out, then every point drawn (PCA afresh)."""
+        t0 = time.perf_counter()
+        try:
+            rest = np.setdiff1d(np.arange(self.seqs.n), self._preview_rows)
+            part = A.collect_ybar(self.model, self.seqs.inputs[rest], batch_size=_batch_size(self.model, self.seqs))
+            with self._lock:
+                self._ybar_full[rest] = part
+                seq, pos = A.select_positions(self.seqs.lengths, self.positions, self.seqs.boundary)
+                self._take_points(seq, pos)
+                self._preview_rows = None
+                self._coords, self._projectors = {}, {}
+                self._selected = np.zeros(0, dtype=np.int64)
+                self.color_options = self._color_options()
+                self._fit_now(_key("pca", self.dims))
+                self.projection = "pca"
+                self._redraw()
+                self._describe_selection()
+        except Exception as exc:   # shown in the status line; `wait()` re-raises it
+            self._collect_error = exc
+            self._set_status(f"collecting ȳ failed: {type(exc).__name__}: {exc}", "error")
+            return
+        self._set_status(f"ȳ of every token collected and {_method_name(_key('pca', self.dims))} of "
+                         f"{len(self._points):,} points in {time.perf_counter() - t0:.1f} s", "ok")
+        if background is not None and background != "pca":
+            self._start_fit(_key(background, self.dims))
+
+    def _await_full(self) -> None:
+        """What Python sees is always every point: wait for a background ȳ collection (not in the thread
+        that collects, nor while the display shows the preview)."""
+        thread = self.__dict__.get("_collector")
+        if thread is None or threading.get_ident() in (thread.ident, self.__dict__.get("_peek_thread")):
+            return
+        thread.join()
+        if self._collect_error is not None:
+            raise RuntimeError(f"collecting ȳ for the explorer failed: {self._collect_error}") from self._collect_error
+
+    def wait(self) -> "Explorer":
+        """Wait until ȳ of every token is collected (a big data set first paints a preview of some of its
+        sequences and collects the rest in the background; any other method waits for it too)."""
+        self._await_full()
+        return self
+
+    @property
+    def collecting(self) -> bool:
+        """True while the map shows a preview and ȳ of the other sequences is still being collected."""
+        return self._collector is not None and self._collector.is_alive()
+
+    @property
+    def points(self) -> A.Points:
+        """The drawn points (ȳ, sequence, position, token, hover text, label)."""
+        self._await_full()
+        return self._points
+
+    @points.setter
+    def points(self, value: A.Points) -> None:
+        self._points = value
+
+    @property
+    def ybar_full(self) -> np.ndarray:
+        """ȳ of every token of `seqs`: (n, t, d_y)."""
+        self._await_full()
+        return self._ybar_full
+
+    @ybar_full.setter
+    def ybar_full(self, value: np.ndarray) -> None:
+        self._ybar_full = value
+
+    @property
+    def n_total(self) -> int:
+        """How many tokens the positions select (the drawn points are at most max_points of them)."""
+        self._await_full()
+        return self._n_total
+
+    @n_total.setter
+    def n_total(self, value: int) -> None:
+        self._n_total = value
+
+    @property
+    def projectors(self) -> dict:
+        """The fitted reducers by method (they place points that `add` brings)."""
+        self._await_full()
+        return self._projectors
+
+    @projectors.setter
+    def projectors(self, value: dict) -> None:
+        self._projectors = value
+
+    def _ipython_display_(self) -> None:
+        # the display shows what the map shows now (a preview while ȳ is collected), without waiting; the
+        # static copy follows after the cell (refresh_static waits for every point)
+        self._peek_thread = threading.get_ident()
+        self._lock.acquire_now()
+        try:
+            super()._ipython_display_()
+        finally:
+            self._lock.release()
+            self._peek_thread = None
 
     # ------------------------------------------------------------------ data
     def _wire_traces(self) -> None:
@@ -242,6 +448,9 @@ class Explorer(StaticForm, W.VBox):
 
     def _note(self) -> str:
         m = len(self.points)
+        if self._preview_rows is not None:
+            return (f"preview: ȳ of {len(self._preview_rows):,} of {self.seqs.n:,} sequences ({m:,} tokens); "
+                    f"collecting the rest in the background…")
         if getattr(self, "_stack", None):
             return f"isolated selection: {m:,} of {len(self._stack[0][0]):,} drawn tokens, projected afresh"
         if m < self.n_total:
@@ -253,7 +462,7 @@ class Explorer(StaticForm, W.VBox):
     def _figure(self, method: str, rows: np.ndarray | None = None, note: str | None = None, selection: bool = True):
         """The map in projection `method` (rows: a subset of the drawn points, for the static copy)."""
         values, kind = self.color_options[self.color_by]
-        coords, hover = self._coords[method], self.points.hover
+        coords, hover = self._coords[_key(method, self.dims)], self.points.hover
         selected = self._selected if selection else np.zeros(0, np.int64)
         if rows is not None:
             pos = np.full(len(self.points), -1)
@@ -265,16 +474,17 @@ class Explorer(StaticForm, W.VBox):
         return ybar_map_figure(coords, values, hover, color_name=self.color_by, color_kind=kind,
                                note=note or self._note(), axis_names=self._axis_names(method), height=self.height,
                                selected=selected if len(selected) else None,
-                               title=f"ȳ of {len(self.points):,} tokens · {METHOD_NAMES[method]}")
+                               title=f"ȳ of {len(self.points):,} tokens · {_method_name(_key(method, self.dims))}")
 
-    def _axis_names(self, method: str) -> tuple[str, str]:
-        if method == "pca" and getattr(self, "_pc_ratio", None) is not None:
+    def _axis_names(self, method: str) -> tuple[str, ...]:
+        d, key = self.dims, _key(method, self.dims)
+        if method == "pca" and d == 2 and getattr(self, "_pc_ratio", None) is not None:
             return tuple(f"PC {c} ({100 * self._pc_ratio[c - 1]:.0f}% of variance)" for c in self.components)
-        if method == "pca" and "pca" in self.projectors:
-            ratio = self.projectors["pca"].reducer.explained_variance_ratio_
-            names = [f"PC {i + 1} ({100 * r:.0f}% of variance)" for i, r in enumerate(ratio[:2])]
-            return tuple(names + ["PC 2"] * (2 - len(names)))
-        return AXIS_NAMES[method]
+        if method == "pca" and key in self._projectors:
+            ratio = self._projectors[key].reducer.explained_variance_ratio_
+            names = [f"PC {i + 1} ({100 * r:.0f}% of variance)" for i, r in enumerate(ratio[:d])]
+            return tuple(names + list(AXIS_NAMES["pca"][len(names):d]))
+        return AXIS_NAMES[method][:d]
 
     def _ui(self, action) -> None:
         """Run a button's action; a refusal (e.g. isolate with nothing selected) goes to the status line."""
@@ -307,7 +517,7 @@ class Explorer(StaticForm, W.VBox):
                 self.pc_picker.value = (a, b)
         finally:
             self._syncing = False
-        self.set_projection("pca")
+        self.set_projection("pca", dims=2)         # a pair of components is a 2-D map
         self._show_projection("pca")
 
     # ------------------------------------------------------------------ search, neighbours, export
@@ -340,7 +550,7 @@ class Explorer(StaticForm, W.VBox):
         cos[point] = -np.inf
         idx = np.argpartition(-cos, min(k, m - 1) - 1)[:k]
         idx = idx[np.argsort(-cos[idx], kind="stable")]
-        df = self.points.frame(idx, self.coords).reset_index(drop=True)
+        df = self._frame(idx).reset_index(drop=True)
         df["cosine"] = cos[idx]
         return df
 
@@ -360,7 +570,7 @@ class Explorer(StaticForm, W.VBox):
         """Write the selection (every drawn point when nothing is selected) as CSV; returns the path
         (default: ybar_selection.csv in the working folder). The Export button calls it."""
         from pathlib import Path
-        df = self.selection if self._selected.size else self.points.frame(np.arange(len(self.points)), self.coords)
+        df = self.selection if self._selected.size else self._frame(np.arange(len(self.points)))
         target = Path("ybar_selection.csv" if path is None else path)
         df.to_csv(target, index=False)
         self._set_status(f"wrote {len(df):,} rows to {html.escape(str(target.resolve()))}", "ok")
@@ -393,8 +603,8 @@ class Explorer(StaticForm, W.VBox):
         self._selected = np.zeros(0, dtype=np.int64)
         self._pc_ratio, self.components = None, (1, 2)
         self.color_options = self._color_options()
-        if "pca" not in self._coords:
-            self._fit_now("pca")
+        if _key("pca", self.dims) not in self._coords:
+            self._fit_now(_key("pca", self.dims))
         self._syncing = True
         try:
             self.projection_picker.value = "pca"
@@ -404,7 +614,8 @@ class Explorer(StaticForm, W.VBox):
         self.projection = "pca"
         self._redraw()
         self._describe_selection()
-        self._set_status(f"{'isolated: ' if self._stack else ''}{len(self.points):,} points · PCA", "ok")
+        self._set_status(f"{'isolated: ' if self._stack else ''}{len(self.points):,} points · "
+                         f"{_method_name(_key('pca', self.dims))}", "ok")
 
     def figure_static(self, max_points: int | None = None, selection: bool = True):
         """The current view as a plain `go.Figure` (for write_html / reports); max_points: draw a subsample
@@ -427,67 +638,91 @@ class Explorer(StaticForm, W.VBox):
         return figs
 
     def static_text(self) -> str:
-        return f"ȳ explorer: {len(self.points):,} tokens, {METHOD_NAMES[self.projection]}, colour by {self.color_by}"
+        return (f"ȳ explorer: {len(self.points):,} tokens, {_method_name(_key(self.projection, self.dims))}, "
+                f"colour by {self.color_by}")
 
     @property
     def coords(self) -> np.ndarray:
-        """(M, 2) coordinates of the drawn points in the current projection."""
-        return self._coords[self.projection]
+        """(M, 2) coordinates of the drawn points in the current projection ((M, 3) in 3-D)."""
+        self._await_full()
+        return self._coords[_key(self.projection, self.dims)]
 
     # ------------------------------------------------------------------ projection
-    def _fit_now(self, method: str) -> np.ndarray:
-        proj = A.Projector(method, seed=self.seed, **self.projection_params[method])
+    def _fit_now(self, key: str) -> np.ndarray:
+        """Fit the projection `key` ("pca", "umap3d", ...; see _key) on the drawn points."""
+        method, dims = _split(key)
+        proj = A.Projector(method, seed=self.seed, dims=dims, **self.projection_params[method])
         coords = proj.fit_transform(self.points.ybar)
         with self._lock:
-            self.projectors[method], self._coords[method] = proj, coords
+            self.projectors[key], self._coords[key] = proj, coords
         return coords
 
-    def _start_fit(self, method: str) -> None:
+    def _start_fit(self, key: str) -> None:
         with self._lock:
-            if method in self._coords or (method in self._threads and self._threads[method].is_alive()):
+            if key in self._coords or (key in self._threads and self._threads[key].is_alive()):
                 return
-            self._errors.pop(method, None)
+            self._errors.pop(key, None)
             hint = (" (the first UMAP in a process also compiles numba: ~20–60 s on a small CPU)"
-                    if method == "umap" else "")
-            self._set_status(f"{METHOD_NAMES[method]}: fitting in the background on {len(self.points):,} points{hint}…",
+                    if key.startswith("umap") else "")
+            self._set_status(f"{_method_name(key)}: fitting in the background on {len(self.points):,} points{hint}…",
                              "busy")
-            thread = threading.Thread(target=self._fit_job, args=(method,), daemon=True, name=f"cgt-viz-{method}")
-            self._threads[method] = thread
+            thread = threading.Thread(target=self._fit_job, args=(key,), daemon=True, name=f"cgt-viz-{key}")
+            self._threads[key] = thread
         thread.start()
 
-    def _fit_job(self, method: str) -> None:
+    def _fit_job(self, key: str) -> None:
         t0 = time.perf_counter()
         try:
-            self._fit_now(method)
+            self._fit_now(key)
         except Exception as exc:   # shown in the status line; set_projection(wait=True) re-raises it
-            self._errors[method] = exc
-            self._set_status(f"{METHOD_NAMES[method]} failed: {type(exc).__name__}: {exc}", "error")
+            self._errors[key] = exc
+            self._set_status(f"{_method_name(key)} failed: {type(exc).__name__}: {exc}", "error")
             return
-        self._set_status(f"{METHOD_NAMES[method]} ready ({time.perf_counter() - t0:.1f} s)"
-                         + ("" if self._wanted() == method else " — pick it under Projection"), "ok")
-        if self._wanted() == method:
-            self._show_projection(method)
+        self._set_status(f"{_method_name(key)} ready ({time.perf_counter() - t0:.1f} s)"
+                         + ("" if self._wanted() == key else " — pick it under Projection"), "ok")
+        if self._wanted() == key:
+            self._show_projection(*_split(key))
 
     def _wanted(self) -> str:
-        return self.projection_picker.value if hasattr(self, "projection_picker") else self.projection
+        """The projection the pickers ask for, as a key ("umap3d")."""
+        method = self.projection_picker.value if hasattr(self, "projection_picker") else self.projection
+        return _key(method, self.dims_picker.value if hasattr(self, "dims_picker") else self.dims)
 
-    @checked(method=Choice(*A.PROJECTIONS), wait=Bool())
-    def set_projection(self, method: str, wait: bool = False) -> None:
-        """Show PCA, UMAP or t-SNE coordinates; fits (in the background unless wait=True) when not cached."""
+    def _pick_dims(self, dims: int) -> None:
+        """Set the 2-D/3-D toggle (`dims` is what the map draws, set when it is drawn)."""
+        if hasattr(self, "dims_picker") and self.dims_picker.value != dims:
+            self._syncing = True
+            try:
+                self.dims_picker.value = dims
+            finally:
+                self._syncing = False
+
+    @checked(method=Choice(*A.PROJECTIONS), wait=Bool(), dims=Int(2, 3, none=True, hint=" (a 2-D or 3-D map)"))
+    def set_projection(self, method: str, wait: bool = False, dims: int | None = None) -> None:
+        """Show PCA, UMAP or t-SNE coordinates; fits (in the background unless wait=True) when not cached.
+        dims: 2 or 3 (a 3-D map: PC 1-3, or UMAP / t-SNE with 3 components); None keeps the current one."""
+        dims = self.dims if dims is None else dims
+        self._await_full()
         if self.projection_picker.value != method:
             self._syncing = True
             try:
                 self.projection_picker.value = method
             finally:
                 self._syncing = False
-        if method in self._coords:
-            self._show_projection(method)
+        self._pick_dims(dims)
+        key = _key(method, dims)
+        if key in self._coords:
+            self._show_projection(method, dims)
             return
-        self._start_fit(method)
+        if method == "pca":                        # instant: no background thread
+            self._fit_now(key)
+            self._show_projection(method, dims)
+            return
+        self._start_fit(key)
         if wait:
-            self._threads[method].join()
-            if method in self._errors:
-                raise self._errors[method]
+            self._threads[key].join()
+            if key in self._errors:
+                raise self._errors[key]
 
     def _on_color_picked(self, change) -> None:
         if not self._syncing:
@@ -497,20 +732,36 @@ class Explorer(StaticForm, W.VBox):
         if not self._syncing:
             self.set_projection(change["new"])
 
-    def _show_projection(self, method: str) -> None:
+    def _show_projection(self, method: str, dims: int | None = None) -> None:
+        """Draw the coordinates of `method` in `dims` (default: the current; 2-D <-> 3-D rebuilds the traces)."""
+        dims = self.dims if dims is None else dims
+        key = _key(method, dims)
         with self._lock:
-            xy = self._coords[method]
-            with self.figure.batch_update():
-                groups = self._groups or [np.arange(len(xy))]
-                for trace, rows in zip(self.figure.data, groups):
-                    trace.x, trace.y = xy[rows, 0], xy[rows, 1]
-                self.figure.layout.xaxis.title.text, self.figure.layout.yaxis.title.text = self._axis_names(method)
-                self.figure.layout.title.text = (f"ȳ of {len(self.points):,} tokens · {METHOD_NAMES[method]}"
-                                                 f"<br><sup>{self._note()}</sup>")
-            self.projection = method
-            self._clear_outline()                              # a box/lasso drawn in the old coordinates
-        if method not in self._threads or not self._threads[method].is_alive():
-            self._set_status(f"showing {METHOD_NAMES[method]}", "ok")
+            xyz = self._coords[key]
+            three = dims == 3
+            if three != (self.figure.data[0].type == "scatter3d"):
+                self.projection, self.dims = method, dims
+                self._redraw()
+            else:
+                with self.figure.batch_update():
+                    groups = self._groups or [np.arange(len(xyz))]
+                    for trace, rows in zip(self.figure.data, groups):
+                        trace.x, trace.y = xyz[rows, 0], xyz[rows, 1]
+                        if three:
+                            trace.z = xyz[rows, 2]
+                    self.dims = dims
+                    names = self._axis_names(method)
+                    axes = ((self.figure.layout.scene.xaxis, self.figure.layout.scene.yaxis,
+                             self.figure.layout.scene.zaxis) if three else (self.figure.layout.xaxis,
+                                                                            self.figure.layout.yaxis))
+                    for axis, name in zip(axes, names):
+                        axis.title.text = name
+                    self.figure.layout.title.text = (f"ȳ of {len(self.points):,} tokens · {_method_name(key)}"
+                                                     f"<br><sup>{self._note()}</sup>")
+                self.projection = method
+                self._clear_outline()                          # a box/lasso drawn in the old coordinates
+        if key not in self._threads or not self._threads[key].is_alive():
+            self._set_status(f"showing {_method_name(key)}", "ok")
 
     def _set_status(self, text: str, kind: str = "info") -> None:
         if hasattr(self, "status"):
@@ -542,6 +793,9 @@ class Explorer(StaticForm, W.VBox):
         The map shows the selection (other points faint; a box/lasso outline from the browser is removed)."""
         idx = self._check_points(points)
         self._selected = np.unique(idx)
+        if self.figure.data and self.figure.data[0].type == "scatter3d":   # no selection in plotly's 3-D scatter
+            self._describe_selection()
+            return
         groups = self._groups or [np.arange(len(self.points))]
         per_trace = [np.nonzero(np.isin(rows, self._selected))[0].tolist() if self._selected.size else None
                      for rows in groups]
@@ -606,6 +860,7 @@ class Explorer(StaticForm, W.VBox):
     def select_box(self, x: tuple[float, float], y: tuple[float, float]) -> None:
         """Select the visible drawn points inside a rectangle of the current projection; x, y: (lo, hi)."""
         (x0, x1), (y0, y1) = _check_pair("x", x), _check_pair("y", y)
+        self._need_2d("select_box")
         xy = self.coords
         inside = (xy[:, 0] >= x0) & (xy[:, 0] <= x1) & (xy[:, 1] >= y0) & (xy[:, 1] <= y1)
         self.select(np.nonzero(inside & self._visible_mask())[0])
@@ -616,15 +871,30 @@ class Explorer(StaticForm, W.VBox):
         if len(xs) < 3 or xs.shape != ys.shape:
             raise ValueError(f"xs and ys must be two equal-length lists of >= 3 vertices, got shapes {xs.shape} "
                              f"and {ys.shape}")
+        self._need_2d("select_lasso")
         px, py = self.coords[:, 0][:, None], self.coords[:, 1][:, None]
         x0, y0, x1, y1 = xs, ys, np.roll(xs, -1), np.roll(ys, -1)
         crosses = ((y0 > py) != (y1 > py)) & (px < (x1 - x0) * (py - y0) / np.where(y1 == y0, 1e-12, y1 - y0) + x0)
         self.select(np.nonzero((crosses.sum(1) % 2 == 1) & self._visible_mask())[0])
 
+    def _need_2d(self, what: str) -> None:
+        if self.dims != 2:
+            raise ValueError(f"{what} works on a 2-D map, got dims={self.dims}: call set_projection(..., dims=2) "
+                             f"first, or select points with select() or search()")
+
+    def _frame(self, rows: np.ndarray):
+        """points.frame of `rows` with their coordinates: x, y (and z in 3-D)."""
+        coords = self.coords
+        df = self.points.frame(rows, coords)
+        if coords.shape[1] == 3:
+            df["z"] = coords[np.asarray(rows, dtype=np.int64), 2]
+        return df
+
     @property
     def selection(self):
-        """The selected points as a pandas DataFrame: point, sequence, position, token, token_id, label, x, y."""
-        df = self.points.frame(self._selected, self.coords)
+        """The selected points as a pandas DataFrame: point, sequence, position, token, token_id, label, x, y
+        (and z in 3-D)."""
+        df = self._frame(self._selected)
         return df.reset_index(drop=True)
 
     def _on_plotly_selection(self, i: int, last: int, points, selector=None) -> None:
