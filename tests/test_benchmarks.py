@@ -17,6 +17,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import bench_core  # noqa: E402
+import bench_throughput  # noqa: E402
 import bench_cost  # noqa: E402
 import common  # noqa: E402
 import gpu_check  # noqa: E402
@@ -134,6 +135,45 @@ def test_bench_core_writes_json(tmp_path):
     assert set(res["summary"]) == {"training_step_ratio", "training_fwd_bwd_ratio", "merged_forward_ratio",
                                    "specialize_ratio", "specialize_shared_ratio"}
     assert "| CGT train step (main + aux) / GPT step |" in (tmp_path / "README.md").read_text()
+
+
+def test_bench_throughput_quick_writes_consistent_json(tmp_path):
+    """--quick runs; the JSON's FLOPs/token are the analytic model's (training_step_flops, token_flops) and the
+    achieved FLOP/s and fractions follow from them and the measured tokens/s (timings themselves not asserted)."""
+    readme = tmp_path / "README.md"
+    res = bench_throughput.main(TINY_MODEL + ["--quick", "--out", str(tmp_path), "--write-readme", "--readme", str(readme)])
+    saved = json.loads((tmp_path / "throughput.json").read_text())
+    assert saved["rows"] == res["rows"] and saved["environment"]["threads"] == 1
+    q = bench_throughput.QUICK
+    assert {(x["name"], x["batch"]) for x in saved["rows"]} == {("train_gpt", q["train_batch"]), ("train_cgt", q["train_batch"])} | {
+        (n, b) for n in ("gen_compiled", "gen_prompted") for b in (1, 8)}
+    cfg = CGTConfig.from_dict(saved["config"])
+    peak = saved["matmul_peak"]["flops_per_s"]
+    assert _finite_positive(peak) and saved["matmul_peak"]["n"] == q["matmul_n"]
+    step_flops = common.training_step_flops(cfg, q["train_batch"], q["train_seq"])
+    for x in saved["rows"]:
+        assert _finite_positive(x["tokens_per_s"]) and _finite_positive(x["achieved_flops_per_s"]), x["name"]
+        assert x["fraction_of_matmul_peak"] == pytest.approx(x["achieved_flops_per_s"] / peak)
+        if x["kind"] == "train":
+            name = x["name"].removeprefix("train_")
+            assert x["flops_per_step"] == step_flops[name]
+            assert x["flops_per_token"] == pytest.approx(step_flops[name] / (q["train_batch"] * q["train_seq"]))
+            assert x["tokens_per_s"] == pytest.approx(x["batch"] * x["seq"] / x["step_s"]["median"])
+        else:
+            s, r = x["gen_len"], x["prompt_len"]
+            start, kind = (1, "gpt") if x["name"] == "gen_compiled" else (r, "cgt")
+            assert x["flops_per_token"] == pytest.approx(
+                sum(common.token_flops(cfg, start + j, kind) for j in range(1, s)) / (s - 1))
+            assert x["tokens_per_s"] == pytest.approx(x["batch"] * (s - 1) / x["decode_s"]["median"])
+            assert (x["specialize_s"] is not None) == (x["name"] == "gen_compiled")
+            assert 0 < x["end_to_end_tokens_per_s"] < x["tokens_per_s"] * s / (s - 1)
+        assert x["achieved_flops_per_s"] == pytest.approx(x["flops_per_token"] * x["tokens_per_s"])
+    r = saved["ratios"]
+    assert r["train_step_analytic_flops"] == pytest.approx(step_flops["cgt"] / step_flops["gpt"])
+    assert _finite_positive(r["train_step_cgt_over_gpt"]) and set(r["decode_compiled_over_prompted"]) == {"1", "8"}
+    assert readme.read_text().count("| train_cgt |") == 1 and "<!-- bench_throughput:begin -->" in readme.read_text()
+    with pytest.raises(ValueError, match="--gen-len"):
+        bench_throughput.parse_args(["--gen-len", "1"])
 
 
 @pytest.mark.parametrize("argv, name", [
