@@ -16,6 +16,7 @@ import torch
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
+import bench_aux_layouts  # noqa: E402
 import bench_core  # noqa: E402
 import bench_throughput  # noqa: E402
 import bench_cost  # noqa: E402
@@ -174,6 +175,24 @@ def test_bench_throughput_quick_writes_consistent_json(tmp_path):
     assert readme.read_text().count("| train_cgt |") == 1 and "<!-- bench_throughput:begin -->" in readme.read_text()
     with pytest.raises(ValueError, match="--gen-len"):
         bench_throughput.parse_args(["--gen-len", "1"])
+
+
+def test_aux_layouts_give_the_same_aux_loss_and_gradients(tmp_path):
+    """Every aux layout bench_aux_layouts times (the model's 4 length groups, one padded pass, one pass per row,
+    suffixes packed under a block-diagonal mask) gives the model's aux loss and gradients on the same batch."""
+    res = bench_aux_layouts.main(TINY_MODEL + ["--batch", "6", "--seq", "12", "--repeats", "1", "--out", str(tmp_path)])
+    assert json.loads((tmp_path / "aux_layouts.json").read_text())["rows"] == res["rows"]
+    assert [r["layout"] for r in res["rows"]] == list(bench_aux_layouts.LAYOUTS)
+    for r in res["rows"]:
+        assert r["aux_difference"] <= 1e-6 * r["aux"] and r["max_grad_difference"] <= 1e-5 * r["max_grad"], r["layout"]
+        assert _finite_positive(r["ratio_cpu_median"]) and r["positions_per_row"] >= r["exact_positions_per_row"]
+    by = {r["layout"]: r for r in res["rows"]}
+    assert by["per_row"]["positions_per_row"] == by["per_row"]["exact_positions_per_row"]
+    assert by["groups4"]["positions_per_row"] <= by["groups1"]["positions_per_row"]
+    assert bench_aux_layouts.pack_suffixes([5, 2, 3, 4, 1], 5) == [[0], [3, 4], [2, 1]]
+    row, pos, valid, mask = bench_aux_layouts.packed_layout([3, 1, 2])      # [[0], [2, 1]]
+    assert row.tolist() == [[0, 0, 0], [2, 2, 1]] and pos.tolist() == [[0, 1, 2], [0, 1, 0]] and bool(valid.all())
+    assert mask[1, 0].tolist() == [[True, False, False], [True, True, False], [False, False, True]]
 
 
 @pytest.mark.parametrize("argv, name", [
