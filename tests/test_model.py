@@ -474,3 +474,30 @@ def test_aux_on_a_share_of_the_rows_is_an_unbiased_estimate_of_the_full_aux():
     g = torch.Generator().manual_seed(1)
     train_aux = model.loss(idx, targets, split=split, generator=g)["aux"]
     assert any(torch.allclose(train_aux, s) for s in subsets)
+
+
+@pytest.mark.parametrize("rank, frozen", [(1, False), (1, True), (3, False), (3, True)])
+def test_template_apply_matches_the_einsum_definition(rank, frozen):
+    """SiteTemplates.apply (two plain matmuls over the k·r columns) gives T(ȳ) h = h + Σ_k c_k U_k V_kᵀ h as the
+    einsum it replaced, values and gradients (h, c, U, V), per-token and frozen coefficients."""
+    from einops import einsum
+    from cgt_viz.layers import SiteTemplates
+    torch.manual_seed(0)
+    temp = SiteTemplates(24, 8, 5, rank)
+    h = torch.randn(3, 7, 24, requires_grad=True)
+    c = torch.randn(3, 1 if frozen else 7, 5, requires_grad=True)
+    grad_out = torch.randn(3, 7, 24)
+
+    def reference(h, c):
+        proj = einsum(h, temp.V, "b t i, k i r -> b t k r")
+        return h + einsum(proj * c.unsqueeze(-1), temp.U, "b t k r, k i r -> b t i")
+
+    results = []
+    for fn in (reference, temp.apply):
+        for x in (h, c, temp.U, temp.V):
+            x.grad = None
+        out = fn(h, c)
+        (out * grad_out).sum().backward()
+        results.append([out.detach()] + [x.grad.clone() for x in (h, c, temp.U, temp.V)])
+    for want, got in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
