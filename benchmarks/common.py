@@ -253,9 +253,9 @@ def prefill_flops(cfg: CGTConfig, t: int, kind: str) -> int:
 
 def aux_padded_lengths(cfg: CGTConfig, batch: int, seq: int, draws: int = 256, seed: int = 0) -> dict:
     """Mean positions per row that the aux pass computes for splits drawn as in training: "exact" (each row's
-    own suffix), "grouped" (rows in the model's own length groups, `cgt_viz.model.aux_length_groups`, each
+    own suffix), "grouped" (rows in the model's own length groups, `cgt_viz.losses.aux_length_groups`, each
     padded to its longest) and "padded" (every row padded to the longest suffix of the batch)."""
-    from cgt_viz.model import AUX_LENGTH_GROUPS, aux_length_groups
+    from cgt_viz.losses import AUX_LENGTH_GROUPS, aux_length_groups
 
     gen = torch.Generator().manual_seed(seed)
     lo, hi = cfg.aux_min_prefix, seq - cfg.aux_min_suffix
