@@ -5,8 +5,11 @@
 Every layout computes each row's suffix with its own frozen ȳ, positions from 0, attending only within the
 suffix, so all give the same aux loss and gradients (checked here on the benchmark batch, and in
 tests/test_benchmarks.py on a tiny one); only the shapes of the work differ:
-  groups4   the model's layout (cgt_viz.model.AUX_LENGTH_GROUPS = 4): rows sorted by suffix length in 4 groups,
-            each padded to its own longest suffix
+  groups4   the model's layout (cgt_viz.losses.AUX_LENGTH_GROUPS = 4): rows sorted by suffix length in 4 groups,
+            each padded to its own longest suffix (cut where the padding is least)
+  groups4_chunks  the same 4 groups as equal-size chunks (the model's layout before the least-padding cut)
+  einsum_apply    groups4 with the templates applied by the two einsums SiteTemplates.apply used before (main
+            pass and aux pass alike)
   groups1   every row padded to the longest suffix of the batch (one pass)
   per_row   one pass per row, no padding (AUX_LENGTH_GROUPS = b)
   packed    suffixes packed first-fit decreasing into sequences as long as the longest suffix, positions
@@ -28,13 +31,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402  (puts the repo root on sys.path)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from einops import rearrange  # noqa: E402
+from einops import einsum, rearrange  # noqa: E402
 
+import cgt_viz.losses as losses_module  # noqa: E402
 import cgt_viz.model as model_module  # noqa: E402
 from cgt_viz.contracts import IGNORE_INDEX  # noqa: E402
-from cgt_viz.losses import per_position_loss, take_positions  # noqa: E402
+from cgt_viz.layers import SiteTemplates  # noqa: E402
+from cgt_viz.losses import aux_length_groups, per_position_loss, take_positions  # noqa: E402
 
-LAYOUTS = ("groups4", "groups1", "per_row", "packed")
+LAYOUTS = ("groups4", "groups4_chunks", "groups1", "per_row", "packed", "einsum_apply")
 
 
 # ---------------------------------------------------------------------------------------------- packing
@@ -117,12 +122,28 @@ def packed_aux_loss(self, idx, targets, loss_mask, ybar, split, keep=None):
     return (loss * scored).sum() * (b / n) / count
 
 
+MATMUL_APPLY = SiteTemplates.apply
+
+
+def einsum_apply(self, h: torch.Tensor, coeffs: torch.Tensor) -> torch.Tensor:
+    """SiteTemplates.apply as it was: two einsums."""
+    proj = einsum(h, self.V, "b t i, k i r -> b t k r")
+    return h + einsum(proj * coeffs.unsqueeze(-1), self.U, "b t k r, k i r -> b t i")
+
+
+def chunked_groups(split: torch.Tensor) -> list[torch.Tensor]:
+    """The grouping before the least-padding cut: rows sorted by suffix length in 4 equal-size chunks."""
+    return list(torch.argsort(split).chunk(4))
+
+
 def use_layout(cgt, layout: str, batch: int) -> None:
     """Switch the CGT's aux pass to `layout` (the model's own code for the group layouts)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     cgt.__dict__.pop("_aux_loss", None)
-    model_module.AUX_LENGTH_GROUPS = {"groups4": 4, "groups1": 1, "per_row": batch}.get(layout, 4)
+    model_module.aux_length_groups = chunked_groups if layout == "groups4_chunks" else aux_length_groups
+    SiteTemplates.apply = einsum_apply if layout == "einsum_apply" else MATMUL_APPLY
+    losses_module.AUX_LENGTH_GROUPS = {"groups1": 1, "per_row": batch}.get(layout, 4)
     if layout == "packed":
         cgt._aux_loss = types.MethodType(packed_aux_loss, cgt)
 
@@ -132,10 +153,14 @@ def positions_per_row(layout: str, lengths: list[int]) -> float:
     b = len(lengths)
     if layout == "packed":
         return len(pack_suffixes(lengths, max(lengths))) * max(lengths) / b
-    groups = {"groups4": 4, "groups1": 1, "per_row": b}[layout]
-    ordered = sorted(lengths, reverse=True)
-    chunk = -(-b // groups)
-    return sum(len(ordered[i:i + chunk]) * ordered[i] for i in range(0, b, chunk)) / b
+    saved = losses_module.AUX_LENGTH_GROUPS
+    losses_module.AUX_LENGTH_GROUPS = {"groups1": 1, "per_row": b}.get(layout, 4)
+    group_fn = chunked_groups if layout == "groups4_chunks" else aux_length_groups
+    try:
+        groups = group_fn(-torch.tensor(lengths))   # the model's own grouping (longest suffix first)
+    finally:
+        losses_module.AUX_LENGTH_GROUPS = saved
+    return sum(len(g) * max(lengths[i] for i in g.tolist()) for g in groups) / b
 
 
 # ---------------------------------------------------------------------------------------------- checks and timing
