@@ -10,6 +10,7 @@ tests/test_benchmarks.py on a tiny one); only the shapes of the work differ:
   groups4_chunks  the same 4 groups as equal-size chunks (the model's layout before the least-padding cut)
   einsum_apply    groups4 with the templates applied by the two einsums SiteTemplates.apply used before (main
             pass and aux pass alike)
+  previous  groups4_chunks with einsum_apply: the model as it was before both changes
   groups1   every row padded to the longest suffix of the batch (one pass)
   per_row   one pass per row, no padding (AUX_LENGTH_GROUPS = b)
   packed    suffixes packed first-fit decreasing into sequences as long as the longest suffix, positions
@@ -39,7 +40,7 @@ from cgt_viz.contracts import IGNORE_INDEX  # noqa: E402
 from cgt_viz.layers import SiteTemplates  # noqa: E402
 from cgt_viz.losses import aux_length_groups, per_position_loss, take_positions  # noqa: E402
 
-LAYOUTS = ("groups4", "groups4_chunks", "groups1", "per_row", "packed", "einsum_apply")
+LAYOUTS = ("groups4", "groups4_chunks", "groups1", "per_row", "packed", "einsum_apply", "previous")
 
 
 # ---------------------------------------------------------------------------------------------- packing
@@ -88,6 +89,16 @@ def _block_masked(block, x, modulate, mask):
     return x + block.mlp(block.ln_2(x), modulate)
 
 
+def _modulator(model, layer: int, coeffs: dict):
+    """The modulate hook of CGT._upper for one layer, with per-slot coefficients."""
+    temps = model.templates[str(layer)]
+
+    def modulate(site, h):
+        key = f"{layer}.{site}"
+        return temps[site].apply(h, coeffs[key]) if key in coeffs else h
+    return modulate
+
+
 def packed_aux_loss(self, idx, targets, loss_mask, ybar, split, keep=None):
     """CGT._aux_loss with the packed layout (tokens mode): the same estimate, term by term."""
     cfg = self.config
@@ -109,13 +120,7 @@ def packed_aux_loss(self, idx, targets, loss_mask, ybar, split, keep=None):
     x = gpt.drop(gpt.embed(suffix[row, pos]) + gpt.wpe(pos))
     coeffs = {key: c[row] for key, c in self._coefficients(ytilde).items()}          # (p, c, K), per slot
     for layer in range(1, cfg.n_layer + 1):
-        modulate = None
-        if layer in self.modulated_layers:
-            temps = self.templates[str(layer)]
-
-            def modulate(site, h, layer=layer, temps=temps):
-                key = f"{layer}.{site}"
-                return temps[site].apply(h, coeffs[key]) if key in coeffs else h
+        modulate = _modulator(self, layer, coeffs) if layer in self.modulated_layers else None
         x = _block_masked(gpt.blocks[layer - 1], x, modulate, attn_mask)
     logits = gpt.head(gpt.ln_f(x))
     loss, scored = per_position_loss(cfg.mode, logits, suffix_targets[row, pos], mask[row, pos] & valid)
@@ -141,8 +146,8 @@ def use_layout(cgt, layout: str, batch: int) -> None:
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     cgt.__dict__.pop("_aux_loss", None)
-    model_module.aux_length_groups = chunked_groups if layout == "groups4_chunks" else aux_length_groups
-    SiteTemplates.apply = einsum_apply if layout == "einsum_apply" else MATMUL_APPLY
+    model_module.aux_length_groups = chunked_groups if layout in ("groups4_chunks", "previous") else aux_length_groups
+    SiteTemplates.apply = einsum_apply if layout in ("einsum_apply", "previous") else MATMUL_APPLY
     losses_module.AUX_LENGTH_GROUPS = {"groups1": 1, "per_row": batch}.get(layout, 4)
     if layout == "packed":
         cgt._aux_loss = types.MethodType(packed_aux_loss, cgt)
@@ -155,7 +160,7 @@ def positions_per_row(layout: str, lengths: list[int]) -> float:
         return len(pack_suffixes(lengths, max(lengths))) * max(lengths) / b
     saved = losses_module.AUX_LENGTH_GROUPS
     losses_module.AUX_LENGTH_GROUPS = {"groups1": 1, "per_row": b}.get(layout, 4)
-    group_fn = chunked_groups if layout == "groups4_chunks" else aux_length_groups
+    group_fn = chunked_groups if layout in ("groups4_chunks", "previous") else aux_length_groups
     try:
         groups = group_fn(-torch.tensor(lengths))   # the model's own grouping (longest suffix first)
     finally:
