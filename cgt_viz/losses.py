@@ -11,15 +11,19 @@ from .contracts import IGNORE_INDEX
 
 LOSS_TERMS = ("main", "aux", "smooth", "total")   # the keys of every model's loss dict, in this order
 AUX_LENGTH_GROUPS = 4   # the auxiliary pass runs rows in up to this many suffix-length groups
+MAX_CUT_ROWS = 1024     # aux_length_groups searches the least-padding cut up to this many rows
 
 
 def aux_length_groups(split: torch.Tensor) -> list[torch.Tensor]:
     """The auxiliary pass's row groups for a CPU split (b,): rows sorted by suffix length (longest first), cut
     into min(b, AUX_LENGTH_GROUPS) contiguous groups, each padded to its own longest suffix, where the padded
     positions Σ_g |g| · max suffix_g are fewest (exactly, by dynamic programming over the cut points; equal-size
-    chunks padded ~4 % more for uniform splits at b = 8)."""
+    chunks padded ~4 % more for uniform splits at b = 8). Above MAX_CUT_ROWS rows (the search holds a b × b
+    table) the groups are equal-size chunks."""
     order = torch.argsort(split, stable=True)
     n, inf = len(order), float("inf")
+    if n > MAX_CUT_ROWS:
+        return list(order.chunk(AUX_LENGTH_GROUPS))
     # a group of sorted rows i..j−1 pads to row i's suffix t − s_i: Σ_g |g| (t − s_first) = t·b − Σ_g |g| s_first
     first = torch.cat([split[order].double(), torch.zeros(1, dtype=torch.float64)])
     size = (torch.arange(n + 1)[None, :] - torch.arange(n + 1)[:, None]).double()          # (i, j) -> j − i

@@ -519,6 +519,8 @@ def test_aux_length_groups_pad_least_and_do_not_change_the_aux_loss(monkeypatch)
                    for k in range(min(n, 4)) for cuts in itertools.combinations(range(1, n), k)
                    for b in [(0,) + cuts + (n,)])
         assert sum(len(x) * (40 - int(split[x].min())) for x in groups) == best
+    many = torch.randint(1, 40, (losses.MAX_CUT_ROWS + 1,), generator=g)     # beyond the search: equal chunks
+    assert [len(x) for x in losses.aux_length_groups(many)] == [len(x) for x in torch.arange(len(many)).chunk(4)]
     cfg = make_cfg(w_aux=1.0)
     model = trained_like(cfg)
     inp = make_inputs(cfg, b=6, t=14)
