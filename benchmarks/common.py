@@ -253,9 +253,9 @@ def prefill_flops(cfg: CGTConfig, t: int, kind: str) -> int:
 
 def aux_padded_lengths(cfg: CGTConfig, batch: int, seq: int, draws: int = 256, seed: int = 0) -> dict:
     """Mean positions per row that the aux pass computes for splits drawn as in training: "exact" (each row's
-    own suffix), "grouped" (rows in the model's own length groups, `cgt_viz.model.aux_length_groups`, each
+    own suffix), "grouped" (rows in the model's own length groups, `cgt_viz.losses.aux_length_groups`, each
     padded to its longest) and "padded" (every row padded to the longest suffix of the batch)."""
-    from cgt_viz.model import AUX_LENGTH_GROUPS, aux_length_groups
+    from cgt_viz.losses import AUX_LENGTH_GROUPS, aux_length_groups
 
     gen = torch.Generator().manual_seed(seed)
     lo, hi = cfg.aux_min_prefix, seq - cfg.aux_min_suffix
@@ -315,10 +315,16 @@ def build_models(args, block_size: int, device: torch.device) -> tuple[CGT, torc
 
 
 # ---------------------------------------------------------------------------------------------- training step
+TRAINING_KINDS = ("forward", "forward_backward", "step")
+
+
 def measure_training(cgt: CGT, gpt: torch.nn.Module, device: torch.device, batch: int, seq: int,
-                     repeats: int, seed: int = 0) -> dict:
+                     repeats: int, seed: int = 0, kinds: Sequence[str] = TRAINING_KINDS) -> dict:
     """Seconds per training step, CGT (main + aux at the config's w_aux) vs GPT on the same (batch, seq)
-    tokens; forward only, forward + backward, and the full step with AdamW. Splits are sampled per step."""
+    tokens; forward only, forward + backward, and the full step with AdamW (`kinds`: a subset of those).
+    Splits are sampled per step."""
+    if not kinds or any(k not in TRAINING_KINDS for k in kinds):
+        raise ValueError(f"kinds must be a non-empty subset of {TRAINING_KINDS}, got {kinds!r}")
     cfg = cgt.config
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen).to(device)
@@ -349,7 +355,7 @@ def measure_training(cgt: CGT, gpt: torch.nn.Module, device: torch.device, batch
         opts[name].step()
 
     out = {"batch": batch, "seq": seq, "w_aux": cfg.w_aux, "aux_suffix_len": cfg.aux_suffix_len}
-    for kind, fn in (("forward", fwd), ("forward_backward", fwd_bwd), ("step", step)):
+    for kind, fn in ((k, f) for k, f in zip(TRAINING_KINDS, (fwd, fwd_bwd, step)) if k in kinds):
         times = time_interleaved({n: (lambda n=n: fn(n)) for n in ("gpt", "cgt")}, device, repeats)
         out[kind] = {n: summarize(ts) for n, ts in times.items()}
         out[kind]["ratio_median"] = ratio(out[kind]["cgt"]["median"], out[kind]["gpt"]["median"])

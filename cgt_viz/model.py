@@ -32,9 +32,7 @@ from .contracts import (IGNORE_INDEX, cache_name_filter, check_ablate, check_inp
 from .generation import Generation
 from .io import PretrainedMixin, fold_affine_ln_y
 from .layers import SITE_WEIGHTS, Block, EMAReadout, SiteTemplates, YBlock, init_weights
-from .losses import masked_loss, per_position_loss, smoothness_penalty, take_positions
-
-AUX_LENGTH_GROUPS = 4   # the auxiliary pass runs rows in up to this many suffix-length groups
+from .losses import aux_length_groups, masked_loss, per_position_loss, smoothness_penalty, take_positions
 
 
 class GPT(PretrainedMixin, Generation, nn.Module):
@@ -352,7 +350,7 @@ class CGT(PretrainedMixin, Generation, nn.Module):
             split, suffix, suffix_targets, mask, ytilde = split[keep], suffix[k], suffix_targets[k], mask[k], ytilde[k]
         n = suffix.shape[0]
         # Padding every row to the longest suffix wastes ~45 % of the pass for uniform splits: rows sorted by
-        # suffix length run in up to AUX_LENGTH_GROUPS groups, each only as long as its own longest suffix.
+        # suffix length run in up to losses.AUX_LENGTH_GROUPS groups, each only as long as its own longest suffix.
         logits = None
         for group in aux_length_groups(split):
             m_group = min(m, t - int(split[group].min()))
@@ -374,12 +372,6 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         ytilde = self._lower(idx)[1][torch.arange(b, device=idx.device), split_dev - 1]   # (b, e)
         src = split_dev[:, None] + torch.arange(t - int(split.min()), device=idx.device)
         return self._specialized(take_positions(idx, src), ytilde)
-
-
-def aux_length_groups(split: torch.Tensor) -> list[torch.Tensor]:
-    """The auxiliary pass's row groups for a CPU split (b,): rows sorted by suffix length, in up to
-    AUX_LENGTH_GROUPS chunks, each padded only to its own longest suffix."""
-    return list(torch.argsort(split).chunk(AUX_LENGTH_GROUPS))
 
 
 class _Record(dict):

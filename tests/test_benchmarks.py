@@ -16,7 +16,9 @@ import torch
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
+import bench_aux_layouts  # noqa: E402
 import bench_core  # noqa: E402
+import bench_throughput  # noqa: E402
 import bench_cost  # noqa: E402
 import common  # noqa: E402
 import gpu_check  # noqa: E402
@@ -134,6 +136,63 @@ def test_bench_core_writes_json(tmp_path):
     assert set(res["summary"]) == {"training_step_ratio", "training_fwd_bwd_ratio", "merged_forward_ratio",
                                    "specialize_ratio", "specialize_shared_ratio"}
     assert "| CGT train step (main + aux) / GPT step |" in (tmp_path / "README.md").read_text()
+
+
+def test_bench_throughput_quick_writes_consistent_json(tmp_path):
+    """--quick runs; the JSON's FLOPs/token are the analytic model's (training_step_flops, token_flops) and the
+    achieved FLOP/s and fractions follow from them and the measured tokens/s (timings themselves not asserted)."""
+    readme = tmp_path / "README.md"
+    res = bench_throughput.main(TINY_MODEL + ["--quick", "--out", str(tmp_path), "--write-readme", "--readme", str(readme)])
+    saved = json.loads((tmp_path / "throughput.json").read_text())
+    assert saved["rows"] == res["rows"] and saved["environment"]["threads"] == 1
+    q = bench_throughput.QUICK
+    assert {(x["name"], x["batch"]) for x in saved["rows"]} == {("train_gpt", q["train_batch"]), ("train_cgt", q["train_batch"])} | {
+        (n, b) for n in ("gen_compiled", "gen_prompted") for b in (1, 8)}
+    cfg = CGTConfig.from_dict(saved["config"])
+    peak = saved["matmul_peak"]["flops_per_s"]
+    assert _finite_positive(peak) and saved["matmul_peak"]["n"] == q["matmul_n"]
+    step_flops = common.training_step_flops(cfg, q["train_batch"], q["train_seq"])
+    for x in saved["rows"]:
+        assert _finite_positive(x["tokens_per_s"]) and _finite_positive(x["achieved_flops_per_s"]), x["name"]
+        assert x["fraction_of_matmul_peak"] == pytest.approx(x["achieved_flops_per_s"] / peak)
+        if x["kind"] == "train":
+            name = x["name"].removeprefix("train_")
+            assert x["flops_per_step"] == step_flops[name]
+            assert x["flops_per_token"] == pytest.approx(step_flops[name] / (q["train_batch"] * q["train_seq"]))
+            assert x["tokens_per_s"] == pytest.approx(x["batch"] * x["seq"] / x["step_s"]["median"])
+        else:
+            s, r = x["gen_len"], x["prompt_len"]
+            start, kind = (1, "gpt") if x["name"] == "gen_compiled" else (r, "cgt")
+            assert x["flops_per_token"] == pytest.approx(
+                sum(common.token_flops(cfg, start + j, kind) for j in range(1, s)) / (s - 1))
+            assert x["tokens_per_s"] == pytest.approx(x["batch"] * (s - 1) / x["decode_s"]["median"])
+            assert (x["specialize_s"] is not None) == (x["name"] == "gen_compiled")
+            assert 0 < x["end_to_end_tokens_per_s"] < x["tokens_per_s"] * s / (s - 1)
+        assert x["achieved_flops_per_s"] == pytest.approx(x["flops_per_token"] * x["tokens_per_s"])
+    r = saved["ratios"]
+    assert r["train_step_analytic_flops"] == pytest.approx(step_flops["cgt"] / step_flops["gpt"])
+    assert _finite_positive(r["train_step_cgt_over_gpt"]) and set(r["decode_compiled_over_prompted"]) == {"1", "8"}
+    assert readme.read_text().count("| train_cgt |") == 1 and "<!-- bench_throughput:begin -->" in readme.read_text()
+    with pytest.raises(ValueError, match="--gen-len"):
+        bench_throughput.parse_args(["--gen-len", "1"])
+
+
+def test_aux_layouts_give_the_same_aux_loss_and_gradients(tmp_path):
+    """Every aux layout bench_aux_layouts times (the model's 4 length groups, one padded pass, one pass per row,
+    suffixes packed under a block-diagonal mask) gives the model's aux loss and gradients on the same batch."""
+    res = bench_aux_layouts.main(TINY_MODEL + ["--batch", "6", "--seq", "12", "--repeats", "1", "--out", str(tmp_path)])
+    assert json.loads((tmp_path / "aux_layouts.json").read_text())["rows"] == res["rows"]
+    assert [r["layout"] for r in res["rows"]] == list(bench_aux_layouts.LAYOUTS)
+    for r in res["rows"]:
+        assert r["aux_difference"] <= 1e-6 * r["aux"] and r["max_grad_difference"] <= 1e-5 * r["max_grad"], r["layout"]
+        assert _finite_positive(r["ratio_cpu_median"]) and r["positions_per_row"] >= r["exact_positions_per_row"]
+    by = {r["layout"]: r for r in res["rows"]}
+    assert by["per_row"]["positions_per_row"] == by["per_row"]["exact_positions_per_row"]
+    assert by["groups4"]["positions_per_row"] <= by["groups4_chunks"]["positions_per_row"] <= by["groups1"]["positions_per_row"]
+    assert bench_aux_layouts.pack_suffixes([5, 2, 3, 4, 1], 5) == [[0], [3, 4], [2, 1]]
+    row, pos, valid, mask = bench_aux_layouts.packed_layout([3, 1, 2])      # [[0], [2, 1]]
+    assert row.tolist() == [[0, 0, 0], [2, 2, 1]] and pos.tolist() == [[0, 1, 2], [0, 1, 0]] and bool(valid.all())
+    assert mask[1, 0].tolist() == [[True, False, False], [True, True, False], [False, False, True]]
 
 
 @pytest.mark.parametrize("argv, name", [

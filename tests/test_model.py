@@ -462,3 +462,66 @@ def test_aux_on_a_share_of_the_rows_is_an_unbiased_estimate_of_the_full_aux():
     g = torch.Generator().manual_seed(1)
     train_aux = model.loss(idx, targets, split=split, generator=g)["aux"]
     assert any(torch.allclose(train_aux, s) for s in subsets)
+
+
+@pytest.mark.parametrize("rank, frozen", [(1, False), (1, True), (3, False), (3, True)])
+def test_template_apply_matches_the_einsum_definition(rank, frozen):
+    """SiteTemplates.apply (two plain matmuls over the k·r columns) gives T(ȳ) h = h + Σ_k c_k U_k V_kᵀ h as the
+    einsum it replaced, values and gradients (h, c, U, V), per-token and frozen coefficients."""
+    from einops import einsum
+    from cgt_viz.layers import SiteTemplates
+    torch.manual_seed(0)
+    temp = SiteTemplates(24, 8, 5, rank)
+    h = torch.randn(3, 7, 24, requires_grad=True)
+    c = torch.randn(3, 1 if frozen else 7, 5, requires_grad=True)
+    grad_out = torch.randn(3, 7, 24)
+
+    def reference(h, c):
+        proj = einsum(h, temp.V, "b t i, k i r -> b t k r")
+        return h + einsum(proj * c.unsqueeze(-1), temp.U, "b t k r, k i r -> b t i")
+
+    results = []
+    for fn in (reference, temp.apply):
+        for x in (h, c, temp.U, temp.V):
+            x.grad = None
+        out = fn(h, c)
+        (out * grad_out).sum().backward()
+        results.append([out.detach()] + [x.grad.clone() for x in (h, c, temp.U, temp.V)])
+    for want, got in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_aux_length_groups_pad_least_and_do_not_change_the_aux_loss(monkeypatch):
+    """The groups cover every row once, at most AUX_LENGTH_GROUPS of them, with the fewest padded positions of any
+    cut of the rows sorted by suffix length (brute force); 1, 4 or b groups give the same aux loss and gradients."""
+    import itertools
+    from cgt_viz import losses
+    g = torch.Generator().manual_seed(0)
+    for _ in range(100):
+        n = int(torch.randint(1, 10, (1,), generator=g))
+        split = torch.randint(1, 40, (n,), generator=g)
+        groups = losses.aux_length_groups(split)
+        assert sorted(torch.cat(groups).tolist()) == list(range(n)) and len(groups) == min(n, losses.AUX_LENGTH_GROUPS)
+        s = split.sort().values.tolist()
+        best = min(sum((b[q + 1] - b[q]) * (40 - s[b[q]]) for q in range(len(b) - 1))
+                   for k in range(min(n, 4)) for cuts in itertools.combinations(range(1, n), k)
+                   for b in [(0,) + cuts + (n,)])
+        assert sum(len(x) * (40 - int(split[x].min())) for x in groups) == best
+    many = torch.randint(1, 40, (losses.MAX_CUT_ROWS + 1,), generator=g)     # beyond the search: equal chunks
+    assert [len(x) for x in losses.aux_length_groups(many)] == [len(x) for x in torch.arange(len(many)).chunk(4)]
+    cfg = make_cfg(w_aux=1.0)
+    model = trained_like(cfg)
+    inp = make_inputs(cfg, b=6, t=14)
+    tgt = make_targets(cfg, inp)
+    split = torch.tensor([2, 13, 7, 7, 4, 10])
+    results = []
+    for n_groups in (1, 4, 6):
+        monkeypatch.setattr(losses, "AUX_LENGTH_GROUPS", n_groups)
+        model.zero_grad()
+        aux = model.loss(inp, tgt, split=split)["aux"]
+        aux.backward()
+        results.append((aux.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    for aux, grads in results[1:]:
+        torch.testing.assert_close(aux, results[0][0])
+        for got, want in zip(grads, results[0][1]):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
