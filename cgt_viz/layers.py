@@ -236,3 +236,25 @@ class EMAReadout(nn.Module):
         w = self.weights(t, h.shape[1], h.device).to(h.dtype)
         mean = einsum(w, h, "e t s, b s e -> b t e")
         return self.gate * y + mean
+
+
+class TokenShift(nn.Module):
+    """The previous input, embedded: position t gets E_prev(input_{t−1}) added to x.0 (zeros at position 0).
+
+    An answer token then already holds its query, so pairing the two needs no previous-token attention head
+    (RWKV's token shift, applied to the embeddings). With a KVCache the embedded history is kept in it, so
+    generation token by token gives the same x.0 as one pass.
+    """
+
+    def __init__(self, vocab_size: int | None, input_dim: int | None, d: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, d) if vocab_size is not None else nn.Linear(input_dim, d, bias=False)
+
+    def forward(self, inp: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        prev = self.embed(inp)                                                         # (b, t, d)
+        t = prev.shape[1]
+        if cache is not None:
+            hist, _ = cache.append(prev[:, None], prev[:, None])
+            prev = hist[:, 0]                                                          # (b, s, d)
+        return F.pad(prev[:, :-1], (0, 0, 1, 0))[:, -t:]                               # row s reads s − 1
+

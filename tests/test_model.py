@@ -47,12 +47,13 @@ def trained_like(cfg, seed=0):
 # one parametrisation covering sites, K, r, ℓ and both input modes
 CASES = [
     dict(mode="tokens", sites=("attn_in", "mlp_in"), n_templates=3, template_rank=2, y_layer=2),
-    dict(mode="tokens", sites=ALL_SITES, n_templates=1, template_rank=1, y_layer=1),
+    dict(mode="tokens", sites=ALL_SITES, n_templates=1, template_rank=1, y_layer=1, token_shift=True),
     dict(mode="tokens", sites=("attn_out", "mlp_out"), n_templates=4, template_rank=3, y_layer=3),
-    dict(mode="vectors", sites=("attn_in", "mlp_out"), n_templates=2, template_rank=1, y_layer=2),
+    dict(mode="vectors", sites=("attn_in", "mlp_out"), n_templates=2, template_rank=1, y_layer=2, token_shift=True),
     dict(mode="tokens", sites=("mlp_in",), n_templates=2, template_rank=2, y_layer=2, y_reads="pre", y_pos=False),
 ]
-IDS = [f"{c['mode']}-{'+'.join(c['sites'])}-K{c['n_templates']}-r{c['template_rank']}-l{c['y_layer']}" for c in CASES]
+IDS = [f"{c['mode']}-{'+'.join(c['sites'])}-K{c['n_templates']}-r{c['template_rank']}-l{c['y_layer']}"
+       + ("-shift" if c.get("token_shift") else "") for c in CASES]
 
 
 @pytest.fixture(params=CASES, ids=IDS)
@@ -314,9 +315,10 @@ def test_gpt_loss_has_the_same_keys():
     torch.testing.assert_close(losses["total"], losses["main"])
 
 
+@pytest.mark.parametrize("token_shift", [False, True])
 @pytest.mark.parametrize("cls", [CGT, GPT])
-def test_kv_cache_generate_matches_recomputation(cls):
-    cfg = make_cfg(block_size=32)
+def test_kv_cache_generate_matches_recomputation(cls, token_shift):
+    cfg = make_cfg(block_size=32, token_shift=token_shift)
     model = trained_like(cfg) if cls is CGT else GPT(cfg).eval()
     prompt = make_inputs(cfg, b=2, t=5)
     fast = model.generate(prompt, 12, temperature=0)

@@ -44,6 +44,7 @@ import torch
 
 from .._checks import Bool, Choice, Device, Float, Generator, Int, checked, check_int
 from ..contracts import IGNORE_INDEX
+from ..plateau import NoInformationLoss
 from .base import Batch, Task
 
 FAMILIES = ("shift", "affine", "dihedral", "mul")
@@ -128,11 +129,21 @@ class SyntheticICL(Task):
                 "shift_fraction": self.shift_fraction, "answer_tokens": self.answer_tokens}
 
     def config_kwargs(self) -> dict[str, Any]:
+        """The config fields this task fixes; value answers also turn the token shift on (each answer position
+        then holds its query, which the model otherwise has to pair by growing a previous-token head)."""
         return {"vocab_size": self.vocab_size, "block_size": self.block_size, "aux_suffix_len": 2,
+                **({"token_shift": True} if self.answer_tokens == "value" else {}),
                 "extra": {"task": {"name": self.name, **self.kwargs()}}}
 
     def __repr__(self) -> str:
         return "SyntheticICL(" + ", ".join(f"{k}={v!r}" for k, v in self.kwargs().items()) + ")"
+
+    def no_information_loss(self) -> NoInformationLoss:
+        hint = ("Likely cause: the model has not yet learned to pair each answer with its query. Train longer, or "
+                + ("build the model with token_shift=True (task.config_kwargs() sets it for value answers)"
+                   if self.answer_tokens == "value" else "try another seed or a lower learning rate") + ".")
+        return NoInformationLoss(math.log(self.P), f"ln {self.P} = {math.log(self.P):.3f} (a uniform guess over the "
+                                                   f"{self.P} answers)", hint)
 
     # ------------------------------------------------------------------ sampling
     def sample_params(self, batch_size: int, generator: torch.Generator | None = None,
