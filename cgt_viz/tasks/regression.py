@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from ..plateau import NoInformationLoss
 from .base import Batch, Task
 from .._checks import Choice, Device, Float, Generator, Int, checked, check_int
 from .icl import check_eval_size
@@ -106,6 +107,12 @@ class LinearRegression(Task):
             x[..., n:] = 0
             w = torch.cat([w[:, :n] * (self.dim / n) ** 0.5, torch.zeros_like(w[:, n:])], dim=1)
         return self._assemble(w, x, 2 * j, generator, device)
+
+    def no_information_loss(self) -> NoInformationLoss:
+        level = 1.0 + self.noise ** 2
+        return NoInformationLoss(level, f"Var(y) = 1 + noise² = {level:.3f} (predicting 0 for every query)",
+                                 "Likely cause: the model has not yet learned to read the demonstrations. Train "
+                                 "longer, keep layout='pair', and grow the dimension with callbacks=[task.curriculum(...)].")
 
     def set_active_dims(self, n: int | None) -> None:
         """Train on an easier task: `get_batch` keeps only the first n coordinates of x (the rest are 0) and
