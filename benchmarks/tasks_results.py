@@ -40,7 +40,7 @@ RUNS = {
     "icl": ("icl", {}, {}, (8,)),
     "icl-value-shift": ("icl", dict(answer_tokens="value", family="shift"), {}, (8,)),
     "icl-value-affine": ("icl", dict(answer_tokens="value", family="affine"), {}, (8,)),
-    "icl-value-affine-noshift": ("icl", dict(answer_tokens="value", family="affine"), dict(token_shift=False), (8,)),
+    "icl-value-affine-noshift": ("icl", dict(answer_tokens="value", family="affine"), dict(token_shift="none"), (8,)),
     "regression": ("regression", {}, {}, (1, 2, 4, 8)),
     "regression-dim8": ("regression", dict(dim=8), {}, (2, 4, 8, 16)),
     "regression-dim16": ("regression", dict(dim=16, n_points=32), {}, (4, 8, 16, 24)),
@@ -66,7 +66,7 @@ def run_one(name: str, seed: int, steps: int | None, eval_batches: int) -> dict:
                            callbacks=callbacks)
     out = {"run": name, "task": recipe_name, "seed": seed, "steps": steps, "train_seconds": time.perf_counter() - t0,
            "task_args": task.kwargs() if hasattr(task, "kwargs") else {}, "model_changes": model_changes,
-           "token_shift": bool(model_fields.get("token_shift", False)),
+           "token_shift": model_fields.get("token_shift", "none"),
            "plateau_warning": history.warnings[0]["step"] if history.warnings else None,
            "main_curve": [round(v, 4) for v in history.main[99::100]]}
     rows = evaluate_specialization(model, task, k_values=ks, n_batches=eval_batches, batch_size=64, seed=1000 + seed)

@@ -47,14 +47,14 @@ class GPT(PretrainedMixin, Generation, nn.Module):
         self.config = cfg = config
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_x) if cfg.mode == "tokens" else nn.Linear(cfg.input_dim, cfg.d_x)
         self.wpe = nn.Embedding(cfg.block_size, cfg.d_x)
-        self.shift = TokenShift(cfg.vocab_size, cfg.input_dim, cfg.d_x) if cfg.token_shift else None
+        self.shift = TokenShift(cfg.token_shift, cfg.vocab_size, cfg.input_dim, cfg.d_x) if cfg.token_shift != "none" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg.d_x, cfg.n_head, cfg.mlp_ratio, cfg.bias, cfg.dropout)
                                     for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_x, bias=cfg.bias)
         self.head = nn.Linear(cfg.d_x, cfg.out_dim, bias=False)
         init_weights(self, cfg.n_layer)
-        self._n_attention = cfg.n_layer + cfg.token_shift   # the token shift keeps its history in the last cache
+        self._n_attention = cfg.n_layer + (self.shift is not None)   # the token shift keeps its inputs in the last cache
 
     def embed_inputs(self, inp: torch.Tensor, pos_offset: int = 0, cache=None) -> torch.Tensor:
         """(b, t) tokens or (b, t, input_dim) vectors -> x.0 (b, t, d); positions start at pos_offset."""
@@ -114,7 +114,7 @@ class CGT(PretrainedMixin, Generation, nn.Module):
             for layer in self.modulated_layers})
         self.y_ema = EMAReadout(cfg.d_x, cfg.d_y) if cfg.y_readout == "ema" else None
         # caches: x blocks, y blocks, then the EMA's history and the token shift's, when present
-        self._n_attention = cfg.n_layer + cfg.y_layer + (self.y_ema is not None) + cfg.token_shift
+        self._n_attention = cfg.n_layer + cfg.y_layer + (self.y_ema is not None) + (cfg.token_shift != "none")
 
     # ------------------------------------------------------------------ names
     @property

@@ -109,7 +109,7 @@ def test_an_old_history_without_warnings_still_loads():
 
 def test_builtin_tasks_name_their_level_and_a_fix():
     value = make_task("icl", answer_tokens="value").no_information_loss()
-    assert value.level == pytest.approx(math.log(7)) and "token_shift=True" in value.hint
+    assert value.level == pytest.approx(math.log(7)) and "token_shift='pair'" in value.hint
     assert "token_shift" not in make_task("icl").no_information_loss().hint
     reg = make_task("regression", dim=4, noise=0.5).no_information_loss()
     assert reg.level == pytest.approx(1.25) and "curriculum" in reg.hint
