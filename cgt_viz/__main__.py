@@ -19,6 +19,7 @@ Exit codes: 0 done, 1 training diverged (NaN/inf), 2 bad input or a folder in us
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -27,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from ._checks import Int
 from .train_config import TrainConfig, settings_help
 
 RUN_FILE = "run.json"
@@ -37,6 +39,9 @@ TASK_NAMES = ("icl", "regression", "text")
 RUN_DEFAULTS: dict[str, Any] = {"task": None, "model": "cgt", "task_arg": [], "curriculum": None}
 MODEL_FLAGS = ("n_layer", "d_x", "n_head", "d_y", "n_head_y", "y_layer", "n_templates", "template_rank", "mlp_ratio",
                "dropout", "w_aux", "w_smooth", "smooth", "y_reads", "sites", "aux_row_fraction")
+
+# The CLI's own numeric flags, declared like the TrainConfig fields (a flag left out is None: not checked)
+FLAG_CONSTRAINTS = {"curriculum": Int(0, hint=" (0 = off)"), "threads": Int(1)}
 
 
 class CLIError(Exception):
@@ -217,14 +222,28 @@ def _settings(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     settings = {**defaults, **saved, **given}
     if not isinstance(settings["task_arg"], dict):
         settings["task_arg"] = {**(defaults["task_arg"] if not saved else {}), **_task_kwargs(settings["task_arg"])}
-    try:
+    with _as_flag_error():
         TrainConfig.build(None, {k: settings[k] for k in TRAIN_FIELDS})
-    except (TypeError, ValueError) as err:
-        name, _, rest = str(err).partition(" ")       # "steps must be ..." -> "--steps must be ..."
-        raise CLIError(f"--{name.replace('_', '-')} {rest}") from None
-    if settings["curriculum"] is not None and (not isinstance(settings["curriculum"], int) or settings["curriculum"] < 0):
-        raise CLIError(f"--curriculum must be an int >= 0 (0 = off), got {settings['curriculum']!r}")
+    _check_flags(curriculum=settings["curriculum"])
     return settings
+
+
+@contextlib.contextmanager
+def _as_flag_error():
+    """A TypeError/ValueError about a setting as a CLIError about its flag: "steps must ..." -> "--steps must ..."."""
+    try:
+        yield
+    except (TypeError, ValueError) as err:
+        name, _, rest = str(err).partition(" ")
+        raise CLIError(f"--{name.replace('_', '-')} {rest}") from None
+
+
+def _check_flags(**values: Any) -> None:
+    """The given flags of FLAG_CONSTRAINTS (None: not given) against their contracts."""
+    for name, value in values.items():
+        if value is not None:
+            with _as_flag_error():
+                FLAG_CONSTRAINTS[name].check(name, value)
 
 
 def _plain(value: Any) -> Any:
@@ -445,15 +464,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code (see the module docstring)."""
     args = _parser().parse_args(argv)
-    if getattr(args, "threads", None) is not None:
-        if args.threads < 1:
-            print(f"error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
-            return 2
-        import torch
-        torch.set_num_threads(args.threads)
     command = {"train": cmd_train, "evaluate": cmd_evaluate, "report": cmd_report}[args.command]
     from .checkpoint import FolderLocked
     try:
+        threads = getattr(args, "threads", None)
+        _check_flags(threads=threads)
+        if threads is not None:
+            import torch
+            torch.set_num_threads(threads)
         return command(args)
     except ModuleNotFoundError as err:
         print(f"error: {err.name} is needed for this command; install the notebook extras: "

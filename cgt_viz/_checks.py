@@ -97,6 +97,13 @@ def check_choice(name: str, value: Any, choices: Iterable[Any], *, allow_none: b
     return value
 
 
+def check_dict(name: str, value: Any, what: str) -> dict:
+    """A dict (`what` says which, e.g. "a dict of TrainConfig fields"), else a TypeError."""
+    if not isinstance(value, dict):
+        raise TypeError(f"{name} must be {what}, got {describe(value)}")
+    return value
+
+
 def check_callable(name: str, value: Any, what: str = "a callable") -> Any:
     if not callable(value):
         raise TypeError(f"{name} must be {what}, got {describe(value)}")
@@ -203,6 +210,13 @@ class Int(Constraint):
         if self.hi is not None:
             out.append(self.hi + 1)
         return out
+
+
+class Height(Int):
+    """A figure height in pixels (plotly refuses heights below 10), as `check_height`."""
+
+    def __init__(self):
+        super().__init__(10, hint=" (pixels)")
 
 
 class Float(Constraint):

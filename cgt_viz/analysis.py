@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ._checks import check_array, check_choice, check_float, check_int, describe, is_int
+from ._checks import Choice, Int, check_array, check_choice, check_float, check_int, checked, describe, is_int
 from .layers import SITE_WEIGHTS
 from .comparison import comparison_logits
 from .contracts import check_inputs, check_ybar_array
@@ -29,11 +29,11 @@ PROJECTIONS = ("pca", "umap", "tsne")
 
 # ---------------------------------------------------------------------------------------------- ȳ
 @torch.no_grad()
+@checked(batch_size=Int(1))
 def collect_ybar(model, inputs: torch.Tensor, batch_size: int = 64) -> np.ndarray:
     """ȳ at every position: inputs (n, t) -> (n, t, e) float32, in chunks of batch_size sequences."""
     require_cgt(model)
     inputs = check_inputs(model.config, inputs, "inputs")
-    check_int("batch_size", batch_size, 1)
     dev = model_device(model)
     with eval_mode(model):
         chunks = [model.context(inputs[i:i + batch_size].to(dev)).float().cpu()
@@ -42,11 +42,11 @@ def collect_ybar(model, inputs: torch.Tensor, batch_size: int = 64) -> np.ndarra
 
 
 @torch.no_grad()
+@checked(batch_size=Int(1))
 def collect_cache(model, inputs: torch.Tensor, names: Sequence[str], batch_size: int = 64) -> dict[str, np.ndarray]:
     """The named outputs of `run_with_cache` (e.g. "ybar", "coeffs.3.attn_in"): {name: (n, t, ...)}."""
     require_cgt(model)
     inputs = check_inputs(model.config, inputs, "inputs")
-    check_int("batch_size", batch_size, 1)
     allowed = model.cache_names()
     if isinstance(names, (str, bytes)) or not isinstance(names, (list, tuple)) or not names:
         raise TypeError(f"names must be a non-empty list of cache names (e.g. ['ybar']), got {describe(names)}")
@@ -233,9 +233,8 @@ class Projector:
     embeddings of its 5 nearest fitted neighbours.
     """
 
+    @checked(method=Choice(*PROJECTIONS), seed=Int(0))
     def __init__(self, method: str = "pca", seed: int = 0, **params):
-        check_choice("method", method, PROJECTIONS)
-        check_int("seed", seed, 0)
         if method == "pca" and params:
             raise TypeError(f"params must be empty for a pca projection (it has no settings), got {sorted(params)}")
         if "n_components" in params:
@@ -347,6 +346,7 @@ def _pad2(Y: np.ndarray) -> np.ndarray:
     return Y
 
 
+@checked(cap=Int(1), seed=Int(0))
 def stratified_subsample(strata: np.ndarray, cap: int, seed: int = 0) -> np.ndarray:
     """At most `cap` indices, sorted, with every stratum represented in proportion (at least one each when
     cap allows). strata (N,) any hashable labels -> (≤ cap,) int64. N ≤ cap returns all indices."""
@@ -356,8 +356,6 @@ def stratified_subsample(strata: np.ndarray, cap: int, seed: int = 0) -> np.ndar
     if strata.ndim != 1:
         raise ValueError(f"strata must be a 1-D array with one label per point, got {describe(strata)}")
     n = len(strata)
-    check_int("cap", cap, 1)
-    check_int("seed", seed, 0)
     if n <= cap:
         return np.arange(n)
     _, inverse, counts = np.unique(strata.astype(str) if strata.dtype == object else strata,

@@ -9,7 +9,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
-from ._checks import Bool, Choice, Float, Int, check_int, describe
+from ._checks import Bool, Choice, Float, Int, check_dict, check_int, describe
 
 SITES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
 SMOOTH_KINDS = ("l2", "vae", "relative")
@@ -142,8 +142,7 @@ class CGTConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "CGTConfig":
-        if not isinstance(d, dict):
-            raise TypeError(f"d must be a dict of CGTConfig fields (as written by to_dict), got {describe(d)}")
+        check_dict("d", d, "a dict of CGTConfig fields (as written by to_dict)")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from ._checks import check_array, check_bool, check_choice, check_float, check_height, check_int, describe
+from ._checks import Bool, Choice, Float, Height, Int, check_array, check_int, checked, describe
 from .analysis import token_smoothness, training_series
 
 # well-separated colours first (Tableau 10: no two neighbours alike), then more
@@ -61,10 +61,7 @@ def _check_1d(name: str, a: Any, n: int | None = None, *, numeric: bool = True) 
     fits = lambda shape: len(shape) == 1 and (n is None or shape[0] == n)   # noqa: E731
     if numeric:
         return _check_shape(name, a, want, fits)
-    try:
-        arr = np.asarray(a)
-    except ValueError:   # ragged nesting
-        raise TypeError(f"{name} must have shape {want} (one per point), got {describe(a)}") from None
+    arr = _as_array(name, a, f"have shape {want} (one per point)")
     if not fits(arr.shape):
         got = describe(a) if arr.ndim == 0 else f"shape {arr.shape}"
         raise ValueError(f"{name} must have shape {want} (one per point), got {got}")
@@ -75,21 +72,27 @@ def _check_position(name: str, value: Any, t: int) -> int | None:
     """None or a position 0..t-1 of the drawn sequence."""
     return check_int(name, value, 0, t - 1, allow_none=True, hint=" (a position in the sequence)")
 
+
+def _as_array(name: str, a: Any, want: str) -> np.ndarray:
+    """np.asarray(a); ragged nesting is a TypeError "name must <want>"."""
+    try:
+        return np.asarray(a)
+    except ValueError:
+        raise TypeError(f"{name} must {want}, got {describe(a)}") from None
+
+
 # ---------------------------------------------------------------------------------------------- colours
 def _color_values(values: Any, name: str = "colour values") -> np.ndarray:
-    try:
-        values = np.asarray(values)
-    except ValueError:   # ragged nesting
-        raise TypeError(f"{name} must be 1-D (one per point), got {describe(values)}") from None
+    values = _as_array(name, values, "be 1-D (one per point)")
     if values.ndim != 1:
         raise ValueError(f"{name} must be 1-D (one per point), got shape {values.shape}")
     return values
 
 
+@checked(kind=Choice(*COLOR_KINDS, none=True))
 def color_kind(values: Any, kind: str | None = None) -> str:
     """"categorical" or "continuous" for colour values (N,): kind as given (checked), else numbers with more
     than 12 distinct values are continuous and everything else (labels, few numbers) categorical."""
-    check_choice("kind", kind, COLOR_KINDS, allow_none=True)
     values = _color_values(values)
     numeric = np.issubdtype(values.dtype, np.number) and values.dtype != np.bool_
     if kind == "continuous" and not numeric:
@@ -152,6 +155,7 @@ def map_groups(color: Any, kind: str | None = None) -> tuple[list[str] | None, l
 
 
 # ---------------------------------------------------------------------------------------------- ȳ map
+@checked(color_kind=Choice(*COLOR_KINDS, none=True), height=Height())
 def ybar_map_figure(coords: Any, color: Any = None, hover: Sequence[str] | None = None, *, color_name: str = "label",
                     color_kind: str | None = None, title: str | None = None, note: str | None = None,
                     axis_names: tuple[str, str] = ("dim 1", "dim 2"), marker_size: float | None = None,
@@ -168,8 +172,6 @@ def ybar_map_figure(coords: Any, color: Any = None, hover: Sequence[str] | None 
     coords = _check_shape("coords", coords, "(N, 2) with N >= 1",
                           lambda shape: len(shape) == 2 and shape[1] == 2 and shape[0] >= 1, finite=True)
     coords = coords.astype(np.float32)   # half the bytes sent to the browser
-    check_choice("color_kind", color_kind, COLOR_KINDS, allow_none=True)
-    height = check_height("height", height)
     n = len(coords)
     if color is not None:
         color = _check_1d("color", color, n, numeric=False)
@@ -215,6 +217,7 @@ def hover_escape(text: Any) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- smoothness
+@checked(height=Height())
 def smoothness_figure(ybar: Any, tokens: Sequence[str] | None = None, *, boundary: int | None = None,
                       highlight: int | None = None, overlay: dict[str, Any] | None = None, name: str = "model",
                       title: str | None = None, height: int = 560) -> go.Figure:
@@ -227,7 +230,6 @@ def smoothness_figure(ybar: Any, tokens: Sequence[str] | None = None, *, boundar
     t = ybar.shape[0]
     x, hover = _tokens_axis(tokens, t)
     boundary, highlight = _check_position("boundary", boundary, t), _check_position("highlight", highlight, t)
-    height = check_height("height", height)
     if overlay is not None and not isinstance(overlay, dict):
         raise TypeError(f"overlay must be None or a dict {{name: ybar (t, e)}} of other models, got {describe(overlay)}")
     series = {name: ybar}
@@ -276,6 +278,7 @@ def _token_colors(values: np.ndarray) -> tuple[str, float | None, float, float]:
     return "Oranges" if lo >= 0 else "Blues_r", None, lo, hi if hi > lo else lo + 1e-9
 
 
+@checked(per_row=Int(1, hint=" (tokens per line)"), start=Int(0))
 def token_text_figure(tokens: Sequence[str], values: Any, *, value_name: str = "value", title: str | None = None,
                       per_row: int = 24, highlight: int | None = None, start: int = 0, height: int | None = None) -> go.Figure:
     """Text coloured token by token by a per-token number (CircuitsVis' colored_tokens): the tokens in
@@ -289,8 +292,6 @@ def token_text_figure(tokens: Sequence[str], values: Any, *, value_name: str = "
     if t == 0:
         raise ValueError("tokens must hold at least one token, got an empty list")
     values = _check_1d("values", values, t).astype(np.float64)
-    per_row = check_int("per_row", per_row, 1, hint=" (tokens per line)")
-    start = check_int("start", start, 0)
     highlight = check_int("highlight", highlight, start, start + t - 1, allow_none=True,
                           hint=" (a position of these tokens)")
     rows = -(-t // per_row)
@@ -336,6 +337,7 @@ def colored_tokens_html(tokens: Sequence[str], values: Any, *, value_name: str =
 
 
 # ---------------------------------------------------------------------------------------------- templates
+@checked(height=Height())
 def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: str = "", boundary: int | None = None,
                     highlight: int | None = None, label_names: Sequence[str] | None = None, mean_abs: Any = None,
                     singular_values: Any = None, ablation: Any = None, title: str | None = None,
@@ -351,7 +353,6 @@ def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: s
     t, K = coeffs.shape
     x, hover = _tokens_axis(tokens, t)
     boundary, highlight = _check_position("boundary", boundary, t), _check_position("highlight", highlight, t)
-    height = check_height("height", height)
     ks = [f"k{k}" for k in range(K)]
     at = f" at {highlight}" if highlight is not None else ""
     fig = make_subplots(rows=2, cols=3, specs=[[{"colspan": 3}, None, None], [{}, {}, {}]],
@@ -406,6 +407,7 @@ CURVE_KEYS = {   # analysis.compare_losses names the curves by mode; evaluate.te
 }
 
 
+@checked(boundary=Float(none=True), split=Int(none=True), height=Height())
 def compare_figure(losses: dict, *, boundary: float | None = None, split: int | None = None,
                    title: str | None = None, ylabel: str = "loss", height: int = 420) -> go.Figure:
     """Per-position loss after the split: prompted, specialized (ȳ frozen at the split), no context.
@@ -421,9 +423,6 @@ def compare_figure(losses: dict, *, boundary: float | None = None, split: int | 
         raise ValueError(f"losses must be a dict with 'position' (or 'positions') and per-position curves "
                          f"{[keys[0] for keys in list(CURVE_KEYS.values())[1:]]}, got {got}")
     pos = _check_1d(f"losses[{found['position']!r}]", losses[found["position"]])
-    boundary = check_float("boundary", boundary, allow_none=True)
-    split = check_int("split", split, allow_none=True)
-    height = check_height("height", height)
     fig = go.Figure()
     styles = {"prompted": ("#1f77b4", "solid"), "specialized": ("#d62728", "solid"), "no_context": ("#7f7f7f", "dot")}
     for name, (color, dash) in styles.items():
@@ -452,6 +451,7 @@ def drawn_series(steps: dict) -> tuple[dict, list[str]]:
     return kept, [k for k in steps if k not in kept]
 
 
+@checked(log_y=Bool(), max_points=Int(2, hint=" (points drawn per curve)"), height=Height())
 def training_curves_figure(history: Any, *, log_y: bool = True, title: str | None = None,
                            max_points: int = 2000, height: int = 460) -> go.Figure:
     """Loss curves (main, aux, smooth, total; row 1) and evaluation metrics (row 2) of a training run.
@@ -461,9 +461,6 @@ def training_curves_figure(history: Any, *, log_y: bool = True, title: str | Non
     that is 0 at every step (smooth with w_smooth = 0) gets no curve; the title of row 1 says so. On the log
     axis every tick is labelled with its full value (70, 60, 50; not plotly's bare digits 7, 6, 5).
     """
-    check_bool("log_y", log_y)
-    max_points = check_int("max_points", max_points, 2, hint=" (points drawn per curve)")
-    height = check_height("height", height)
     steps, evals = training_series(history)
     steps, zero = drawn_series(steps)
     top = "training losses" + (f" ({', '.join(zero)} = 0 throughout: not drawn)" if zero else "")

@@ -64,10 +64,15 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write(path, _write)
 
 
-def read_json(path: str | os.PathLike) -> Any:
+def _existing_file(path: str | os.PathLike, what: str = "file") -> Path:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no file at {str(path)!r}")
+        raise FileNotFoundError(f"no {what} at {str(path)!r}")
+    return path
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    path = _existing_file(path)
     try:
         return json.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as err:
@@ -87,9 +92,7 @@ def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], meta
 
 
 def load_tensors(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no weights file at {str(path)!r}")
+    path = _existing_file(path, "weights file")
     try:
         return load_file(str(path), device=str(device))
     except (SafetensorError, OSError, ValueError) as err:

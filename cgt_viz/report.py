@@ -125,21 +125,20 @@ def build_report(run: Path, info: dict, history: dict, load_model: Callable[[], 
             views = view_figures(model, task)
         except Exception as err:     # the report still has everything else; it says why the views are missing
             views_note = f"No ȳ views: {type(err).__name__}: {err}"
-    parts, first = [], True
+    parts, js = [], [True]   # plotly.js goes with the first figure of the page (js is emptied then)
+
+    def figures_html(figs) -> list[str]:
+        return [pio.to_html(fig, full_html=False, include_plotlyjs=bool(js and js.pop()), default_width="100%",
+                            config={"responsive": True, "displaylogo": False}) for fig in figs]
+
     for heading, figs, note in sections:
         parts.append(f"<h2>{html.escape(heading)}</h2>")
-        for fig in figs:
-            parts.append(pio.to_html(fig, full_html=False, include_plotlyjs=first, default_width="100%",
-                                     config={"responsive": True, "displaylogo": False}))
-            first = False
+        parts += figures_html(figs)
     if evaluation:
         parts.append("<h2>Evaluation</h2>" + table_html(evaluation))
     parts.append("<h2>What ȳ looks like</h2>")
     if views:
-        for fig in views:
-            parts.append(pio.to_html(fig, full_html=False, include_plotlyjs=first, default_width="100%",
-                                     config={"responsive": True, "displaylogo": False}))
-            first = False
+        parts += figures_html(views)
     else:
         parts.append(f"<p class='note'>{html.escape(views_note or 'No ȳ views for this run.')}</p>")
     esc = html.escape

@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ._checks import check_callable, check_device, describe
+from ._checks import check_callable, check_device, check_dict, describe
 from .checkpoint import RunLock, capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
 from .losses import LOSS_TERMS
 from .plateau import PlateauDetector, PlateauWarning
@@ -105,8 +105,7 @@ class TrainHistory:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainHistory":
-        if not isinstance(d, dict):
-            raise TypeError(f"d must be a dict as written by TrainHistory.to_dict, got {describe(d)}")
+        check_dict("d", d, "a dict as written by TrainHistory.to_dict")
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         for name in ("step", "main", "aux", "smooth", "total", "lr", "grad_norm", "evals", "warnings"):
             if name in known and not isinstance(known[name], list):
@@ -191,7 +190,7 @@ def _json_safe(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=str))
 
 
-def task_identity(task: Task) -> dict[str, Any]:
+def _task_identity(task: Task) -> dict[str, Any]:
     """What identifies a task for the resume check: its class, name and the config fields it fixes."""
     ident: dict[str, Any] = {"class": f"{type(task).__module__}.{type(task).__qualname__}",
                              "name": getattr(task, "name", None)}
@@ -413,7 +412,7 @@ def _run(*, model, task, cfg, steps, batch_size, lr, warmup, min_lr_ratio, weigh
     if warmup is None:  # the default depends on steps; a resumed run that extends `steps` keeps its warm-up
         warmup = ckpt.run["warmup"] if ckpt is not None else min(100, steps // 10)
     run_id = _json_safe({"model_class": type(model).__name__, "config": model.config.to_dict(),
-                         "task": task_identity(task), **cfg.identity(warmup)})
+                         "task": _task_identity(task), **cfg.identity(warmup)})
     history, start = TrainHistory(), 0
     if ckpt is not None:
         diff = config_differences({k: v for k, v in ckpt.run.items() if k != "steps"}, run_id)

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._checks import Constraint, Float, Int, check_float, describe
+from ._checks import Constraint, Float, Int, check_dict, check_float, describe
 
 
 def _setting(default: Any, check: Constraint | None, help: str) -> Any:
@@ -77,9 +77,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
-        if not isinstance(d, dict):
-            raise TypeError(f"d must be a dict of TrainConfig fields (as written by to_dict), got {describe(d)}")
-        return cls.build(None, d)
+        return cls.build(None, check_dict("d", d, "a dict of TrainConfig fields (as written by to_dict)"))
 
     def identity(self, warmup: int) -> dict[str, Any]:
         """What a checkpoint records and a resumed run must match: every field but RESUMABLE, with the

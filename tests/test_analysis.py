@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from cgt_viz import CGT, GPT, CGTConfig
 from cgt_viz import analysis as A
 from cgt_viz.tasks.base import Batch, Task
+from helpers import randomize_templates
 
 torch.set_num_threads(1)
 
@@ -20,13 +21,7 @@ def tiny_cgt(vocab_size=256, seed=0, randomize=True, **kw) -> CGT:
                     y_layer=1, n_templates=4, **kw)
     torch.manual_seed(seed)
     model = CGT(cfg).eval()
-    if randomize:   # an untrained CGT has c = 0; give the templates something to do
-        with torch.no_grad():
-            for layer in model.templates.values():
-                for site in layer.values():
-                    site.coeff.weight.normal_(0, 0.5)
-                    site.coeff.bias.normal_(0, 0.2)
-    return model
+    return randomize_templates(model, bias_std=0.2) if randomize else model   # give the templates something to do
 
 
 class TopicTask(Task):

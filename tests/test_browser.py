@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -40,12 +41,6 @@ def _need_browser() -> None:
     if os.environ.get("CGT_REQUIRE_BROWSER") == "1":
         pytest.fail(f"{CHROMIUM} is missing and CGT_REQUIRE_BROWSER=1 (run `make browser-deps` as root)")
     pytest.skip(f"{CHROMIUM} is missing (install Debian's chromium to run the browser test)")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_for_server(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
@@ -69,7 +64,7 @@ def jupyter_lab(tmp_path: Path, notebook: Path = NOTEBOOK):
     work = tmp_path / "lab"
     work.mkdir()
     shutil.copy(notebook, work / notebook.name)
-    port = _free_port()
+    port = free_port()
     settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
@@ -151,6 +146,16 @@ KERNEL_JS = """async (code) => {
     return text;
 }"""
 EXPLORER_JS = "document.querySelectorAll('.js-plotly-plot')[0]"
+
+
+def _click_a_point(page) -> dict:
+    """Hover onto a drawn point of the explorer (PICK_POINT_JS), then click it; returns the point."""
+    point = page.evaluate(PICK_POINT_JS)
+    page.mouse.move(point["px"] - 4, point["py"] - 4)
+    page.mouse.move(point["px"], point["py"])
+    page.wait_for_timeout(300)
+    page.mouse.click(point["px"], point["py"])
+    return point
 
 
 def _lasso(page, frac=(0.15, 0.85)) -> None:
@@ -245,11 +250,7 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
 
             # a click on a point opens the linked smoothness strip and template inspector of its sequence
             explorer.scroll_into_view_if_needed()
-            point = page.evaluate(PICK_POINT_JS)
-            page.mouse.move(point["px"] - 4, point["py"] - 4)
-            page.mouse.move(point["px"], point["py"])
-            page.wait_for_timeout(300)
-            page.mouse.click(point["px"], point["py"])
+            point = _click_a_point(page)
             pos = int(point["hover"].split("pos ")[1].split("<")[0])
             page.wait_for_function(f"""() => {{ const t = ({TITLES_JS})();
                 return t[1].startsWith('Smoothness of ȳ · sequence') && t[1].endsWith(' · token {pos}'); }}""",
@@ -284,13 +285,9 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
             page.evaluate(f"""() => {{ const gd = {EXPLORER_JS}; window.__cgtEvents = [];
                 ['plotly_click', 'plotly_deselect', 'plotly_selected'].forEach(
                     e => gd.on(e, () => window.__cgtEvents.push(e))); }}""")
-            point = page.evaluate(PICK_POINT_JS)
+            point = _click_a_point(page)
             pos = int(point["hover"].split("pos ")[1].split("<")[0])
             seq = int(point["hover"].split("seq ")[1].split(" ")[0])
-            page.mouse.move(point["px"] - 4, point["py"] - 4)
-            page.mouse.move(point["px"], point["py"])
-            page.wait_for_timeout(300)
-            page.mouse.click(point["px"], point["py"])
             want = f" · token {pos}"
             try:
                 page.wait_for_function(f"({TITLES_JS})()[1].endsWith({json.dumps(want)})", timeout=30_000)

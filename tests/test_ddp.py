@@ -4,7 +4,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ import torch
 from cgt_viz import CGT
 from cgt_viz.io import load_tensors
 from cgt_viz.train import train
+from helpers import free_port
 from test_train import QUIET, TinyTask, fresh, tiny_config
 
 torch.set_num_threads(1)
@@ -42,12 +42,6 @@ with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_gloo_ranks_match_one_process(tmp_path):
     script = tmp_path / "ddp_run.py"
@@ -55,7 +49,7 @@ def test_two_gloo_ranks_match_one_process(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
            str(script), str(tmp_path), json.dumps(SETTINGS)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -225,14 +225,21 @@ def test_an_unwritable_or_full_checkpoint_folder_is_refused_before_step_1(tmp_pa
     assert steps == []
 
 
+def tiny_reference(steps: int):
+    """TinyTask, its config, and the weights of an uninterrupted run of `steps` steps (what a resume must give)."""
+    from cgt_viz.train import train
+    from test_train import QUIET, TinyTask, fresh, tiny_config
+    task = TinyTask()
+    cfg = tiny_config(task)
+    return task, cfg, train(fresh(cfg), task, steps=steps, batch_size=4, eval_every=0, **QUIET)[0]
+
+
 def test_an_error_that_is_not_a_crash_saves_the_completed_steps_first(tmp_path):
     """A callback (or eval_fn, or the task) failing at step 7 of a run checkpointed every 5: steps 6 and 7 are
     saved before the error is raised, and resuming gives the uninterrupted run's weights."""
     from cgt_viz.train import train
-    from test_train import QUIET, TinyTask, fresh, same_weights, tiny_config
-    task = TinyTask()
-    cfg = tiny_config(task)
-    reference, _ = train(fresh(cfg), task, steps=10, batch_size=4, eval_every=0, **QUIET)
+    from test_train import QUIET, fresh, same_weights
+    task, cfg, reference = tiny_reference(10)
 
     def fail_at_7(event):
         if event["kind"] == "step" and event["step"] == 7:
@@ -285,22 +292,23 @@ def test_train_in_python_locks_its_checkpoint_folder(tmp_path):
 
 
 # ------------------------------------------------------------------------------- 6. state.json, run.json, debris
-def test_an_edited_state_json_is_refused(tmp_path):
-    _ckpt_run(tmp_path, steps=3)
-    state_file = tmp_path / "ckpt" / "step-00000003" / "state.json"
+def _edit_state_json(tmp_path, steps: int, edit) -> None:
+    """A checkpointed run of `steps` steps whose newest state.json is then edited in place by edit(state)."""
+    _ckpt_run(tmp_path, steps=steps)
+    state_file = tmp_path / "ckpt" / f"step-{steps:08d}" / "state.json"
     state = read_json(state_file)
-    state["step"] = 1
+    edit(state)
     write_json(state_file, state)
+
+
+def test_an_edited_state_json_is_refused(tmp_path):
+    _edit_state_json(tmp_path, 3, lambda state: state.update(step=1))
     with pytest.raises(ValueError, match="state.json' does not match its checksum"):
         load_checkpoint(tmp_path / "ckpt")
 
 
 def test_state_json_with_missing_keys_is_refused_by_name(tmp_path):
-    _ckpt_run(tmp_path, steps=2)
-    state_file = tmp_path / "ckpt" / "step-00000002" / "state.json"
-    state = read_json(state_file)
-    del state["optimizer"]
-    write_json(state_file, state)
+    _edit_state_json(tmp_path, 2, lambda state: state.pop("optimizer"))
     with pytest.raises(ValueError, match=r"lacks \['optimizer'\]"):
         load_checkpoint(tmp_path / "ckpt")
 
@@ -541,10 +549,8 @@ def test_sigterm_mid_run_checkpoints_and_resumes_to_the_uninterrupted_weights(tm
     import signal
 
     from cgt_viz.train import train
-    from test_train import QUIET, TinyTask, fresh, same_weights, tiny_config
-    task = TinyTask()
-    cfg = tiny_config(task)
-    reference, _ = train(fresh(cfg), task, steps=8, batch_size=4, eval_every=0, **QUIET)
+    from test_train import QUIET, fresh, same_weights
+    task, cfg, reference = tiny_reference(8)
 
     def term_at_3(event):
         if event["kind"] == "step" and event["step"] == 3:

@@ -6,6 +6,7 @@ import torch
 
 from cgt_viz import CGT, GPT, CGTConfig
 from cgt_viz.layers import SITE_WEIGHTS
+from helpers import make_inputs, randomize_templates
 
 ALL_SITES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
 
@@ -18,13 +19,6 @@ def make_cfg(mode="tokens", **kw):
     return CGTConfig(**base)
 
 
-def make_inputs(cfg, b=3, t=12, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    if cfg.mode == "tokens":
-        return torch.randint(0, cfg.vocab_size, (b, t), generator=g)
-    return torch.randn(b, t, cfg.input_dim, generator=g)
-
-
 def make_targets(cfg, inp, seed=1):
     g = torch.Generator().manual_seed(seed)
     if cfg.mode == "tokens":
@@ -35,13 +29,7 @@ def make_targets(cfg, inp, seed=1):
 def trained_like(cfg, seed=0):
     """A CGT with random non-zero template coefficients (not T = I), in eval mode."""
     torch.manual_seed(seed)
-    model = CGT(cfg).eval()
-    with torch.no_grad():
-        for temps in model.templates.values():
-            for t in temps.values():
-                t.coeff.weight.normal_(0, 0.5)
-                t.coeff.bias.normal_(0, 0.5)
-    return model
+    return randomize_templates(CGT(cfg).eval())
 
 
 # one parametrisation covering sites, K, r, ℓ and both input modes

@@ -5,6 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cgt_viz import CGT, SITES, CGTConfig
+from helpers import make_inputs
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -28,19 +29,12 @@ def configs(draw):
         smooth=draw(st.sampled_from(["l2", "vae"])))
 
 
-def _inputs(cfg, b, t, seed):
-    g = torch.Generator().manual_seed(seed)
-    if cfg.mode == "tokens":
-        return torch.randint(0, cfg.vocab_size, (b, t), generator=g)
-    return torch.randn(b, t, cfg.input_dim, generator=g)
-
-
 @SETTINGS
 @given(cfg=configs(), seed=st.integers(0, 10_000), split=st.integers(1, 11))
 def test_invariants_hold_for_random_configs(cfg, seed, split):
     torch.manual_seed(seed)
     model = CGT(cfg).eval()
-    seq = _inputs(cfg, 2, 12, seed)
+    seq = make_inputs(cfg, 2, 12, seed)
     # T = I at initialisation
     torch.testing.assert_close(model(seq), model.x_only()(seq), atol=0, rtol=0)
     with torch.no_grad():
@@ -54,10 +48,10 @@ def test_invariants_hold_for_random_configs(cfg, seed, split):
     torch.testing.assert_close(model.aux_logits(seq[:1], split), unmerged, atol=2e-5, rtol=1e-4)
     # causality of the full pass
     changed = seq.clone()
-    changed[:, split:] = _inputs(cfg, 2, 12 - split, seed + 1)
+    changed[:, split:] = make_inputs(cfg, 2, 12 - split, seed + 1)
     torch.testing.assert_close(model(changed)[:, :split], model(seq)[:, :split])
     # losses are finite scalars
-    tgt = (_inputs(cfg, 2, 12, seed + 2) if cfg.mode == "tokens"
+    tgt = (make_inputs(cfg, 2, 12, seed + 2) if cfg.mode == "tokens"
            else torch.randn(2, 12, cfg.out_dim))
     if cfg.mode == "tokens":
         tgt = tgt % cfg.vocab_size

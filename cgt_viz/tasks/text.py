@@ -34,9 +34,8 @@ import numpy as np
 import torch
 
 from .base import Batch, Task
-from .._checks import check_float, check_int, describe
-from .icl import check_batch_size, check_part
-from .tokenizer import ByteTokenizer, CorpusBPE, GPT2Tokenizer, TOKENIZER_NAMES, tokenizer_from_spec
+from .._checks import Choice, Device, Float, Generator, Int, check_int, checked, describe
+from .tokenizer import BPE_VOCAB, ByteTokenizer, CorpusBPE, GPT2Tokenizer, TOKENIZER_NAMES, tokenizer_from_spec
 
 _CORPUS_MEMO: dict[str, dict[str, list[tuple[str, bytes]]]] = {}   # resolved root -> raw documents
 _BPE_MEMO: dict[tuple, CorpusBPE] = {}                              # (corpus, topics, split, vocab) -> trained BPE
@@ -129,6 +128,9 @@ def is_validation_document(topic: str, names: list[str], val_fraction: float) ->
     return flags
 
 
+_PART = Choice("train", "val")
+
+
 class TextMixture(Task):
     """Two excerpts of different topics per row (see the module docstring).
 
@@ -144,16 +146,14 @@ class TextMixture(Task):
 
     name = "text"
 
+    @checked(block_size=Int(2), min_excerpt=Int(1), val_fraction=Float(0.0, 1.0, lo_open=True, hi_open=True),
+             bpe_vocab=BPE_VOCAB)
     def __init__(self, source: str | os.PathLike = "bbc", block_size: int = 256, val_fraction: float = 0.1,
                  min_excerpt: int = 32, topics: list[str] | tuple[str, ...] | None = None,
                  tokenizer: Any = "bpe", bpe_vocab: int = 4096):
-        check_int("block_size", block_size, 2)
-        check_int("min_excerpt", min_excerpt, 1)
         if 2 * min_excerpt > block_size + 1:
             raise ValueError(f"min_excerpt must be <= (block_size + 1) / 2 = {(block_size + 1) // 2} so both excerpts "
                              f"fit, got min_excerpt={min_excerpt} with block_size={block_size}")
-        check_float("val_fraction", val_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
-        check_int("bpe_vocab", bpe_vocab, 257, 65536, hint=" (256 bytes + at least one merge, at most 65536)")
         if isinstance(tokenizer, str) and tokenizer not in TOKENIZER_NAMES:
             raise ValueError(f"tokenizer must be one of {list(TOKENIZER_NAMES)}, a tokenizer object or a spec dict, "
                              f"got {tokenizer!r}")
@@ -250,8 +250,8 @@ class TextMixture(Task):
                 f"tokenizer={self.tokenizer.name!r}, "
                 f"train_docs={int((~self.doc_is_val).sum())}, val_docs={int(self.doc_is_val.sum())})")
 
+    @checked(part=_PART)
     def n_docs(self, part: str = "train") -> int:
-        check_part(part)
         return int((self.doc_is_val == (part == "val")).sum())
 
     # ------------------------------------------------------------------ sampling
@@ -272,12 +272,11 @@ class TextMixture(Task):
         return [torch.from_numpy(self.data[s:s + n].astype(np.int64)) for s, n in zip(start.tolist(), length.tolist())]
 
     def _check_batch(self, batch_size: int, part: str) -> None:
-        check_batch_size(batch_size)
-        check_part(part)
         if batch_size > self.n_docs(part):
             raise ValueError(f"batch_size={batch_size} is larger than the data: the {part} part has "
                              f"{self.n_docs(part)} documents")
 
+    @checked(batch_size=Int(1), part=_PART, generator=Generator(), device=Device())
     def get_batch(self, batch_size: int, part: str = "train", generator: torch.Generator | None = None,
                   device: str | torch.device = "cpu", boundary: int | None = None) -> Batch:
         """Mixture rows; `boundary` fixes the first position of excerpt B for every row (else random).
@@ -306,10 +305,10 @@ class TextMixture(Task):
         info = {"topic": topic, "boundary": cut, "topic_a": topic_a, "topic_b": topic_b, "doc_a": doc_a, "doc_b": doc_b}
         return Batch(seq[:, :-1].contiguous(), seq[:, 1:].contiguous(), None, None, info).to(device)
 
+    @checked(k=Int(1), batch_size=Int(1), generator=Generator(), device=Device(), part=_PART)
     def eval_batch(self, k: int, batch_size: int, generator: torch.Generator | None = None,
                    device: str | torch.device = "cpu", part: str = "val") -> Batch:
         """One document per row: a prompt of k tokens, then its continuation (scored, loss_mask) to block_size."""
-        check_int("k", k, 1)
         if k > self.block_size - 1:
             raise ValueError(f"k={k} prompt tokens leave no continuation in block_size={self.block_size}; "
                              f"use k <= {self.block_size - 1}")

@@ -23,7 +23,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .._checks import check_int, describe, is_int
+from .._checks import Int, check_int, checked, describe, is_int
 
 # how the invisible bytes print in hover text
 _VISIBLE = {9: "⇥", 10: "↵", 13: "␍", 32: "·"}
@@ -32,6 +32,7 @@ _WHITESPACE = str.maketrans({" ": "·", "\n": "↵", "\t": "⇥", "\r": "␍"})
 # GPT-2's pre-tokenisation pattern (the same as tiktoken's "gpt2" encoding)
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 TOKENIZER_NAMES = ("bytes", "gpt2", "bpe")
+BPE_VOCAB = Int(257, 65536, hint=" (256 bytes + at least one merge, at most 65536)")   # a trained BPE's size
 
 
 def _check_ids(ids, vocab_size: int) -> list[int]:
@@ -115,7 +116,7 @@ class _BPEBase:
     def dtype(self):
         return _id_dtype(self.vocab_size)
 
-    def token_bytes(self, token: int) -> bytes:
+    def _token_bytes(self, token: int) -> bytes:
         raise NotImplementedError
 
     def encode_array(self, text: bytes | str, chunk_chars: int = 1 << 20) -> np.ndarray:
@@ -141,7 +142,7 @@ class _BPEBase:
     def token_str(self, token: int) -> str:
         """One token as text: ' the', 'ing'; a token of whitespace only prints as '·', '↵', '⇥'."""
         check_int("token", token, 0, self.vocab_size - 1)
-        s = self.token_bytes(int(token)).decode("utf-8", errors="replace")
+        s = self._token_bytes(int(token)).decode("utf-8", errors="replace")
         return s.translate(_WHITESPACE) if s.isspace() or s == "" else s.replace("\n", "↵").replace("\t", "⇥")
 
     def __repr__(self) -> str:
@@ -192,7 +193,7 @@ class GPT2Tokenizer(_BPEBase):
     def decode(self, ids: Iterable[int]) -> str:
         return self._enc.decode(_check_ids(ids, self.vocab_size), errors="replace")
 
-    def token_bytes(self, token: int) -> bytes:
+    def _token_bytes(self, token: int) -> bytes:
         return self._enc.decode_single_token_bytes(int(token))
 
     def spec(self) -> dict[str, Any]:
@@ -225,9 +226,9 @@ class CorpusBPE(_BPEBase):
         self._bytes = _byte_level_table()
 
     @classmethod
+    @checked(vocab_size=BPE_VOCAB)
     def train(cls, texts: Iterable[str], vocab_size: int = 4096) -> "CorpusBPE":
         """Learn a byte-level BPE with `vocab_size` tokens (256 bytes + merges) from an iterable of strings."""
-        check_int("vocab_size", vocab_size, 257, 65536, hint=" (256 bytes + at least one merge, at most 65536)")
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
         tok = Tokenizer(models.BPE())
@@ -243,10 +244,10 @@ class CorpusBPE(_BPEBase):
 
     def decode(self, ids: Iterable[int]) -> str:
         ids = _check_ids(ids, self.vocab_size)
-        raw = b"".join(self.token_bytes(i) for i in ids)
+        raw = b"".join(self._token_bytes(i) for i in ids)
         return raw.decode("utf-8", errors="replace")
 
-    def token_bytes(self, token: int) -> bytes:
+    def _token_bytes(self, token: int) -> bytes:
         piece = self._tok.id_to_token(int(token))
         return bytes(self._bytes[c] for c in piece)
 
@@ -290,4 +291,4 @@ def tokenizer_from_spec(spec: Any):
     return tok
 
 
-__all__ = ["ByteTokenizer", "GPT2Tokenizer", "CorpusBPE", "tokenizer_from_spec", "TOKENIZER_NAMES", "GPT2_PATTERN"]
+__all__ = ["ByteTokenizer", "GPT2Tokenizer", "CorpusBPE", "tokenizer_from_spec", "TOKENIZER_NAMES", "GPT2_PATTERN", "BPE_VOCAB"]

@@ -9,7 +9,7 @@ import ipywidgets as W
 import numpy as np
 
 from .. import analysis as A
-from .._checks import check_height, check_int
+from .._checks import Height, check_int, checked
 from ..figures import compare_figure, token_text_figure
 from ._base import boundary_of, figure_widget, html_status, replace_figure, sequences_of
 from ._static import StaticForm
@@ -20,12 +20,13 @@ ALL = "all"   # the sequence picker's value for "mean over all sequences" (None 
 class CompileCompare(StaticForm, W.VBox):
     """A split slider, a sequence picker (one or the mean of all), and `compare_figure`."""
 
+    @checked(height=Height())
     def __init__(self, model, data, labels=None, *, split: int | None = None, sequence: int | str | None = None,
                  boundary=None, height: int = 420, **prepare_kw):
         """split: s, the prefix length (default: half the median excerpt boundary, else t // 2);
         sequence: one row to show, or None / "all" for the mean over all rows."""
         A.require_cgt(model)
-        self.model, self.height = model, check_height("height", height)
+        self.model, self.height = model, height
         self.seqs = sequences_of(model, data, labels, boundary, **prepare_kw)
         t = self.seqs.t
         if t < 2:

@@ -29,7 +29,7 @@ import ipywidgets as W
 import numpy as np
 
 from .. import analysis as A
-from .._checks import (check_array, check_bool, check_choice, check_height, check_index, check_int,
+from .._checks import (Bool, Choice, Height, Int, check_array, check_choice, check_index, check_int, checked,
                        describe, is_number)
 from ..figures import map_groups, ybar_map_figure
 from ._base import check_view_ybar, figure_widget, html_status, replace_figure
@@ -42,13 +42,13 @@ AXIS_NAMES = {"pca": ("PC 1", "PC 2"), "umap": ("UMAP 1", "UMAP 2"), "tsne": ("t
 METHOD_NAMES = {"pca": "PCA", "umap": "UMAP", "tsne": "t-SNE"}
 
 
-def _check_view_args(projection, background, max_points, projection_params, linked, height) -> dict:
-    """The explorer's own options (checked before any ȳ is collected) -> projection_params for every method."""
-    check_choice("projection", projection, A.PROJECTIONS)
-    check_choice("background", background, A.PROJECTIONS, allow_none=True)
-    check_int("max_points", max_points, 2, hint=" (points drawn)")
-    check_bool("linked", linked)
-    check_height("height", height)
+# the explorer's own options, declared for explore() and Explorer()
+_VIEW_ARGS = dict(projection=Choice(*A.PROJECTIONS), background=Choice(*A.PROJECTIONS, none=True),
+                  max_points=Int(2, hint=" (points drawn)"), linked=Bool(), height=Height())
+
+
+def _check_projection_params(projection_params) -> dict:
+    """projection_params (checked before any ȳ is collected) -> projection_params for every method."""
     want = f"None or a dict {{method: dict of keyword arguments}} with methods in {A.PROJECTIONS}"
     if projection_params is None:
         projection_params = {}
@@ -81,6 +81,7 @@ def _top_tokens(tokens: np.ndarray, k: int) -> np.ndarray:
     return np.array([repr(str(t)) if t in top else "other" for t in keys], dtype=object)
 
 
+@checked(**_VIEW_ARGS)
 def explore(model, data, labels=None, *, positions: Any = "all", projection: str = "pca",
             background: str | None = "umap", color_by: str | None = None, max_points: int = 100_000,
             boundary=None, n_batches: int = 4, batch_size: int = 32, seed: int = 0, linked: bool = True,
@@ -97,7 +98,7 @@ def explore(model, data, labels=None, *, positions: Any = "all", projection: str
     projection_params  {method: keyword arguments for its reducer}, e.g. {"umap": {"n_neighbors": 30}}
     """
     A.require_cgt(model)
-    _check_view_args(projection, background, max_points, projection_params, linked, height)   # before the work
+    _check_projection_params(projection_params)   # before the work
     seqs = A.prepare_sequences(model, data, labels, boundary, n_batches=n_batches, batch_size=batch_size, seed=seed)
     return Explorer(model, seqs, positions=positions, projection=projection, background=background,
                     color_by=color_by, max_points=max_points, seed=seed, linked=linked,
@@ -112,6 +113,7 @@ class Explorer(StaticForm, W.VBox):
 
     refresh_after_cells = False   # its selection lives in the page (see StaticForm); `show_static()` shows it now
 
+    @checked(**_VIEW_ARGS)
     def __init__(self, model, sequences: A.Sequences, ybar: np.ndarray | None = None, *, positions: Any = "all",
                  projection: str = "pca", background: str | None = "umap", color_by: str | None = None,
                  max_points: int = 100_000, seed: int = 0, linked: bool = True,
@@ -120,8 +122,7 @@ class Explorer(StaticForm, W.VBox):
         if not isinstance(sequences, A.Sequences):
             raise TypeError(f"sequences must be an analysis.Sequences (use cgt_viz.explore for raw data), "
                             f"got {type(sequences).__name__}")
-        self.projection_params = _check_view_args(projection, background, max_points, projection_params, linked,
-                                                  height)
+        self.projection_params = _check_projection_params(projection_params)
         self.model, self.seqs, self.seed, self.positions = model, sequences, seed, positions
         self.max_points, self._linked_enabled, self.height = int(max_points), bool(linked), int(height)
         self.ybar_full = (A.collect_ybar(model, sequences.inputs) if ybar is None
@@ -310,12 +311,12 @@ class Explorer(StaticForm, W.VBox):
         self._show_projection("pca")
 
     # ------------------------------------------------------------------ search, neighbours, export
+    @checked(field=Choice("any", "token", "label"))
     def search(self, query: str, field: str = "any"):
         """Select the drawn points whose token (field="token"), label ("label"), or either ("any") contains
         `query` (case-insensitive); returns them as a DataFrame like `selection`."""
         if not isinstance(query, str) or not query:
             raise TypeError(f"query must be a non-empty string, got {describe(query)}")
-        check_choice("field", field, ("any", "token", "label"))
         q = query.lower()
         hit = np.zeros(len(self.points), bool)
         if field in ("any", "token"):
@@ -470,10 +471,9 @@ class Explorer(StaticForm, W.VBox):
     def _wanted(self) -> str:
         return self.projection_picker.value if hasattr(self, "projection_picker") else self.projection
 
+    @checked(method=Choice(*A.PROJECTIONS), wait=Bool())
     def set_projection(self, method: str, wait: bool = False) -> None:
         """Show PCA, UMAP or t-SNE coordinates; fits (in the background unless wait=True) when not cached."""
-        check_choice("method", method, A.PROJECTIONS)
-        check_bool("wait", wait)
         if self.projection_picker.value != method:
             self._syncing = True
             try:

@@ -15,7 +15,7 @@ import time
 import ipywidgets as W
 import numpy as np
 
-from .._checks import check_bool, check_float, check_height, check_int
+from .._checks import Bool, Float, Height, Int, checked
 from ..analysis import NOT_PLOTTED
 from ..figures import drawn_series, thin, training_curves_figure
 from ._base import figure_widget, html_status, replace_figure
@@ -27,12 +27,12 @@ KINDS = ("step", "eval", "end", "warning")
 class TrainingMonitor(StaticForm, W.VBox):
     """Callable with callback records; shows training losses (log scale) and evaluation metrics."""
 
+    @checked(min_interval=Float(0, hint=" (seconds between redraws)"), log_y=Bool(),
+             max_points=Int(2, hint=" (points drawn per curve)"), height=Height())
     def __init__(self, *, min_interval: float = 0.5, log_y: bool = True, max_points: int = 2000,
                  title: str = "Training", height: int = 460):
-        self.min_interval = check_float("min_interval", min_interval, 0, hint=" (seconds between redraws)")
-        self.log_y = check_bool("log_y", log_y)
-        self.max_points = check_int("max_points", max_points, 2, hint=" (points drawn per curve)")
-        self.title, self.height = title, check_height("height", height)
+        self.min_interval, self.log_y, self.max_points = min_interval, log_y, max_points
+        self.title, self.height = title, height
         self.records: list[dict] = []
         self._steps: dict[str, tuple[list, list]] = {}
         self._evals: dict[str, tuple[list, list]] = {}

@@ -9,7 +9,7 @@ import ipywidgets as W
 import numpy as np
 
 from .. import analysis as A
-from .._checks import check_height, check_index, check_int
+from .._checks import Height, check_index, check_int, checked
 from ..figures import smoothness_figure, token_text_figure
 from ._base import boundary_of, check_view_ybar, figure_widget, replace_figure, sequences_of
 from ._static import StaticForm
@@ -18,6 +18,7 @@ from ._static import StaticForm
 class SmoothnessStrip(StaticForm, W.VBox):
     """‖ȳ_t − ȳ_{t−1}‖, cosine and the ȳ heatmap of one sequence; a sequence picker; optional second model."""
 
+    @checked(height=Height())
     def __init__(self, model, data, labels=None, *, sequence: int = 0, highlight: int | None = None,
                  other=None, names: tuple[str, str] = ("model", "other"), boundary=None,
                  ybar: np.ndarray | None = None, height: int = 560, **prepare_kw):
@@ -29,7 +30,7 @@ class SmoothnessStrip(StaticForm, W.VBox):
                                  f"vocab_size {other.config.vocab_size} vs {model.config.vocab_size}")
         if not (isinstance(names, (tuple, list)) and len(names) == 2 and all(isinstance(s, str) for s in names)):
             raise ValueError(f"names must be two strings (model, other), got {names!r}")
-        self.model, self.other, self.names, self.height = model, other, tuple(names), check_height("height", height)
+        self.model, self.other, self.names, self.height = model, other, tuple(names), height
         self.seqs = sequences_of(model, data, labels, boundary, **prepare_kw)
         self.sequence = check_index("sequence", sequence, self.seqs.n)
         self.highlight = self._check_highlight(highlight, self.sequence)
@@ -49,11 +50,14 @@ class SmoothnessStrip(StaticForm, W.VBox):
         return check_int("highlight", highlight, 0, int(self.seqs.lengths[sequence]) - 1, allow_none=True,
                          hint=f" (a token of sequence {sequence})")
 
+    def _checked_row(self, sequence, highlight) -> tuple[int, int | None, int]:
+        """(sequence, highlight, the sequence's length), checked."""
+        i = check_index("sequence", sequence, self.seqs.n)
+        return i, self._check_highlight(highlight, i), int(self.seqs.lengths[i])
+
     def figure_for(self, sequence: int, highlight: int | None = None):
         """The strip of one sequence as a static `go.Figure`."""
-        i = check_index("sequence", sequence, self.seqs.n)
-        highlight = self._check_highlight(highlight, i)
-        length = int(self.seqs.lengths[i])
+        i, highlight, length = self._checked_row(sequence, highlight)
         overlay = None if self.ybar_other is None else {self.names[1]: self.ybar_other[i, :length]}
         return smoothness_figure(self.ybar[i, :length], self.seqs.token_text[i], boundary=boundary_of(self.seqs, i),
                                  highlight=highlight, overlay=overlay, name=self.names[0], height=self.height,
@@ -62,9 +66,7 @@ class SmoothnessStrip(StaticForm, W.VBox):
 
     def token_figure_for(self, sequence: int, highlight: int | None = None):
         """The text of one sequence, each token coloured by ‖ȳ_t − ȳ_{t−1}‖ (how far ȳ moved on reading it)."""
-        i = check_index("sequence", sequence, self.seqs.n)
-        highlight = self._check_highlight(highlight, i)
-        length = int(self.seqs.lengths[i])
+        i, highlight, length = self._checked_row(sequence, highlight)
         step, _ = A.token_smoothness(self.ybar[i, :length])
         return token_text_figure(self.seqs.token_text[i], step, value_name="‖ȳ_t − ȳ_t−1‖", highlight=highlight,
                                  title=f"Sequence {i}, each token coloured by how far ȳ moved on it")

@@ -12,7 +12,7 @@ import ipywidgets as W
 import numpy as np
 
 from .. import analysis as A
-from .._checks import check_height, check_index, check_int
+from .._checks import Height, Int, check_index, checked
 from ..figures import natural_key, template_figure, token_text_figure
 from ._base import boundary_of, check_view_ybar, figure_widget, html_status, replace_figure, sequences_of
 from ._static import StaticForm
@@ -22,12 +22,12 @@ class TemplateInspector(StaticForm, W.VBox):
     """Site picker, sequence picker, token slider, coefficient heatmap, mean |c_k| per label, singular
     values of ΔW(ȳ) at the chosen token, and template ablation Δloss (button)."""
 
+    @checked(ablation_sequences=Int(1), height=Height())
     def __init__(self, model, data, labels=None, *, site=None, sequence: int = 0, token: int | None = None,
                  boundary=None, ybar: np.ndarray | None = None, ablation_sequences: int = 32, height: int = 620,
                  **prepare_kw):
         A.require_cgt(model)
-        ablation_sequences = check_int("ablation_sequences", ablation_sequences, 1)
-        self.model, self.height, self.ablation_sequences = model, check_height("height", height), ablation_sequences
+        self.model, self.height, self.ablation_sequences = model, height, ablation_sequences
         self.sites = [f"{layer}.{name}" for layer, name in model.template_sites]
         self.site = "{}.{}".format(*A.parse_site(model, site if site is not None else self.sites[0]))
         self._ablation: dict[str, np.ndarray] = {}
