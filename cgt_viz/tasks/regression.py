@@ -12,7 +12,8 @@ values. The 1/√dim keeps Var(y) ≈ 1: a model with no context scores MSE ≈ 
 in-context learner approaches noise² once it has seen ≳ dim examples (≈ 0.12 at k = dim, noise 0.1).
 
 `Batch.split` falls on an example boundary (the suffix starts with [x_q; 0], [x_q; y_q]), like SyntheticICL,
-and `config_kwargs` sets `aux_suffix_len = 2`; `info["w"]` (b, dim) is the hidden vector for probing.
+and `config_kwargs` sets `aux_suffix_len = 8` (the auxiliary pass scores the compiled model on the next 4
+queries, each seeing the suffix before it); `info["w"]` (b, dim) is the hidden vector for probing.
 
 Why "pair": with "split" the model must first pair y_i with x_i through a previous-token head; with "pair"
 one attention layer suffices (query x_q, keys x_j, values y_j). The recipe below (templates at all four
@@ -71,7 +72,7 @@ class LinearRegression(Task):
                 "layout": self.layout}
 
     def config_kwargs(self) -> dict[str, Any]:
-        return {"input_dim": self.dim + 1, "output_dim": 1, "block_size": self.block_size, "aux_suffix_len": 2,
+        return {"input_dim": self.dim + 1, "output_dim": 1, "block_size": self.block_size, "aux_suffix_len": 8,
                 "extra": {"task": {"name": self.name, **self.kwargs()}}}
 
     def __repr__(self) -> str:
