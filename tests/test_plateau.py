@@ -12,37 +12,23 @@ import torch
 from cgt_viz import CGT, CGTConfig
 from cgt_viz.plateau import NoInformationLoss, PlateauDetector, PlateauWarning
 from cgt_viz.tasks import make_task
-from cgt_viz.tasks.base import Batch, Task
 from cgt_viz.train import TrainHistory, train
+from helpers import TinyTask
 
 torch.set_num_threads(1)
 QUIET = dict(progress=False, device="cpu")
 
 
-class ShiftTask(Task):
-    """(u, (u + b) mod P + P) pairs; a model that ignores the pairs scores ln P (uniform over P answers)."""
-
-    name = "plateau_shift"
+class ShiftTask(TinyTask):
+    """TinyTask, whose no-information level is ln P (a uniform guess over the P answers), or `level`."""
 
     def __init__(self, P: int = 5, n_pairs: int = 5, level: float | None = None):
-        self.P, self.n_pairs, self.level = P, n_pairs, level
-
-    def config_kwargs(self):
-        return {"vocab_size": 2 * self.P, "block_size": 2 * self.n_pairs}
+        super().__init__(P, n_pairs)
+        self.level = level
 
     def no_information_loss(self):
         level = math.log(self.P) if self.level is None else self.level
         return NoInformationLoss(level, f"ln {self.P}", "Likely cause: a test <b>hint</b>.")
-
-    def get_batch(self, batch_size, part="train", generator=None, device="cpu"):
-        shift = torch.randint(0, self.P, (batch_size, 1), generator=generator)
-        u = torch.randint(0, self.P, (batch_size, self.n_pairs), generator=generator)
-        seq = torch.stack([u, (u + shift) % self.P + self.P], dim=-1).flatten(1)   # (b, n, 2) -> (b, 2n)
-        targets = torch.full_like(seq, -100)
-        targets[:, :-1] = seq[:, 1:]
-        mask = torch.zeros_like(seq, dtype=torch.bool)
-        mask[:, 0::2] = True
-        return Batch(seq, targets, mask).to(device)
 
 
 def model_for(task, seed=0):
