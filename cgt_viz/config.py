@@ -15,14 +15,15 @@ SITES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
 SMOOTH_KINDS = ("l2", "vae", "relative")
 Y_READS = ("post", "pre")
 Y_READOUTS = ("stream", "ema")
+TOKEN_SHIFTS = ("none", "previous", "pair")
 # Fields added after models were first saved, with the value that reproduces a model saved before the field
 # existed: loading fills exactly these (an explicit migration); any other missing field is refused.
-ADDED_FIELDS = {"aux_row_fraction": 1.0, "y_readout": "stream"}
+ADDED_FIELDS = {"aux_row_fraction": 1.0, "y_readout": "stream", "token_shift": "none"}
 
 # Each field's own contract; `validate` applies these, then the checks that relate fields to each other.
 FIELD_CONSTRAINTS = {
     "block_size": Int(1), "n_layer": Int(2, hint=" (layers 1..y_layer carry y, the rest are modulated)"),
-    "d_x": Int(1), "n_head": Int(1), "mlp_ratio": Int(1), "dropout": Float(0.0, 1.0, hi_open=True), "bias": Bool(),
+    "d_x": Int(1), "n_head": Int(1), "token_shift": Choice(*TOKEN_SHIFTS), "mlp_ratio": Int(1), "dropout": Float(0.0, 1.0, hi_open=True), "bias": Bool(),
     "d_y": Int(1), "n_head_y": Int(1), "y_reads": Choice(*Y_READS), "y_pos": Bool(), "y_readout": Choice(*Y_READOUTS),
     "n_templates": Int(1), "template_rank": Int(1),
     "w_aux": Float(0.0), "w_smooth": Float(0.0), "smooth": Choice(*SMOOTH_KINDS),
@@ -46,6 +47,7 @@ class CGTConfig:
     mlp_ratio: int = 4                 # MLP hidden width = mlp_ratio * width
     bias: bool = True                  # biases in Linear and LayerNorm
     dropout: float = 0.0
+    token_shift: str = "none"          # x.0_t also embeds input t−1 ("previous") or the pair (t−1, t) ("pair")
     # --- y stream: narrow, lives in layers 1..y_layer, reads x, never writes into x ---
     d_y: int = 64                      # width of y and of the summary ybar
     n_head_y: int = 2                  # y heads (d_y / n_head_y per head)
@@ -92,6 +94,9 @@ class CGTConfig:
             check_int("output_dim", self.output_dim, 1, allow_none=True)
         for name, constraint in FIELD_CONSTRAINTS.items():
             constraint.check(name, getattr(self, name))
+        if self.token_shift == "pair" and self.vocab_size is None:
+            raise ValueError("token_shift='pair' embeds token pairs and needs tokens mode (vocab_size); in vectors "
+                             "mode use token_shift='previous' or 'none'")
         if self.d_x % self.n_head:
             raise ValueError(f"d_x must be divisible by n_head; got d_x={self.d_x}, n_head={self.n_head}")
         if self.d_y % self.n_head_y:

@@ -242,3 +242,48 @@ class EMAReadout(nn.Module):
         w = self.weights(t, h.shape[1], h.device).to(h.dtype)
         mean = einsum(w, h, "e t s, b s e -> b t e")
         return self.gate * y + mean
+
+
+PAIR_BUCKETS = 1 << 16   # "pair" token shift: pairs beyond this many share rows (hashed)
+
+
+class TokenShift(nn.Module):
+    """What came before each position, embedded and added to x.0 (RWKV's token shift, on the embeddings).
+
+    "previous"  E_prev(input_{t−1}): tokens or vectors; a start row (tokens) or 0 (vectors) at position 0
+    "pair"      E_pair(input_{t−1}, input_t): one row per (previous, current) token pair (tokens mode;
+                hashed into PAIR_BUCKETS rows when there are more pairs), like a two-token vocabulary
+    An answer position then already holds its query: pairing them needs no previous-token attention head.
+    With a KVCache the raw inputs are kept in it, so token-by-token generation gives the same x.0.
+    """
+
+    def __init__(self, kind: str, vocab_size: int | None, input_dim: int | None, d: int):
+        super().__init__()
+        self.kind, self.vocab_size = kind, vocab_size
+        if kind == "pair":
+            self.buckets = min((vocab_size + 1) * vocab_size, PAIR_BUCKETS)
+            self.embed = nn.Embedding(self.buckets, d)
+        else:
+            self.embed = nn.Embedding(vocab_size + 1, d) if vocab_size is not None else nn.Linear(input_dim, d, bias=False)
+
+    def forward(self, inp: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        tokens = self.vocab_size is not None
+        b, t = inp.shape[:2]
+        before = None                                                                  # the input before inp[:, 0]
+        if cache is not None:
+            raw = (inp.float() if tokens else inp).reshape(b, 1, t, -1)               # (b, 1, t, c)
+            hist, _ = cache.append(raw, raw)
+            if hist.shape[2] > t:
+                before = hist[:, 0, -t - 1]                                            # (b, c)
+        if tokens:
+            start = torch.full((b, 1), self.vocab_size, dtype=inp.dtype, device=inp.device)
+            first = start if before is None else before.long()
+            prev = torch.cat([first, inp[:, :-1]], dim=1)                              # (b, t), V = no previous
+            if self.kind == "previous":
+                return self.embed(prev)
+            pair = prev * self.vocab_size + inp
+            if self.buckets < (self.vocab_size + 1) * self.vocab_size:
+                pair = (prev * 1_000_003 + inp) % self.buckets
+            return self.embed(pair)
+        first = torch.zeros_like(inp[:, :1]) if before is None else before[:, None]
+        return self.embed(torch.cat([first, inp[:, :-1]], dim=1))                      # (b, t, input_dim) -> (b, t, d)

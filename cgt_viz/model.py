@@ -31,7 +31,7 @@ from .contracts import (IGNORE_INDEX, cache_name_filter, check_ablate, check_inp
                         check_summaries, check_summary, check_targets)
 from .generation import Generation
 from .io import PretrainedMixin, fold_affine_ln_y
-from .layers import SITE_WEIGHTS, Block, EMAReadout, SiteTemplates, YBlock, init_weights
+from .layers import SITE_WEIGHTS, Block, EMAReadout, SiteTemplates, TokenShift, YBlock, init_weights
 from .losses import aux_length_groups, masked_loss, per_position_loss, smoothness_penalty, take_positions
 
 
@@ -45,21 +45,25 @@ class GPT(PretrainedMixin, Generation, nn.Module):
         self.config = cfg = config
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_x) if cfg.mode == "tokens" else nn.Linear(cfg.input_dim, cfg.d_x)
         self.wpe = nn.Embedding(cfg.block_size, cfg.d_x)
+        self.shift = TokenShift(cfg.token_shift, cfg.vocab_size, cfg.input_dim, cfg.d_x) if cfg.token_shift != "none" else None
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg.d_x, cfg.n_head, cfg.mlp_ratio, cfg.bias, cfg.dropout)
                                     for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_x, bias=cfg.bias)
         self.head = nn.Linear(cfg.d_x, cfg.out_dim, bias=False)
         init_weights(self, cfg.n_layer)
-        self._n_attention = cfg.n_layer
+        self._n_attention = cfg.n_layer + (self.shift is not None)   # the token shift keeps its inputs in the last cache
 
-    def embed_inputs(self, inp: torch.Tensor, pos_offset: int = 0) -> torch.Tensor:
+    def embed_inputs(self, inp: torch.Tensor, pos_offset: int = 0, cache=None) -> torch.Tensor:
         """(b, t) tokens or (b, t, input_dim) vectors -> x.0 (b, t, d); positions start at pos_offset."""
         pos = torch.arange(pos_offset, pos_offset + inp.shape[1], device=inp.device)
-        return self.drop(self.embed(inp) + self.wpe(pos))
+        x = self.embed(inp) + self.wpe(pos)
+        if self.shift is not None:
+            x = x + self.shift(inp, None if cache is None else cache[-1])
+        return self.drop(x)
 
     def _step(self, inp: torch.Tensor, cache, pos_offset: int) -> torch.Tensor:
-        x = self.embed_inputs(inp, pos_offset)
+        x = self.embed_inputs(inp, pos_offset, cache)
         for i, block in enumerate(self.blocks):
             x = block(x, cache=None if cache is None else cache[i])
         return self.head(self.ln_f(x))
@@ -107,7 +111,8 @@ class CGT(PretrainedMixin, Generation, nn.Module):
                                        for site in cfg.sites})
             for layer in self.modulated_layers})
         self.y_ema = EMAReadout(cfg.d_x, cfg.d_y) if cfg.y_readout == "ema" else None
-        self._n_attention = cfg.n_layer + cfg.y_layer + (self.y_ema is not None)   # the EMA keeps its history in a cache
+        # caches: x blocks, y blocks, then the EMA's history and the token shift's, when present
+        self._n_attention = cfg.n_layer + cfg.y_layer + (self.y_ema is not None) + (cfg.token_shift != "none")
 
     # ------------------------------------------------------------------ names
     @property
@@ -131,7 +136,7 @@ class CGT(PretrainedMixin, Generation, nn.Module):
     def _lower(self, inp, cache=None, pos_offset=0, record=None):
         """Layers 1..ℓ: the GPT's own blocks on x, y blocks beside them. Returns x_ℓ, μ = LN(y_ℓ), y_ℓ."""
         cfg, gpt = self.config, self.gpt
-        x = gpt.embed_inputs(inp, pos_offset)
+        x = gpt.embed_inputs(inp, pos_offset, cache)
         y = self.y_embed(inp)
         if self.y_wpe is not None:
             y = y + self.y_wpe(torch.arange(pos_offset, pos_offset + inp.shape[1], device=inp.device))
@@ -145,7 +150,7 @@ class CGT(PretrainedMixin, Generation, nn.Module):
             if record is not None:
                 record[f"x.{n + 1}"], record[f"y.{n + 1}"] = x, y
         if self.y_ema is not None:
-            y = self.y_ema(x, y, cache=None if cache is None else cache[-1])
+            y = self.y_ema(x, y, cache=None if cache is None else cache[cfg.n_layer + cfg.y_layer])
         return x, self.ln_y(y), y
 
     def _coefficients(self, ybar, ablate=None) -> dict[str, torch.Tensor]:
@@ -193,7 +198,7 @@ class CGT(PretrainedMixin, Generation, nn.Module):
 
     def _specialized(self, inp, ybar_vec, cache=None, pos_offset=0, ablate=None):
         """x-only pass with T(ȳ) frozen per row; ybar_vec (b, e). Positions start at pos_offset."""
-        x = self.gpt.embed_inputs(inp, pos_offset)
+        x = self.gpt.embed_inputs(inp, pos_offset, cache)
         for n in range(self.config.y_layer):
             x = self.gpt.blocks[n](x, cache=None if cache is None else cache[n])
         frozen = {key: c[:, None, :] for key, c in self._coefficients(ybar_vec, ablate).items()}  # (b, 1, K)

@@ -38,6 +38,7 @@ import random
 import signal
 import threading
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -50,6 +51,7 @@ import torch.nn as nn
 from ._checks import check_callable, check_device, check_dict, describe
 from .checkpoint import RunLock, capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
 from .losses import LOSS_TERMS
+from .plateau import PlateauDetector, PlateauWarning
 from .tasks.base import Batch, Task, check_task_fits
 from .train_config import TrainConfig
 
@@ -88,6 +90,7 @@ class TrainHistory:
     lr: list[float] = field(default_factory=list)
     grad_norm: list[float] = field(default_factory=list)
     evals: list[dict[str, float]] = field(default_factory=list)
+    warnings: list[dict[str, Any]] = field(default_factory=list)   # {"step", "kind", "message"}, in words
     interrupted: bool = False
     seconds: float = 0.0
 
@@ -104,7 +107,7 @@ class TrainHistory:
     def from_dict(cls, d: dict[str, Any]) -> "TrainHistory":
         check_dict("d", d, "a dict as written by TrainHistory.to_dict")
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
-        for name in ("step", "main", "aux", "smooth", "total", "lr", "grad_norm", "evals"):
+        for name in ("step", "main", "aux", "smooth", "total", "lr", "grad_norm", "evals", "warnings"):
             if name in known and not isinstance(known[name], list):
                 raise TypeError(f"d[{name!r}] must be a list (one entry per step), got {describe(known[name])}")
         lengths = {k: len(known[k]) for k in ("step", "main", "aux", "smooth", "total") if k in known}
@@ -316,7 +319,9 @@ def train(model: nn.Module, task: Task, config: TrainConfig | None = None, *,
                     "val_main", "val_aux", "val_total" over `eval_batches` fixed validation batches of
                     batch_size, plus whatever eval_fn(model, step) returns
     callbacks       functions called with plain dicts: {"kind": "step", "step", "main", "aux", "smooth",
-                    "total", "lr"}, {"kind": "eval", "step", <metric>: float, ...}, {"kind": "end", "step"}
+                    "total", "lr"}, {"kind": "eval", "step", <metric>: float, ...}, {"kind": "end", "step"},
+                    and once per run {"kind": "warning", "step", "message"} when the main loss has sat at the
+                    task's no-information level for plateau_steps updates (see cgt_viz.plateau)
     seed            seeds the batch, split and global torch streams (see the module docstring)
     device          "auto" (cuda > mps > cpu), "cpu", "cuda", "cuda:N", "mps"; the model is moved there
     amp             bf16 autocast on CUDA (ignored elsewhere)
@@ -385,7 +390,8 @@ def train(model: nn.Module, task: Task, config: TrainConfig | None = None, *,
 
 def _run(*, model, task, cfg, steps, batch_size, lr, warmup, min_lr_ratio, weight_decay, betas, grad_clip, eval_every,
          eval_batches, eval_fn, callbacks, seed, amp, compile, checkpoint_dir, checkpoint_every, keep_checkpoints,
-         resume, progress, aux_delay, aux_ramp, dev, distributed, rank, world, **_unused) -> tuple[nn.Module, TrainHistory]:
+         resume, progress, aux_delay, aux_ramp, plateau_steps, plateau_tolerance, dev, distributed, rank, world,
+         **_unused) -> tuple[nn.Module, TrainHistory]:
     if batch_size % world:
         raise ValueError(f"batch_size must be divisible by the number of ranks ({world}), got {batch_size}")
     lo, hi = rank * (batch_size // world), (rank + 1) * (batch_size // world)
@@ -494,6 +500,11 @@ def _run(*, model, task, cfg, steps, batch_size, lr, warmup, min_lr_ratio, weigh
     if checkpoint_dir is not None and is_main:
         _check_writable(Path(checkpoint_dir), model, keep_checkpoints)
 
+    reference = task.no_information_loss() if callable(getattr(task, "no_information_loss", None)) else None
+    plateau = PlateauDetector(reference, plateau_steps, plateau_tolerance) if reference is not None else None
+    if plateau is not None and any(w.get("kind") == "plateau" for w in history.warnings):
+        plateau.fired = True   # a resumed run that already warned does not warn again
+
     # ---------------------------------------------------------------- the loop
     bar = None
     if progress and is_main:
@@ -551,6 +562,12 @@ def _run(*, model, task, cfg, steps, batch_size, lr, warmup, min_lr_ratio, weigh
                 history.lr.append(cur_lr)
                 history.grad_norm.append(grad_norm)
                 history.seconds = time.perf_counter() - t0
+                message = plateau.update(step, terms["main"]) if plateau is not None else None
+                if message is not None:
+                    history.warnings.append({"step": step, "kind": "plateau", "message": message})
+                    if is_main:
+                        warnings.warn(message, PlateauWarning, stacklevel=3)   # points at the train() call
+                        emit({"kind": "warning", "step": step, "message": message})
                 if is_main:
                     emit({"kind": "step", "step": step, **terms, "lr": cur_lr})
                     if bar is not None:

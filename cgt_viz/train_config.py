@@ -38,9 +38,14 @@ class TrainConfig:
     seed: int = _setting(0, Int(0), "seeds the model init (CLI), the batches, the splits and torch's RNG")
     aux_delay: int = _setting(0, Int(0, hint=" (number of updates)"), "updates with the auxiliary loss weighted 0")
     aux_ramp: int = _setting(0, Int(0, hint=" (number of updates)"), "then updates to ramp its weight up to w_aux")
+    plateau_steps: int = _setting(500, Int(0, hint=" (number of updates; 0 = never warn)"),
+                                  "warn once the main loss has sat at the task's no-information level this long")
+    plateau_tolerance: float = _setting(0.02, Float(0.0, lo_open=True),
+                                        "relative distance from that level that still counts as on it")
 
     # may change between a run and its resumption; every other field must match the checkpoint's
-    RESUMABLE = ("steps", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints")
+    RESUMABLE = ("steps", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "plateau_steps",
+                 "plateau_tolerance")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -5,6 +5,8 @@ import socket
 
 import torch
 
+from cgt_viz.tasks.base import Batch, Task
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
@@ -29,3 +31,25 @@ def randomize_templates(model, bias_std: float = 0.5):
                 site.coeff.weight.normal_(0, 0.5)
                 site.coeff.bias.normal_(0, bias_std)
     return model
+
+
+class TinyTask(Task):
+    """Pairs (u, (u + b) mod P) with a hidden shift b per row; answers use their own tokens P..2P−1."""
+
+    name = "tiny"
+
+    def __init__(self, P: int = 5, n_pairs: int = 5):
+        self.P, self.n_pairs = P, n_pairs
+
+    def config_kwargs(self):
+        return {"vocab_size": 2 * self.P, "block_size": 2 * self.n_pairs}
+
+    def get_batch(self, batch_size, part="train", generator=None, device="cpu"):
+        shift = torch.randint(0, self.P, (batch_size, 1), generator=generator)
+        u = torch.randint(0, self.P, (batch_size, self.n_pairs), generator=generator)
+        seq = torch.stack([u, (u + shift) % self.P + self.P], dim=-1).flatten(1)   # (b, n, 2) -> (b, 2n)
+        targets = torch.full_like(seq, -100)
+        targets[:, :-1] = seq[:, 1:]
+        mask = torch.zeros_like(seq, dtype=torch.bool)
+        mask[:, 0::2] = True
+        return Batch(seq, targets, mask, None, {"shift": shift[:, 0]}).to(device)

@@ -35,12 +35,13 @@ def trained_like(cfg, seed=0):
 # one parametrisation covering sites, K, r, ℓ and both input modes
 CASES = [
     dict(mode="tokens", sites=("attn_in", "mlp_in"), n_templates=3, template_rank=2, y_layer=2),
-    dict(mode="tokens", sites=ALL_SITES, n_templates=1, template_rank=1, y_layer=1),
+    dict(mode="tokens", sites=ALL_SITES, n_templates=1, template_rank=1, y_layer=1, token_shift="pair"),
     dict(mode="tokens", sites=("attn_out", "mlp_out"), n_templates=4, template_rank=3, y_layer=3),
-    dict(mode="vectors", sites=("attn_in", "mlp_out"), n_templates=2, template_rank=1, y_layer=2),
+    dict(mode="vectors", sites=("attn_in", "mlp_out"), n_templates=2, template_rank=1, y_layer=2, token_shift="previous"),
     dict(mode="tokens", sites=("mlp_in",), n_templates=2, template_rank=2, y_layer=2, y_reads="pre", y_pos=False),
 ]
-IDS = [f"{c['mode']}-{'+'.join(c['sites'])}-K{c['n_templates']}-r{c['template_rank']}-l{c['y_layer']}" for c in CASES]
+IDS = [f"{c['mode']}-{'+'.join(c['sites'])}-K{c['n_templates']}-r{c['template_rank']}-l{c['y_layer']}"
+       + (f"-{c['token_shift']}" if c.get("token_shift") else "") for c in CASES]
 
 
 @pytest.fixture(params=CASES, ids=IDS)
@@ -302,9 +303,10 @@ def test_gpt_loss_has_the_same_keys():
     torch.testing.assert_close(losses["total"], losses["main"])
 
 
+@pytest.mark.parametrize("token_shift", ["none", "previous", "pair"])
 @pytest.mark.parametrize("cls", [CGT, GPT])
-def test_kv_cache_generate_matches_recomputation(cls):
-    cfg = make_cfg(block_size=32)
+def test_kv_cache_generate_matches_recomputation(cls, token_shift):
+    cfg = make_cfg(block_size=32, token_shift=token_shift)
     model = trained_like(cfg) if cls is CGT else GPT(cfg).eval()
     prompt = make_inputs(cfg, b=2, t=5)
     fast = model.generate(prompt, 12, temperature=0)
@@ -525,3 +527,22 @@ def test_aux_length_groups_pad_least_and_do_not_change_the_aux_loss(monkeypatch)
         torch.testing.assert_close(aux, results[0][0])
         for got, want in zip(grads, results[0][1]):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_token_shift_pair_needs_tokens_and_hashes_a_large_vocabulary():
+    with pytest.raises(ValueError, match=r"token_shift='pair' embeds token pairs and needs tokens mode"):
+        make_cfg("vectors", token_shift="pair")
+    small = GPT(make_cfg(token_shift="pair"))
+    assert small.shift.embed.num_embeddings == 14 * 13                # every (previous or start, current) pair
+    big = GPT(make_cfg(token_shift="pair", vocab_size=300)).eval()
+    assert big.shift.embed.num_embeddings == 1 << 16                  # 301 · 300 pairs share 65,536 rows
+    idx = torch.randint(0, 300, (2, 9))
+    with torch.no_grad():
+        cache = big.new_cache()
+        stepwise = torch.cat([big._step(idx[:, t:t + 1], cache, t) for t in range(9)], dim=1)
+        assert torch.allclose(stepwise, big(idx), atol=1e-5)
+    # x.0 at t depends on tokens t−1 and t only: changing token 3 moves positions 3 and 4 and nothing else
+    other = idx.clone()
+    other[:, 3] = (other[:, 3] + 1) % 300
+    moved = (big.embed_inputs(idx) - big.embed_inputs(other)).abs().sum(-1) > 0
+    assert moved[:, [3, 4]].all() and not moved[:, [0, 1, 2, 5, 6, 7, 8]].any()

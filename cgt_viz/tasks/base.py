@@ -49,6 +49,11 @@ class Task:
         """A batch drawn with `generator` (seeded by the caller); part is "train" or "val"."""
         raise NotImplementedError
 
+    def no_information_loss(self):
+        """The main loss of a model that ignores the context (a `plateau.NoInformationLoss`), or None when the
+        task has no such level; `train` warns when a run stays there (see `cgt_viz.plateau`)."""
+        return None
+
     def decode(self, tokens) -> list[str]:
         """Per-token strings for hover text and axis labels (tokens mode)."""
         return [str(int(t)) for t in tokens]

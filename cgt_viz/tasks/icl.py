@@ -26,9 +26,12 @@ Small P makes copying easy: a query u that already occurred earlier in the seque
 look-up. `info["novel"]` marks query positions whose u is new, and `eval_batch` builds prompts whose
 held-out queries are always new, so measurements test inference of (a, b), not copying.
 
-Why "pair" is the default: with "value" answers the model must first grow a previous-token head to pair
-each answer with its u before it can infer f; "pair" answers carry the demonstration in one token. The
-measured comparison (and how long each family takes to leave the ln P plateau) is in the README.
+Value answers and the token shift: with "value" answers the model must pair each answer with its u before it
+can infer f. A plain Transformer has to grow a previous-token attention head for that, and small models
+can sit on the ln P plateau (uniform over the P answers) for thousands of steps first. `config_kwargs()`
+therefore sets the model's `token_shift="pair"` for value answers (x.0_t also gets an embedding of the token
+pair (t−1, t)), so every answer position already holds its whole demonstration (u, f(u)). "pair" answers carry the whole
+demonstration in one token and need neither. The README's Results section measures both formats.
 
     task = SyntheticICL()                                 # affine, P = 7, 20 pairs, pair answers
     cfg = CGTConfig(d_x=64, n_layer=4, n_head=4, d_y=32, n_head_y=2, y_layer=2, n_templates=16,
@@ -44,6 +47,7 @@ import torch
 
 from .._checks import Bool, Choice, Device, Float, Generator, Int, checked, check_int
 from ..contracts import IGNORE_INDEX
+from ..plateau import NoInformationLoss
 from .base import Batch, Task
 
 FAMILIES = ("shift", "affine", "dihedral", "mul")
@@ -71,7 +75,7 @@ def check_part(part: Any) -> None:
 class SyntheticICL(Task):
     """Pairs (u, f(u)) of a hidden function f_{a,b} over Z_P; see the module docstring for the layout.
 
-    The defaults (affine, P = 7, 20 pairs, pair answers) are the measured recipe of the module docstring;
+    The defaults (affine, P = 7, 20 pairs, pair answers) are notebook 01's recipe (cgt_viz.recipes);
     20 pairs leave room for the k = 16 demonstrations + 1 held-out query of the standard evaluation.
 
     family          "affine" | "dihedral" | "shift" | "mul"
@@ -85,9 +89,8 @@ class SyntheticICL(Task):
                     the whole demonstration (u, f(u)) as P + u·P + f(u) (vocabulary P + P²), so one token
                     carries a demonstration and in-context look-up needs no previous-token head
     shift_fraction  share of training rows drawn with a = 1 (a pure shift) in a two-number family, meant
-                    to give a denser signal on the plateau before in-context learning starts (with
-                    "value" answers 0.5 did not help within 2,500 steps; kept for experiments).
-                    `eval_batch` ignores it and draws (a, b) uniformly over the family.
+                    to give a denser signal on the plateau before in-context learning starts (for
+                    experiments). `eval_batch` ignores it and draws (a, b) uniformly over the family.
     """
 
     name = "icl"
@@ -128,11 +131,21 @@ class SyntheticICL(Task):
                 "shift_fraction": self.shift_fraction, "answer_tokens": self.answer_tokens}
 
     def config_kwargs(self) -> dict[str, Any]:
+        """The config fields this task fixes; value answers also turn the token shift on (each answer position
+        then holds its query, which the model otherwise has to pair by growing a previous-token head)."""
         return {"vocab_size": self.vocab_size, "block_size": self.block_size, "aux_suffix_len": 2,
+                **({"token_shift": "pair"} if self.answer_tokens == "value" else {}),
                 "extra": {"task": {"name": self.name, **self.kwargs()}}}
 
     def __repr__(self) -> str:
         return "SyntheticICL(" + ", ".join(f"{k}={v!r}" for k, v in self.kwargs().items()) + ")"
+
+    def no_information_loss(self) -> NoInformationLoss:
+        hint = ("Likely cause: the model has not yet learned to pair each answer with its query. Train longer, or "
+                + ("build the model with token_shift='pair' (task.config_kwargs() sets it for value answers)"
+                   if self.answer_tokens == "value" else "try another seed or a lower learning rate") + ".")
+        return NoInformationLoss(math.log(self.P), f"ln {self.P} = {math.log(self.P):.3f} (a uniform guess over the "
+                                                   f"{self.P} answers)", hint)
 
     # ------------------------------------------------------------------ sampling
     def sample_params(self, batch_size: int, generator: torch.Generator | None = None,

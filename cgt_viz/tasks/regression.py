@@ -12,7 +12,8 @@ values. The 1/√dim keeps Var(y) ≈ 1: a model with no context scores MSE ≈ 
 in-context learner approaches noise² once it has seen ≳ dim examples (≈ 0.12 at k = dim, noise 0.1).
 
 `Batch.split` falls on an example boundary (the suffix starts with [x_q; 0], [x_q; y_q]), like SyntheticICL,
-and `config_kwargs` sets `aux_suffix_len = 2`; `info["w"]` (b, dim) is the hidden vector for probing.
+and `config_kwargs` sets `aux_suffix_len = 8` (the auxiliary pass scores the compiled model on the next 4
+queries, each seeing the suffix before it); `info["w"]` (b, dim) is the hidden vector for probing.
 
 Why "pair": with "split" the model must first pair y_i with x_i through a previous-token head; with "pair"
 one attention layer suffices (query x_q, keys x_j, values y_j). The recipe below (templates at all four
@@ -31,6 +32,7 @@ from typing import Any
 
 import torch
 
+from ..plateau import NoInformationLoss
 from .base import Batch, Task
 from .._checks import Choice, Device, Float, Generator, Int, checked, check_int
 from .icl import check_eval_size
@@ -70,7 +72,7 @@ class LinearRegression(Task):
                 "layout": self.layout}
 
     def config_kwargs(self) -> dict[str, Any]:
-        return {"input_dim": self.dim + 1, "output_dim": 1, "block_size": self.block_size, "aux_suffix_len": 2,
+        return {"input_dim": self.dim + 1, "output_dim": 1, "block_size": self.block_size, "aux_suffix_len": 8,
                 "extra": {"task": {"name": self.name, **self.kwargs()}}}
 
     def __repr__(self) -> str:
@@ -106,6 +108,12 @@ class LinearRegression(Task):
             x[..., n:] = 0
             w = torch.cat([w[:, :n] * (self.dim / n) ** 0.5, torch.zeros_like(w[:, n:])], dim=1)
         return self._assemble(w, x, 2 * j, generator, device)
+
+    def no_information_loss(self) -> NoInformationLoss:
+        level = 1.0 + self.noise ** 2
+        return NoInformationLoss(level, f"Var(y) = 1 + noise² = {level:.3f} (predicting 0 for every query)",
+                                 "Likely cause: the model has not yet learned to read the demonstrations. Train "
+                                 "longer, keep layout='pair', and grow the dimension with callbacks=[task.curriculum(...)].")
 
     def set_active_dims(self, n: int | None) -> None:
         """Train on an easier task: `get_batch` keeps only the first n coordinates of x (the rest are 0) and

@@ -21,7 +21,7 @@ from ..figures import drawn_series, thin, training_curves_figure
 from ._base import figure_widget, html_status, replace_figure
 from ._static import StaticForm
 
-KINDS = ("step", "eval", "end")
+KINDS = ("step", "eval", "end", "warning")
 
 
 class TrainingMonitor(StaticForm, W.VBox):
@@ -41,10 +41,13 @@ class TrainingMonitor(StaticForm, W.VBox):
         self.redraws = 0
         self.figure = figure_widget(self.figure_static())
         self.status = W.HTML(html_status("waiting for the first training step …"))
-        super().__init__([self.status, self.figure])
+        self.warnings: list[str] = []      # the trainer's warnings in words (e.g. a loss plateau)
+        self.alerts = W.HTML("")
+        super().__init__([self.status, self.alerts, self.figure])
 
     def __call__(self, record: dict) -> None:
-        """One callback record: {"kind": "step" | "eval" | "end", "step": int, <name>: float, ...}."""
+        """One callback record: {"kind": "step" | "eval" | "end", "step": int, <name>: float, ...}, or
+        {"kind": "warning", "step": int, "message": str} (shown in words above the curves)."""
         if not isinstance(record, dict):
             raise TypeError(f"record must be a dict (the trainer callback protocol), got {type(record).__name__}")
         kind = record.get("kind")
@@ -54,6 +57,10 @@ class TrainingMonitor(StaticForm, W.VBox):
         if self._t0 is None:
             self._t0 = now
         self.records.append(dict(record))
+        if kind == "warning":
+            self.warnings.append(f"step {record['step']}: {record.get('message', '')}")
+            self.alerts.value = "<br>".join(html_status("⚠ " + w, "error") for w in self.warnings)
+            return
         target = self._steps if kind == "step" else self._evals if kind == "eval" else None
         if target is not None:
             for key, value in record.items():
@@ -79,7 +86,8 @@ class TrainingMonitor(StaticForm, W.VBox):
 
     def static_text(self) -> str:
         last = self.records[-1] if self.records else {}
-        return f"training monitor: {len(self._steps.get('main', ([], []))[0])} steps recorded, last step {last.get('step', '-')}"
+        text = f"training monitor: {len(self._steps.get('main', ([], []))[0])} steps recorded, last step {last.get('step', '-')}"
+        return "\n".join([text] + [f"warning at {w}" for w in self.warnings])
 
     def redraw(self, final: bool = False) -> None:
         """Push the current curves to the plot (called for you, throttled)."""

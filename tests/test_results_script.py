@@ -1,0 +1,36 @@
+"""benchmarks/tasks_results.py: the README's results tables, measured on held-out seeds."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import tasks_results  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def test_every_run_builds_from_a_recipe_and_the_default_seeds_are_held_out():
+    assert set(tasks_results.SYNTHETIC) < set(tasks_results.RUNS)
+    for recipe, *_ in tasks_results.RUNS.values():
+        assert recipe in tasks_results.RECIPES
+    assert not set(tasks_results.DEFAULT_SEEDS) & set(tasks_results.TUNING_SEEDS)
+
+
+def test_rows_are_written_as_they_come_and_resume_skips_them(tmp_path, capsys):
+    out = tmp_path / "tasks.json"
+    argv = ["--runs", "icl-value-shift", "regression", "--seeds", "5", "--steps", "6", "--eval-batches", "1",
+            "--out", str(out)]
+    first = tasks_results.main(argv)
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["run"], r["seed"]) for r in rows] == [("icl-value-shift", 5), ("regression", 5)]
+    icl, reg = rows
+    assert icl["token_shift"] == "pair" and icl["task_args"]["answer_tokens"] == "value"   # value answers shift tokens
+    assert [row["k"] for row in reg["by_k"]] == [1, 2, 4, 8] and reg["k"] == 8
+    assert "| icl-value-shift (k = 8, acc) | 5 | 6 |" in first["table"] and "G at k = 1" in first["table"]
+    again = tasks_results.main(argv + ["--resume"])
+    assert again["rows"] == rows                                          # nothing re-trained
+    assert "tuning_seeds" in again and again["table"] == first["table"]
