@@ -21,7 +21,6 @@ positions per row each layout computes. Writes aux_layouts.json.
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -190,7 +189,7 @@ def max_differences(cgt, idx, targets, split, layouts) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__)
     common.add_model_args(p)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=256)

@@ -46,19 +46,11 @@ def measure_merged_forward(cgt: CGT, gpt: torch.nn.Module, device: torch.device,
         merged = cgt.specialize(prompt).to(device).eval()
         ybar = cgt.context(prompt[None])[:, -1]
 
-    def run(fn):
-        def call():
-            with torch.no_grad(), common.autocast(device):
-                fn()
-        return call
-
+    run = lambda fn: common.inference_call(fn, device)   # noqa: E731
     times = common.time_interleaved({"gpt": run(lambda: gpt(idx)), "merged": run(lambda: merged(idx)),
                                      "unmerged": run(lambda: cgt.forward_specialized(idx, ybar))},
                                     device, repeats)
-    out = {"batch": batch, "seq": seq, "prompt_len": prompt_len}
-    out.update({n: common.summarize(ts) for n, ts in times.items()})
-    out["ratio_median"] = common.ratio(out["merged"]["median"], out["gpt"]["median"])
-    out["ratio_min"] = common.ratio(out["merged"]["min"], out["gpt"]["min"])
+    out = {"batch": batch, "seq": seq, "prompt_len": prompt_len, **common.summarize_times(times, "merged", "gpt")}
     out["unmerged_ratio_median"] = common.ratio(out["unmerged"]["median"], out["gpt"]["median"])
     return out
 
@@ -76,12 +68,7 @@ def measure_specialize(cgt: CGT, gpt: torch.nn.Module, device: torch.device, pro
         with torch.no_grad():
             ybar = cgt.context(prompt)[0, -1]
 
-        def run(fn):
-            def call():
-                with torch.no_grad(), common.autocast(device):
-                    fn()
-            return call
-
+        run = lambda fn: common.inference_call(fn, device)   # noqa: E731
         times = common.time_interleaved({
             "specialize": run(lambda: cgt.specialize(prompt)),
             "specialize_shared": run(lambda: cgt.specialize(prompt, share_weights=True)),
@@ -90,10 +77,7 @@ def measure_specialize(cgt: CGT, gpt: torch.nn.Module, device: torch.device, pro
             "summary_pass": run(lambda: cgt.context(prompt)),
             "merge": run(lambda: cgt.merged_gpt(ybar)),
         }, device, repeats)
-        row = {"prompt_len": r}
-        row.update({n: common.summarize(ts) for n, ts in times.items()})
-        row["ratio_median"] = common.ratio(row["specialize"]["median"], row["cgt_forward"]["median"])
-        row["ratio_min"] = common.ratio(row["specialize"]["min"], row["cgt_forward"]["min"])
+        row = {"prompt_len": r, **common.summarize_times(times, "specialize", "cgt_forward")}
         row["ratio_vs_gpt_forward_median"] = common.ratio(row["specialize"]["median"], row["gpt_forward"]["median"])
         row["shared"] = {"ratio_median": common.ratio(row["specialize_shared"]["median"], row["cgt_forward"]["median"]),
                          "ratio_min": common.ratio(row["specialize_shared"]["min"], row["cgt_forward"]["min"])}
@@ -102,17 +86,14 @@ def measure_specialize(cgt: CGT, gpt: torch.nn.Module, device: torch.device, pro
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__)
     common.add_model_args(p)
     p.add_argument("--block-size", type=int, default=1024)
     p.add_argument("--batch", type=int, default=8, help="training and merged-forward batch")
     p.add_argument("--seq", type=int, default=256, help="training and merged-forward sequence length")
     p.add_argument("--prompt-lens", default="64,256,1024", help="prompt lengths for the specialisation latency")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(common.DEFAULT_RESULTS), help="folder for bench_core.json")
-    p.add_argument("--write-readme", action="store_true", help="write the results table into --readme")
-    p.add_argument("--readme", default=str(common.README_PATH))
+    common.add_output_args(p, "bench_core.json")
     args = p.parse_args(argv)
     args.prompt_lens = common.positive_int_list("--prompt-lens", args.prompt_lens)
     for name in ("threads", "vocab", "d_x", "n_layer", "n_head", "d_y", "n_head_y", "batch", "seq", "repeats"):

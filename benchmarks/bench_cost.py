@@ -132,12 +132,7 @@ def run_grid(args, cgt: CGT, gpt: GPT, device: torch.device) -> tuple[list[dict]
         with torch.no_grad():
             compiled = cgt.specialize(prompt).to(device).eval()
 
-        def nograd(fn):
-            def call():
-                with torch.no_grad(), common.autocast(device):
-                    fn()
-            return call
-
+        nograd = lambda fn: common.inference_call(fn, device)   # noqa: E731
         t = common.time_interleaved({"specialize": nograd(lambda: cgt.specialize(prompt)),
                                      "cgt_forward": nograd(lambda: cgt(prompt[None])),
                                      "gpt_forward": nograd(lambda: gpt(prompt[None]))}, device, args.repeats)
@@ -403,7 +398,7 @@ def readme_tables(res: dict) -> str:
 
 # ---------------------------------------------------------------------------------------------- main
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__)
     common.add_model_args(p)
     p.add_argument("--prompt-lens", default="64,256,1024", help="prompt lengths r")
     p.add_argument("--gen-lens", default="16,64,256", help="generated lengths s")
@@ -416,11 +411,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--train-batch", type=int, default=8)
     p.add_argument("--train-seq", type=int, default=256)
     p.add_argument("--train-repeats", type=int, default=3, help="0 skips the training overhead")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(common.DEFAULT_RESULTS), help="folder for bench_cost.json and .html")
     p.add_argument("--from-json", default=None, help="skip measuring: redraw plot/README from this JSON")
-    p.add_argument("--write-readme", action="store_true", help="write the tables into --readme")
-    p.add_argument("--readme", default=str(common.README_PATH))
+    common.add_output_args(p, "bench_cost.json and .html")
     args = p.parse_args(argv)
     args.prompt_lens = common.positive_int_list("--prompt-lens", args.prompt_lens)
     args.gen_lens = sorted(common.positive_int_list("--gen-lens", args.gen_lens))

@@ -34,7 +34,7 @@ TARGETS_S = {"first_paint": 2.0, "umap_warm": 6.0, "figure_100k": 2.0}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__)
     p.add_argument("--tokens", type=int, default=20_000, help="tokens for first paint and UMAP (default 20000)")
     p.add_argument("--paint-tokens", default="20000,100000",
                    help="comma-separated token counts for the first-paint timings (default 20000,100000)")

@@ -154,7 +154,7 @@ def table(res: dict) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__)
     common.add_model_args(p)
     p.add_argument("--quick", action="store_true", help="tiny sizes and 2 repeats (the test); "
                    + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
@@ -165,10 +165,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batches", default="1,8")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--matmul-n", type=int, default=None, help="side of the peak matmul (default 1024 CPU, 8192 CUDA)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(common.DEFAULT_RESULTS))
-    p.add_argument("--write-readme", action="store_true", help="write the table into --readme")
-    p.add_argument("--readme", default=str(common.README_PATH))
+    common.add_output_args(p, "throughput.json")
     args = p.parse_args(argv)
     if args.quick:
         for k, v in QUICK.items():

@@ -6,6 +6,7 @@ Every benchmark writes plain JSON; nothing here asserts a timing target (see ben
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import math
 import os
@@ -56,6 +57,27 @@ def autocast(device: torch.device):
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def inference_call(fn: Callable[[], object], device: torch.device) -> Callable[[], None]:
+    """fn wrapped for timing: no autograd, bf16 autocast on CUDA."""
+    def call() -> None:
+        with torch.no_grad(), autocast(device):
+            fn()
+    return call
+
+
+def summarize_times(times: dict[str, list[float]], numerator: str, denominator: str) -> dict:
+    """{name: summarize(ts)} for every timed call, with ratio_median and ratio_min of numerator / denominator."""
+    out = {n: summarize(ts) for n, ts in times.items()}
+    out["ratio_median"] = ratio(out[numerator]["median"], out[denominator]["median"])
+    out["ratio_min"] = ratio(out[numerator]["min"], out[denominator]["min"])
+    return out
+
+
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """An argument parser whose --help prints the script's docstring as written."""
+    return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def dtype_name(device: torch.device) -> str:
@@ -420,6 +442,14 @@ def positive_int_list(name: str, text: str) -> list[int]:
     if not vals or any(v < 1 for v in vals):
         raise ValueError(f"{name} must be a comma-separated list of positive ints, got {text!r}")
     return vals
+
+
+def add_output_args(p, what: str) -> None:
+    """--seed, --out (a folder for `what`), --write-readme and --readme, shared by the table-writing benchmarks."""
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=str(DEFAULT_RESULTS), help=f"folder for {what}")
+    p.add_argument("--write-readme", action="store_true", help="write the results tables into --readme")
+    p.add_argument("--readme", default=str(README_PATH))
 
 
 def add_model_args(p) -> None:

@@ -83,7 +83,7 @@ class CheckFailed(Outcome):
 
 # ---------------------------------------------------------------------------------------------- setup
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--sizes", default="auto", choices=["auto", *SIZES], help="auto: gpu on CUDA, tiny on CPU")
     p.add_argument("--checks", default=",".join(CHECKS), help=f"comma-separated subset of {','.join(CHECKS)}")

@@ -10,7 +10,6 @@ specialised / no-context losses before and after the topic switch. Writes result
 """
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
@@ -54,7 +53,7 @@ def run(task, smooth: str, weight: float, steps: int, batch_size: int, eval_batc
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__)
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--weights", default="0,0.002,0.01", help="comma-separated w_smooth values")
     p.add_argument("--smooth", default="l2", choices=("l2", "vae", "relative"))

@@ -10,7 +10,6 @@ so a ȳ score can be read against them rather than against chance alone. Writes 
 """
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
@@ -51,7 +50,7 @@ def references(texts: list[bytes], labels: np.ndarray, seed: int) -> dict[str, f
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__)
     p.add_argument("--block-sizes", default="128,512,1024")
     p.add_argument("--n-batches", type=int, default=8, help="as tasks_results.py's kNN (8 batches of 32 rows)")
     p.add_argument("--batch-size", type=int, default=32)
