@@ -28,11 +28,16 @@ even when the widget model is gone ("model not found"), ignoring the rest of the
 chosen by MIME-type rank, the widget's -10 beats every other, before the model is looked up, and
 @jupyter-widgets/jupyterlab-manager's renderModel does not fall back; the order of keys in the bundle
 plays no part); there `view.show_static()` in a cell of its own, or the preprocessor above with
-`--to notebook`, gives plots that survive. GitHub's notebook preview runs no JavaScript and shows only
-image/png: no PNG is made here (kaleido 1.x renders one offline through /usr/bin/chromium when given a
-local plotly.js and mathjax=False, its default page loads MathJax from a CDN, but took 1.5-7 s per figure on
-the test machine, too slow to run for every displayed view). CGT_VIZ_STATIC=json keeps plotly.js out of the notebook (JupyterLab and VS Code only),
-CGT_VIZ_STATIC=0 turns the static form off (see `mode`).
+`--to notebook`, gives plots that survive. CGT_VIZ_STATIC=json keeps plotly.js out of the notebook
+(JupyterLab and VS Code only), CGT_VIZ_STATIC=0 turns the static form off (see `mode`).
+
+GitHub's notebook preview runs no JavaScript and shows only images and text. Opt in and the bundle also holds
+
+    image/png                        the view's main figure, drawn by kaleido in a headless system Chromium
+                                     (offline: local plotly.js, no MathJax); about a second per figure, so
+                                     off by default: `cgt_viz.widgets.static_png(True)`, CGT_STATIC_PNG=1,
+                                     `view.show_static(png=True)`, or `--StaticViews.png=True` on the
+                                     preprocessor (which draws it from the stored plotly JSON); see `_png`
 """
 from __future__ import annotations
 
@@ -48,8 +53,11 @@ from pathlib import Path
 import plotly
 import plotly.io as pio
 
+from . import _png
+
 STATIC_MAX_POINTS = 5000            # points in an explorer's static copy (a saved notebook grows by these only)
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
+PNG_MIME = "image/png"
 _READY_EVENT = "cgt-viz-plotly-ready"
 _PLOTLY_JS_PATH = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
@@ -142,18 +150,25 @@ class StaticForm:
         """Every figure of the view as standalone HTML (plotly.js inline unless include_plotlyjs=False)."""
         return figures_html(self.static_figures(), include_plotlyjs=include_plotlyjs)
 
-    def static_bundle(self, include_plotlyjs: bool = False, figures=None) -> dict:
-        """The static part of the display bundle (see the module docstring)."""
+    def static_bundle(self, include_plotlyjs: bool = False, figures=None, png: bool | None = None) -> dict:
+        """The static part of the display bundle (see the module docstring). png: add image/png of the main
+        figure (None: as `static_png()` / CGT_STATIC_PNG say, off by default; see `cgt_viz.widgets._png`)."""
         figs = self.static_figures() if figures is None else figures
-        bundle = {PLOTLY_MIME: figure_json(figs[0]), "text/plain": self.static_text()}
+        main = figure_json(figs[0])
+        bundle = {PLOTLY_MIME: main, "text/plain": self.static_text()}
         if mode() != "json":
             bundle["text/html"] = figures_html(figs, include_plotlyjs=include_plotlyjs)
+        if _png.enabled() if png is None else png:
+            data = _png.figure_png(main)            # None (after one warning) without kaleido / Chromium
+            if data is not None:
+                bundle[PNG_MIME] = data
         return bundle
 
-    def show_static(self) -> None:
-        """Display only the static form (no widget): a plot that survives wherever the notebook goes."""
+    def show_static(self, png: bool | None = None) -> None:
+        """Display only the static form (no widget): a plot that survives wherever the notebook goes.
+        png=True adds a PNG of the main figure (for GitHub's preview), whatever `static_png()` says."""
         from IPython.display import display
-        display(self.static_bundle(include_plotlyjs=True), raw=True, metadata=OUTPUT_METADATA)
+        display(self.static_bundle(include_plotlyjs=True, png=png), raw=True, metadata=OUTPUT_METADATA)
 
     def _bundle(self, display_id: str, figures=None) -> tuple[dict, str]:
         """(display bundle, digest of its figures) for the output `display_id`."""

@@ -6,12 +6,23 @@
 `StaticViews` drops the live-widget entry from every output that carries a cgt_viz static form, so every
 frontend (nbconvert's HTML, nbviewer, JupyterLab without the kernel, trusted or not) draws the static plot
 instead of looking for a widget model that only a running kernel has. Other widgets are left as they are.
+
+With `--StaticViews.png=True` (or CGT_STATIC_PNG=1 in the environment of nbconvert) it also adds image/png
+of each view's main figure, drawn by kaleido from the plotly JSON the output stores, to outputs that have
+none: a notebook exported `--to notebook` this way shows its views on GitHub, which runs no JavaScript.
+One kaleido session (one Chromium) draws every figure of the run; without kaleido or a Chromium it warns
+once and adds nothing (see cgt_viz.widgets._png).
+
+    jupyter nbconvert --to notebook --execute --StaticViews.png=True \\
+        --NotebookExporter.preprocessors=cgt_viz.widgets.export.StaticViews --output saved.ipynb nb.ipynb
 """
 from __future__ import annotations
 
 from nbconvert.preprocessors import Preprocessor
+from traitlets import Bool
 
-from ._static import WIDGET_MIME
+from . import _png
+from ._static import PLOTLY_MIME, PNG_MIME, WIDGET_MIME
 
 
 def is_static_view(output) -> bool:
@@ -21,8 +32,22 @@ def is_static_view(output) -> bool:
 class StaticViews(Preprocessor):
     """Keep the static form of cgt_viz views, drop their widget view (see the module docstring)."""
 
+    png = Bool(None, allow_none=True,
+               help="add image/png of each view's main figure (kaleido + Chromium; about a second per "
+                    "figure) where the output has none; None: as CGT_STATIC_PNG says").tag(config=True)
+
+    def want_png(self) -> bool:
+        return _png.enabled() if self.png is None else bool(self.png)
+
     def preprocess_cell(self, cell, resources, index):
+        png = self.want_png()
         for output in cell.get("outputs", []):
-            if is_static_view(output) and WIDGET_MIME in output.get("data", {}):
-                del output["data"][WIDGET_MIME]
+            if not is_static_view(output):
+                continue
+            data = output.get("data", {})
+            data.pop(WIDGET_MIME, None)
+            if png and PNG_MIME not in data and PLOTLY_MIME in data:
+                image = _png.figure_png(data[PLOTLY_MIME])
+                if image is not None:
+                    data[PNG_MIME] = image
         return cell, resources
