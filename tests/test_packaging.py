@@ -39,6 +39,15 @@ def test_environment_yml_matches_pyproject():
     assert have - wanted == set(), f"in environment.yml but not pyproject.toml: {sorted(have - wanted)}"
 
 
+def test_make_env_installs_every_extra():
+    """`make env` (and so `make test`, CI) installs every extra pyproject.toml defines: the png extra too,
+    so that CI, with Debian's chromium from `make browser-deps`, runs the PNG path (tests/test_png.py)."""
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    installed = re.search(r'-e "\.\[([^\]]*)\]"', (ROOT / "Makefile").read_text())
+    assert installed, "the Makefile's env recipe no longer installs the project with its extras"
+    assert set(installed.group(1).split(",")) == extras
+
+
 def test_torch_pinned_where_installed():
     assert "torch==2.13.0" in (ROOT / "requirements.txt").read_text()
     assert "torch==2.13.0" in (ROOT / "environment.yml").read_text()
