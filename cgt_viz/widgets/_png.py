@@ -61,8 +61,10 @@ def static_png(on: bool | None = None) -> bool:
     no argument it only says so; before any call CGT_STATIC_PNG decides). Turning it off also ends the
     kaleido session (its Chromium). See the module docstring for what it costs."""
     global _enabled
+    if on is not None and not isinstance(on, bool):
+        raise TypeError(f"static_png takes True, False or nothing, got {on!r}")
     if on is not None:
-        _enabled = bool(on)
+        _enabled = on
         if not _enabled:
             close()
     return enabled()
