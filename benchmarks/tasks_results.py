@@ -64,6 +64,9 @@ def run_one(name: str, seed: int, steps: int | None, eval_batches: int) -> dict:
     callbacks = [task.curriculum(min(recipe["curriculum"], steps))] if "curriculum" in recipe else []
     model, history = train(model, task, **{**recipe["train"], "steps": steps}, seed=seed, progress=False,
                            callbacks=callbacks)
+    if history.interrupted:   # Ctrl-C or SIGTERM: a shorter run is not a row of the table
+        raise KeyboardInterrupt(f"{name} seed {seed} was interrupted after {len(history)} of {steps} steps; "
+                                f"nothing written for it (--resume continues with it)")
     out = {"run": name, "task": recipe_name, "seed": seed, "steps": steps, "train_seconds": time.perf_counter() - t0,
            "task_args": task.kwargs() if hasattr(task, "kwargs") else {}, "model_changes": model_changes,
            "token_shift": model_fields.get("token_shift", "none"),
@@ -86,7 +89,10 @@ def run_one(name: str, seed: int, steps: int | None, eval_batches: int) -> dict:
         val = task.get_batch(64, part="val", generator=torch.Generator().manual_seed(5000 + seed))
         torch.manual_seed(seed)
         smooth_model = CGT(CGTConfig(**{**model_fields, "w_smooth": TEXT_W_SMOOTH}))
-        smooth_model, _ = train(smooth_model, task, **{**recipe["train"], "steps": steps}, seed=seed, progress=False)
+        smooth_model, smooth_history = train(smooth_model, task, **{**recipe["train"], "steps": steps}, seed=seed,
+                                             progress=False)
+        if smooth_history.interrupted:
+            raise KeyboardInterrupt(f"{name} seed {seed}: the smoothness model was interrupted; nothing written for it")
         for tag, m in (("", model), ("smooth_", smooth_model)):
             m.eval()
             with torch.no_grad():

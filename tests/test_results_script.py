@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -34,3 +37,18 @@ def test_rows_are_written_as_they_come_and_resume_skips_them(tmp_path, capsys):
     again = tasks_results.main(argv + ["--resume"])
     assert again["rows"] == rows                                          # nothing re-trained
     assert "tuning_seeds" in again and again["table"] == first["table"]
+
+
+def test_an_interrupted_run_writes_no_row(tmp_path, monkeypatch):
+    """SIGINT/SIGTERM stops train() cleanly between steps; a shortened run must not become a row of the table."""
+    real_train = tasks_results.train
+
+    def interrupted_train(*args, **kwargs):
+        stop = lambda e: e["kind"] == "step" and e["step"] == 2 and os.kill(os.getpid(), signal.SIGTERM)
+        return real_train(*args, **{**kwargs, "callbacks": list(kwargs.get("callbacks", [])) + [stop]})
+
+    monkeypatch.setattr(tasks_results, "train", interrupted_train)
+    out = tmp_path / "tasks.json"
+    with pytest.raises(KeyboardInterrupt, match="interrupted after 2 of 6 steps"):
+        tasks_results.main(["--runs", "icl", "--seeds", "5", "--steps", "6", "--eval-batches", "1", "--out", str(out)])
+    assert not out.exists()
