@@ -42,7 +42,7 @@ RUNS = {
     "icl-value-affine": ("icl", dict(answer_tokens="value", family="affine"), {}, (8,)),
     "icl-value-affine-noshift": ("icl", dict(answer_tokens="value", family="affine"), dict(token_shift="none"), (8,)),
     "regression": ("regression", {}, {}, (1, 2, 4, 8)),
-    "regression-dim8": ("regression", dict(dim=8), {}, (2, 4, 8, 16)),
+    "regression-dim8": ("regression", dict(dim=8), {}, (2, 4, 8, 12)),
     "regression-dim16": ("regression", dict(dim=16, n_points=32), {}, (4, 8, 16, 24)),
     "text": ("text", dict(block_size=128), {}, (64,)),
 }
@@ -57,6 +57,8 @@ def run_one(name: str, seed: int, steps: int | None, eval_batches: int) -> dict:
     recipe = RECIPES[recipe_name]
     task = make_task(recipe_name, **{**recipe["task"], **task_changes})
     model_fields = {**task.config_kwargs(), **recipe["model"], **model_changes}
+    for k in ks:   # every prompt size must fit before minutes of training, not after
+        task.eval_batch(k, 1, generator=torch.Generator().manual_seed(0))
     torch.manual_seed(seed)
     model = CGT(CGTConfig(**model_fields))
     steps = steps or recipe["train"]["steps"]

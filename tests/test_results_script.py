@@ -52,3 +52,12 @@ def test_an_interrupted_run_writes_no_row(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt, match="interrupted after 2 of 6 steps"):
         tasks_results.main(["--runs", "icl", "--seeds", "5", "--steps", "6", "--eval-batches", "1", "--out", str(out)])
     assert not out.exists()
+
+
+@pytest.mark.parametrize("name", sorted(tasks_results.RUNS))
+def test_every_run_can_build_its_prompts(name):
+    """The k values of each run fit its task (checked before training: a misfit used to surface after it)."""
+    recipe, task_changes, _, ks = tasks_results.RUNS[name]
+    task = tasks_results.make_task(recipe, **{**tasks_results.RECIPES[recipe]["task"], **task_changes})
+    for k in ks:
+        assert task.eval_batch(k, 2).inputs.shape[1] >= 2 * k
