@@ -1,8 +1,10 @@
 """Helpers shared by several test modules (`from helpers import ...`: pytest puts tests/ on sys.path)."""
 from __future__ import annotations
 
+import os
 import socket
 
+import pytest
 import torch
 
 from cgt_viz.tasks.base import Batch, Task
@@ -53,3 +55,13 @@ class TinyTask(Task):
         mask = torch.zeros_like(seq, dtype=torch.bool)
         mask[:, 0::2] = True
         return Batch(seq, targets, mask, None, {"shift": shift[:, 0]}).to(device)
+
+
+def need(missing: str | None, fix: str) -> None:
+    """Skip a test whose tool is `missing` (a reason, or None when it is there); under CGT_REQUIRE_BROWSER=1
+    (CI) fail instead, naming the fix."""
+    if missing is None:
+        return
+    if os.environ.get("CGT_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"{missing} and CGT_REQUIRE_BROWSER=1 ({fix})")
+    pytest.skip(missing)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import free_port
+from helpers import free_port, need
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -36,11 +36,8 @@ pytestmark = pytest.mark.browser
 
 
 def _need_browser() -> None:
-    if Path(CHROMIUM).exists():
-        return
-    if os.environ.get("CGT_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"{CHROMIUM} is missing and CGT_REQUIRE_BROWSER=1 (run `make browser-deps` as root)")
-    pytest.skip(f"{CHROMIUM} is missing (install Debian's chromium to run the browser test)")
+    need(None if Path(CHROMIUM).exists() else f"{CHROMIUM} is missing (Debian's chromium runs the browser tests)",
+         "run `make browser-deps` as root")
 
 
 def _wait_for_server(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:

@@ -9,7 +9,6 @@ a Chromium, unless CGT_REQUIRE_BROWSER=1 (CI), where that is a failure.
 from __future__ import annotations
 
 import base64
-import os
 import struct
 import sys
 import warnings
@@ -23,6 +22,7 @@ from cgt_viz.widgets import StaticPNGWarning, TrainingMonitor, _png, static_png
 from cgt_viz.widgets._static import OUTPUT_METADATA, PLOTLY_MIME, PNG_MIME, WIDGET_MIME
 from cgt_viz.widgets.export import StaticViews
 
+from helpers import need
 from test_analysis import tiny_cgt
 
 torch.set_num_threads(1)
@@ -63,11 +63,7 @@ def png_size(b64: str) -> tuple[int, int, int]:
 
 def need_png() -> None:
     why = _png.missing()
-    if why is None:
-        return
-    if os.environ.get("CGT_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"the PNG path cannot run and CGT_REQUIRE_BROWSER=1: {why} (`make env`, `make browser-deps`)")
-    pytest.skip(f"the PNG path cannot run: {why}")
+    need(None if why is None else f"the PNG path cannot run: {why}", "`make env`, `make browser-deps`")
 
 
 def test_off_by_default_adds_no_png_and_starts_nothing():

@@ -159,6 +159,26 @@ class _FullLock:
         self._lock.release()
 
 
+class _WaitsForEveryPoint:
+    """An Explorer attribute that, when read, first waits for a background ȳ collection (see `Explorer`); it is
+    stored under its name with a leading underscore."""
+
+    def __init__(self, doc: str):
+        self.__doc__ = doc
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, explorer, owner=None):
+        if explorer is None:
+            return self
+        explorer._await_full()
+        return getattr(explorer, self.slot)
+
+    def __set__(self, explorer, value) -> None:
+        setattr(explorer, self.slot, value)
+
+
 # how long after we remove a box/lasso outline its answering deselect may still arrive (a loaded machine is slow)
 _OWN_DESELECT_S = 10.0
 
@@ -354,45 +374,10 @@ class Explorer(StaticForm, W.VBox):
         """True while the map shows a preview and ȳ of the other sequences is still being collected."""
         return self._collector is not None and self._collector.is_alive()
 
-    @property
-    def points(self) -> A.Points:
-        """The drawn points (ȳ, sequence, position, token, hover text, label)."""
-        self._await_full()
-        return self._points
-
-    @points.setter
-    def points(self, value: A.Points) -> None:
-        self._points = value
-
-    @property
-    def ybar_full(self) -> np.ndarray:
-        """ȳ of every token of `seqs`: (n, t, d_y)."""
-        self._await_full()
-        return self._ybar_full
-
-    @ybar_full.setter
-    def ybar_full(self, value: np.ndarray) -> None:
-        self._ybar_full = value
-
-    @property
-    def n_total(self) -> int:
-        """How many tokens the positions select (the drawn points are at most max_points of them)."""
-        self._await_full()
-        return self._n_total
-
-    @n_total.setter
-    def n_total(self, value: int) -> None:
-        self._n_total = value
-
-    @property
-    def projectors(self) -> dict:
-        """The fitted reducers by method (they place points that `add` brings)."""
-        self._await_full()
-        return self._projectors
-
-    @projectors.setter
-    def projectors(self, value: dict) -> None:
-        self._projectors = value
+    points = _WaitsForEveryPoint("The drawn points (ȳ, sequence, position, token, hover text, label).")
+    ybar_full = _WaitsForEveryPoint("ȳ of every token of `seqs`: (n, t, d_y).")
+    n_total = _WaitsForEveryPoint("How many tokens the positions select (the drawn points are at most max_points of them).")
+    projectors = _WaitsForEveryPoint("The fitted reducers by method (they place points that `add` brings).")
 
     def _ipython_display_(self) -> None:
         # the display shows what the map shows now (a preview while ȳ is collected), without waiting; the
