@@ -131,8 +131,8 @@ def table(rows: list[dict]) -> str:
                      f"{warned}/{len(rs)} |")
     multi = {n: rs for n, rs in runs.items() if len(rs[0].get("by_k", [])) > 1}
     if multi:
-        lines += ["", "| run | " + " | ".join(f"G at k = {row['k']}" for row in next(iter(multi.values()))[0]["by_k"])
-                  + " |", "|---|" + "---|" * len(next(iter(multi.values()))[0]["by_k"])]
+        width = max(len(rs[0]["by_k"]) for rs in multi.values())
+        lines += ["", "| run | " + " | ".join(["G (k)"] * width) + " |", "|---|" + "---|" * width]
         for name, rs in multi.items():
             cells = []
             for i, row in enumerate(rs[0]["by_k"]):

@@ -33,7 +33,7 @@ def test_rows_are_written_as_they_come_and_resume_skips_them(tmp_path, capsys):
     icl, reg = rows
     assert icl["token_shift"] == "pair" and icl["task_args"]["answer_tokens"] == "value"   # value answers shift tokens
     assert [row["k"] for row in reg["by_k"]] == [1, 2, 4, 8] and reg["k"] == 8
-    assert "| icl-value-shift (k = 8, acc) | 5 | 6 |" in first["table"] and "G at k = 1" in first["table"]
+    assert "| icl-value-shift (k = 8, acc) | 5 | 6 |" in first["table"] and "| G (k) |" in first["table"] and "(k = 1)" in first["table"]
     again = tasks_results.main(argv + ["--resume"])
     assert again["rows"] == rows                                          # nothing re-trained
     assert "tuning_seeds" in again and again["table"] == first["table"]
