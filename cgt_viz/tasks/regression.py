@@ -49,7 +49,8 @@ class LinearRegression(Task):
     aux_min_points   the auxiliary split leaves at least this many examples in the prefix
     layout           "pair" (default): the y position carries the whole example [x_i ; y_i]; "split": it
                      carries [0…0 ; y_i] only (the model must first learn a previous-token head to pair y_i
-                     with x_i; never learned at CPU budgets, see the module docstring)
+                     with x_i; `token_shift="previous"` hands it the previous position instead, untried on
+                     this task; the README measures the two layouts)
     """
 
     name = "regression"
