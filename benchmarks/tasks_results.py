@@ -52,6 +52,13 @@ DEFAULT_SEEDS = (101, 102, 103)            # held out: none of them is a tuning 
 TEXT_W_SMOOTH = 0.05
 
 
+def _refuse_interrupted(history, what: str, steps: int) -> None:
+    """Ctrl-C or SIGTERM stops `train` cleanly between steps: a shorter run must not become a row."""
+    if history.interrupted:
+        raise KeyboardInterrupt(f"{what} was interrupted after {len(history)} of {steps} steps; nothing written for "
+                                f"it (--resume continues with it)")
+
+
 def run_one(name: str, seed: int, steps: int | None, eval_batches: int) -> dict:
     recipe_name, task_changes, model_changes, ks = RUNS[name]
     recipe = RECIPES[recipe_name]
@@ -66,9 +73,7 @@ def run_one(name: str, seed: int, steps: int | None, eval_batches: int) -> dict:
     callbacks = [task.curriculum(min(recipe["curriculum"], steps))] if "curriculum" in recipe else []
     model, history = train(model, task, **{**recipe["train"], "steps": steps}, seed=seed, progress=False,
                            callbacks=callbacks)
-    if history.interrupted:   # Ctrl-C or SIGTERM: a shorter run is not a row of the table
-        raise KeyboardInterrupt(f"{name} seed {seed} was interrupted after {len(history)} of {steps} steps; "
-                                f"nothing written for it (--resume continues with it)")
+    _refuse_interrupted(history, f"{name} seed {seed}", steps)
     out = {"run": name, "task": recipe_name, "seed": seed, "steps": steps, "train_seconds": time.perf_counter() - t0,
            "task_args": task.kwargs() if hasattr(task, "kwargs") else {}, "model_changes": model_changes,
            "token_shift": model_fields.get("token_shift", "none"),
@@ -93,8 +98,7 @@ def run_one(name: str, seed: int, steps: int | None, eval_batches: int) -> dict:
         smooth_model = CGT(CGTConfig(**{**model_fields, "w_smooth": TEXT_W_SMOOTH}))
         smooth_model, smooth_history = train(smooth_model, task, **{**recipe["train"], "steps": steps}, seed=seed,
                                              progress=False)
-        if smooth_history.interrupted:
-            raise KeyboardInterrupt(f"{name} seed {seed}: the smoothness model was interrupted; nothing written for it")
+        _refuse_interrupted(smooth_history, f"{name} seed {seed}, the smoothness model,", steps)
         for tag, m in (("", model), ("smooth_", smooth_model)):
             m.eval()
             with torch.no_grad():

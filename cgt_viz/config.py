@@ -23,7 +23,8 @@ ADDED_FIELDS = {"aux_row_fraction": 1.0, "y_readout": "stream", "token_shift": "
 # Each field's own contract; `validate` applies these, then the checks that relate fields to each other.
 FIELD_CONSTRAINTS = {
     "block_size": Int(1), "n_layer": Int(2, hint=" (layers 1..y_layer carry y, the rest are modulated)"),
-    "d_x": Int(1), "n_head": Int(1), "token_shift": Choice(*TOKEN_SHIFTS), "mlp_ratio": Int(1), "dropout": Float(0.0, 1.0, hi_open=True), "bias": Bool(),
+    "d_x": Int(1), "n_head": Int(1), "mlp_ratio": Int(1), "dropout": Float(0.0, 1.0, hi_open=True), "bias": Bool(),
+    "token_shift": Choice(*TOKEN_SHIFTS),
     "d_y": Int(1), "n_head_y": Int(1), "y_reads": Choice(*Y_READS), "y_pos": Bool(), "y_readout": Choice(*Y_READOUTS),
     "n_templates": Int(1), "template_rank": Int(1),
     "w_aux": Float(0.0), "w_smooth": Float(0.0), "smooth": Choice(*SMOOTH_KINDS),

@@ -281,9 +281,7 @@ class TokenShift(nn.Module):
             prev = torch.cat([first, inp[:, :-1]], dim=1)                              # (b, t), V = no previous
             if self.kind == "previous":
                 return self.embed(prev)
-            pair = prev * self.vocab_size + inp
-            if self.buckets < (self.vocab_size + 1) * self.vocab_size:
-                pair = (prev * 1_000_003 + inp) % self.buckets
-            return self.embed(pair)
+            exact = self.buckets == (self.vocab_size + 1) * self.vocab_size
+            return self.embed(prev * self.vocab_size + inp if exact else (prev * 1_000_003 + inp) % self.buckets)
         first = torch.zeros_like(inp[:, :1]) if before is None else before[:, None]
         return self.embed(torch.cat([first, inp[:, :-1]], dim=1))                      # (b, t, input_dim) -> (b, t, d)

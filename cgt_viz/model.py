@@ -112,7 +112,7 @@ class CGT(PretrainedMixin, Generation, nn.Module):
             for layer in self.modulated_layers})
         self.y_ema = EMAReadout(cfg.d_x, cfg.d_y) if cfg.y_readout == "ema" else None
         # caches: x blocks, y blocks, then the EMA's history and the token shift's, when present
-        self._n_attention = cfg.n_layer + cfg.y_layer + (self.y_ema is not None) + (cfg.token_shift != "none")
+        self._n_attention = cfg.n_layer + cfg.y_layer + (self.y_ema is not None) + (self.gpt.shift is not None)
 
     # ------------------------------------------------------------------ names
     @property

@@ -34,16 +34,17 @@ class PlateauDetector:
     patience: int
     tolerance: float
     window: int = 50
-    _recent: deque = field(default_factory=deque, repr=False)
-    _run: int = 0
     fired: bool = False
+    _recent: deque = field(init=False, repr=False)
+    _run: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self._recent = deque(maxlen=self.window)
 
     def update(self, step: int, main: float) -> str | None:
         if self.fired or self.patience <= 0:
             return None
         self._recent.append(main)
-        if len(self._recent) > self.window:
-            self._recent.popleft()
         mean = sum(self._recent) / len(self._recent)
         level = self.reference.level
         self._run = self._run + 1 if abs(mean - level) <= self.tolerance * abs(level) else 0

@@ -501,9 +501,9 @@ def _run(*, model, task, cfg, steps, batch_size, lr, warmup, min_lr_ratio, weigh
         _check_writable(Path(checkpoint_dir), model, keep_checkpoints)
 
     reference = task.no_information_loss() if callable(getattr(task, "no_information_loss", None)) else None
-    plateau = PlateauDetector(reference, plateau_steps, plateau_tolerance) if reference is not None else None
-    if plateau is not None and any(w.get("kind") == "plateau" for w in history.warnings):
-        plateau.fired = True   # a resumed run that already warned does not warn again
+    warned = any(w.get("kind") == "plateau" for w in history.warnings)   # a resumed run warns once in all
+    plateau = PlateauDetector(reference, plateau_steps, plateau_tolerance, fired=warned) \
+        if reference is not None else None
 
     # ---------------------------------------------------------------- the loop
     bar = None

@@ -76,6 +76,11 @@ def enabled() -> bool:
     return os.environ.get(ENV, "0").strip().lower() in ("1", "true", "yes", "on")
 
 
+def wanted(png: bool | None) -> bool:
+    """A caller's png choice: True / False as given, None as `enabled()` says."""
+    return enabled() if png is None else bool(png)
+
+
 def browser_path() -> str | None:
     """The system Chromium kaleido drives: BROWSER_PATH, else the first of BROWSER_NAMES on PATH or in
     /usr/bin. None when there is none (kaleido's downloaded browser is not looked for)."""

@@ -158,7 +158,7 @@ class StaticForm:
         bundle = {PLOTLY_MIME: main, "text/plain": self.static_text()}
         if mode() != "json":
             bundle["text/html"] = figures_html(figs, include_plotlyjs=include_plotlyjs)
-        if _png.enabled() if png is None else png:
+        if _png.wanted(png):
             data = _png.figure_png(main)            # None (after one warning) without kaleido / Chromium
             if data is not None:
                 bundle[PNG_MIME] = data

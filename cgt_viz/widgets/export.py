@@ -37,7 +37,7 @@ class StaticViews(Preprocessor):
                     "figure) where the output has none; None: as CGT_STATIC_PNG says").tag(config=True)
 
     def want_png(self) -> bool:
-        return _png.enabled() if self.png is None else bool(self.png)
+        return _png.wanted(self.png)
 
     def preprocess_cell(self, cell, resources, index):
         png = self.want_png()
