@@ -11,7 +11,9 @@ measured numbers go to metrics.json beside it. What is measured (all on validati
 
   knn_*         ȳ at the last token of each excerpt, topic kNN (k = 10, cosine), 5 folds grouped by
                 document (an excerpt is never classified by another excerpt of its own document); beside it
-                TF-IDF over the same excerpts' tokens, the same kNN and folds
+                TF-IDF over the same excerpts' tokens, the same kNN and folds; knn_ybar_first / _second
+                the first excerpts' ends alone (a one-topic prefix) and the second's (the prefix holds both);
+                knn_mean_ln_x<ν> the mean of LN(x_ν) over each excerpt's own tokens, every layer ν
   frozen_*      text_position_curves (boundary = block/2, ȳ frozen at split = boundary/2): mean loss of the
                 specialised model and of no context on positions split..boundary−1 (same topic) and
                 boundary..t−1 (after the switch), per evaluation draw; mean and 95 % interval over draws
@@ -81,25 +83,25 @@ def excerpt_ends(model, task, n_batches: int, batch_size: int, seed: int):
 @torch.no_grad()
 def mean_state_knn(model, task, n_batches: int = 8, batch_size: int = 32, seed: int = 1000) -> dict:
     """Diagnostics for ȳ near chance: kNN (same rows, folds, k) of the mean over each excerpt's own tokens of
-    LN(x_ℓ) (what a mean read-out of layer ℓ could carry) and of the token embeddings (a bag of embeddings)."""
+    LN(x_ν) for every layer ν (what a mean read-out of that layer could carry) and of the token embeddings."""
     gen = torch.Generator().manual_seed(seed)
-    ell = model.config.y_layer
-    means = {"x": [], "embed": []}
+    layers = range(model.config.n_layer + 1)
+    means = {"embed": [], **{n: [] for n in layers}}
     labels, docs = [], []
     for _ in range(n_batches):
         b = task.get_batch(batch_size, part="val", generator=gen)
         _, rec = model.run_with_cache(b.inputs.to(model.device))
-        x = torch.nn.functional.layer_norm(rec[f"x.{ell}"], (model.config.d_x,)).cpu()
-        emb = model.gpt.embed(b.inputs.to(model.device)).cpu()
+        feats = {n: torch.nn.functional.layer_norm(rec[f"x.{n}"], (model.config.d_x,)).cpu() for n in layers}
+        feats["embed"] = model.gpt.embed(b.inputs.to(model.device)).cpu()
         cut = b.info["boundary"]
-        for feat, key in ((x, "x"), (emb, "embed")):
+        for key, feat in feats.items():
             means[key] += [torch.stack([feat[i, :int(c)].mean(0) for i, c in enumerate(cut)]),
                            torch.stack([feat[i, int(c):].mean(0) for i, c in enumerate(cut)])]
         labels += [b.info["topic_a"], b.info["topic_b"]]
         docs += [b.info["doc_a"], b.info["doc_b"]]
     labels, docs = torch.cat(labels).numpy(), torch.cat(docs).numpy()
-    return {f"knn_mean_ln_x{ell}": grouped_knn(torch.cat(means["x"]).numpy(), labels, docs),
-            "knn_mean_embedding": grouped_knn(torch.cat(means["embed"]).numpy(), labels, docs)}
+    return {("knn_mean_embedding" if key == "embed" else f"knn_mean_ln_x{key}"):
+            grouped_knn(torch.cat(m).numpy(), labels, docs) for key, m in means.items()}
 
 
 def tfidf_features(toks: list[list[int]]) -> np.ndarray:
@@ -110,7 +112,11 @@ def tfidf_features(toks: list[list[int]]) -> np.ndarray:
 
 def knn_scores(model, task, n_batches: int = 8, batch_size: int = 32, seed: int = 1000, tfidf: bool = True) -> dict:
     feats, labels, docs, toks = excerpt_ends(model, task, n_batches, batch_size, seed)
+    first = np.concatenate([np.arange(i * 2 * batch_size, (i * 2 + 1) * batch_size) for i in range(n_batches)])
+    second = first + batch_size
     out = {"knn_ybar": grouped_knn(feats, labels, docs), "knn_n": int(len(labels)),
+           "knn_ybar_first": grouped_knn(feats[first], labels[first], docs[first]),
+           "knn_ybar_second": grouped_knn(feats[second], labels[second], docs[second]),
            "knn_chance": float(np.bincount(labels).max() / len(labels)),
            "knn_mean_excerpt_tokens": float(np.mean([len(t) for t in toks]))}
     if tfidf:
@@ -238,6 +244,10 @@ def main(argv=None) -> dict:
     p.add_argument("--w-aux", type=float, default=1.0)
     p.add_argument("--y-readout", default="ema", choices=["ema", "stream"])
     p.add_argument("--d-y", type=int, default=MODEL["d_y"])
+    p.add_argument("--w-smooth", type=float, default=0.0, help="weight of the smoothness term (0: none)")
+    p.add_argument("--smooth", default="l2", choices=["l2", "relative"], help="the smoothness term's form")
+    p.add_argument("--aux-suffix-len", type=int, default=MODEL["aux_suffix_len"],
+                   help="suffix tokens the aux pass scores (0: the whole suffix)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="auto")
@@ -263,7 +273,8 @@ def main(argv=None) -> dict:
     task = make_task("text", tokenizer=args.tokenizer, bpe_vocab=args.bpe_vocab, block_size=args.block_size)
     torch.manual_seed(args.seed)
     cfg = CGTConfig(**task.config_kwargs(), **{**MODEL, "y_readout": args.y_readout, "d_y": args.d_y,
-                                                 "w_aux": args.w_aux})
+                                                 "w_aux": args.w_aux, "w_smooth": args.w_smooth, "smooth": args.smooth,
+                                                 "aux_suffix_len": args.aux_suffix_len or None})
     model = CGT(cfg)
     knn_every = args.knn_every or max(1, args.steps // 4)
     along = []
@@ -291,6 +302,7 @@ def main(argv=None) -> dict:
            "bytes_per_token": bytes_per_token(task), "block_size": task.block_size, "steps": args.steps,
            "steps_done": len(hist), "interrupted": bool(hist.interrupted),
            "batch_size": args.batch_size, "lr": args.lr, "w_aux": args.w_aux, "y_readout": args.y_readout,
+           "w_smooth": args.w_smooth, "smooth": args.smooth, "aux_suffix_len": cfg.aux_suffix_len,
            "seed": args.seed, "threads": args.threads, "device": str(hist_device(args.device)),
            "train_seconds": train_seconds, "setup_seconds": started - t0,
            "n_params": sum(p.numel() for p in model.parameters()),

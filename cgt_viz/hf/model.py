@@ -389,6 +389,14 @@ class CGTLM(CGT):
         idx = check_inputs(self.config, idx, device=self.device)
         return self._lower_only(idx)["ybar"]
 
+    def lower_cache(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The activations of layers 0..ℓ only, from a pass that stops after ℓ (as context() does):
+        idx (b, t) -> {"x.0".."x.ℓ": (b, t, d), "y.0".."y.ℓ": (b, t, e), "ybar": (b, t, e)}, the same tensors
+        run_with_cache gives under those names, for a fraction of the cost on a deep LM."""
+        idx = check_inputs(self.config, idx, device=self.device)
+        state = self._lower_only(idx, record={})
+        return {**state["record"], "ybar": state["ybar"]}
+
     def _lower_only(self, idx: torch.Tensor, record: dict | None = None) -> dict:
         """Run the LM's layers 1..ℓ and the y stream only (the hooks stop the pass after ℓ); the hooks' state."""
         state = {"coeffs": None, "record": record, "stop": True}
