@@ -17,6 +17,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import bench_aux_layouts  # noqa: E402
+import bench_aux_suffix  # noqa: E402
 import bench_core  # noqa: E402
 import bench_throughput  # noqa: E402
 import bench_cost  # noqa: E402
@@ -401,3 +402,17 @@ def test_train_text_reference_pilot_saves_a_model_that_rebuilds_its_task(tmp_pat
     assert {f"knn_mean_ln_x{n}" for n in range(cfg.n_layer + 1)} <= set(saved)
     assert all(0.0 <= saved[k] <= 1.0 for k in ("knn_ybar", "knn_ybar_first", "knn_ybar_second", "knn_tfidf"))
     assert saved["knn_n"] == 512 and saved["smooth_boundary"] == 64
+
+
+def test_bench_aux_suffix_writes_a_row_per_window(tmp_path):
+    """One row per aux_suffix_len (0 = the whole suffix), the analytic ratio falls with the window, and the
+    JSON holds what was returned; a bad list is refused by name."""
+    tiny = [a for a in TINY_MODEL if a not in ("--device", "cpu")] + ["--device", "cpu"]
+    res = bench_aux_suffix.main(tiny + ["--seq", "32", "--suffix-lens", "0,16,4", "--repeats", "2", "--out", str(tmp_path)])
+    assert json.loads((tmp_path / "aux_suffix.json").read_text())["rows"] == json.loads(json.dumps(res["rows"]))
+    assert [r["aux_suffix_len"] for r in res["rows"]] == [None, 16, 4]
+    analytic = [r["ratio_analytic"] for r in res["rows"]]
+    assert analytic[0] > analytic[1] > analytic[2] > 1.0
+    assert all(r["ratio_median"] > 0 and r["ratio_spread"]["n"] == 2 for r in res["rows"])
+    with pytest.raises(ValueError, match="--suffix-lens"):
+        bench_aux_suffix.main(tiny + ["--suffix-lens", "-3", "--out", str(tmp_path)])
