@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from common import add_output_args, environment, parser, positive_int_list, write_json
+from common import DEFAULT_RESULTS, environment, parser, positive_int_list, write_json
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -56,7 +56,7 @@ def main(argv=None) -> dict:
     p.add_argument("--y-layer", type=int, default=8)
     p.add_argument("--d-y", type=int, default=64)
     p.add_argument("--threads", type=int, default=1)
-    add_output_args(p, "hf_topic_knn")
+    p.add_argument("--out", default=str(DEFAULT_RESULTS), help="folder for hf_topic_knn.json")
     args = p.parse_args(argv)
     lengths = positive_int_list("lengths", args.lengths)
     torch.set_num_threads(args.threads)
