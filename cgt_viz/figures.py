@@ -373,7 +373,7 @@ def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: s
     ks = [f"k{k}" for k in range(K)]
     at = f" at {highlight}" if highlight is not None else ""
     fig = make_subplots(rows=2, cols=3, specs=[[{"colspan": 3}, None, None], [{}, {}, {}]],
-                        row_heights=[0.5, 0.5], vertical_spacing=0.16, horizontal_spacing=0.09,
+                        row_heights=[0.5, 0.5], vertical_spacing=0.16, horizontal_spacing=0.13,
                         subplot_titles=(f"c_k(ȳ_t) over the sequence · {site}", "mean |c_k| by label",
                                         f"σ_i of ΔW(ȳ){at}", "Δ loss, k ablated"))
     lim = float(np.abs(coeffs).max()) or 1.0
@@ -389,7 +389,8 @@ def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: s
     else:
         mean_abs, names = np.zeros((0, K), np.float32), []
     fig.add_trace(go.Heatmap(z=mean_abs, x=ks, y=names, colorscale="Viridis", showscale=True,
-                             colorbar=dict(len=0.4, y=0.2, x=0.3, thickness=10, title=dict(text="|c_k|")),
+                             colorbar=dict(len=0.4, y=0.2, x=0.255, xanchor="left", thickness=10,
+                                           title=dict(text="|c_k|")),   # between columns 1 and 2
                              hovertemplate="%{y} · %{x}: %{z:.3f}<extra></extra>"), row=2, col=1)
     sv = np.zeros(0) if singular_values is None else _check_1d("singular_values", singular_values)
     fig.add_trace(go.Bar(x=np.arange(1, len(sv) + 1), y=sv, marker_color="#636EFA",
