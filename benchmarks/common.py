@@ -433,6 +433,15 @@ def fmt(x: float | None, digits: int = 3) -> str:
     return f"{x:.{digits}g}"
 
 
+def token_tfidf(token_lists) -> "np.ndarray":
+    """TF-IDF (sublinear tf) over token ids, one row per sequence (a list of lists or an (n, L) tensor): the
+    model-free topic reference the text benchmarks put beside ȳ."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    rows = token_lists.tolist() if hasattr(token_lists, "tolist") else token_lists
+    vec = TfidfVectorizer(analyzer=lambda ids: [str(i) for i in ids], sublinear_tf=True)
+    return vec.fit_transform(rows).toarray()
+
+
 def positive_int_list(name: str, text: str) -> list[int]:
     """argparse helper: "64,256,1024" -> [64, 256, 1024]; bad input names the option."""
     try:

@@ -21,16 +21,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from common import DEFAULT_RESULTS, environment, parser, positive_int_list, write_json
+from common import DEFAULT_RESULTS, environment, parser, positive_int_list, token_tfidf, write_json
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-
-
-def tfidf_features(tokens: torch.Tensor) -> np.ndarray:
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    vec = TfidfVectorizer(analyzer=lambda ids: [str(i) for i in ids], sublinear_tf=True)
-    return vec.fit_transform(tokens.tolist()).toarray()
 
 
 @torch.no_grad()
@@ -83,7 +77,7 @@ def main(argv=None) -> dict:
         model.calibrate_pool(calib)
         _, ybar_cal = pooled_states(model, tokens)
         row = {"length": length, "n": len(topics), "chance": float(np.bincount(topics.numpy()).max() / len(topics))}
-        for name, feats in (("tfidf", tfidf_features(tokens)), ("mean_ln_x", mean_x),
+        for name, feats in (("tfidf", token_tfidf(tokens)), ("mean_ln_x", mean_x),
                             ("ybar_random", ybar_random), ("ybar_calibrated", ybar_cal)):
             row[name] = knn_topic_accuracy(feats, topics.numpy(), n_neighbors=10)
         row["seconds"] = time.perf_counter() - t0

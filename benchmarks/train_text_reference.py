@@ -41,6 +41,9 @@ from cgt_viz.evaluate import mean_ci, text_position_curves  # noqa: E402
 from cgt_viz.io import write_json  # noqa: E402
 from cgt_viz.tasks import make_task, task_from_config  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from common import token_tfidf  # noqa: E402
+
 MODEL = dict(n_layer=4, d_x=128, n_head=4, d_y=32, n_head_y=2, y_layer=2, n_templates=8, template_rank=2,
              sites=("attn_in", "mlp_in"), y_readout="ema", aux_min_prefix=32, aux_min_suffix=32, aux_suffix_len=64)
 
@@ -104,12 +107,6 @@ def mean_state_knn(model, task, n_batches: int = 8, batch_size: int = 32, seed: 
             grouped_knn(torch.cat(m).numpy(), labels, docs) for key, m in means.items()}
 
 
-def tfidf_features(toks: list[list[int]]) -> np.ndarray:
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    vec = TfidfVectorizer(analyzer=lambda ids: [str(i) for i in ids], sublinear_tf=True)
-    return vec.fit_transform(toks).toarray()
-
-
 def knn_scores(model, task, n_batches: int = 8, batch_size: int = 32, seed: int = 1000, tfidf: bool = True) -> dict:
     feats, labels, docs, toks = excerpt_ends(model, task, n_batches, batch_size, seed)
     first = np.concatenate([np.arange(i * 2 * batch_size, (i * 2 + 1) * batch_size) for i in range(n_batches)])
@@ -120,7 +117,7 @@ def knn_scores(model, task, n_batches: int = 8, batch_size: int = 32, seed: int 
            "knn_chance": float(np.bincount(labels).max() / len(labels)),
            "knn_mean_excerpt_tokens": float(np.mean([len(t) for t in toks]))}
     if tfidf:
-        out["knn_tfidf"] = grouped_knn(tfidf_features(toks), labels, docs)
+        out["knn_tfidf"] = grouped_knn(token_tfidf(toks), labels, docs)
     return out
 
 
