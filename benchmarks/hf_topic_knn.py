@@ -14,6 +14,13 @@ therefore never share a document), kNN k = 10, cosine, 5 stratified folds:
   ybar_random          ȳ at the excerpt's last token at initialisation (the read-out's random projection)
   ybar_calibrated      the same after `calibrate_pool` on `--calib-per-topic` training excerpts per topic
 
+With --mixture-length L (default 128; 0 skips it) the reference text model's protocol as well: rows of two
+L-token excerpts of validation documents of different topics (every validation document once as excerpt A),
+ȳ (calibrated) at the end of each excerpt, kNN with folds grouped by document (`common.grouped_knn`), beside
+TF-IDF and the mean of LN(x_ℓ) over each excerpt's own tokens; and the mean step ‖ȳ_p − ȳ_p−1‖ in the 16
+positions after the boundary over that elsewhere (p ≥ 16), on these rows and on no-switch control rows
+(excerpt B of A's topic).
+
 No training: this is the read-out's starting point. bench_hf.py measures the same after a short training.
 """
 from __future__ import annotations
@@ -21,7 +28,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from common import DEFAULT_RESULTS, environment, parser, positive_int_list, token_tfidf, write_json
+from common import DEFAULT_RESULTS, environment, grouped_knn, parser, positive_int_list, token_tfidf, write_json
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -41,6 +48,63 @@ def pooled_states(model, tokens: torch.Tensor, batch_size: int = 32) -> tuple[np
     return torch.cat(means).numpy(), torch.cat(last).numpy()
 
 
+SMOOTH_WINDOW = 16
+
+
+def mixture_rows(tokens: torch.Tensor, topics: torch.Tensor, switch: bool, seed: int) -> torch.Tensor:
+    """Row i = excerpt i, then a random other excerpt of another topic (switch) or of the same topic: -> (n, 2L)
+    tokens and the partner's index (n,)."""
+    gen = torch.Generator().manual_seed(seed)
+    partner = torch.empty(len(topics), dtype=torch.long)
+    for i, t in enumerate(topics.tolist()):
+        pool = torch.nonzero((topics != t) if switch else (topics == t)).flatten()
+        pool = pool[pool != i]
+        partner[i] = pool[torch.randint(len(pool), (1,), generator=gen)]
+    return torch.cat([tokens, tokens[partner]], dim=1), partner
+
+
+@torch.no_grad()
+def mixture_measures(model, tokens: torch.Tensor, topics: torch.Tensor, docs: torch.Tensor, window: int = SMOOTH_WINDOW,
+                     batch_size: int = 16) -> dict:
+    """The reference text model's kNN and smoothness protocol on two-excerpt rows (see the module docstring)."""
+    n, length = tokens.shape
+    ell = model.config.y_layer
+    out: dict = {"length": length, "rows": n}
+    profiles = {}
+    for switch in (True, False):
+        rows, partner = mixture_rows(tokens, topics, switch, seed=7)
+        ends, means, steps = [], [], []
+        for chunk in rows.split(batch_size):
+            rec = model.lower_cache(chunk.to(model.device))
+            ybar = rec["ybar"].float().cpu()                                  # (b, 2L, e)
+            x = rec[f"x.{ell}"].float()
+            x = torch.nn.functional.layer_norm(x, x.shape[-1:]).cpu()
+            ends.append(torch.stack([ybar[:, length - 1], ybar[:, -1]], 1))    # (b, 2, e)
+            means.append(torch.stack([x[:, 1:length].mean(1), x[:, length:].mean(1)], 1))
+            steps.append((ybar[:, 1:] - ybar[:, :-1]).norm(dim=-1))            # (b, 2L − 1)
+        profiles[switch] = torch.cat(steps).mean(0).numpy()
+        if not switch:
+            continue
+        ends, means = torch.cat(ends), torch.cat(means)                       # (n, 2, ·)
+        labels = torch.stack([topics, topics[partner]], 1).numpy()
+        groups = torch.stack([docs, docs[partner]], 1).numpy()
+        tfidf = token_tfidf(torch.cat([rows[:, :length], rows[:, length:]]))   # (2n, vocab): one vocabulary
+        feats = {"ybar": ends.numpy(), "mean_ln_x": means.numpy(),
+                 "tfidf": tfidf.reshape(2, n, -1).transpose(1, 0, 2)}         # each (n, 2, ·)
+        for name, f in feats.items():
+            out[f"knn_{name}"] = grouped_knn(f.reshape(2 * n, -1), labels.reshape(-1), groups.reshape(-1))
+            out[f"knn_{name}_first"] = grouped_knn(f[:, 0], labels[:, 0], groups[:, 0])
+            out[f"knn_{name}_second"] = grouped_knn(f[:, 1], labels[:, 1], groups[:, 1])
+    pos = np.arange(1, 2 * length)
+    after = (pos >= length) & (pos < length + window)
+    elsewhere = ~after & (pos >= window)
+    for switch, name in ((True, "smooth_ratio"), (False, "smooth_ratio_no_switch")):
+        d = profiles[switch]
+        out[name] = float(d[after].mean() / d[elsewhere].mean())
+    out["smooth_window"] = window
+    return out
+
+
 def main(argv=None) -> dict:
     p = parser(__doc__)
     p.add_argument("--lengths", default="32,64,128", help="excerpt lengths in tokens, comma-separated")
@@ -49,17 +113,22 @@ def main(argv=None) -> dict:
     p.add_argument("--calib-length", type=int, default=64)
     p.add_argument("--y-layer", type=int, default=8)
     p.add_argument("--d-y", type=int, default=64)
+    p.add_argument("--mixture-length", type=int, default=128,
+                   help="tokens per excerpt of the two-excerpt protocol (0: skip it)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=str(DEFAULT_RESULTS), help="folder for hf_topic_knn.json")
     args = p.parse_args(argv)
     lengths = positive_int_list("lengths", args.lengths)
+    if args.mixture_length < 0 or 0 < args.mixture_length <= SMOOTH_WINDOW:
+        raise ValueError(f"--mixture-length must be 0 (skip the two-excerpt protocol) or more than the "
+                         f"{SMOOTH_WINDOW}-position smoothness window, got {args.mixture_length}")
     torch.set_num_threads(args.threads)
     from cgt_viz import hf
     from cgt_viz.evaluate import knn_topic_accuracy
 
     t0 = time.perf_counter()
     lm, tok = hf.smollm2()
-    task = hf.BBCTokens(tok, block_size=max(lengths + [args.calib_length]))
+    task = hf.BBCTokens(tok, block_size=max(lengths + [args.calib_length, args.mixture_length]))
     torch.manual_seed(0)
     model = hf.CGTLM(lm, y_layer=args.y_layer, d_y=args.d_y, n_head_y=4, n_templates=8, template_rank=2,
                      sites=("attn_in", "mlp_in"))
@@ -83,6 +152,11 @@ def main(argv=None) -> dict:
         row["seconds"] = time.perf_counter() - t0
         res["by_length"].append(row)
         print(row, flush=True)
+    if args.mixture_length:
+        t0 = time.perf_counter()
+        tokens, topics, docs = task.excerpts(args.mixture_length, per_topic=args.per_topic, part="val", seed=2)
+        res["mixture"] = {**mixture_measures(model, tokens, topics, docs), "seconds": time.perf_counter() - t0}
+        print(res["mixture"], flush=True)
     write_json(Path(args.out) / "hf_topic_knn.json", res)
     return res
 

@@ -17,7 +17,8 @@ measured numbers go to metrics.json beside it. What is measured (all on validati
   frozen_*      text_position_curves (boundary = block/2, ȳ frozen at split = boundary/2): mean loss of the
                 specialised model and of no context on positions split..boundary−1 (same topic) and
                 boundary..t−1 (after the switch), per evaluation draw; mean and 95 % interval over draws
-  smooth_*      mean ‖ȳ_t − ȳ_{t−1}‖ in the `--window` positions after the boundary over that mean elsewhere
+  smooth_*      mean ‖ȳ_t − ȳ_{t−1}‖ in the `--window` positions after the boundary over that mean elsewhere;
+                *_no_switch the same on control rows whose excerpt B has excerpt A's topic
   ablation_*    template_ablation on mixture rows for every site: the largest Δ main loss (nats)
 """
 from __future__ import annotations
@@ -42,24 +43,10 @@ from cgt_viz.io import write_json  # noqa: E402
 from cgt_viz.tasks import make_task, task_from_config  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from common import token_tfidf  # noqa: E402
+from common import grouped_knn, token_tfidf  # noqa: E402
 
 MODEL = dict(n_layer=4, d_x=128, n_head=4, d_y=32, n_head_y=2, y_layer=2, n_templates=8, template_rank=2,
              sites=("attn_in", "mlp_in"), y_readout="ema", aux_min_prefix=32, aux_min_suffix=32, aux_suffix_len=64)
-
-
-def grouped_knn(features: np.ndarray, labels: np.ndarray, groups: np.ndarray, k: int = 10, folds: int = 5,
-                seed: int = 0) -> float:
-    """kNN (cosine) topic accuracy with folds grouped by document: no excerpt is judged by its own document."""
-    from sklearn.model_selection import StratifiedGroupKFold
-    from sklearn.neighbors import KNeighborsClassifier
-
-    cv = StratifiedGroupKFold(n_splits=folds, shuffle=True, random_state=seed)
-    correct = 0
-    for tr, te in cv.split(features, labels, groups):
-        clf = KNeighborsClassifier(n_neighbors=k, metric="cosine").fit(features[tr], labels[tr])
-        correct += int((clf.predict(features[te]) == labels[te]).sum())
-    return correct / len(labels)
 
 
 @torch.no_grad()
@@ -122,21 +109,30 @@ def knn_scores(model, task, n_batches: int = 8, batch_size: int = 32, seed: int 
 
 
 @torch.no_grad()
-def smoothness_ratio(model, task, boundary: int, window: int, n_batches: int = 4, batch_size: int = 32,
-                     seed: int = 2000) -> dict:
+def step_profile(model, task, boundary: int, switch: bool, n_batches: int = 4, batch_size: int = 32,
+                 seed: int = 2000) -> np.ndarray:
+    """Mean over validation rows of ‖ȳ_p − ȳ_p−1‖ for p = 1..t−1 (switch=False: the no-switch control rows)."""
     gen = torch.Generator().manual_seed(seed)
     steps = []
     for _ in range(n_batches):
-        b = task.get_batch(batch_size, part="val", generator=gen, boundary=boundary)
+        b = task.get_batch(batch_size, part="val", generator=gen, boundary=boundary, switch=switch)
         ybar = model.context(b.inputs.to(model.device)).cpu()
         steps.append((ybar[:, 1:] - ybar[:, :-1]).norm(dim=-1))          # (b, t−1): step into position p = 1..t−1
-    d = torch.cat(steps).mean(0).numpy()                                 # mean over rows, per position 1..t−1
+    return torch.cat(steps).mean(0).numpy()
+
+
+def smoothness_ratio(model, task, boundary: int, window: int, **kw) -> dict:
+    """After the boundary / elsewhere on mixture rows, and the same on the no-switch control rows (same
+    excerpts A and boundary, B of A's topic): the control separates the switch from position effects."""
     pos = np.arange(1, task.block_size)
     after = (pos >= boundary) & (pos < boundary + window)
     elsewhere = ~after & (pos >= window)                                 # skip the first positions (short prefix)
+    d, control = (step_profile(model, task, boundary, switch, **kw) for switch in (True, False))
     return {"smooth_after_boundary": float(d[after].mean()), "smooth_elsewhere": float(d[elsewhere].mean()),
-            "smooth_ratio": float(d[after].mean() / d[elsewhere].mean()), "smooth_window": window,
-            "smooth_boundary": boundary}
+            "smooth_ratio": float(d[after].mean() / d[elsewhere].mean()),
+            "smooth_ratio_no_switch": float(control[after].mean() / control[elsewhere].mean()),
+            "smooth_after_boundary_no_switch": float(control[after].mean()),
+            "smooth_window": window, "smooth_boundary": boundary}
 
 
 def frozen_curves(model, task, draws: int = 3, n_batches: int = 2, batch_size: int = 32) -> dict:

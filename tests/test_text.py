@@ -283,3 +283,20 @@ def test_eight_topic_folder_runs_the_whole_text_path(tmp_path):
     words = set(" ".join(TOPIC_WORDS.values()).split())
     row = "".join(seqs.token_text[0])
     assert seqs.joiner == "" and sum(w in row for w in words) >= 5    # hover text reads as the words
+
+
+def test_no_switch_control_rows_keep_excerpt_a_and_one_topic(tmp_path):
+    task = make_task("text", source=str(write_topics(tmp_path)), tokenizer="bytes", block_size=64, min_excerpt=8)
+    mixed = task.get_batch(16, part="train", generator=torch.Generator().manual_seed(5))
+    control = task.get_batch(16, part="train", generator=torch.Generator().manual_seed(5), switch=False)
+    assert torch.equal(control.info["boundary"], mixed.info["boundary"])
+    assert torch.equal(control.info["topic_a"], mixed.info["topic_a"])
+    assert torch.equal(control.info["doc_a"], mixed.info["doc_a"])
+    assert bool((mixed.info["topic_b"] != mixed.info["topic_a"]).all())
+    assert torch.equal(control.info["topic_b"], control.info["topic_a"])
+    assert bool((control.info["topic"] == control.info["topic_a"][:, None]).all())
+    assert torch.equal(task.doc_topic[control.info["doc_b"]], control.info["topic_a"])
+    for i, cut in enumerate(mixed.info["boundary"].tolist()):       # excerpt A is the same tokens
+        assert torch.equal(control.inputs[i, :cut], mixed.inputs[i, :cut])
+    with pytest.raises(TypeError, match="switch"):
+        task.get_batch(2, switch="no")

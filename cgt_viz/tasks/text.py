@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from .base import Batch, Task
-from .._checks import Choice, Device, Float, Generator, Int, check_int, checked, describe
+from .._checks import Bool, Choice, Device, Float, Generator, Int, check_int, checked, describe
 from .tokenizer import BPE_VOCAB, ByteTokenizer, CorpusBPE, GPT2Tokenizer, TOKENIZER_NAMES, tokenizer_from_spec
 
 _CORPUS_MEMO: dict[str, dict[str, list[tuple[str, bytes]]]] = {}   # resolved root -> raw documents
@@ -276,10 +276,12 @@ class TextMixture(Task):
             raise ValueError(f"batch_size={batch_size} is larger than the data: the {part} part has "
                              f"{self.n_docs(part)} documents")
 
-    @checked(batch_size=Int(1), part=_PART, generator=Generator(), device=Device())
+    @checked(batch_size=Int(1), part=_PART, generator=Generator(), device=Device(), switch=Bool())
     def get_batch(self, batch_size: int, part: str = "train", generator: torch.Generator | None = None,
-                  device: str | torch.device = "cpu", boundary: int | None = None) -> Batch:
+                  device: str | torch.device = "cpu", boundary: int | None = None, switch: bool = True) -> Batch:
         """Mixture rows; `boundary` fixes the first position of excerpt B for every row (else random).
+        switch=False gives the no-switch control: excerpt B from a random document of excerpt A's own topic
+        (the same draws otherwise, so a seed gives the same excerpt A and boundary either way).
 
         info: "topic" (b, t) topic index per input position, "boundary" (b,), "topic_a"/"topic_b" (b,),
         "doc_a"/"doc_b" (b,) document ids (names in `task.doc_names`).
@@ -296,6 +298,8 @@ class TextMixture(Task):
         n_topics = len(self.topics)
         topic_a = torch.randint(n_topics, (batch_size,), generator=generator)
         topic_b = (topic_a + torch.randint(1, n_topics, (batch_size,), generator=generator)) % n_topics  # ≠ topic_a
+        if not switch:
+            topic_b = topic_a
         doc_a, doc_b = self._pick_docs(topic_a, part, generator), self._pick_docs(topic_b, part, generator)
         parts_a = self._window(doc_a, cut, generator)
         parts_b = self._window(doc_b, t + 1 - cut, generator)
