@@ -3,7 +3,7 @@ frozen SmolLM2-135M (`cgt_viz.hf.CGTLM`) on held-out BBC excerpts of several len
 TF-IDF reference and the mean-pooled states of layer ℓ on the very same excerpts. Writes
 results/hf_topic_knn.json.
 
-    python benchmarks/hf_topic_knn.py                         # lengths 32, 64, 128; ~5 min on one CPU thread
+    python benchmarks/hf_topic_knn.py                         # lengths 32, 64, 128 and the mixture; ~11 min, one thread
     python benchmarks/hf_topic_knn.py --lengths 16 --per-topic 12 --out /tmp   # a quick check
 
 For every length L, one excerpt of L tokens per validation document (a random offset; folds by document
@@ -19,7 +19,8 @@ L-token excerpts of validation documents of different topics (every validation d
 ȳ (calibrated) at the end of each excerpt, kNN with folds grouped by document (`common.grouped_knn`), beside
 TF-IDF and the mean of LN(x_ℓ) over each excerpt's own tokens; and the mean step ‖ȳ_p − ȳ_p−1‖ in the 16
 positions after the boundary over that elsewhere (p ≥ 16), on these rows and on no-switch control rows
-(excerpt B of A's topic).
+(excerpt B of A's topic). For the read-out over the whole prefix ("mean") and for exponential read-outs
+(`CGTLM(pool_half_life=h)`, h from --half-lives), each calibrated on the same training excerpts.
 
 No training: this is the read-out's starting point. bench_hf.py measures the same after a short training.
 """
@@ -64,43 +65,55 @@ def mixture_rows(tokens: torch.Tensor, topics: torch.Tensor, switch: bool, seed:
 
 
 @torch.no_grad()
-def mixture_measures(model, tokens: torch.Tensor, topics: torch.Tensor, docs: torch.Tensor, window: int = SMOOTH_WINDOW,
-                     batch_size: int = 16) -> dict:
-    """The reference text model's kNN and smoothness protocol on two-excerpt rows (see the module docstring)."""
+def mixture_measures(readouts: dict, tokens: torch.Tensor, topics: torch.Tensor, docs: torch.Tensor,
+                     window: int = SMOOTH_WINDOW, batch_size: int = 16) -> dict:
+    """The reference text model's kNN and smoothness protocol on two-excerpt rows (see the module docstring),
+    for every read-out in readouts {name: CGTLM}: CGTLMs over one LM that differ only in their read-out, so
+    the LM runs once per row (on the first) and each read-out's ȳ comes from the same states x_1..x_ℓ."""
     n, length = tokens.shape
-    ell = model.config.y_layer
-    out: dict = {"length": length, "rows": n}
-    profiles = {}
+    first = next(iter(readouts.values()))
+    ell = first.config.y_layer
+    out: dict = {"length": length, "rows": n, "readouts": {}}
+    ends = {name: [] for name in readouts}
+    steps = {(name, switch): [] for name in readouts for switch in (True, False)}
+    labels = groups = means = None
     for switch in (True, False):
         rows, partner = mixture_rows(tokens, topics, switch, seed=7)
-        ends, means, steps = [], [], []
+        row_means = []
         for chunk in rows.split(batch_size):
-            rec = model.lower_cache(chunk.to(model.device))
-            ybar = rec["ybar"].float().cpu()                                  # (b, 2L, e)
-            x = rec[f"x.{ell}"].float()
-            x = torch.nn.functional.layer_norm(x, x.shape[-1:]).cpu()
-            ends.append(torch.stack([ybar[:, length - 1], ybar[:, -1]], 1))    # (b, 2, e)
-            means.append(torch.stack([x[:, 1:length].mean(1), x[:, length:].mean(1)], 1))
-            steps.append((ybar[:, 1:] - ybar[:, :-1]).norm(dim=-1))            # (b, 2L − 1)
-        profiles[switch] = torch.cat(steps).mean(0).numpy()
-        if not switch:
-            continue
-        ends, means = torch.cat(ends), torch.cat(means)                       # (n, 2, ·)
-        labels = torch.stack([topics, topics[partner]], 1).numpy()
-        groups = torch.stack([docs, docs[partner]], 1).numpy()
-        tfidf = token_tfidf(torch.cat([rows[:, :length], rows[:, length:]]))   # (2n, vocab): one vocabulary
-        feats = {"ybar": ends.numpy(), "mean_ln_x": means.numpy(),
-                 "tfidf": tfidf.reshape(2, n, -1).transpose(1, 0, 2)}         # each (n, 2, ·)
-        for name, f in feats.items():
-            out[f"knn_{name}"] = grouped_knn(f.reshape(2 * n, -1), labels.reshape(-1), groups.reshape(-1))
-            out[f"knn_{name}_first"] = grouped_knn(f[:, 0], labels[:, 0], groups[:, 0])
-            out[f"knn_{name}_second"] = grouped_knn(f[:, 1], labels[:, 1], groups[:, 1])
+            rec = first.lower_cache(chunk.to(first.device))
+            xs = [rec[f"x.{n_}"] for n_ in range(1, ell + 1)]
+            for name, model in readouts.items():
+                ybar = (rec["ybar"] if model is first else model._ybar_from(xs, None)).float().cpu()   # (b, 2L, e)
+                steps[name, switch].append((ybar[:, 1:] - ybar[:, :-1]).norm(dim=-1))              # (b, 2L − 1)
+                if switch:
+                    ends[name].append(torch.stack([ybar[:, length - 1], ybar[:, -1]], 1))         # (b, 2, e)
+            if switch:
+                x = torch.nn.functional.layer_norm(xs[-1].float(), xs[-1].shape[-1:]).cpu()
+                row_means.append(torch.stack([x[:, 1:length].mean(1), x[:, length:].mean(1)], 1))
+        if switch:
+            labels = torch.stack([topics, topics[partner]], 1).numpy()                              # (n, 2)
+            groups = torch.stack([docs, docs[partner]], 1).numpy()
+            means = torch.cat(row_means).numpy()
+            tfidf = token_tfidf(torch.cat([rows[:, :length], rows[:, length:]]))   # (2n, vocab): one vocabulary
+            tfidf = tfidf.reshape(2, n, -1).transpose(1, 0, 2)                     # (n, 2, vocab)
+
+    def knn(prefix: str, f: np.ndarray) -> dict:
+        return {prefix: grouped_knn(f.reshape(2 * n, -1), labels.reshape(-1), groups.reshape(-1)),
+                f"{prefix}_first": grouped_knn(f[:, 0], labels[:, 0], groups[:, 0]),
+                f"{prefix}_second": grouped_knn(f[:, 1], labels[:, 1], groups[:, 1])}
+
+    out.update(knn("knn_tfidf", tfidf))
+    out.update(knn("knn_mean_ln_x", means))
     pos = np.arange(1, 2 * length)
     after = (pos >= length) & (pos < length + window)
     elsewhere = ~after & (pos >= window)
-    for switch, name in ((True, "smooth_ratio"), (False, "smooth_ratio_no_switch")):
-        d = profiles[switch]
-        out[name] = float(d[after].mean() / d[elsewhere].mean())
+    for name in readouts:
+        r = knn("knn_ybar", torch.cat(ends[name]).numpy())
+        for switch, key in ((True, "smooth_ratio"), (False, "smooth_ratio_no_switch")):
+            d = torch.cat(steps[name, switch]).mean(0).numpy()
+            r[key] = float(d[after].mean() / d[elsewhere].mean())
+        out["readouts"][name] = r
     out["smooth_window"] = window
     return out
 
@@ -115,10 +128,13 @@ def main(argv=None) -> dict:
     p.add_argument("--d-y", type=int, default=64)
     p.add_argument("--mixture-length", type=int, default=128,
                    help="tokens per excerpt of the two-excerpt protocol (0: skip it)")
+    p.add_argument("--half-lives", default="32",
+                   help="pool_half_life read-outs the two-excerpt protocol compares with the mean, comma-separated")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=str(DEFAULT_RESULTS), help="folder for hf_topic_knn.json")
     args = p.parse_args(argv)
     lengths = positive_int_list("lengths", args.lengths)
+    half_lives = positive_int_list("--half-lives", args.half_lives) if args.half_lives.strip() else []
     if args.mixture_length < 0 or 0 < args.mixture_length <= SMOOTH_WINDOW:
         raise ValueError(f"--mixture-length must be 0 (skip the two-excerpt protocol) or more than the "
                          f"{SMOOTH_WINDOW}-position smoothness window, got {args.mixture_length}")
@@ -154,8 +170,14 @@ def main(argv=None) -> dict:
         print(row, flush=True)
     if args.mixture_length:
         t0 = time.perf_counter()
+        readouts = {"mean": model}
+        for half in half_lives:
+            torch.manual_seed(0)
+            readouts[f"half_life_{half:g}"] = hf.CGTLM(lm, y_layer=args.y_layer, d_y=args.d_y, n_head_y=4, n_templates=8,
+                                                       template_rank=2, sites=("attn_in", "mlp_in"),
+                                                       pool_half_life=half).calibrate_pool(calib)
         tokens, topics, docs = task.excerpts(args.mixture_length, per_topic=args.per_topic, part="val", seed=2)
-        res["mixture"] = {**mixture_measures(model, tokens, topics, docs), "seconds": time.perf_counter() - t0}
+        res["mixture"] = {**mixture_measures(readouts, tokens, topics, docs), "seconds": time.perf_counter() - t0}
         print(res["mixture"], flush=True)
     write_json(Path(args.out) / "hf_topic_knn.json", res)
     return res

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from cgt_viz import CGT, CGTConfig, train  # noqa: E402
 from cgt_viz.analysis import template_ablation  # noqa: E402
-from cgt_viz.evaluate import mean_ci, text_position_curves  # noqa: E402
+from cgt_viz.evaluate import mean_ci, text_position_curves, text_step_profile  # noqa: E402
 from cgt_viz.io import write_json  # noqa: E402
 from cgt_viz.tasks import make_task, task_from_config  # noqa: E402
 
@@ -108,30 +108,15 @@ def knn_scores(model, task, n_batches: int = 8, batch_size: int = 32, seed: int 
     return out
 
 
-@torch.no_grad()
-def step_profile(model, task, boundary: int, switch: bool, n_batches: int = 4, batch_size: int = 32,
-                 seed: int = 2000) -> np.ndarray:
-    """Mean over validation rows of ‖ȳ_p − ȳ_p−1‖ for p = 1..t−1 (switch=False: the no-switch control rows)."""
-    gen = torch.Generator().manual_seed(seed)
-    steps = []
-    for _ in range(n_batches):
-        b = task.get_batch(batch_size, part="val", generator=gen, boundary=boundary, switch=switch)
-        ybar = model.context(b.inputs.to(model.device)).cpu()
-        steps.append((ybar[:, 1:] - ybar[:, :-1]).norm(dim=-1))          # (b, t−1): step into position p = 1..t−1
-    return torch.cat(steps).mean(0).numpy()
-
-
-def smoothness_ratio(model, task, boundary: int, window: int, **kw) -> dict:
-    """After the boundary / elsewhere on mixture rows, and the same on the no-switch control rows (same
-    excerpts A and boundary, B of A's topic): the control separates the switch from position effects."""
-    pos = np.arange(1, task.block_size)
+def smoothness_ratio(model, task, boundary: int, window: int, seed: int = 2000) -> dict:
+    p = text_step_profile(model, task, boundary=boundary, window=window, n_batches=4, batch_size=32, seed=seed)
+    pos = p["positions"]
     after = (pos >= boundary) & (pos < boundary + window)
-    elsewhere = ~after & (pos >= window)                                 # skip the first positions (short prefix)
-    d, control = (step_profile(model, task, boundary, switch, **kw) for switch in (True, False))
-    return {"smooth_after_boundary": float(d[after].mean()), "smooth_elsewhere": float(d[elsewhere].mean()),
-            "smooth_ratio": float(d[after].mean() / d[elsewhere].mean()),
-            "smooth_ratio_no_switch": float(control[after].mean() / control[elsewhere].mean()),
-            "smooth_after_boundary_no_switch": float(control[after].mean()),
+    elsewhere = ~after & (pos >= window)
+    return {"smooth_after_boundary": float(p["step_switch"][after].mean()),
+            "smooth_elsewhere": float(p["step_switch"][elsewhere].mean()), "smooth_ratio": p["ratio"],
+            "smooth_ratio_no_switch": p["ratio_no_switch"],
+            "smooth_after_boundary_no_switch": float(p["step_no_switch"][after].mean()),
             "smooth_window": window, "smooth_boundary": boundary}
 
 

@@ -377,6 +377,43 @@ def text_position_curves(model: CGT, task, split: int | None = None, boundary: i
 
 
 @torch.no_grad()
+@checked(window=Int(1), n_batches=Int(1), batch_size=Int(1), seed=Int(0), part=Choice("train", "val"))
+def text_step_profile(model: CGT, task, boundary: int | None = None, window: int = 16, n_batches: int = 4,
+                      batch_size: int = 32, seed: int = 0, part: str = "val") -> dict[str, Any]:
+    """Does ȳ move more just after the topic switch? Mean ‖ȳ_p − ȳ_p−1‖ over rows, per position p = 1..t−1,
+    on mixture rows with the switch at `boundary` (default block_size // 2) and on no-switch control rows
+    (the same excerpts A and boundary, excerpt B of A's topic: `get_batch(switch=False)`).
+
+    Returns positions (t−1,), step_switch and step_no_switch (t−1,), and ratio / ratio_no_switch: the mean
+    step over the `window` positions from the boundary on over that elsewhere (positions ≥ window, where the
+    prefix is no longer short). A ratio above its control's is movement that the switch causes."""
+    _check_text_call(model, task, n_batches, batch_size, seed)
+    t = task.block_size
+    boundary = t // 2 if boundary is None else check_int("boundary", boundary, 1, t - 1)
+    if boundary + window > t or boundary <= window:
+        raise ValueError(f"window must fit after the boundary and leave positions before it (boundary {boundary}, "
+                         f"block_size {t}: window < {min(boundary, t - boundary + 1)}), got {window}")
+    device = model_device(model)
+    profiles = {}
+    with eval_mode(model):
+        for switch in (True, False):
+            gen, total = torch.Generator().manual_seed(seed), torch.zeros(t - 1)
+            for _ in range(n_batches):
+                batch = task.get_batch(batch_size, part=part, generator=gen, device=device, boundary=boundary,
+                                       switch=switch)
+                ybar = model.context(batch.inputs).float()                        # (b, t, e)
+                total += (ybar[:, 1:] - ybar[:, :-1]).norm(dim=-1).sum(0).cpu()  # (t − 1,): step into p = 1..t−1
+            profiles[switch] = (total / (n_batches * batch_size)).numpy()
+    pos = np.arange(1, t)
+    after = (pos >= boundary) & (pos < boundary + window)
+    elsewhere = ~after & (pos >= window)
+    return {"positions": pos, "step_switch": profiles[True], "step_no_switch": profiles[False],
+            "ratio": float(profiles[True][after].mean() / profiles[True][elsewhere].mean()),
+            "ratio_no_switch": float(profiles[False][after].mean() / profiles[False][elsewhere].mean()),
+            "boundary": boundary, "window": window, "n_rows": n_batches * batch_size}
+
+
+@torch.no_grad()
 def collect_excerpt_ends(model: CGT, task, n_batches: int = 8, batch_size: int = 32, seed: int = 0,
                          part: str = "val") -> tuple[np.ndarray, np.ndarray]:
     """ȳ at the last token of each excerpt (boundary − 1 with topic A, t − 1 with topic B).

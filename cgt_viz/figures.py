@@ -282,6 +282,39 @@ def smoothness_figure(ybar: Any, tokens: Sequence[str] | None = None, *, boundar
     return fig
 
 
+@checked(height=Height())
+def step_profile_figure(profiles: dict[str, Any], *, title: str | None = None, height: int = 380) -> go.Figure:
+    """ȳ's mean step per position, with and without a topic switch: profiles {name: `text_step_profile(...)`
+    result} (one model or several); solid lines the mixture rows, dotted the no-switch control, the switch
+    window shaded."""
+    if not isinstance(profiles, dict) or not profiles:
+        raise TypeError(f"profiles must be a non-empty dict {{name: text_step_profile(...) result}}, got {describe(profiles)}")
+    fig = go.Figure()
+    windows = set()
+    for i, (name, prof) in enumerate(profiles.items()):
+        need = ("positions", "step_switch", "step_no_switch", "boundary", "window", "ratio", "ratio_no_switch")
+        if not isinstance(prof, dict) or any(k not in prof for k in need):
+            raise ValueError(f"profiles[{name!r}] must be a text_step_profile result with keys {list(need)}, "
+                             f"got {sorted(prof) if isinstance(prof, dict) else describe(prof)}")
+        pos = _check_1d(f"profiles[{name!r}]['positions']", prof["positions"])
+        color, label = MODEL_COLORS[i % len(MODEL_COLORS)], _esc(name)
+        for key, dash, what in (("step_switch", "solid", "topic switch"), ("step_no_switch", "dot", "no switch")):
+            ratio = prof["ratio" if key == "step_switch" else "ratio_no_switch"]
+            fig.add_trace(go.Scatter(x=pos, y=_check_1d(f"profiles[{name!r}][{key!r}]", prof[key], len(pos)),
+                                     mode="lines", line=dict(color=color, dash=dash, width=1.5),
+                                     name=f"{label}: {what} (window / elsewhere {ratio:.3f})",
+                                     hovertemplate="position %{x}: %{y:.4f}<extra>" + label + f", {what}</extra>"))
+        windows.add((int(prof["boundary"]), int(prof["window"])))
+    for boundary, window in windows:
+        fig.add_vrect(x0=boundary - 0.5, x1=boundary + window - 0.5, fillcolor="#d62728", opacity=0.08, line_width=0)
+        _vline(fig, boundary - 0.5, "#d62728", "dash", "boundary")
+    fig.update_layout(title=dict(text=title or "‖ȳ_p − ȳ_p−1‖, mean over rows: after the switch vs the same rows "
+                                 "without one", x=0.01),
+                      height=height, xaxis_title="position p", yaxis_title="mean step", template="plotly_white",
+                      margin=dict(l=50, r=20, t=60, b=40), legend=dict(orientation="h", y=-0.2, x=0))
+    return fig
+
+
 # ---------------------------------------------------------------------------------------------- token text
 def _token_colors(values: np.ndarray) -> tuple[str, float | None, float, float]:
     """(colour scale, zmid, zmin, zmax): diverging around 0 for signed values, sequential otherwise."""

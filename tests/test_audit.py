@@ -216,6 +216,7 @@ for _topic in ("sport", "tech"):
         (Path(_CORPUS.name) / _topic / f"{_i}.txt").write_text(f"{_topic} story {_i}. " * 30)
 text_case = lambda **kw: TextMixture(source=_CORPUS.name, **{"block_size": 32, "min_excerpt": 8, **kw})  # noqa: E731
 TEXT = functools.lru_cache(None)(text_case)   # TEXT(): one built task for the batch cases
+TEXT_CGT = functools.lru_cache(None)(lambda: CGT(tok_cfg(**TEXT().config_kwargs())).eval())
 case("TextMixture", "source", ["/nonexistent/corpus"], lambda v: TextMixture(source=v),
      errors=(FileNotFoundError, ValueError))
 case("TextMixture", "source", [5], lambda v: TextMixture(source=v), shows="5")
@@ -326,6 +327,8 @@ case("color_categories", "values", [np.zeros((2, 2))], lambda v: F.color_categor
 case("map_groups", "color", [np.zeros((2, 2))], lambda v: F.map_groups(v), shows="")
 case("ybar_map_figure", "hover", [["a"]], lambda v: F.ybar_map_figure(_C2, hover=v), shows="1")
 _YB = np.random.default_rng(0).normal(size=(6, 4))
+STEP_PROFILE = {"positions": np.arange(1, 8), "step_switch": np.ones(7), "step_no_switch": np.ones(7), "boundary": 4,
+                "window": 2, "ratio": 1.0, "ratio_no_switch": 1.0}
 case("smoothness_figure", "ybar", [np.zeros(6), np.zeros((2, 3, 4))], lambda v: F.smoothness_figure(v),
      shows="")
 case("smoothness_figure", "tokens", [["a", "b"]], lambda v: F.smoothness_figure(_YB, v), shows="2")
@@ -486,6 +489,8 @@ DECLARED = {
     "collect_summaries": lambda **kw: E.collect_summaries(CGT_ICL, ICL, **{"n_batches": 1, "batch_size": 2, **kw}),
     "linear_probe": lambda **kw: E.linear_probe(_X, _Y, **kw),
     "knn_topic_accuracy": lambda **kw: E.knn_topic_accuracy(_X, _Y, **kw),
+    "text_step_profile": lambda **kw: E.text_step_profile(TEXT_CGT(), TEXT(), **{"n_batches": 1, "batch_size": 2,
+                                                                                 "window": 4, "part": "train", **kw}),
     "collect_ybar": lambda **kw: A.collect_ybar(CGT_T, IDX, **kw),
     "collect_cache": lambda **kw: A.collect_cache(CGT_T, IDX, ["ybar"], **kw),
     "Projector": A.Projector,
@@ -493,6 +498,7 @@ DECLARED = {
     "color_kind": lambda **kw: F.color_kind([1, 2], **kw),
     "ybar_map_figure": lambda **kw: F.ybar_map_figure(_C2, [1, 2, 3, 4], **kw),
     "smoothness_figure": lambda **kw: F.smoothness_figure(_YB, **kw),
+    "step_profile_figure": lambda **kw: F.step_profile_figure({"m": STEP_PROFILE}, **kw),
     "token_text_figure": lambda **kw: F.token_text_figure(["a"], [1.0], **kw),
     "template_figure": lambda **kw: F.template_figure(np.zeros((6, 2)), **kw),
     "compare_figure": lambda **kw: F.compare_figure({"position": [1], "prompted": [1.0]}, **kw),

@@ -383,11 +383,18 @@ def test_hf_topic_knn_matches_the_library_measure(tmp_path):
     assert ybar_topic_knn(model, task, length=12, per_topic=12, n_neighbors=10) == pytest.approx(row["ybar_random"])
     with pytest.raises(ValueError, match="lengths"):
         hf_topic_knn.main(["--lengths", "0", "--out", str(tmp_path)])
-    mix = hf_topic_knn.main(args + ["--mixture-length", "24", "--out", str(tmp_path)])["mixture"]
+    mix = hf_topic_knn.main(args + ["--mixture-length", "24", "--half-lives", "4,1000000", "--out", str(tmp_path)])["mixture"]
     assert mix["rows"] == 60 and mix["length"] == 24
-    for name in ("ybar", "mean_ln_x", "tfidf"):
-        assert all(0.0 <= mix[f"knn_{name}{part}"] <= 1.0 for part in ("", "_first", "_second"))
-    assert mix["smooth_ratio"] > 0 and mix["smooth_ratio_no_switch"] > 0
+    assert sorted(mix["readouts"]) == ["half_life_1e+06", "half_life_4", "mean"]
+    parts = ("", "_first", "_second")
+    assert all(0.0 <= mix[f"knn_{name}{part}"] <= 1.0 for name in ("mean_ln_x", "tfidf") for part in parts)
+    for r in mix["readouts"].values():
+        assert all(0.0 <= r[f"knn_ybar{part}"] <= 1.0 for part in parts)
+        assert r["smooth_ratio"] > 0 and r["smooth_ratio_no_switch"] > 0
+    # a half-life far beyond the row is the mean over the whole prefix: the same ȳ, read from the shared LM pass
+    near, mean = mix["readouts"]["half_life_1e+06"], mix["readouts"]["mean"]
+    assert near["knn_ybar"] == pytest.approx(mean["knn_ybar"], abs=0.02)
+    assert near["smooth_ratio"] == pytest.approx(mean["smooth_ratio"], rel=1e-3)
     for bad in ("-1", "16"):
         with pytest.raises(ValueError, match="--mixture-length"):
             hf_topic_knn.main(["--mixture-length", bad, "--out", str(tmp_path)])

@@ -420,3 +420,41 @@ def test_bf16_autocast_on_cpu_matches_fp32(model):
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         spec = model.specialize(idx[0, :10])
     assert all(p.dtype == torch.float32 for p in spec.parameters())
+
+
+def test_causal_ema_matches_the_weighted_sum_across_chunks():
+    from cgt_viz.hf.model import causal_ema_skip_first, causal_mean_skip_first
+    h = torch.randn(2, 21, 5, generator=torch.Generator().manual_seed(0))
+    lam = 2.0 ** (-1.0 / 4.0)
+    want = [h[:, 0]]
+    for t in range(1, 21):
+        w = torch.tensor([lam ** (t - s) for s in range(1, t + 1)])
+        want.append((w[None, :, None] * h[:, 1:t + 1]).sum(1) / w.sum())
+    want = torch.stack(want, 1)
+    for chunk in (256, 7, 1):     # one chunk, several, one position each: the carry is exact
+        torch.testing.assert_close(causal_ema_skip_first(h, 4.0, chunk=chunk), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(causal_ema_skip_first(h, 1e9), causal_mean_skip_first(h), rtol=1e-4, atol=1e-4)
+
+
+def test_pool_half_life_sets_the_read_out_and_round_trips(lm, tmp_path):
+    """ȳ at initialisation is LN(P(running mean of LN(x_ℓ)) − μ)) with the mean the read-out names: the causal
+    mean without a half-life, the exponential one with it; the setting is saved and reloaded; a bad value is
+    refused by name."""
+    from cgt_viz.hf.model import causal_ema_skip_first, causal_mean_skip_first
+    x = _idx(2, 40, seed=3)
+    for half, pool in ((None, causal_mean_skip_first), (2.0, lambda h: causal_ema_skip_first(h, 2.0))):
+        torch.manual_seed(0)
+        m = hf.CGTLM(lm, y_layer=2, d_y=16, n_head_y=2, pool_half_life=half).eval()
+        with torch.no_grad():
+            m.pool_center.normal_()
+            rec = m.lower_cache(x)
+            by_hand = m.ln_y(m.pool(pool(m.ln_x(rec["x.2"])) - m.pool_center))
+        torch.testing.assert_close(rec["ybar"], by_hand)
+    m.save_pretrained(tmp_path)
+    back = hf.CGTLM.from_pretrained(tmp_path, lm)
+    assert back.pool_half_life == 2.0 and back.config.extra["hf"]["pool_half_life"] == 2.0
+    with torch.no_grad():
+        torch.testing.assert_close(back.context(x), m.context(x))
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="pool_half_life"):
+            hf.CGTLM(lm, y_layer=2, d_y=16, n_head_y=2, pool_half_life=bad)

@@ -300,3 +300,28 @@ def test_no_switch_control_rows_keep_excerpt_a_and_one_topic(tmp_path):
         assert torch.equal(control.inputs[i, :cut], mixed.inputs[i, :cut])
     with pytest.raises(TypeError, match="switch"):
         task.get_batch(2, switch="no")
+
+
+def test_step_profile_control_shares_everything_before_the_switch(tmp_path):
+    """Causality: control rows keep excerpt A, so ȳ's steps before the boundary are the same with and without
+    the switch, and differ after it; the ratios are what the profiles say; a window that does not fit is refused."""
+    from cgt_viz.evaluate import text_step_profile
+    from cgt_viz.figures import step_profile_figure
+    task = make_task("text", source=str(write_topics(tmp_path)), tokenizer="bytes", block_size=64, min_excerpt=8)
+    model = tiny_cgt(task)
+    prof = text_step_profile(model, task, boundary=40, window=8, n_batches=2, batch_size=4, part="train", seed=3)
+    pos = prof["positions"]
+    assert pos.tolist() == list(range(1, 64)) and prof["n_rows"] == 8
+    before = pos < 40
+    np.testing.assert_allclose(prof["step_switch"][before], prof["step_no_switch"][before], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(prof["step_switch"][~before], prof["step_no_switch"][~before])
+    after = (pos >= 40) & (pos < 48)
+    elsewhere = ~after & (pos >= 8)
+    assert prof["ratio"] == pytest.approx(prof["step_switch"][after].mean() / prof["step_switch"][elsewhere].mean())
+    with pytest.raises(ValueError, match="window"):
+        text_step_profile(model, task, boundary=40, window=30, n_batches=1, batch_size=2, part="train")
+    fig = step_profile_figure({"<b>tiny</b>": prof})
+    assert len(fig.data) == 2 and all("&lt;b&gt;tiny" in tr.name for tr in fig.data)
+    assert f"{prof['ratio']:.3f}" in fig.data[0].name and fig.data[1].line.dash == "dot"
+    with pytest.raises(ValueError, match="text_step_profile"):
+        step_profile_figure({"m": {"positions": pos}})

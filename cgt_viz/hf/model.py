@@ -12,8 +12,9 @@ plain model between calls) do three things:
 * ȳ = LN(y_ℓ + P (mean_{1≤s≤t} LN(x_ℓ,s) − μ)): the y blocks' output projections start at zero, so at
   initialisation ȳ is a projected causal running mean of the layer-ℓ states (position 0, the attention
   sink with a norm many times the others, is left out of the mean once t > 0). The summary pools over
-  the whole prefix from the first step instead of reading one token. P starts as a random projection
-  and μ at 0; `calibrate_pool(tokens)` sets them to the principal directions and mean of a sample.
+  the whole prefix from the first step instead of reading one token (or, with `pool_half_life`, an
+  exponential mean that forgets what came long before). P starts as a random projection and μ at 0;
+  `calibrate_pool(tokens)` sets them to the principal directions and mean of a sample.
 * above ℓ, the input of each modulated linear map is transformed by T(ȳ) = I + Σ_k c_k(ȳ) U_k V_kᵀ
   (`cgt_viz.layers.SiteTemplates`, c = A ȳ + b starting at 0, so the untrained CGTLM is the LM):
 
@@ -110,6 +111,29 @@ def causal_mean_skip_first(h: torch.Tensor) -> torch.Tensor:
     return torch.cat([h[:, :1], rest], dim=1)
 
 
+def causal_ema_skip_first(h: torch.Tensor, half_life: float, chunk: int = 256) -> torch.Tensor:
+    """h (b, t, d) -> (b, t, d): at t = 0 h_0, at t ≥ 1 the normalised exponential mean of h_1..h_t,
+    Σ_s λ^(t−s) h_s / Σ_s λ^(t−s) with λ = 2^(−1/half_life): a token half_life positions back weighs half.
+
+    Exact, in chunks: within a chunk a (c, c) lower-triangular weight matrix, across chunks the running
+    unnormalised sum and its weight carried over, so memory is O(t · chunk) and nothing overflows."""
+    if h.shape[1] == 1:
+        return h
+    lam = 2.0 ** (-1.0 / half_life)
+    rest, out = h[:, 1:].float(), []
+    carry, weight = torch.zeros_like(rest[:, 0]), 0.0                        # (b, d), scalar
+    for piece in rest.split(chunk, dim=1):                                   # (b, c, d)
+        j = torch.arange(piece.shape[1], device=h.device, dtype=torch.float32)
+        lag = j[:, None] - j[None, :]                                        # (c, c)
+        w = torch.where(lag >= 0, lam ** lag.clamp(min=0), torch.zeros(()))  # (c, c): causal weights
+        decay = lam ** (j + 1)                                               # (c,): what the carry keeps
+        total = torch.einsum("ts,bsd->btd", w, piece) + decay[None, :, None] * carry[:, None]
+        norm = w.sum(1) + decay * weight                                     # (c,)
+        out.append(total / norm[None, :, None])
+        carry, weight = total[:, -1], float(norm[-1])
+    return torch.cat([h[:, :1], torch.cat(out, dim=1).to(h.dtype)], dim=1)
+
+
 def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                           chunk: int = VOCAB_CHUNK) -> torch.Tensor:
     """Per-token cross-entropy of logits hidden @ weightᵀ without holding the (n, v) logits.
@@ -166,6 +190,9 @@ class CGTLM(CGT):
                     the loss terms, as in CGTConfig
     block_size      longest input (default: the LM's max_position_embeddings)
     y_mlp_ratio     hidden width of a y block's MLP = y_mlp_ratio · d_y
+    pool_half_life  None: the pooled read-out is the causal mean over the whole prefix; a number h: an
+                    exponential mean in which a state h tokens back weighs half, so ȳ follows the recent
+                    text (after a topic switch it forgets the old topic instead of averaging it in)
 
     It is a `cgt_viz.CGT` (so `train`, `evaluate_specialization`, the analysis functions and the widgets
     take it), but `specialize` returns a model of lm's own class and `x_only` the LM itself.
@@ -175,7 +202,7 @@ class CGTLM(CGT):
                  template_rank: int = 2, sites: Sequence[str] = ("attn_in", "mlp_in"), *, w_aux: float = 1.0,
                  w_smooth: float = 0.0, smooth: str = "l2", aux_min_prefix: int = 1, aux_min_suffix: int = 1,
                  aux_suffix_len: int | None = None, aux_row_fraction: float = 1.0, block_size: int | None = None,
-                 y_mlp_ratio: int = 4):
+                 y_mlp_ratio: int = 4, pool_half_life: float | None = None):
         nn.Module.__init__(self)   # not CGT.__init__: the x stream is lm, not a cgt_viz GPT
         check_lm(lm)
         c = lm.config
@@ -194,6 +221,10 @@ class CGTLM(CGT):
         block_size = max_pos if block_size is None else block_size
         check_int("block_size", block_size, 2, max_pos, hint=f" (the LM's max_position_embeddings is {max_pos})")
         check_int("y_mlp_ratio", y_mlp_ratio, 1)
+        if pool_half_life is not None:
+            pool_half_life = check_float("pool_half_life", pool_half_life, 0.0, None, lo_open=True,
+                                         hint=" (tokens; None for the causal mean over the whole prefix)")
+        self.pool_half_life = pool_half_life
         self.config = cfg = CGTConfig(
             vocab_size=c.vocab_size, block_size=block_size, n_layer=n_layer, d_x=c.hidden_size,
             n_head=c.num_attention_heads, mlp_ratio=y_mlp_ratio, bias=True, d_y=d_y, n_head_y=n_head_y,
@@ -203,7 +234,7 @@ class CGTLM(CGT):
             extra={"hf": {"model_type": c.model_type, "class": type(lm).__name__,
                           "name_or_path": str(getattr(c, "_name_or_path", "")), "hidden_size": c.hidden_size,
                           "intermediate_size": c.intermediate_size, "num_hidden_layers": n_layer,
-                          "vocab_size": c.vocab_size}})
+                          "vocab_size": c.vocab_size, "pool_half_life": pool_half_life}})
         self.lm = lm.requires_grad_(False).eval()
         d, e = c.hidden_size, d_y
         self.y_blocks = nn.ModuleList(YBlock(d, e, n_head_y, y_mlp_ratio, True, 0.0) for _ in range(y_layer))
@@ -272,8 +303,14 @@ class CGTLM(CGT):
             y = block(xs[n], y)
             if record is not None:
                 record[f"y.{n + 1}"] = y
-        pooled = causal_mean_skip_first(self.ln_x(xs[-1]))
+        pooled = self._pooled(self.ln_x(xs[-1]))
         return self.ln_y(self.pool(pooled - self.pool_center) + y)
+
+    def _pooled(self, h: torch.Tensor) -> torch.Tensor:
+        """The read-out's running mean of LN(x_ℓ): (b, t, d) -> (b, t, d), over the whole prefix or exponential."""
+        if self.pool_half_life is None:
+            return causal_mean_skip_first(h)
+        return causal_ema_skip_first(h, self.pool_half_life)
 
     @torch.no_grad()
     def calibrate_pool(self, idx: torch.Tensor, batch_size: int = 32) -> "CGTLM":
@@ -290,7 +327,7 @@ class CGTLM(CGT):
         for rows in idx.split(batch_size):
             record = self._lower_only(rows, record={})["record"]
             x = record[f"x.{self.config.y_layer}"].to(self.pool.weight.dtype)
-            pooled.append(causal_mean_skip_first(self.ln_x(x))[:, 1:].flatten(0, 1))   # (b·(t−1), d)
+            pooled.append(self._pooled(self.ln_x(x))[:, 1:].flatten(0, 1))   # (b·(t−1), d)
         pooled = torch.cat(pooled)
         if pooled.shape[0] < self.config.d_y:
             raise ValueError(f"idx gives {pooled.shape[0]} pooled states; calibrating d_y={self.config.d_y} directions "
@@ -644,6 +681,7 @@ class CGTLM(CGT):
                     w_smooth=c["w_smooth"], smooth=c["smooth"], aux_min_prefix=c["aux_min_prefix"],
                     aux_min_suffix=c["aux_min_suffix"], aux_suffix_len=c["aux_suffix_len"],
                     aux_row_fraction=c.get("aux_row_fraction", 1.0),
-                    block_size=c["block_size"], y_mlp_ratio=meta.get("y_mlp_ratio", c["mlp_ratio"]))
+                    block_size=c["block_size"], y_mlp_ratio=meta.get("y_mlp_ratio", c["mlp_ratio"]),
+                    pool_half_life=saved.get("pool_half_life"))
         model.load_state_dict(load_tensors(path / WEIGHTS_NAME, device="cpu"))
         return model.to(device)
