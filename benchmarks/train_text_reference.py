@@ -13,7 +13,9 @@ measured numbers go to metrics.json beside it. What is measured (all on validati
                 document (an excerpt is never classified by another excerpt of its own document); beside it
                 TF-IDF over the same excerpts' tokens, the same kNN and folds; knn_ybar_first / _second
                 the first excerpts' ends alone (a one-topic prefix) and the second's (the prefix holds both);
-                knn_mean_ln_x<ν> the mean of LN(x_ν) over each excerpt's own tokens, every layer ν
+                knn_mean_ln_x<ν> the mean of LN(x_ν) over each excerpt's own tokens, every layer ν;
+                knn_ybar_ema_part / _stream_part the read-out's exponential mean and gated y stream alone
+  readout_*     the learned gate and half-lives of the "ema" read-out
   frozen_*      text_position_curves (boundary = block/2, ȳ frozen at split = boundary/2): mean loss of the
                 specialised model and of no context on positions split..boundary−1 (same topic) and
                 boundary..t−1 (after the switch), per evaluation draw; mean and 95 % interval over draws
@@ -92,6 +94,32 @@ def mean_state_knn(model, task, n_batches: int = 8, batch_size: int = 32, seed: 
     labels, docs = torch.cat(labels).numpy(), torch.cat(docs).numpy()
     return {("knn_mean_embedding" if key == "embed" else f"knn_mean_ln_x{key}"):
             grouped_knn(torch.cat(m).numpy(), labels, docs) for key, m in means.items()}
+
+
+@torch.no_grad()
+def readout_parts(model, task, n_batches: int = 8, batch_size: int = 32, seed: int = 1000) -> dict:
+    """For y_readout="ema": the learned half-lives and gate, and the kNN (same excerpt ends, folds, k) of the
+    read-out's two parts alone: the exponential mean of P·LN(x_ℓ), and the gated y stream g·y_ℓ."""
+    ema = model.y_ema
+    if ema is None:
+        return {}
+    gen = torch.Generator().manual_seed(seed)
+    parts, labels, docs = {"ema": [], "stream": []}, [], []
+    for _ in range(n_batches):
+        b = task.get_batch(batch_size, part="val", generator=gen)
+        rec = {}
+        _, _, y = model._lower(b.inputs.to(model.device), record=rec)
+        stream = ema.gate * rec[f"y.{model.config.y_layer}"]                   # (b, t, e)
+        cut, rows = b.info["boundary"], torch.arange(batch_size)
+        for key, t in (("ema", y - stream), ("stream", stream)):
+            parts[key] += [t[rows, cut - 1].cpu(), t[:, -1].cpu()]
+        labels += [b.info["topic_a"], b.info["topic_b"]]
+        docs += [b.info["doc_a"], b.info["doc_b"]]
+    labels, docs = torch.cat(labels).numpy(), torch.cat(docs).numpy()
+    half = (-1.0 / torch.log2(torch.sigmoid(ema.theta))).cpu()
+    return {"readout_gate": float(ema.gate), "readout_half_lives": sorted(float(h) for h in half),
+            **{f"knn_ybar_{key}_part": grouped_knn(torch.cat(v).float().numpy(), labels, docs)
+               for key, v in parts.items()}}
 
 
 def knn_scores(model, task, n_batches: int = 8, batch_size: int = 32, seed: int = 1000, tfidf: bool = True) -> dict:
@@ -190,6 +218,7 @@ def measure(model, task, window: int = 16) -> dict:
     out = {}
     out.update(knn_scores(model, task))
     out.update(mean_state_knn(model, task))
+    out.update(readout_parts(model, task))
     out.update(frozen_curves(model, task))
     out.update(smoothness_ratio(model, task, boundary=task.block_size // 2, window=window))
     out.update(ablation(model, task))

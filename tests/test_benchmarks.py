@@ -430,6 +430,8 @@ def test_train_text_reference_pilot_saves_a_model_that_rebuilds_its_task(tmp_pat
     assert all(0.0 <= saved[k] <= 1.0 for k in ("knn_ybar", "knn_ybar_first", "knn_ybar_second", "knn_tfidf"))
     assert saved["knn_n"] == 512 and saved["smooth_boundary"] == 64
     assert saved["smooth_ratio"] > 0 and saved["smooth_ratio_no_switch"] > 0
+    assert len(saved["readout_half_lives"]) == cfg.d_y and saved["readout_half_lives"] == sorted(saved["readout_half_lives"])
+    assert 0.0 <= saved["knn_ybar_ema_part"] <= 1.0 and 0.0 <= saved["knn_ybar_stream_part"] <= 1.0
 
 
 def test_bench_aux_suffix_writes_a_row_per_window(tmp_path):
