@@ -251,6 +251,8 @@ def main(argv=None) -> dict:
     p.add_argument("--w-aux", type=float, default=1.0)
     p.add_argument("--y-readout", default="ema", choices=["ema", "stream"])
     p.add_argument("--d-y", type=int, default=MODEL["d_y"])
+    p.add_argument("--y-reads", default="post", choices=["post", "pre"],
+                   help="the y blocks read x after (post) or before (pre) the x block of their layer")
     p.add_argument("--w-smooth", type=float, default=0.0, help="weight of the smoothness term (0: none)")
     p.add_argument("--smooth", default="l2", choices=["l2", "relative"], help="the smoothness term's form")
     p.add_argument("--aux-suffix-len", type=int, default=MODEL["aux_suffix_len"],
@@ -279,7 +281,7 @@ def main(argv=None) -> dict:
     t0 = time.time()
     task = make_task("text", tokenizer=args.tokenizer, bpe_vocab=args.bpe_vocab, block_size=args.block_size)
     torch.manual_seed(args.seed)
-    cfg = CGTConfig(**task.config_kwargs(), **{**MODEL, "y_readout": args.y_readout, "d_y": args.d_y,
+    cfg = CGTConfig(**task.config_kwargs(), **{**MODEL, "y_readout": args.y_readout, "d_y": args.d_y, "y_reads": args.y_reads,
                                                  "w_aux": args.w_aux, "w_smooth": args.w_smooth, "smooth": args.smooth,
                                                  "aux_suffix_len": args.aux_suffix_len or None})
     model = CGT(cfg)
@@ -309,6 +311,7 @@ def main(argv=None) -> dict:
            "bytes_per_token": bytes_per_token(task), "block_size": task.block_size, "steps": args.steps,
            "steps_done": len(hist), "interrupted": bool(hist.interrupted),
            "batch_size": args.batch_size, "lr": args.lr, "w_aux": args.w_aux, "y_readout": args.y_readout,
+           "y_reads": args.y_reads,
            "w_smooth": args.w_smooth, "smooth": args.smooth, "aux_suffix_len": cfg.aux_suffix_len,
            "seed": args.seed, "threads": args.threads, "device": str(hist_device(args.device)),
            "train_seconds": train_seconds, "setup_seconds": started - t0,

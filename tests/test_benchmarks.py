@@ -418,10 +418,11 @@ def test_train_text_reference_pilot_saves_a_model_that_rebuilds_its_task(tmp_pat
     import train_text_reference
     from cgt_viz.tasks import task_from_config
     res = train_text_reference.main(["--steps", "2", "--tokenizer", "bytes", "--block-size", "128", "--out",
-                                     str(tmp_path), "--w-smooth", "0.1", "--smooth", "relative", "--aux-suffix-len", "0"])
+                                     str(tmp_path), "--w-smooth", "0.1", "--smooth", "relative", "--aux-suffix-len", "0",
+                                     "--y-reads", "pre"])
     model = CGT.from_pretrained(tmp_path)
     cfg = model.config
-    assert (cfg.w_smooth, cfg.smooth, cfg.aux_suffix_len, cfg.block_size) == (0.1, "relative", None, 128)
+    assert (cfg.w_smooth, cfg.smooth, cfg.aux_suffix_len, cfg.block_size, cfg.y_reads) == (0.1, "relative", None, 128, "pre")
     task = task_from_config(cfg)
     assert task.block_size == 128 and task.tokenizer.name == res["tokenizer"]
     saved = json.loads((tmp_path / "metrics.json").read_text())
