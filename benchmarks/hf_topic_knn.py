@@ -3,7 +3,7 @@ frozen SmolLM2-135M (`cgt_viz.hf.CGTLM`) on held-out BBC excerpts of several len
 TF-IDF reference and the mean-pooled states of layer ℓ on the very same excerpts. Writes
 results/hf_topic_knn.json.
 
-    python benchmarks/hf_topic_knn.py                         # lengths 32, 64, 128 and the mixture; ~11 min, one thread
+    python benchmarks/hf_topic_knn.py                         # lengths 32, 64, 128 and the mixture; ~13 min, one thread
     python benchmarks/hf_topic_knn.py --lengths 16 --per-topic 12 --out /tmp   # a quick check
 
 For every length L, one excerpt of L tokens per validation document (a random offset; folds by document
