@@ -52,7 +52,8 @@ def pooled_states(model, tokens: torch.Tensor, batch_size: int = 32) -> tuple[np
 SMOOTH_WINDOW = 16
 
 
-def mixture_rows(tokens: torch.Tensor, topics: torch.Tensor, switch: bool, seed: int) -> torch.Tensor:
+def mixture_rows(tokens: torch.Tensor, topics: torch.Tensor, switch: bool,
+                 seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Row i = excerpt i, then a random other excerpt of another topic (switch) or of the same topic: -> (n, 2L)
     tokens and the partner's index (n,)."""
     gen = torch.Generator().manual_seed(seed)
@@ -70,6 +71,7 @@ def mixture_measures(readouts: dict, tokens: torch.Tensor, topics: torch.Tensor,
     """The reference text model's kNN and smoothness protocol on two-excerpt rows (see the module docstring),
     for every read-out in readouts {name: CGTLM}: CGTLMs over one LM that differ only in their read-out, so
     the LM runs once per row (on the first) and each read-out's ȳ comes from the same states x_1..x_ℓ."""
+    from cgt_viz.evaluate import step_window_means
     n, length = tokens.shape
     first = next(iter(readouts.values()))
     ell = first.config.y_layer
@@ -105,14 +107,11 @@ def mixture_measures(readouts: dict, tokens: torch.Tensor, topics: torch.Tensor,
 
     out.update(knn("knn_tfidf", tfidf))
     out.update(knn("knn_mean_ln_x", means))
-    pos = np.arange(1, 2 * length)
-    after = (pos >= length) & (pos < length + window)
-    elsewhere = ~after & (pos >= window)
     for name in readouts:
         r = knn("knn_ybar", torch.cat(ends[name]).numpy())
         for switch, key in ((True, "smooth_ratio"), (False, "smooth_ratio_no_switch")):
-            d = torch.cat(steps[name, switch]).mean(0).numpy()
-            r[key] = float(d[after].mean() / d[elsewhere].mean())
+            after, elsewhere = step_window_means(torch.cat(steps[name, switch]).mean(0).numpy(), length, window)
+            r[key] = after / elsewhere
         out["readouts"][name] = r
     out["smooth_window"] = window
     return out

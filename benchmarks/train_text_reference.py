@@ -138,13 +138,9 @@ def knn_scores(model, task, n_batches: int = 8, batch_size: int = 32, seed: int 
 
 def smoothness_ratio(model, task, boundary: int, window: int, seed: int = 2000) -> dict:
     p = text_step_profile(model, task, boundary=boundary, window=window, n_batches=4, batch_size=32, seed=seed)
-    pos = p["positions"]
-    after = (pos >= boundary) & (pos < boundary + window)
-    elsewhere = ~after & (pos >= window)
-    return {"smooth_after_boundary": float(p["step_switch"][after].mean()),
-            "smooth_elsewhere": float(p["step_switch"][elsewhere].mean()), "smooth_ratio": p["ratio"],
-            "smooth_ratio_no_switch": p["ratio_no_switch"],
-            "smooth_after_boundary_no_switch": float(p["step_no_switch"][after].mean()),
+    return {"smooth_after_boundary": p["step_after"], "smooth_elsewhere": p["step_elsewhere"],
+            "smooth_ratio": p["ratio"], "smooth_ratio_no_switch": p["ratio_no_switch"],
+            "smooth_after_boundary_no_switch": p["step_after_no_switch"],
             "smooth_window": window, "smooth_boundary": boundary}
 
 

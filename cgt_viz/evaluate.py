@@ -404,13 +404,26 @@ def text_step_profile(model: CGT, task, boundary: int | None = None, window: int
                 ybar = model.context(batch.inputs).float()                        # (b, t, e)
                 total += (ybar[:, 1:] - ybar[:, :-1]).norm(dim=-1).sum(0).cpu()  # (t − 1,): step into p = 1..t−1
             profiles[switch] = (total / (n_batches * batch_size)).numpy()
-    pos = np.arange(1, t)
+    (after, elsewhere), (after_ctl, elsewhere_ctl) = (step_window_means(profiles[s], boundary, window)
+                                                      for s in (True, False))
+    return {"positions": np.arange(1, t), "step_switch": profiles[True], "step_no_switch": profiles[False],
+            "ratio": after / elsewhere, "ratio_no_switch": after_ctl / elsewhere_ctl,
+            "step_after": after, "step_elsewhere": elsewhere, "step_after_no_switch": after_ctl,
+            "boundary": boundary, "window": window, "n_rows": n_batches * batch_size}
+
+
+@checked(boundary=Int(1), window=Int(1))
+def step_window_means(steps, boundary: int, window: int) -> tuple[float, float]:
+    """steps (t−1,): the mean step into positions p = 1..t−1 -> (its mean over the `window` positions from the
+    boundary on, its mean elsewhere from position `window` on, where the prefix is no longer short)."""
+    steps = check_array("steps", steps, 1, what="1-D (t − 1,)")
+    pos = np.arange(1, len(steps) + 1)
     after = (pos >= boundary) & (pos < boundary + window)
     elsewhere = ~after & (pos >= window)
-    return {"positions": pos, "step_switch": profiles[True], "step_no_switch": profiles[False],
-            "ratio": float(profiles[True][after].mean() / profiles[True][elsewhere].mean()),
-            "ratio_no_switch": float(profiles[False][after].mean() / profiles[False][elsewhere].mean()),
-            "boundary": boundary, "window": window, "n_rows": n_batches * batch_size}
+    if boundary + window - 1 > len(steps) or not elsewhere.any():
+        raise ValueError(f"window must fit after the boundary and leave positions before it (boundary {boundary}, "
+                         f"{len(steps)} steps: window < {min(boundary, len(steps) - boundary + 2)}), got {window}")
+    return float(steps[after].mean()), float(steps[elsewhere].mean())
 
 
 @torch.no_grad()

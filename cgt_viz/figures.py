@@ -289,10 +289,10 @@ def step_profile_figure(profiles: dict[str, Any], *, title: str | None = None, h
     window shaded."""
     if not isinstance(profiles, dict) or not profiles:
         raise TypeError(f"profiles must be a non-empty dict {{name: text_step_profile(...) result}}, got {describe(profiles)}")
+    need = ("positions", "step_switch", "step_no_switch", "boundary", "window", "ratio", "ratio_no_switch")
     fig = go.Figure()
     windows = set()
     for i, (name, prof) in enumerate(profiles.items()):
-        need = ("positions", "step_switch", "step_no_switch", "boundary", "window", "ratio", "ratio_no_switch")
         if not isinstance(prof, dict) or any(k not in prof for k in need):
             raise ValueError(f"profiles[{name!r}] must be a text_step_profile result with keys {list(need)}, "
                              f"got {sorted(prof) if isinstance(prof, dict) else describe(prof)}")

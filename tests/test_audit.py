@@ -489,6 +489,7 @@ DECLARED = {
     "collect_summaries": lambda **kw: E.collect_summaries(CGT_ICL, ICL, **{"n_batches": 1, "batch_size": 2, **kw}),
     "linear_probe": lambda **kw: E.linear_probe(_X, _Y, **kw),
     "knn_topic_accuracy": lambda **kw: E.knn_topic_accuracy(_X, _Y, **kw),
+    "step_window_means": lambda **kw: E.step_window_means(**{"steps": np.ones(20), "boundary": 8, "window": 4, **kw}),
     "text_step_profile": lambda **kw: E.text_step_profile(TEXT_CGT(), TEXT(), **{"n_batches": 1, "batch_size": 2,
                                                                                  "window": 4, "part": "train", **kw}),
     "collect_ybar": lambda **kw: A.collect_ybar(CGT_T, IDX, **kw),

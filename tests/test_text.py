@@ -305,7 +305,7 @@ def test_no_switch_control_rows_keep_excerpt_a_and_one_topic(tmp_path):
 def test_step_profile_control_shares_everything_before_the_switch(tmp_path):
     """Causality: control rows keep excerpt A, so ȳ's steps before the boundary are the same with and without
     the switch, and differ after it; the ratios are what the profiles say; a window that does not fit is refused."""
-    from cgt_viz.evaluate import text_step_profile
+    from cgt_viz.evaluate import step_window_means, text_step_profile
     from cgt_viz.figures import step_profile_figure
     task = make_task("text", source=str(write_topics(tmp_path)), tokenizer="bytes", block_size=64, min_excerpt=8)
     model = tiny_cgt(task)
@@ -320,6 +320,9 @@ def test_step_profile_control_shares_everything_before_the_switch(tmp_path):
     assert prof["ratio"] == pytest.approx(prof["step_switch"][after].mean() / prof["step_switch"][elsewhere].mean())
     with pytest.raises(ValueError, match="window"):
         text_step_profile(model, task, boundary=40, window=30, n_batches=1, batch_size=2, part="train")
+    assert step_window_means(np.arange(1.0, 11.0), boundary=5, window=2) == (5.5, np.mean([2, 3, 4, 7, 8, 9, 10]))
+    with pytest.raises(ValueError, match="window"):
+        step_window_means(np.ones(10), boundary=10, window=3)
     fig = step_profile_figure({"<b>tiny</b>": prof})
     assert len(fig.data) == 2 and all("&lt;b&gt;tiny" in tr.name for tr in fig.data)
     assert f"{prof['ratio']:.3f}" in fig.data[0].name and fig.data[1].line.dash == "dot"
