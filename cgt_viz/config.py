@@ -18,7 +18,8 @@ Y_READOUTS = ("stream", "ema")
 TOKEN_SHIFTS = ("none", "previous", "pair")
 # Fields added after models were first saved, with the value that reproduces a model saved before the field
 # existed: loading fills exactly these (an explicit migration); any other missing field is refused.
-ADDED_FIELDS = {"aux_row_fraction": 1.0, "y_readout": "stream", "token_shift": "none"}
+ADDED_FIELDS = {"aux_row_fraction": 1.0, "y_readout": "stream", "token_shift": "none",
+                "aux_ce": 1.0, "aux_kl": 0.0, "aux_kl_top_k": None}
 
 # Each field's own contract; `validate` applies these, then the checks that relate fields to each other.
 FIELD_CONSTRAINTS = {
@@ -31,6 +32,7 @@ FIELD_CONSTRAINTS = {
     "vae_sigma": Float(0.0, lo_open=True), "vae_tau": Float(0.0, lo_open=True),
     "aux_min_prefix": Int(1), "aux_min_suffix": Int(1), "aux_suffix_len": Int(1, none=True),
     "aux_row_fraction": Float(0.0, 1.0, lo_open=True),
+    "aux_ce": Float(0.0), "aux_kl": Float(0.0), "aux_kl_top_k": Int(1, none=True, hint=" (None: the whole vocabulary)"),
 }
 
 
@@ -71,6 +73,11 @@ class CGTConfig:
     aux_min_suffix: int = 1            # m_min: ... and at least this many suffix tokens
     aux_suffix_len: int | None = None  # if set, the aux pass sees only this many suffix tokens
     aux_row_fraction: float = 1.0      # in training, the aux pass runs on this random share of the rows (>= 1 row)
+    # the aux term scores the specialised model on the suffix: aux = aux_ce · cross-entropy to the data
+    # + aux_kl · KL to a teacher that saw the prefix (context distillation, see cgt_viz.distill)
+    aux_ce: float = 1.0
+    aux_kl: float = 0.0
+    aux_kl_top_k: int | None = None    # the teacher's top-k tokens + a rest bucket (None: the whole vocabulary)
     extra: dict = field(default_factory=dict)  # free-form metadata (task name, tokenizer, ...)
 
     def __post_init__(self) -> None:
@@ -114,6 +121,9 @@ class CGTConfig:
             raise ValueError(f"aux_min_prefix + aux_min_suffix must be <= block_size = {self.block_size} (a split "
                              f"must fit in the longest sequence), got aux_min_prefix={self.aux_min_prefix}, "
                              f"aux_min_suffix={self.aux_min_suffix}")
+        if self.aux_ce == 0 and self.aux_kl == 0:
+            raise ValueError("aux_ce and aux_kl must not both be 0 (the aux term would score nothing); to turn the "
+                             "aux term off set w_aux=0")
         if not isinstance(self.extra, dict):
             raise TypeError(f"extra must be a dict (free-form metadata), got {describe(self.extra)}")
 

@@ -32,6 +32,7 @@ from .contracts import (IGNORE_INDEX, cache_name_filter, check_ablate, check_inp
 from .generation import Generation
 from .io import PretrainedMixin, fold_affine_ln_y
 from .layers import SITE_WEIGHTS, Block, EMAReadout, SiteTemplates, TokenShift, YBlock, init_weights
+from .distill import aux_objective
 from .losses import aux_length_groups, masked_loss, per_position_loss, smoothness_penalty, take_positions
 
 
@@ -325,7 +326,8 @@ class CGT(PretrainedMixin, Generation, nn.Module):
             s = self.sample_split(b, t, generator) if split is None else check_split(split, b, t)
             n_aux = max(1, math.ceil(cfg.aux_row_fraction * b)) if self.training else b
             keep = torch.randperm(b, generator=generator)[:n_aux] if n_aux < b else None   # a cheaper step
-            aux = self._aux_loss(idx, targets, loss_mask, ybar, s, keep)
+            teacher = logits if cfg.aux_kl > 0 else None
+            aux = self._aux_loss(idx, targets, loss_mask, ybar, s, keep, teacher)
         else:
             aux = main.new_zeros(())
 
@@ -333,10 +335,12 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         total = main + cfg.w_aux * aux + cfg.w_smooth * smooth
         return {"main": main, "aux": aux, "smooth": smooth, "total": total}
 
-    def _aux_loss(self, idx, targets, loss_mask, ybar, split, keep=None):
+    def _aux_loss(self, idx, targets, loss_mask, ybar, split, keep=None, teacher=None):
         """split: CPU LongTensor (b,) — its values set the shapes below; a device copy indexes the tensors.
         keep: CPU rows (n,) that run the pass (None: all); their loss sum × b/n over the scored positions of
-        every row is an unbiased estimate of the all-rows loss."""
+        every row is an unbiased estimate of the all-rows loss.
+        teacher: the full-mode outputs (b, t, v) of this pass (the model that saw the prefix), for the
+        distillation part of the aux term (aux_kl > 0); detached, so it only pulls the specialised model."""
         b, t = idx.shape[:2]
         split_dev = split.to(idx.device)
         ytilde = ybar[torch.arange(b, device=idx.device), split_dev - 1]   # (b, e)
@@ -350,9 +354,11 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         if self.config.mode == "tokens":
             mask = mask & (suffix_targets != IGNORE_INDEX)
         count = mask.sum().clamp_min(1).to(ybar.dtype)
+        teacher = None if teacher is None else take_positions(teacher, src)     # (b, m, v): saw the prefix
         if keep is not None:
             k = keep.to(idx.device)
             split, suffix, suffix_targets, mask, ytilde = split[keep], suffix[k], suffix_targets[k], mask[k], ytilde[k]
+            teacher = None if teacher is None else teacher[k]
         n = suffix.shape[0]
         # Padding every row to the longest suffix wastes ~45 % of the pass for uniform splits: rows sorted by
         # suffix length run in up to losses.AUX_LENGTH_GROUPS groups, each only as long as its own longest suffix.
@@ -365,6 +371,7 @@ class CGT(PretrainedMixin, Generation, nn.Module):
                 logits = out.new_zeros(n, m, out.shape[-1])
             logits[group, :m_group] = out                            # the rest is padding, masked out
         loss, scored = per_position_loss(self.config.mode, logits, suffix_targets, mask)
+        loss = aux_objective(self.config, loss, logits, teacher)
         return (loss * scored).sum() * (b / n) / count
 
     def aux_logits(self, idx: torch.Tensor, split: int | torch.Tensor) -> torch.Tensor:

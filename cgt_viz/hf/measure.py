@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -70,3 +71,131 @@ def continuation_losses(model, task, k: int = 64, n_batches: int = 4, batch_size
             (res["loss_no_context"] - res[f"loss_{name}"]) / denom if denom > 1e-8 else float("nan"))
     res["n_scored"] = count
     return res
+
+
+CONDITIONS = ("prompted", "compiled", "other_doc", "same_topic", "other_topic", "topic_mean", "no_context")
+
+
+@torch.no_grad()
+def window_losses(model, tokens: torch.Tensor, prefix_len: int, topics: torch.Tensor, docs: torch.Tensor,
+                  topic_means: torch.Tensor | None = None, batch_size: int = 8, seed: int = 0,
+                  full_mode: bool = False) -> dict[str, torch.Tensor]:
+    """Mean cross-entropy on the suffix of each window tokens (n, p + m + 1) (its last m tokens scored) under
+    every condition of `compile_comparison` -> {condition: (n,)}.
+
+    prompted     the frozen LM with the p-token prompt in context (the distillation teacher)
+    full_mode    (only when asked) the CGT's own full mode, ȳ_t at every token, prompt in context
+    compiled     ȳ after the prompt frozen into the weights, suffix alone (= specialize(prompt) on it)
+    other_doc    the same with ȳ of a random window of another document; same_topic / other_topic: of another
+                 document of the same / another topic
+    topic_mean   ȳ = topic_means[topic] (e.g. the mean ȳ of the topic's training windows)
+    no_context   the LM alone on the suffix"""
+    from .model import CGTLM
+    if not isinstance(model, CGTLM):
+        raise TypeError(f"model must be a cgt_viz.hf.CGTLM, got {type(model).__name__}")
+    n, length = tokens.shape
+    m = length - prefix_len - 1
+    gen = torch.Generator().manual_seed(seed)
+    pick = {}
+    for name, ok in (("other_doc", lambda i, j: docs[j] != docs[i]),
+                     ("same_topic", lambda i, j: docs[j] != docs[i] and topics[j] == topics[i]),
+                     ("other_topic", lambda i, j: topics[j] != topics[i])):
+        choice = []
+        for i in range(n):
+            pool = [j for j in range(n) if ok(i, j)]
+            choice.append(pool[int(torch.randint(len(pool), (1,), generator=gen))] if pool else -1)
+        pick[name] = torch.tensor(choice)
+    was = model.training
+    model.eval()
+    out = {c: torch.full((n,), float("nan")) for c in CONDITIONS + (("full_mode",) if full_mode else ())}
+    try:
+        ybar, suffix_x = [], []
+        for i in range(0, n, batch_size):
+            w = tokens[i:i + batch_size].to(model.device)
+            tgt = w[:, prefix_len + 1:]
+            grabbed = {}
+            handle = model.lm.model.layers[model.config.y_layer - 1].register_forward_hook(
+                lambda mod, args, o: grabbed.__setitem__("x", o[0] if isinstance(o, tuple) else o))
+            try:   # the teacher's pass also gives x_ℓ of the prompt, which is all a pooled-only head reads
+                hidden = model.lm.model(input_ids=w[:, :prefix_len + m], use_cache=False).last_hidden_state
+            finally:
+                handle.remove()
+            out["prompted"][i:i + len(w)] = _ce(model._logits(hidden[:, prefix_len:]), tgt)
+            if full_mode:
+                out["full_mode"][i:i + len(w)] = _ce(model(w[:, :prefix_len + m])[:, prefix_len:], tgt)
+            if model.pooled_only:
+                x = grabbed["x"][:, :prefix_len].to(model.pool.weight.dtype)
+                ybar.append(model._summary(model._pooled(model.ln_x(x))[:, -1]))
+            else:
+                ybar.append(model.context(w[:, :prefix_len])[:, -1])
+            suffix_x.append(model.x_at_layer(w[:, prefix_len:prefix_len + m]))
+        ybar, suffix_x = torch.cat(ybar), torch.cat(suffix_x)
+        summaries = {"compiled": ybar, "no_context": None}
+        for name, rows in pick.items():
+            summaries[name] = torch.where((rows >= 0)[:, None], ybar[rows.clamp_min(0)], torch.nan)
+        if topic_means is not None:
+            summaries["topic_mean"] = topic_means.to(ybar)[topics.to(ybar.device)]
+        for name, summary in summaries.items():
+            for i in range(0, n, batch_size):
+                x, tgt = suffix_x[i:i + batch_size], tokens[i:i + batch_size, prefix_len + 1:].to(model.device)
+                if summary is None:
+                    coeffs = {k: torch.zeros_like(c) for k, c in model._fixed_coeffs(ybar[i:i + len(x)]).items()}
+                else:
+                    coeffs = model._fixed_coeffs(summary[i:i + len(x)])
+                out[name][i:i + len(x)] = _ce(model._logits(model._upper_hidden(x, coeffs)), tgt)
+    finally:
+        model.train(was)
+    return out
+
+
+def _ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """(b, m, v), (b, m) -> mean cross-entropy per row (b,), on the CPU."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").view(targets.shape).mean(1).cpu()
+
+
+def summarize_comparison(losses: dict[str, torch.Tensor], docs: torch.Tensor, n_boot: int = 2000,
+                         seed: int = 0) -> dict[str, Any]:
+    """Per-document means of window losses, then: each condition's mean loss; G = (none − compiled) /
+    (none − prompted) and G for every control (G_other_doc, ...); own − other = compiled − other_doc per
+    document; each with a 95 % bootstrap interval over documents (n_boot resamples)."""
+    uniq = torch.unique(docs)
+    per_doc = {c: torch.stack([v[docs == d].mean() for d in uniq]).double() for c, v in losses.items()}
+    rng = np.random.default_rng(seed)
+    boots = rng.integers(0, len(uniq), size=(n_boot, len(uniq)))
+
+    def stats(fn):
+        value = float(fn(np.arange(len(uniq))))
+        draws = np.array([fn(b) for b in boots])
+        lo, hi = np.nanpercentile(draws, [2.5, 97.5])
+        return {"value": value, "ci95": [float(lo), float(hi)]}
+
+    arr = {c: v.numpy() for c, v in per_doc.items()}
+    res: dict[str, Any] = {"n_documents": int(len(uniq)), "n_windows": int(len(docs))}
+    for c in arr:
+        res[f"loss_{c}"] = stats(lambda b, c=c: np.nanmean(arr[c][b]))
+    gap = lambda b: np.nanmean(arr["no_context"][b]) - np.nanmean(arr["prompted"][b])
+    for c in [c for c in arr if c not in ("prompted", "no_context")]:
+        key = "G" if c == "compiled" else f"G_{c}"
+        res[key] = stats(lambda b, c=c: (np.nanmean(arr["no_context"][b]) - np.nanmean(arr[c][b])) / gap(b))
+    if "other_doc" in arr:
+        res["own_minus_other"] = stats(lambda b: np.nanmean(arr["compiled"][b] - arr["other_doc"][b]))
+        res["G_minus_G_control"] = {"value": res["G"]["value"] - res["G_other_doc"]["value"]}
+    return res
+
+
+def compile_comparison(model, task, part: str = "val", prompt_lens=(64, 128), suffix_len: int = 64,
+                       draws: int = 3, per_topic: int | None = 8, topic_means: torch.Tensor | None = None,
+                       batch_size: int = 8, seed: int = 0, full_mode: bool = False) -> dict[str, Any]:
+    """Does a compiled prompt carry *that* prompt? For each prompt length p: `draws` windows of p + suffix_len + 1
+    tokens from each of up to per_topic documents per topic of `part`; the losses of `window_losses` and their
+    summary (`summarize_comparison`) -> {"p=64": {...}, "p=128": {...}}."""
+    check_int("suffix_len", suffix_len, 2)
+    check_int("draws", draws, 1)
+    out = {}
+    for p in prompt_lens:
+        check_int("prompt_lens[i]", p, 2)
+        tokens, topics, docs = task.document_windows(p + suffix_len + 1, part, per_doc=draws, per_topic=per_topic,
+                                                     seed=seed + p)
+        losses = window_losses(model, tokens, p, topics, docs, topic_means, batch_size, seed, full_mode)
+        out[f"p={p}"] = summarize_comparison(losses, docs, seed=seed)
+    return out

@@ -48,6 +48,7 @@ from typing import Any, Sequence
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .._checks import check_bool, check_float, check_int, describe
@@ -56,7 +57,9 @@ from ..io import CONFIG_NAME, WEIGHTS_NAME, load_tensors, model_folder, read_jso
 from ..layers import SITE_WEIGHTS, SiteTemplates, YBlock
 from ..contracts import (IGNORE_INDEX, cache_name_filter, check_ablate, check_inputs, check_split, check_summary,
                          check_targets)
+from ..distill import aux_objective
 from ..generation import sample_next
+from ..losses import take_positions
 from ..model import CGT
 from .source import require
 
@@ -193,6 +196,12 @@ class CGTLM(CGT):
     pool_half_life  None: the pooled read-out is the causal mean over the whole prefix; a number h: an
                     exponential mean in which a state h tokens back weighs half, so ȳ follows the recent
                     text (after a topic switch it forgets the old topic instead of averaging it in)
+    pooled_only     no y blocks: ȳ = LN(P (pooled read-out − μ)) alone. Then ȳ depends on the prefix only
+                    through one pooled vector of layer ℓ, so a feature cache (cgt_viz.hf.distill) can hold
+                    everything the head's training needs that does not depend on its parameters
+    aux_ce, aux_kl, aux_kl_top_k
+                    the aux term: aux_ce · cross-entropy + aux_kl · KL to the LM with the prefix in context
+                    (context distillation; the teacher's top-k + a rest bucket, None: the whole vocabulary)
 
     It is a `cgt_viz.CGT` (so `train`, `evaluate_specialization`, the analysis functions and the widgets
     take it), but `specialize` returns a model of lm's own class and `x_only` the LM itself.
@@ -201,8 +210,9 @@ class CGTLM(CGT):
     def __init__(self, lm, y_layer: int = 8, d_y: int = 64, n_head_y: int = 4, n_templates: int = 8,
                  template_rank: int = 2, sites: Sequence[str] = ("attn_in", "mlp_in"), *, w_aux: float = 1.0,
                  w_smooth: float = 0.0, smooth: str = "l2", aux_min_prefix: int = 1, aux_min_suffix: int = 1,
-                 aux_suffix_len: int | None = None, aux_row_fraction: float = 1.0, block_size: int | None = None,
-                 y_mlp_ratio: int = 4, pool_half_life: float | None = None):
+                 aux_suffix_len: int | None = None, aux_row_fraction: float = 1.0, aux_ce: float = 1.0,
+                 aux_kl: float = 0.0, aux_kl_top_k: int | None = None, block_size: int | None = None,
+                 y_mlp_ratio: int = 4, pool_half_life: float | None = None, pooled_only: bool = False):
         nn.Module.__init__(self)   # not CGT.__init__: the x stream is lm, not a cgt_viz GPT
         check_lm(lm)
         c = lm.config
@@ -224,20 +234,24 @@ class CGTLM(CGT):
         if pool_half_life is not None:
             pool_half_life = check_float("pool_half_life", pool_half_life, 0.0, None, lo_open=True,
                                          hint=" (tokens; None for the causal mean over the whole prefix)")
-        self.pool_half_life = pool_half_life
+        check_bool("pooled_only", pooled_only)
+        self.pool_half_life, self.pooled_only = pool_half_life, pooled_only
         self.config = cfg = CGTConfig(
             vocab_size=c.vocab_size, block_size=block_size, n_layer=n_layer, d_x=c.hidden_size,
             n_head=c.num_attention_heads, mlp_ratio=y_mlp_ratio, bias=True, d_y=d_y, n_head_y=n_head_y,
             y_layer=y_layer, y_pos=False, n_templates=n_templates, template_rank=template_rank, sites=tuple(sites),
             w_aux=w_aux, w_smooth=w_smooth, smooth=smooth, aux_min_prefix=aux_min_prefix,
             aux_min_suffix=aux_min_suffix, aux_suffix_len=aux_suffix_len, aux_row_fraction=aux_row_fraction,
+            aux_ce=aux_ce, aux_kl=aux_kl, aux_kl_top_k=aux_kl_top_k,
             extra={"hf": {"model_type": c.model_type, "class": type(lm).__name__,
                           "name_or_path": str(getattr(c, "_name_or_path", "")), "hidden_size": c.hidden_size,
                           "intermediate_size": c.intermediate_size, "num_hidden_layers": n_layer,
-                          "vocab_size": c.vocab_size, "pool_half_life": pool_half_life}})
+                          "vocab_size": c.vocab_size, "pool_half_life": pool_half_life,
+                          "pooled_only": pooled_only}})
         self.lm = lm.requires_grad_(False).eval()
         d, e = c.hidden_size, d_y
-        self.y_blocks = nn.ModuleList(YBlock(d, e, n_head_y, y_mlp_ratio, True, 0.0) for _ in range(y_layer))
+        self.y_blocks = nn.ModuleList(YBlock(d, e, n_head_y, y_mlp_ratio, True, 0.0)
+                                      for _ in range(0 if pooled_only else y_layer))
         for block in self.y_blocks:
             for m in block.modules():
                 if isinstance(m, nn.Linear):
@@ -288,7 +302,7 @@ class CGTLM(CGT):
 
     def cache_names(self) -> list[str]:
         cfg = self.config
-        return ([f"x.{n}" for n in range(cfg.n_layer + 1)] + [f"y.{n}" for n in range(cfg.y_layer + 1)] + ["ybar"]
+        return ([f"x.{n}" for n in range(cfg.n_layer + 1)] + [f"y.{n}" for n in range(len(self.y_blocks) + 1)] + ["ybar"]
                 + [f"coeffs.{layer}.{site}" for layer, site in self.template_sites] + ["logits"])
 
     # ------------------------------------------------------------------ the pass
@@ -303,8 +317,53 @@ class CGTLM(CGT):
             y = block(xs[n], y)
             if record is not None:
                 record[f"y.{n + 1}"] = y
-        pooled = self._pooled(self.ln_x(xs[-1]))
-        return self.ln_y(self.pool(pooled - self.pool_center) + y)
+        return self._summary(self._pooled(self.ln_x(xs[-1])), y)
+
+    def _summary(self, pooled: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        """ȳ = LN(P (pooled − μ) + y): pooled (..., d) read-out of LN(x_ℓ), y (..., e) or None -> (..., e)."""
+        read = self.pool(pooled.to(self.pool.weight.dtype) - self.pool_center)
+        return self.ln_y(read if y is None else read + y)
+
+    @torch.no_grad()
+    def pooled_readout(self, idx: torch.Tensor) -> torch.Tensor:
+        """The pooled read-out of LN(x_ℓ) after the last token of each row: idx (b, t) -> (b, d). With
+        pooled_only, ȳ after the last token is `_summary` of it: the one thing about a prompt the head reads."""
+        idx = check_inputs(self.config, idx, device=self.device)
+        x = self.x_at_layer(idx)
+        return self._pooled(self.ln_x(x.to(self.pool.weight.dtype)))[:, -1]
+
+    @torch.no_grad()
+    def x_at_layer(self, idx: torch.Tensor, layer: int | None = None) -> torch.Tensor:
+        """x_ν (b, t, d), the output of decoder layer ν (default ℓ), from a pass of the plain LM that stops there."""
+        layer = self.config.y_layer if layer is None else check_int("layer", layer, 1, self.config.n_layer)
+        out = {}
+
+        def grab(module, args, output):
+            out["x"] = output[0] if isinstance(output, tuple) else output
+            raise _StopAfterY
+
+        handle = self.lm.model.layers[layer - 1].register_forward_hook(grab)
+        try:
+            self.lm.model(input_ids=idx, use_cache=False)
+        except _StopAfterY:
+            pass
+        finally:
+            handle.remove()
+        return out["x"]
+
+    def _upper_hidden(self, x_ell: torch.Tensor, coeffs: dict) -> torch.Tensor:
+        """Layers ℓ+1..N only, over given layer-ℓ states x_ell (b, t, d) (positions from 0), with T fixed by
+        coeffs {"ν.site": (b, 1, K)} -> final normed hidden states (b, t, d). The short pass of a feature-cache
+        step: nothing below ℓ + 1 runs, so autograd records only the modulated layers."""
+        model, ell = self.lm.model, self.config.y_layer
+        full = model.layers
+        state = {"coeffs": coeffs, "record": None}
+        with self._hooks(state):
+            model.layers = nn.ModuleList(list(full)[ell:])   # the LM's own loop over a shorter list, for this call
+            try:
+                return model(inputs_embeds=x_ell.to(self.lm.dtype), use_cache=False).last_hidden_state
+            finally:
+                model.layers = full
 
     def _pooled(self, h: torch.Tensor) -> torch.Tensor:
         """The read-out's running mean of LN(x_ℓ): (b, t, d) -> (b, t, d), over the whole prefix or exponential."""
@@ -328,7 +387,15 @@ class CGTLM(CGT):
             record = self._lower_only(rows, record={})["record"]
             x = record[f"x.{self.config.y_layer}"].to(self.pool.weight.dtype)
             pooled.append(self._pooled(self.ln_x(x))[:, 1:].flatten(0, 1))   # (b·(t−1), d)
-        pooled = torch.cat(pooled)
+        return self.calibrate_pool_from(torch.cat(pooled))
+
+    @torch.no_grad()
+    def calibrate_pool_from(self, pooled: torch.Tensor) -> "CGTLM":
+        """`calibrate_pool` from pooled read-outs already computed, pooled (n, d) (e.g. a feature cache's)."""
+        if not isinstance(pooled, torch.Tensor) or pooled.dim() != 2 or pooled.shape[1] != self.config.d_x:
+            raise ValueError(f"pooled must be a float tensor (n, {self.config.d_x}) of pooled read-outs, "
+                             f"got {describe(pooled)}")
+        pooled = pooled.to(self.pool.weight.device, self.pool.weight.dtype)
         if pooled.shape[0] < self.config.d_y:
             raise ValueError(f"idx gives {pooled.shape[0]} pooled states; calibrating d_y={self.config.d_y} directions "
                              f"needs at least that many (more rows or longer rows)")
@@ -616,7 +683,11 @@ class CGTLM(CGT):
             src = src.clamp(max=t - 1)
             mask = valid if loss_mask is None else valid & loss_mask.bool()[rows].gather(1, src)
             aux_hidden = self._hidden(idx[rows].gather(1, src), self._fixed_coeffs(ytilde))[0]
-            aux = self._masked_ce(aux_hidden, targets[rows].gather(1, src), mask)
+            aux_targets = targets[rows].gather(1, src)
+            if cfg.aux_kl > 0:
+                aux = self._distill_aux(idx[rows], src, aux_hidden, aux_targets, mask)
+            else:
+                aux = self._masked_ce(aux_hidden, aux_targets, mask)
         else:
             aux = main.new_zeros(())
         if t < 2:
@@ -628,6 +699,21 @@ class CGTLM(CGT):
             smooth = step
         total = main + cfg.w_aux * aux + cfg.w_smooth * smooth
         return {"main": main, "aux": aux, "smooth": smooth, "total": total}
+
+    def _distill_aux(self, idx: torch.Tensor, src: torch.Tensor, hidden: torch.Tensor, targets: torch.Tensor,
+                     mask: torch.Tensor) -> torch.Tensor:
+        """The aux term with context distillation, mean over scored positions. idx (n, t) the rows, src (n, m)
+        their suffix positions, hidden (n, m, d) the specialised model on the suffix alone, targets (n, m).
+        Teacher: the LM itself (T = I) with the whole row in context, read at the suffix positions."""
+        with torch.no_grad():
+            teacher_hidden = self.lm.model(input_ids=idx, use_cache=False).last_hidden_state     # (n, t, d)
+            teacher = self._logits(take_positions(teacher_hidden, src))                           # (n, m, v)
+        valid = mask & (targets != IGNORE_INDEX)
+        if not valid.any():
+            return hidden.sum() * 0.0
+        student = self._logits(hidden[valid])                                                     # (p, v)
+        ce = F.cross_entropy(student.float(), targets[valid], reduction="none")
+        return aux_objective(self.config, ce, student, teacher[valid]).mean()
 
     def _masked_ce(self, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Mean cross-entropy over positions with targets ≠ −100 (and mask true); hidden (b, t, d)."""
@@ -680,8 +766,9 @@ class CGTLM(CGT):
                     template_rank=c["template_rank"], sites=tuple(c["sites"]), w_aux=c["w_aux"],
                     w_smooth=c["w_smooth"], smooth=c["smooth"], aux_min_prefix=c["aux_min_prefix"],
                     aux_min_suffix=c["aux_min_suffix"], aux_suffix_len=c["aux_suffix_len"],
-                    aux_row_fraction=c.get("aux_row_fraction", 1.0),
+                    aux_row_fraction=c.get("aux_row_fraction", 1.0), aux_ce=c.get("aux_ce", 1.0),
+                    aux_kl=c.get("aux_kl", 0.0), aux_kl_top_k=c.get("aux_kl_top_k"),
                     block_size=c["block_size"], y_mlp_ratio=meta.get("y_mlp_ratio", c["mlp_ratio"]),
-                    pool_half_life=saved.get("pool_half_life"))
+                    pool_half_life=saved.get("pool_half_life"), pooled_only=saved.get("pooled_only", False))
         model.load_state_dict(load_tensors(path / WEIGHTS_NAME, device="cpu"))
         return model.to(device)

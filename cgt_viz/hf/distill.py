@@ -1,0 +1,358 @@
+"""Training a CGT head over a frozen LM by context distillation, from a feature cache this machine can afford.
+
+The head (y read-out and templates, `CGTLM(pooled_only=True)`) sees a prompt only through one vector, the
+pooled read-out of LN(x_ℓ) after its last token; the templates act on layers ℓ+1..N. So for one training
+window (a prefix of p tokens, then a suffix of m tokens of the same document) everything that does not depend
+on the head's parameters can be computed once:
+
+    pooled         (n, d)          the prefix's pooled read-out of layer ℓ (ȳ = LN(P (pooled − μ)))
+    suffix_x       (n, m, d)       x_ℓ of the suffix alone (positions from 0): where the short pass starts
+    tokens         (n, p + m + 1)  the window (the suffix's targets are its last m tokens)
+    teacher_ids    (n, m, k)       the teacher's top-k next tokens at each suffix position ...
+    teacher_logp   (n, m, k + 1)   ... their log-probabilities and the rest bucket (cgt_viz.distill)
+    topic, doc     (n,)            where each window comes from
+
+The teacher is the frozen LM with the prefix in context. A training step then runs only the modulated layers
+ℓ+1..N on 64 cached states and the LM head: no forward below ℓ + 1, no backward below it.
+
+With y blocks (pooled_only=False) ȳ depends on x_1..x_ℓ of every prefix token; a cache of those is ℓ times the
+prefix's states (gigabytes for a BBC-sized set at ℓ = 22), so this path refuses such a model and the ordinary
+`CGTLM.loss` (no cache) trains it.
+
+The cache lives in `<cache_root>/features/<key>/` (features.safetensors + manifest.json). The key hashes the
+LM's weights, the windows' tokens and every setting, so a change of any of them builds a new cache; the
+manifest holds the file's sha256 and size, checked on every load, so a damaged file is refused by name.
+Nothing in it is code: safetensors and JSON only.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .._checks import check_bool, check_float, check_int, describe
+from ..distill import aux_objective, teacher_topk
+from ..io import load_tensors, read_json, save_tensors, write_json
+from .source import cache_root
+
+CACHE_FORMAT = "cgt_viz.feature_cache/1"
+FEATURES_NAME = "features.safetensors"
+MANIFEST_NAME = "manifest.json"
+STORE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _hash_tensor(h, t: torch.Tensor) -> None:
+    t = t.detach().cpu().contiguous()
+    h.update(f"{tuple(t.shape)}{t.dtype}".encode())
+    h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+
+def lm_fingerprint(lm) -> str:
+    """sha256 of the LM's parameters and buffers (names, shapes, dtypes, bytes): what `weights_sha256` records."""
+    h = hashlib.sha256()
+    for name, t in sorted(list(lm.named_parameters()) + list(lm.named_buffers()), key=lambda kv: kv[0]):
+        h.update(name.encode())
+        _hash_tensor(h, t)
+    return h.hexdigest()
+
+
+def _require_pooled_only(model) -> None:
+    from .model import CGTLM
+    if not isinstance(model, CGTLM):
+        raise TypeError(f"model must be a cgt_viz.hf.CGTLM, got {describe(model)}")
+    if not model.pooled_only:
+        raise ValueError("model must be a CGTLM(pooled_only=True) for the feature cache: with y blocks ȳ depends on "
+                         "x_1..x_ℓ of every prefix token, which the cache does not hold (train it with CGTLM.loss)")
+
+
+class FeatureCache:
+    """The cached features of n windows (see the module docstring); `batch(rows)` hands a step its tensors."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], manifest: dict[str, Any], path: Path | None = None):
+        self.tensors, self.manifest, self.path = tensors, manifest, path
+
+    def __len__(self) -> int:
+        return int(self.tensors["pooled"].shape[0])
+
+    def __repr__(self) -> str:
+        s = self.manifest["settings"]
+        return (f"FeatureCache({len(self)} windows of {s['prefix_len']} + {s['suffix_len']} tokens, top-{s['top_k']}, "
+                f"{self.nbytes / 2**20:.0f} MiB at {str(self.path)!r})")
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    @property
+    def prefix_len(self) -> int:
+        return int(self.manifest["settings"]["prefix_len"])
+
+    def batch(self, rows: torch.Tensor, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+        p = self.prefix_len
+        t = self.tensors
+        return {"pooled": t["pooled"][rows].float().to(device), "suffix_x": t["suffix_x"][rows].float().to(device),
+                "targets": t["tokens"][rows, p + 1:].long().to(device),
+                "teacher_ids": t["teacher_ids"][rows].long().to(device),
+                "teacher_logp": t["teacher_logp"][rows].float().to(device)}
+
+
+def cache_key(model, tokens: torch.Tensor, settings: dict[str, Any], weights_sha256: str | None = None) -> str:
+    """The folder name of a cache: sha256 over the LM's weights, the windows' tokens and the settings."""
+    h = hashlib.sha256()
+    h.update((weights_sha256 or lm_fingerprint(model.lm)).encode())
+    _hash_tensor(h, tokens.long())
+    h.update(json.dumps(settings, sort_keys=True).encode())
+    return h.hexdigest()[:24]
+
+
+@torch.no_grad()
+def compute_features(model, tokens: torch.Tensor, prefix_len: int, top_k: int | None = 64,
+                     batch_size: int = 8, dtype: torch.dtype = torch.float16,
+                     progress: bool = False) -> dict[str, torch.Tensor]:
+    """The cached tensors of windows tokens (n, p + m + 1), without writing anything (see the module docstring)."""
+    n, length = tokens.shape
+    m = length - prefix_len - 1
+    out: dict[str, list[torch.Tensor]] = {k: [] for k in ("pooled", "suffix_x", "teacher_ids", "teacher_logp")}
+    ell, layers = model.config.y_layer, model.lm.model.layers
+    rows = range(0, n, batch_size)
+    if progress:
+        from tqdm.auto import tqdm
+        rows = tqdm(rows, desc="feature cache", unit="batch")
+    for i in rows:
+        w = tokens[i:i + batch_size].to(model.device)
+        grabbed = {}
+        handle = layers[ell - 1].register_forward_hook(
+            lambda mod, args, o: grabbed.__setitem__("x", o[0] if isinstance(o, tuple) else o))
+        try:   # the teacher: the LM alone (no hooks of the head) with the prefix in context
+            hidden = model.lm.model(input_ids=w[:, :prefix_len + m], use_cache=False).last_hidden_state
+        finally:
+            handle.remove()
+        x_prefix = grabbed["x"][:, :prefix_len].to(model.pool.weight.dtype)
+        out["pooled"].append(model._pooled(model.ln_x(x_prefix))[:, -1].float().cpu())
+        ids, logp = teacher_topk(model._logits(hidden[:, prefix_len:]), top_k)
+        out["teacher_ids"].append(ids.to(torch.int32).cpu())
+        out["teacher_logp"].append(logp.to(dtype).cpu())
+        out["suffix_x"].append(model.x_at_layer(w[:, prefix_len:prefix_len + m]).to(dtype).cpu())
+    feats = {k: torch.cat(v) for k, v in out.items()}
+    feats["tokens"] = tokens.to(torch.int32).cpu()
+    return feats
+
+
+def build_feature_cache(model, tokens: torch.Tensor, prefix_len: int, *, top_k: int | None = 64,
+                        topics: torch.Tensor | None = None, docs: torch.Tensor | None = None,
+                        root: str | os.PathLike | None = None, batch_size: int = 8, store_dtype: str = "float16",
+                        progress: bool = True, weights_sha256: str | None = None) -> FeatureCache:
+    """The feature cache of windows tokens (n, p + m + 1) for model (a `CGTLM(pooled_only=True)`): loaded when a
+    cache with the same key exists and is intact, else computed (progress bar) and written.
+
+    top_k        the teacher's kept tokens (None: the whole vocabulary, v + 1 numbers per position)
+    root         the cache root (default `cgt_viz.hf.cache_root()`); the cache goes to root/features/<key>/
+    store_dtype  "float16" (default), "bfloat16" or "float32" for the suffix states and teacher log-probs"""
+    _require_pooled_only(model)
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
+        raise TypeError(f"tokens must be an integer tensor of windows (n, prefix_len + suffix_len + 1), "
+                        f"got {describe(tokens)}")
+    check_int("prefix_len", prefix_len, 2, tokens.shape[1] - 2,
+              hint=f" (the windows have {tokens.shape[1]} tokens: at least 2 are left for the suffix and its target)")
+    check_int("top_k", top_k, 1, allow_none=True, hint=" (None: the whole vocabulary)")
+    check_int("batch_size", batch_size, 1)
+    check_bool("progress", progress)
+    if store_dtype not in STORE_DTYPES:
+        raise ValueError(f"store_dtype must be one of {tuple(STORE_DTYPES)}, got {store_dtype!r}")
+    n = tokens.shape[0]
+    for name, extra in (("topics", topics), ("docs", docs)):
+        if extra is not None and (not isinstance(extra, torch.Tensor) or tuple(extra.shape) != (n,)):
+            raise ValueError(f"{name} must be a tensor ({n},), one entry per window, got {describe(extra)}")
+    settings = {"format": CACHE_FORMAT, "prefix_len": prefix_len, "suffix_len": tokens.shape[1] - prefix_len - 1,
+                "top_k": top_k, "y_layer": model.config.y_layer, "pool_half_life": model.pool_half_life,
+                "store_dtype": store_dtype}
+    weights_sha256 = weights_sha256 or lm_fingerprint(model.lm)
+    key = cache_key(model, tokens, settings, weights_sha256)
+    folder = cache_root(root) / "features" / key
+    if (folder / MANIFEST_NAME).exists():
+        return load_feature_cache(folder)
+    t0 = time.perf_counter()
+    feats = compute_features(model, tokens, prefix_len, top_k, batch_size, STORE_DTYPES[store_dtype], progress)
+    feats["topic"] = (topics if topics is not None else torch.full((n,), -1)).long()
+    feats["doc"] = (docs if docs is not None else torch.full((n,), -1)).long()
+    build_seconds = time.perf_counter() - t0
+    tmp = folder.with_name(f".{key}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        save_tensors(tmp / FEATURES_NAME, feats, metadata={"format": CACHE_FORMAT})
+        manifest = {"format": CACHE_FORMAT, "key": key, "settings": settings, "weights_sha256": weights_sha256,
+                    "n_windows": n, "file_bytes": (tmp / FEATURES_NAME).stat().st_size,
+                    "sha256": _sha256_file(tmp / FEATURES_NAME), "build_seconds": build_seconds,
+                    "lm": str(getattr(model.lm.config, "_name_or_path", ""))}
+        write_json(tmp / MANIFEST_NAME, manifest)
+        if folder.exists():          # a damaged cache of the same key: replaced by the fresh one
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return FeatureCache(feats, manifest, folder)
+
+
+def load_feature_cache(path: str | os.PathLike) -> FeatureCache:
+    """A cache folder written by `build_feature_cache`, after checking its manifest, size and sha256 (a damaged
+    or tampered file is refused, naming it: delete the folder to rebuild)."""
+    folder = Path(path)
+    manifest = read_json(folder / MANIFEST_NAME)
+    if not isinstance(manifest, dict) or manifest.get("format") != CACHE_FORMAT:
+        raise ValueError(f"{str(folder / MANIFEST_NAME)!r} is not a cgt_viz feature cache manifest (format "
+                         f"{manifest.get('format') if isinstance(manifest, dict) else None!r}, expected {CACHE_FORMAT!r})")
+    file = folder / FEATURES_NAME
+    if not file.is_file():
+        raise ValueError(f"the feature cache {str(folder)!r} has no {FEATURES_NAME}: damaged; delete the folder to rebuild")
+    size = file.stat().st_size
+    if size != manifest.get("file_bytes") or _sha256_file(file) != manifest.get("sha256"):
+        raise ValueError(f"the feature cache file {str(file)!r} is damaged ({size} bytes; the manifest says "
+                         f"{manifest.get('file_bytes')} bytes and another sha256): delete {str(folder)!r} to rebuild")
+    tensors = load_tensors(file)
+    need = {"pooled", "suffix_x", "tokens", "teacher_ids", "teacher_logp", "topic", "doc"}
+    if set(tensors) != need:
+        raise ValueError(f"{str(file)!r} holds {sorted(tensors)}, expected {sorted(need)}")
+    return FeatureCache(tensors, manifest, folder)
+
+
+# ---------------------------------------------------------------------------------------------- the objective
+def _scored(model, ybar: torch.Tensor, student_hidden: torch.Tensor, targets: torch.Tensor,
+            teacher_ids: torch.Tensor, teacher_logp: torch.Tensor) -> dict[str, torch.Tensor]:
+    student = model._logits(student_hidden)                                                  # (b, m, v)
+    ce = F.cross_entropy(student.flatten(0, 1).float(), targets.flatten(), reduction="none").view(targets.shape)
+    aux = aux_objective(model.config, ce, student, teacher_ids=teacher_ids, teacher_logprobs=teacher_logp)
+    return {"aux": aux.mean(), "ce": ce.mean().detach(), "ybar": ybar}
+
+
+def cached_loss(model, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The aux objective of `model.config` (aux_ce · CE + aux_kl · KL to the cached teacher) on a batch of
+    `FeatureCache.batch`: ȳ from the pooled read-out, layers ℓ+1..N over the cached suffix states."""
+    ybar = model._summary(batch["pooled"])                                                    # (b, e)
+    hidden = model._upper_hidden(batch["suffix_x"], model._fixed_coeffs(ybar))               # (b, m, d)
+    return _scored(model, ybar, hidden, batch["targets"], batch["teacher_ids"], batch["teacher_logp"])
+
+
+def uncached_loss(model, tokens: torch.Tensor, prefix_len: int, top_k: int | None = 64) -> dict[str, torch.Tensor]:
+    """The same objective as `cached_loss` straight from windows tokens (b, p + m + 1): the prefix's ȳ by the
+    model's own pass, the specialised LM over the suffix tokens, the teacher computed now. The reference the
+    cache is tested against (equal gradients)."""
+    _require_pooled_only(model)
+    tokens = tokens.to(model.device)
+    m = tokens.shape[1] - prefix_len - 1
+    with torch.no_grad():
+        teacher_hidden = model.lm.model(input_ids=tokens[:, :prefix_len + m], use_cache=False).last_hidden_state
+        ids, logp = teacher_topk(model._logits(teacher_hidden[:, prefix_len:]), top_k)
+    ybar = model.context(tokens[:, :prefix_len])[:, -1]
+    hidden = model._hidden(tokens[:, prefix_len:prefix_len + m], model._fixed_coeffs(ybar))[0]
+    return _scored(model, ybar, hidden, tokens[:, prefix_len + 1:].long(), ids, logp)
+
+
+# ---------------------------------------------------------------------------------------------- training
+def trainable_parameters(model) -> list[torch.nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def train_head(model, cache: FeatureCache, *, steps: int | None = None, minutes: float | None = None,
+               batch_size: int = 16, lr: float = 2e-3, weight_decay: float = 0.0, warmup: int = 20,
+               seed: int = 0, val_cache: FeatureCache | None = None, eval_every: int = 0, eval_windows: int = 128,
+               progress: bool = True, log=None) -> dict[str, Any]:
+    """Train the head of a `CGTLM(pooled_only=True)` on a feature cache (AdamW, linear warmup, cosine decay to
+    a tenth of lr over `steps`; with only `minutes` the schedule assumes the step rate of the first 10 steps).
+    -> history {"step", "aux", "ce", "val_aux", "seconds", "tokens_per_second", "steps"}."""
+    _require_pooled_only(model)
+    if steps is None and minutes is None:
+        raise ValueError("give steps, minutes or both (training stops at whichever comes first)")
+    check_int("steps", steps, 1, allow_none=True)
+    check_float("minutes", minutes, 0.0, lo_open=True, allow_none=True)
+    check_int("batch_size", batch_size, 1, len(cache), hint=f" (the cache holds {len(cache)} windows)")
+    check_float("lr", lr, 0.0, lo_open=True)
+    gen = torch.Generator().manual_seed(seed)
+    params = trainable_parameters(model)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    hist: dict[str, Any] = {"step": [], "aux": [], "ce": [], "val_step": [], "val_aux": [], "val_ce": []}
+    deadline = None if minutes is None else time.perf_counter() + 60 * minutes
+    planned, t0, step, order = steps, time.perf_counter(), 0, torch.empty(0, dtype=torch.long)
+    m = cache.tensors["suffix_x"].shape[1]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=steps, desc="train head", unit="step")
+    model.train()
+    while True:
+        if steps is not None and step >= steps:
+            break
+        if deadline is not None and time.perf_counter() >= deadline:
+            break
+        if len(order) < batch_size:                      # epochs of a fresh permutation
+            order = torch.cat([order, torch.randperm(len(cache), generator=gen)])
+        rows, order = order[:batch_size], order[batch_size:]
+        if step == 10 and planned is None:               # minutes only: plan the schedule from the measured rate
+            planned = max(11, int(10 * 60 * minutes / (time.perf_counter() - t0)))
+        horizon = planned or 10 ** 9
+        scale = min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / horizon))))
+        for g in opt.param_groups:
+            g["lr"] = lr * scale
+        out = cached_loss(model, cache.batch(rows, model.device))
+        opt.zero_grad(set_to_none=True)
+        out["aux"].backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        hist["step"].append(step)
+        hist["aux"].append(out["aux"].item())
+        hist["ce"].append(float(out["ce"]))
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(aux=f"{hist['aux'][-1]:.3f}")
+        if val_cache is not None and eval_every and step % eval_every == 0:
+            val = evaluate_cache(model, val_cache, windows=eval_windows)
+            hist["val_step"].append(step)
+            hist["val_aux"].append(val["aux"])
+            hist["val_ce"].append(val["ce"])
+            if log:
+                log(f"step {step}: train aux {np.mean(hist['aux'][-eval_every:]):.4f} | val aux {val['aux']:.4f} "
+                    f"ce {val['ce']:.4f}")
+            model.train()
+    if bar is not None:
+        bar.close()
+    model.eval()
+    seconds = time.perf_counter() - t0
+    hist.update(steps=step, seconds=seconds, tokens_per_second=step * batch_size * m / max(seconds, 1e-9))
+    return hist
+
+
+@torch.no_grad()
+def evaluate_cache(model, cache: FeatureCache, windows: int | None = None, batch_size: int = 16) -> dict[str, float]:
+    """Mean aux objective and cross-entropy of the specialised model over the first `windows` of a cache."""
+    was = model.training
+    model.eval()
+    n = len(cache) if windows is None else min(windows, len(cache))
+    aux = ce = 0.0
+    try:
+        for i in range(0, n, batch_size):
+            rows = torch.arange(i, min(i + batch_size, n))
+            out = cached_loss(model, cache.batch(rows, model.device))
+            aux += float(out["aux"]) * len(rows)
+            ce += float(out["ce"]) * len(rows)
+    finally:
+        model.train(was)
+    return {"aux": aux / n, "ce": ce / n}

@@ -1,0 +1,243 @@
+"""Context distillation: the KL term, its top-k cache form, both families' aux objective, the feature cache."""
+import json
+
+import pytest
+import torch
+
+import cgt_viz
+from cgt_viz.config import ADDED_FIELDS, CGTConfig
+from cgt_viz.distill import aux_objective, distillation_loss, full_kl, teacher_topk, topk_kl
+from helpers import make_inputs, randomize_templates
+
+torch.set_num_threads(1)
+
+
+def _logits(shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+# ---------------------------------------------------------------------------------------------- the KL term
+@pytest.mark.parametrize("k", [None, 11, 40])
+def test_topk_plus_rest_equals_the_full_kl_when_k_covers_the_vocabulary(k):
+    student, teacher = _logits((3, 5, 11), 0), _logits((3, 5, 11), 1)
+    ids, logp = teacher_topk(teacher, k)
+    assert ids.shape[-1] == 11 and logp.shape[-1] == 12
+    torch.testing.assert_close(topk_kl(student, ids, logp), full_kl(student, teacher), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_topk_kl_is_a_lower_bound_of_the_full_kl_and_its_buckets_sum_to_one(k):
+    student, teacher = _logits((4, 6, 13), 2), _logits((4, 6, 13), 3)
+    ids, logp = teacher_topk(teacher, k)
+    torch.testing.assert_close(logp.exp().sum(-1), torch.ones(4, 6))
+    part, full = topk_kl(student, ids, logp), full_kl(student, teacher)
+    assert (part <= full + 1e-5).all() and (part > 0).all()
+
+
+@pytest.mark.parametrize("k", [None, 2, 13])
+def test_kl_is_zero_when_the_student_is_the_teacher_and_positive_otherwise(k):
+    teacher = _logits((2, 4, 13), 4)
+    assert distillation_loss("tokens", teacher.clone(), teacher, k).abs().max() < 1e-5
+    # a constant shift of the logits is the same distribution
+    assert distillation_loss("tokens", teacher + 7.0, teacher, k).abs().max() < 1e-4
+    other = teacher.scatter_add(-1, teacher.argmax(-1, keepdim=True), torch.full((2, 4, 1), -2.0))  # the top token
+    assert (distillation_loss("tokens", other, teacher, k) > 1e-4).all()
+
+
+def test_vectors_distillation_is_the_gaussian_kl():
+    s, t = _logits((2, 3, 4), 5), _logits((2, 3, 4), 6)
+    torch.testing.assert_close(distillation_loss("vectors", s, t), 0.5 * (s - t).pow(2).sum(-1))
+
+
+def test_the_teacher_gets_no_gradient():
+    s, t = _logits((2, 3, 9), 7).requires_grad_(), _logits((2, 3, 9), 8).requires_grad_()
+    distillation_loss("tokens", s, t, 4).sum().backward()
+    assert t.grad is None and s.grad.abs().sum() > 0
+
+
+# ---------------------------------------------------------------------------------------------- config
+def test_aux_fields_migrate_and_refuse_an_aux_term_that_scores_nothing():
+    assert {"aux_ce": 1.0, "aux_kl": 0.0, "aux_kl_top_k": None}.items() <= ADDED_FIELDS.items()
+    with pytest.raises(ValueError, match="aux_ce and aux_kl must not both be 0"):
+        CGTConfig(vocab_size=10, aux_ce=0.0, aux_kl=0.0)
+    with pytest.raises(ValueError, match="aux_kl_top_k"):
+        CGTConfig(vocab_size=10, aux_kl=1.0, aux_kl_top_k=0)
+
+
+# ---------------------------------------------------------------------------------------------- from-scratch CGT
+def _cgt(**kw):
+    torch.manual_seed(0)
+    cfg = CGTConfig(vocab_size=23, block_size=16, n_layer=3, d_x=32, n_head=2, d_y=16, n_head_y=2, y_layer=1, **kw)
+    return randomize_templates(cgt_viz.CGT(cfg))
+
+
+def test_cgt_aux_with_only_cross_entropy_is_unchanged_by_the_new_fields():
+    a, b = _cgt(), _cgt(aux_ce=1.0, aux_kl=0.0, aux_kl_top_k=5)
+    idx = make_inputs(a.config, b=4, t=16)
+    la, lb = a.loss(idx, idx, split=7), b.loss(idx, idx, split=7)
+    torch.testing.assert_close(la["aux"], lb["aux"])
+
+
+def test_cgt_aux_kl_against_its_own_prompted_pass():
+    """aux_kl alone: the KL of the specialised model on the suffix to the full mode at the same positions."""
+    model = _cgt(aux_ce=0.0, aux_kl=1.0)
+    model.eval()
+    idx = make_inputs(model.config, b=3, t=16)
+    aux = model.loss(idx, idx, split=6)["aux"]
+    with torch.no_grad():
+        teacher = model(idx)[:, 6:]
+        student = model.aux_logits(idx, 6)
+    torch.testing.assert_close(aux, full_kl(student, teacher).mean(), rtol=1e-4, atol=1e-6)
+    mixed = _cgt(aux_ce=0.5, aux_kl=2.0)
+    mixed.eval()
+    ce = _cgt().eval().loss(idx, idx, split=6)["aux"]
+    torch.testing.assert_close(mixed.loss(idx, idx, split=6)["aux"], 0.5 * ce + 2.0 * aux, rtol=1e-4, atol=1e-6)
+
+
+def test_aux_objective_needs_a_teacher_when_it_distils():
+    cfg = CGTConfig(vocab_size=10, aux_kl=1.0)
+    with pytest.raises(ValueError, match="needs a teacher"):
+        aux_objective(cfg, torch.zeros(3), torch.zeros(3, 10))
+
+
+# ---------------------------------------------------------------------------------------------- the LM family
+transformers = pytest.importorskip("transformers")
+from cgt_viz import hf  # noqa: E402
+from cgt_viz.hf import distill as hfd  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return hf.tiny_llama(seed=0)
+
+
+def _head(lm, **kw):
+    torch.manual_seed(0)
+    kw = {"pooled_only": True, "aux_kl": 1.0, "aux_ce": 0.5, "aux_kl_top_k": 7, **kw}
+    model = hf.CGTLM(lm, y_layer=2, d_y=8, n_head_y=2, n_templates=3, template_rank=2, **kw)
+    return randomize_templates(model)
+
+
+def _windows(n=6, length=6 + 8 + 1, seed=0, vocab=96):
+    return torch.randint(0, vocab, (n, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_pooled_only_head_has_no_y_blocks_and_the_cheap_summary_is_its_ybar(lm):
+    model = _head(lm)
+    assert len(model.y_blocks) == 0 and "y.1" not in model.cache_names()
+    idx = _windows()[:, :9]
+    torch.testing.assert_close(model._summary(model.pooled_readout(idx)), model.context(idx)[:, -1])
+
+
+def test_the_short_pass_over_cached_states_is_the_specialised_lm(lm):
+    model = _head(lm)
+    idx = _windows()
+    ybar = model.context(idx[:, :6])[:, -1]
+    short = model._upper_hidden(model.x_at_layer(idx[:, 6:]), model._fixed_coeffs(ybar))
+    full = model._hidden(idx[:, 6:], model._fixed_coeffs(ybar))[0]
+    torch.testing.assert_close(short, full)
+    assert len(model.lm.model.layers) == lm.config.num_hidden_layers   # the LM is whole again
+
+
+def test_training_from_the_cache_and_without_it_give_the_same_gradients(lm, tmp_path):
+    model = _head(lm)
+    tokens = _windows()
+    cache = hfd.build_feature_cache(model, tokens, 6, top_k=7, root=tmp_path, store_dtype="float32", progress=False)
+    params = hfd.trainable_parameters(model)
+    cached = cache_loss = hfd.cached_loss(model, cache.batch(torch.arange(len(tokens))))["aux"]
+    direct = hfd.uncached_loss(model, tokens, 6, top_k=7)["aux"]
+    torch.testing.assert_close(cache_loss, direct, rtol=1e-5, atol=1e-6)
+    for g_c, g_d in zip(torch.autograd.grad(cached, params), torch.autograd.grad(direct, params)):
+        torch.testing.assert_close(g_c, g_d, rtol=1e-4, atol=1e-6)
+    assert any(g.abs().sum() > 0 for g in torch.autograd.grad(hfd.cached_loss(model, cache.batch(torch.arange(2)))["aux"],
+                                                               params))
+
+
+def test_cgtlm_loss_distils_to_the_lm_with_the_prefix_in_context(lm):
+    """CGTLM.loss's aux term with aux_kl: the same objective as the cache path's, on the same split."""
+    model = _head(lm, aux_ce=1.0, aux_kl=1.0, aux_kl_top_k=None, aux_min_prefix=6)
+    model.eval()
+    tokens = _windows(n=3)
+    idx, targets = tokens[:, :-1], tokens[:, 1:]
+    aux = model.loss(idx, targets, split=6)["aux"]
+    ref = hfd.uncached_loss(model, tokens, 6, top_k=None)["aux"]
+    torch.testing.assert_close(aux, ref, rtol=1e-4, atol=1e-6)
+
+
+def test_the_feature_cache_round_trips_and_a_changed_setting_builds_another(lm, tmp_path):
+    model = _head(lm)
+    tokens = _windows()
+    topics, docs = torch.tensor([0, 0, 1, 1, 2, 2]), torch.arange(6)
+    first = hfd.build_feature_cache(model, tokens, 6, top_k=7, topics=topics, docs=docs, root=tmp_path, progress=False)
+    again = hfd.load_feature_cache(first.path)
+    assert set(again.tensors) == set(first.tensors)
+    for name, t in first.tensors.items():
+        assert torch.equal(again.tensors[name], t), name
+    assert torch.equal(again.tensors["topic"], topics) and again.tensors["suffix_x"].dtype == torch.float16
+    same = hfd.build_feature_cache(model, tokens, 6, top_k=7, topics=topics, docs=docs, root=tmp_path, progress=False)
+    assert same.path == first.path
+    for change in ({"top_k": 5}, {"prefix_len": 5}):
+        kw = {"top_k": 7, **change}
+        other = hfd.build_feature_cache(model, tokens, kw.pop("prefix_len", 6), root=tmp_path, progress=False, **kw)
+        assert other.path != first.path
+    assert hfd.build_feature_cache(model, _windows(seed=1), 6, top_k=7, root=tmp_path, progress=False).path != first.path
+    model2 = _head(hf.tiny_llama(seed=1))          # another LM's weights
+    assert hfd.build_feature_cache(model2, tokens, 6, top_k=7, root=tmp_path, progress=False).path != first.path
+
+
+def test_a_damaged_feature_cache_is_refused_by_name(lm, tmp_path):
+    model = _head(lm)
+    cache = hfd.build_feature_cache(model, _windows(), 6, top_k=7, root=tmp_path, progress=False)
+    file = cache.path / hfd.FEATURES_NAME
+    data = bytearray(file.read_bytes())
+    data[-5] ^= 0xFF
+    file.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="damaged"):
+        hfd.load_feature_cache(cache.path)
+    file.write_bytes(bytes(data[:100]))
+    with pytest.raises(ValueError, match="damaged"):
+        hfd.build_feature_cache(model, _windows(), 6, top_k=7, root=tmp_path, progress=False)
+    manifest = json.loads((cache.path / hfd.MANIFEST_NAME).read_text())
+    (cache.path / hfd.MANIFEST_NAME).write_text(json.dumps({**manifest, "format": "pickle"}))
+    with pytest.raises(ValueError, match="not a cgt_viz feature cache"):
+        hfd.load_feature_cache(cache.path)
+
+
+def test_the_cache_refuses_a_head_with_y_blocks_and_bad_windows(lm, tmp_path):
+    with pytest.raises(ValueError, match="pooled_only=True"):
+        hfd.build_feature_cache(_head(lm, pooled_only=False), _windows(), 6, root=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="prefix_len"):
+        hfd.build_feature_cache(_head(lm), _windows(), 14, root=tmp_path, progress=False)
+    with pytest.raises(TypeError, match="tokens"):
+        hfd.build_feature_cache(_head(lm), _windows().float(), 6, root=tmp_path, progress=False)
+
+
+def test_training_on_the_cache_lowers_the_objective_and_the_head_round_trips(lm, tmp_path):
+    model = _head(lm, aux_ce=1.0, aux_kl=1.0)
+    cache = hfd.build_feature_cache(model, _windows(n=8), 6, top_k=7, root=tmp_path, progress=False)
+    before = hfd.evaluate_cache(model, cache)["aux"]
+    hist = hfd.train_head(model, cache, steps=30, batch_size=8, lr=1e-2, warmup=1, progress=False)
+    after = hfd.evaluate_cache(model, cache)["aux"]
+    assert after < before and hist["steps"] == 30
+    model.save_pretrained(tmp_path / "head")
+    back = hf.CGTLM.from_pretrained(tmp_path / "head", lm)
+    assert back.pooled_only and back.config.aux_kl == 1.0 and back.config.aux_kl_top_k == 7
+    assert hfd.evaluate_cache(back, cache)["aux"] == pytest.approx(after, rel=1e-5)
+
+
+def test_window_losses_controls_use_other_documents(lm):
+    from cgt_viz.hf.measure import summarize_comparison, window_losses
+    model = _head(lm)
+    tokens = _windows(n=8)
+    topics, docs = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]), torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    losses = window_losses(model, tokens, 6, topics, docs, topic_means=torch.zeros(2, 8), batch_size=3)
+    for name in ("prompted", "compiled", "other_doc", "same_topic", "other_topic", "topic_mean", "no_context"):
+        assert losses[name].shape == (8,) and torch.isfinite(losses[name]).all(), name
+    # compiled is the specialised model with the window's own ȳ
+    ybar = model.context(tokens[:1, :6])[:, -1]
+    with torch.no_grad():
+        own = model.forward_specialized(tokens[:1, 6:14], ybar)
+    ce = torch.nn.functional.cross_entropy(own[0], tokens[0, 7:])
+    assert float(losses["compiled"][0]) == pytest.approx(float(ce), rel=1e-5)
+    res = summarize_comparison(losses, docs, n_boot=50)
+    assert res["n_documents"] == 4 and res["G"]["ci95"][0] <= res["G"]["ci95"][1]
