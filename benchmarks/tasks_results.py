@@ -45,8 +45,12 @@ RUNS = {
     "regression-dim8": ("regression", dict(dim=8), {}, (2, 4, 8, 12)),
     "regression-dim16": ("regression", dict(dim=16, n_points=32), {}, (4, 8, 16, 24)),
     "text": ("text", dict(block_size=128), {}, (64,)),
+    # context distillation (cgt_viz.distill): the aux term also pulls toward the model's own prompted pass
+    "icl-value-affine-kl": ("icl", dict(answer_tokens="value", family="affine"), dict(aux_kl=1.0), (8,)),
+    "regression-dim8-kl": ("regression", dict(dim=8), dict(aux_kl=1.0), (2, 4, 8, 12)),
+    "regression-dim16-kl": ("regression", dict(dim=16, n_points=32), dict(aux_kl=1.0), (4, 8, 16, 24)),
 }
-SYNTHETIC = [name for name in RUNS if name != "text" and not name.endswith("noshift")]
+SYNTHETIC = [name for name in RUNS if name != "text" and not name.endswith(("noshift", "-kl"))]
 TUNING_SEEDS = (0, 1, 2, 11, 12, 21, 22)   # seeds the recipes and README paragraphs were found or checked on
 DEFAULT_SEEDS = (101, 102, 103)            # held out: none of them is a tuning seed
 TEXT_W_SMOOTH = 0.05

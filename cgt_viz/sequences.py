@@ -115,7 +115,12 @@ def check_baseline(model, baseline: Any, name: str = "baseline") -> None:
 
 # ---------------------------------------------------------------------------------------------- tokens
 def model_task(model: Any):
-    """The task recorded in `model.config.extra["task"]`, rebuilt; None when there is none."""
+    """The task the views read token text from: one attached at run time (`model.task = task`, e.g. a
+    `hf.BBCTokens` whose tokenizer is the LM's), else the one recorded in `model.config.extra["task"]`, rebuilt;
+    None when there is none."""
+    attached = getattr(model, "task", None)
+    if attached is not None and callable(getattr(attached, "decode", None)):
+        return attached
     extra = getattr(getattr(model, "config", None), "extra", None) or {}
     if "task" not in extra:
         return None

@@ -241,3 +241,15 @@ def test_window_losses_controls_use_other_documents(lm):
     assert float(losses["compiled"][0]) == pytest.approx(float(ce), rel=1e-5)
     res = summarize_comparison(losses, docs, n_boot=50)
     assert res["n_documents"] == 4 and res["G"]["ci95"][0] <= res["G"]["ci95"][1]
+
+
+def test_a_test_part_leaves_the_validation_documents_as_they_were():
+    from cgt_viz.hf.data import document_parts
+    from cgt_viz.tasks.text import is_validation_document
+    names = [f"{i:03d}.txt" for i in range(40)]
+    val = is_validation_document("tech", names, 0.2)
+    parts = document_parts("tech", names, 0.2, 0.1)
+    assert [p == "val" for p in parts] == val
+    assert parts.count("test") == 4 and parts.count("train") == 28
+    assert document_parts("tech", names, 0.2, 0.0) == ["val" if v else "train" for v in val]
+    assert document_parts("tech", names[:3], 0.2, 0.5).count("train") >= 1   # at least one stays for training
