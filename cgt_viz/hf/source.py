@@ -11,6 +11,7 @@ written to a temporary folder first and renamed into place, so an interrupted co
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -66,8 +67,46 @@ def _check_dtype(dtype):
     return dtype
 
 
+REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json")   # where transformers finds `auto_map` (code to run)
+
+
+def refuse_remote_code(path: str | os.PathLike) -> None:
+    """ValueError if the folder's config.json or tokenizer_config.json names code of its own (`auto_map`).
+
+    transformers would import that code (the folder's .py files), or ask on stdin whether to; cgt_viz never
+    runs a folder's code, so such a folder is refused before transformers reads it."""
+    path = Path(path)
+    for name in REMOTE_CODE_FILES:
+        file = path / name
+        if not file.is_file():
+            continue
+        try:
+            data = json.loads(file.read_bytes().decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+            raise ValueError(f"{str(file)!r} is not valid UTF-8 JSON (truncated or tampered?): "
+                             f"{type(err).__name__}") from None
+        if isinstance(data, dict) and "auto_map" in data:
+            raise ValueError(f"{str(file)!r} has the key 'auto_map' ({data['auto_map']!r}): the folder asks to run its "
+                             f"own code, which cgt_viz never does (trust_remote_code=False). Use a folder of a "
+                             f"model transformers implements itself (e.g. model_type 'llama'), without 'auto_map'")
+
+
+def strip_remote_code(config: Any) -> Any:
+    """Drop `auto_map` (code to run on load) from a transformers config, in place; returns it. A model compiled
+    from an LM (CGTLM.specialize) gets a config with no auto_map, so its save_pretrained folder runs no code."""
+    if hasattr(config, "auto_map"):
+        try:
+            delattr(config, "auto_map")
+        except AttributeError:
+            config.auto_map = None
+    return config
+
+
 def load_local(path: str | os.PathLike, dtype: Any = None) -> tuple[Any, Any]:
-    """(model, tokenizer) from a local Hugging Face folder; the model frozen in eval mode, float32 by default."""
+    """(model, tokenizer) from a local Hugging Face folder; the model frozen in eval mode, float32 by default.
+
+    A folder whose config.json or tokenizer_config.json has `auto_map` (code of its own) is refused: nothing
+    in the folder is ever run (trust_remote_code=False)."""
     torch = require("torch")
     transformers = require("transformers")
     if not isinstance(path, (str, os.PathLike)):
@@ -77,8 +116,10 @@ def load_local(path: str | os.PathLike, dtype: Any = None) -> tuple[Any, Any]:
         raise FileNotFoundError(f"path must be a local Hugging Face model folder with a config.json, got "
                                 f"{str(path)!r} (nothing is downloaded: pass a folder on this machine)")
     dtype = _check_dtype(torch.float32 if dtype is None else dtype)
-    lm = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
-    tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    refuse_remote_code(path)
+    lm = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True,
+                                                           trust_remote_code=False)
+    tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     return freeze(lm), tok
 
 
@@ -92,7 +133,7 @@ def plain_copy(lm):
     """The same architecture and weights without the GGUF quantisation mark (which blocks save_pretrained)."""
     transformers = require("transformers")
     config = lm.config.__class__.from_dict({k: v for k, v in lm.config.to_dict().items()
-                                            if k != "quantization_config"})
+                                            if k not in ("quantization_config", "auto_map")})
     with transformers.modeling_utils.no_init_weights() if hasattr(transformers.modeling_utils, "no_init_weights") \
             else _null():
         plain = type(lm)(config)
@@ -117,9 +158,11 @@ def convert_gguf(gguf: str | os.PathLike, out: str | os.PathLike) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                         local_files_only=True, trust_remote_code=False)
         lm = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                               dtype=torch.float32)
+                                                               dtype=torch.float32, local_files_only=True,
+                                                               trust_remote_code=False)
         plain_copy(lm).save_pretrained(str(tmp))
         tok.save_pretrained(str(tmp))
         if out.exists():          # another process converted it meanwhile: keep theirs
