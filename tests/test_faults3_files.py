@@ -101,3 +101,78 @@ def test_a_compiled_model_of_an_lm_with_auto_map_saves_no_auto_map(lm, tmp_path)
     spec.save_pretrained(str(tmp_path / "spec"))
     assert "auto_map" not in json.loads((tmp_path / "spec" / "config.json").read_text())
     assert base.config.auto_map                                  # the LM's own config is left alone
+
+
+# ---------------------------------------------------------------------------------------------- 7: one kind a folder
+def _small_cgt():
+    from cgt_viz import CGT, CGTConfig
+    return CGT(CGTConfig(vocab_size=10, block_size=8, n_layer=2, d_x=16, n_head=2, d_y=8, n_head_y=1, y_layer=1,
+                         n_templates=2, mlp_ratio=2))
+
+
+def _cgtlm(lm):
+    from cgt_viz import hf
+    return hf.CGTLM(lm, y_layer=2, d_y=16, n_head_y=2, n_templates=2)
+
+
+WRITERS = {
+    "CGT.save_pretrained": lambda lm, path: _small_cgt().save_pretrained(path),
+    "CGTLM.save_pretrained": lambda lm, path: _cgtlm(lm).save_pretrained(path),
+    "export_peft": lambda lm, path: _cgtlm(lm).export_peft(torch.arange(8), path),
+}
+HOLDS = {   # what the folder holds -> (how it is written, the writer of the same kind, the words naming it)
+    "hf": (lambda lm, path: lm.save_pretrained(str(path)), None, "a Hugging Face model (config.json with model_type 'llama')"),
+    "peft": (WRITERS["export_peft"], "export_peft", "a PEFT adapter (adapter_config.json)"),
+    "CGT": (WRITERS["CGT.save_pretrained"], "CGT.save_pretrained", "a cgt_viz CGT model (config.json with model_class 'CGT')"),
+    "CGTLM": (WRITERS["CGTLM.save_pretrained"], "CGTLM.save_pretrained",
+              "a cgt_viz CGTLM model (config.json with model_class 'CGTLM')"),
+}
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("holds", list(HOLDS))
+@pytest.mark.parametrize("writer", list(WRITERS))
+def test_a_save_refuses_a_folder_holding_another_kind_and_re_saves_its_own(lm, tmp_path, writer, holds):
+    write_first, same_writer, words = HOLDS[holds]
+    folder = tmp_path / "out"
+    write_first(lm, folder)
+    before = _snapshot(folder)
+    if writer == same_writer:
+        WRITERS[writer](lm, folder)                              # the same kind: re-saving is allowed
+        return
+    with pytest.raises(ValueError) as err:
+        WRITERS[writer](lm, folder)
+    msg = str(err.value)
+    assert words in msg and writer in msg and "choose another folder" in msg, msg
+    assert _snapshot(folder) == before                           # nothing written
+
+
+def test_the_readme_hf_block_keeps_all_three_artefacts(lm, tmp_path, monkeypatch):
+    """The README's cgt_viz.hf save lines, as written (three folders): each artefact loads back as itself."""
+    import copy
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from cgt_viz import hf
+    readme = (TESTS.parent / "README.md").read_text()
+    block = readme[readme.index("spec = model.specialize(prompt_ids)"):]
+    block = block[:block.index("```")]
+    model = _cgtlm(lm)
+    with torch.no_grad():
+        for temp in (t for layer in model.templates.values() for t in layer.values()):
+            temp.coeff.bias.normal_(0, 0.5)
+    prompt_ids, idx = torch.arange(8), torch.arange(8, 20)[None]
+    monkeypatch.chdir(tmp_path)
+    exec(block, {"model": model, "prompt_ids": prompt_ids, "lm": lm, "hf": hf})
+    spec = model.specialize(prompt_ids)
+    with torch.no_grad():
+        want = spec(input_ids=idx).logits
+        compiled = AutoModelForCausalLM.from_pretrained("out/compiled")(input_ids=idx).logits
+        adapted = PeftModel.from_pretrained(copy.deepcopy(lm), "out/adapter")(input_ids=idx).logits
+    assert (compiled - want).abs().max() < 1e-5
+    assert (adapted - want).abs().max() < 1e-5
+    assert isinstance(hf.CGTLM.from_pretrained("out/heads", lm), hf.CGTLM)

@@ -576,6 +576,8 @@ class CGTLM(CGT):
         path = Path(path)
         if path.exists() and not path.is_dir():
             raise ValueError(f"path must be a directory (or not exist yet), got the file {str(path)!r}")
+        from ..io import check_artefact_folder   # a folder holding a model is never changed by an adapter
+        check_artefact_folder(path, "peft", "export_peft", "a PEFT adapter")
         ybar = self.prompt_summary(prompt)
         tensors = {}
         for name, (lora_a, lora_b) in self.lora_factors(ybar).items():
@@ -645,7 +647,7 @@ class CGTLM(CGT):
     # ------------------------------------------------------------------ persistence
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """A folder with config.json + model.safetensors holding the y stream and templates only (not the LM)."""
-        path = model_folder(path)
+        path = model_folder(path, "cgt_viz:CGTLM", "CGTLM.save_pretrained", "a cgt_viz CGTLM model (the y heads)")
         save_tensors(path / WEIGHTS_NAME, self.state_dict(), metadata={"model_class": "CGTLM"})
         cfg = self.config
         write_json(path / CONFIG_NAME, {"model_class": "CGTLM", "config": cfg.to_dict(),
