@@ -176,3 +176,43 @@ def test_the_readme_hf_block_keeps_all_three_artefacts(lm, tmp_path, monkeypatch
     assert (compiled - want).abs().max() < 1e-5
     assert (adapted - want).abs().max() < 1e-5
     assert isinstance(hf.CGTLM.from_pretrained("out/heads", lm), hf.CGTLM)
+
+
+# ---------------------------------------------------------------------------------------------- 5: one writer
+def _race_for_the_lock(folder, start, done, results):
+    from cgt_viz.checkpoint import FolderLocked, RunLock
+    lock = RunLock(folder)
+    start.wait()
+    try:
+        lock.acquire()
+        won = True
+    except FolderLocked:
+        won = False
+    results.put((os.getpid(), won))
+    done.wait()                                                  # every racer has tried before the winner lets go
+    if won:
+        lock.release()
+
+
+def test_many_processes_taking_a_stale_lock_at_once_leave_exactly_one_holder(tmp_path):
+    import multiprocessing
+    import socket
+    ctx = multiprocessing.get_context("fork")
+    n, trials = 6, 12
+    for trial in range(trials):
+        folder = tmp_path / f"run{trial}"
+        folder.mkdir()
+        dead = ctx.Process(target=lambda: None)
+        dead.start()
+        dead.join()                                              # a pid that no longer runs: the lock is stale
+        (folder / ".lock").write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(), "time": 0}))
+        start, done, results = ctx.Barrier(n), ctx.Barrier(n), ctx.Queue()
+        procs = [ctx.Process(target=_race_for_the_lock, args=(folder, start, done, results)) for _ in range(n)]
+        for p in procs:
+            p.start()
+        outcome = [results.get(timeout=60) for _ in range(n)]
+        for p in procs:
+            p.join(timeout=60)
+        winners = [pid for pid, won in outcome if won]
+        assert len(winners) == 1, f"trial {trial}: {len(winners)} holders at once"
+        assert not (folder / ".lock").exists()                   # the winner released it
