@@ -290,10 +290,13 @@ def _train_locked(args: argparse.Namespace, out: Path, is_main: bool) -> int:
     # a module:Class task is imported only when typed now (on --resume it must equal the run's: _settings)
     task, model = _build(settings, allow_import=args.task is not None)
     if args.resume and (out / RUN_FILE).is_file():  # the model flags must rebuild the run's model exactly
+        from .config import with_added_fields
         from .io import read_json
         from .train import config_differences
         saved = read_json(out / RUN_FILE)
-        diff = config_differences({"model_class": saved.get("model_class"), **saved.get("config", {})},
+        # a run made before config.ADDED_FIELDS existed: the same migration as from_pretrained
+        diff = config_differences({"model_class": saved.get("model_class"),
+                                   **with_added_fields(saved.get("config", {}))},
                             json.loads(json.dumps({"model_class": type(model).__name__, **model.config.to_dict()})),
                             labels=("the run", "now"))
         if diff:

@@ -20,6 +20,14 @@ TOKEN_SHIFTS = ("none", "previous", "pair")
 # existed: loading fills exactly these (an explicit migration); any other missing field is refused.
 ADDED_FIELDS = {"aux_row_fraction": 1.0, "y_readout": "stream", "token_shift": "none"}
 
+
+def with_added_fields(saved):
+    """A saved config dict with exactly the ADDED_FIELDS it lacks filled in (the migration that loading a model
+    and resuming a run both apply); anything that is not a dict comes back as it is."""
+    if not isinstance(saved, dict):
+        return saved
+    return {**{k: v for k, v in ADDED_FIELDS.items() if k not in saved}, **saved}
+
 # Each field's own contract; `validate` applies these, then the checks that relate fields to each other.
 FIELD_CONSTRAINTS = {
     "block_size": Int(1), "n_layer": Int(2, hint=" (layers 1..y_layer carry y, the rest are modulated)"),

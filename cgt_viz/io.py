@@ -103,12 +103,12 @@ def _checked_config(path: Path, saved: Any):
     """CGTConfig of a model folder; a config.json lacking fields is refused (never silently given defaults)."""
     import dataclasses
 
-    from .config import ADDED_FIELDS, CGTConfig
+    from .config import CGTConfig, with_added_fields
     if not isinstance(saved, dict):
         raise ValueError(f"{str(path / CONFIG_NAME)!r}: 'config' must be a dict of CGTConfig fields, got "
                          f"{describe(saved)}")
     fields = {f.name: f for f in dataclasses.fields(CGTConfig)}
-    saved = {**{k: v for k, v in ADDED_FIELDS.items() if k not in saved}, **saved}   # saved before those existed
+    saved = with_added_fields(saved)   # saved before those fields existed
     missing = [n for n in fields if n not in saved]
     if missing:
         defaults = {n: (fields[n].default if fields[n].default is not dataclasses.MISSING else fields[n].default_factory())

@@ -216,3 +216,38 @@ def test_many_processes_taking_a_stale_lock_at_once_leave_exactly_one_holder(tmp
         winners = [pid for pid, won in outcome if won]
         assert len(winners) == 1, f"trial {trial}: {len(winners)} holders at once"
         assert not (folder / ".lock").exists()                   # the winner released it
+
+
+# ---------------------------------------------------------------------------------------------- 8: old runs resume
+def test_a_run_from_before_the_added_fields_resumes(tmp_path, capsys):
+    """A run written before config.ADDED_FIELDS existed (run.json, every state.json and model/config.json without
+    them) resumes with --resume: the same migration as from_pretrained, no flag needed."""
+    from cgt_viz.__main__ import main
+    from cgt_viz.checkpoint import _state_digest
+    from cgt_viz.config import ADDED_FIELDS
+    from cgt_viz.io import read_json, write_json
+    from test_faults import ICL
+    out = tmp_path / "run"
+    assert main(["train", *ICL, "--out", str(out), "--steps", "2", "--batch-size", "4", "--eval-every", "0",
+                 "--checkpoint-every", "1"]) == 0
+    run = read_json(out / "run.json")
+    assert set(ADDED_FIELDS) <= set(run["config"])
+    for name in ADDED_FIELDS:                                    # what an older version wrote
+        run["config"].pop(name)
+        run["settings"].pop(name, None)
+    write_json(out / "run.json", run)
+    for state_file in (out / "ckpt").glob("step-*/state.json"):
+        state = read_json(state_file)
+        for name in ADDED_FIELDS:
+            state["run"]["config"].pop(name)
+        state.pop("state_sha256")
+        write_json(state_file, {**state, "state_sha256": _state_digest(state)})
+    model_config = read_json(out / "model" / "config.json")
+    for name in ADDED_FIELDS:
+        model_config["config"].pop(name)
+    write_json(out / "model" / "config.json", model_config)
+    capsys.readouterr()
+    code = main(["train", "--out", str(out), "--resume", "--steps", "4", "--no-progress", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert read_json(out / "history.json")["step"] == [1, 2, 3, 4]
