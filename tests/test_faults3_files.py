@@ -251,3 +251,82 @@ def test_a_run_from_before_the_added_fields_resumes(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 0, err
     assert read_json(out / "history.json")["step"] == [1, 2, 3, 4]
+
+
+# ---------------------------------------------------------------------------------------------- 9: CGTLM folders
+@pytest.fixture()
+def heads(lm, tmp_path):
+    """A CGTLM heads folder (all four sites) on the tiny Llama."""
+    from cgt_viz import hf
+    torch.manual_seed(0)
+    model = hf.CGTLM(lm, y_layer=2, d_y=16, n_head_y=2, n_templates=2,
+                     sites=("attn_in", "attn_out", "mlp_in", "mlp_out"))
+    return model.save_pretrained(tmp_path / "heads")
+
+
+def _edit_config(folder: Path, edit) -> None:
+    meta = json.loads((folder / "config.json").read_text())
+    edit(meta)
+    (folder / "config.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("d_y", 100000, "the config builds (300000, 100064)"),
+    ("n_templates", 1000000, "the config builds (1000000, 64, 2)"),
+])
+def test_cgtlm_sizes_are_checked_against_the_file_before_anything_is_built(lm, heads, field, value, words):
+    import time
+
+    from cgt_viz import hf
+    _edit_config(heads, lambda meta: meta["config"].update({field: value}))
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match="do not match its config.json") as err:
+        hf.CGTLM.from_pretrained(heads, lm)
+    assert words in str(err.value) and "model.safetensors" in str(err.value)
+    assert time.perf_counter() - t0 < 10                         # nothing of that size was allocated
+
+
+def test_cgtlm_on_an_lm_with_another_head_dim_or_a_tampered_tensor_is_named(lm, heads, tmp_path):
+    from safetensors.torch import load_file, save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from cgt_viz import hf
+    c = lm.config
+    other = LlamaForCausalLM(LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=
+                                         c.intermediate_size, num_hidden_layers=c.num_hidden_layers,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                         max_position_embeddings=c.max_position_embeddings)).eval()
+    with pytest.raises(ValueError, match=r"attn_out\.U: the file has \(2, 64, 2\), the config builds \(2, 128, 2\)"):
+        hf.CGTLM.from_pretrained(heads, other)
+    state = load_file(str(heads / "model.safetensors"))
+    state["pool.weight"] = state["pool.weight"][:, :32].contiguous()
+    save_file(state, str(heads / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"pool\.weight: the file has \(16, 32\), the config builds \(16, 64\)"):
+        hf.CGTLM.from_pretrained(heads, lm)
+
+
+def test_cgtlm_nan_weights_load_with_a_warning_naming_them(lm, heads):
+    from safetensors.torch import load_file, save_file
+
+    from cgt_viz import hf
+    state = load_file(str(heads / "model.safetensors"))
+    state["pool.weight"][0, 0] = float("nan")
+    save_file(state, str(heads / "model.safetensors"))
+    with pytest.warns(RuntimeWarning, match=r"NaN/inf in 1 tensors \(pool\.weight\)"):
+        hf.CGTLM.from_pretrained(heads, lm)
+
+
+@pytest.mark.parametrize("edit,words", [
+    (lambda meta: meta.pop("config"), "lacks the field 'config'"),
+    (lambda meta: meta["config"]["extra"].pop("hf"), "config.extra.hf must be a dict"),
+    (lambda meta: meta["config"]["extra"]["hf"].pop("hidden_size"), r"config.extra.hf lacks \['hidden_size'\]"),
+    (lambda meta: meta["config"].pop("y_layer"), r"lacks the config fields \['y_layer'\]"),
+    (lambda meta: meta.update(config="a string"), "'config' must be a dict"),
+    (lambda meta: meta["config"].update(d_y="wide"), "d_y must be an int"),
+], ids=["no config", "no hf", "hf without hidden_size", "no y_layer", "config a string", "d_y a string"])
+def test_a_damaged_cgtlm_config_is_named_not_a_key_error(lm, heads, edit, words):
+    from cgt_viz import hf
+    _edit_config(heads, edit)
+    with pytest.raises(ValueError, match=words) as err:
+        hf.CGTLM.from_pretrained(heads, lm)
+    assert "config.json" in str(err.value)
