@@ -330,3 +330,126 @@ def test_a_damaged_cgtlm_config_is_named_not_a_key_error(lm, heads, edit, words)
     with pytest.raises(ValueError, match=words) as err:
         hf.CGTLM.from_pretrained(heads, lm)
     assert "config.json" in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------- 10: conversion cache
+def _fake_conversion(lm):
+    """A stand-in for the GGUF dequantisation (source._write_converted): the tiny Llama and a word-level
+    tokenizer, saved as a conversion saves them. Counts its calls."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    def write(gguf, folder):
+        write.calls += 1
+        lm.save_pretrained(str(folder))
+        tok = Tokenizer(WordLevel({"<unk>": 0, **{f"w{i}": i for i in range(1, 96)}}, unk_token="<unk>"))
+        tok.pre_tokenizer = Whitespace()
+        PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(str(folder))
+    write.calls = 0
+    return write
+
+
+@pytest.fixture()
+def fake_smollm2(lm, tmp_path, monkeypatch):
+    """smollm2() with the conversion replaced by _fake_conversion (no 100 MB GGUF is read)."""
+    from cgt_viz.hf import source
+    gguf = tmp_path / "fake.gguf"
+    gguf.write_bytes(b"GGUF")
+    write = _fake_conversion(lm)
+    monkeypatch.setattr(source, "_write_converted", write)
+    monkeypatch.setattr(source, "smollm2_gguf", lambda: gguf)
+    return write
+
+
+def test_the_cache_follows_the_umask_and_carries_a_manifest(fake_smollm2, tmp_path):
+    from cgt_viz.hf import source
+    old = os.umask(0o022)
+    try:
+        source.smollm2(cache_dir=tmp_path / "cache")
+    finally:
+        os.umask(old)
+    folder = tmp_path / "cache" / source.SMOLLM2_FOLDER
+    assert oct(folder.stat().st_mode & 0o777) == oct(0o755)
+    modes = {f.name: oct(f.stat().st_mode & 0o777) for f in folder.iterdir()}
+    assert set(modes.values()) == {oct(0o644)}, modes
+    assert source.MANIFEST_NAME in modes and source.verify_cache(folder) is None
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [source.SMOLLM2_FOLDER]   # no temp folder left
+
+
+@pytest.mark.parametrize("damage,words", [
+    (lambda f: (f / "model.safetensors").unlink(), "model.safetensors is missing"),
+    (lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:1000]),
+     "model.safetensors has 1000 bytes"),
+    (lambda f: (f / "tokenizer.json").write_text("{" + " " * ((f / "tokenizer.json").stat().st_size - 1)),
+     "tokenizer.json does not match its sha256"),
+    (lambda f: (f / source_manifest()).unlink(), "it has no cgt_viz_manifest.json"),
+], ids=["config without weights", "truncated weights", "bad tokenizer.json", "no manifest"])
+def test_a_damaged_cache_is_detected_and_rebuilt(fake_smollm2, tmp_path, damage, words):
+    from cgt_viz.hf import source
+    source.smollm2(cache_dir=tmp_path)
+    folder = tmp_path / source.SMOLLM2_FOLDER
+    damage(folder)
+    assert words in source.verify_cache(folder)
+    with pytest.warns(RuntimeWarning, match=f"is damaged \\({words}"):
+        lm, tok = source.smollm2(cache_dir=tmp_path)
+    assert fake_smollm2.calls == 2 and source.verify_cache(folder) is None
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "fake.gguf") == [source.SMOLLM2_FOLDER]
+    source.smollm2(cache_dir=tmp_path)                           # sound now: loaded, not converted again
+    assert fake_smollm2.calls == 2
+
+
+def source_manifest():
+    from cgt_viz.hf import source
+    return source.MANIFEST_NAME
+
+
+def test_a_cache_root_that_is_a_file_or_a_dangling_link_is_named(fake_smollm2, tmp_path):
+    from cgt_viz.hf import source
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(NotADirectoryError, match=r"the cache folder '.*afile' is a file, not a folder"):
+        source.smollm2(cache_dir=tmp_path / "afile")
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    with pytest.raises(FileNotFoundError, match=r"'.*link' is a dangling symbolic link to '.*gone'"):
+        source.smollm2(cache_dir=tmp_path / "link")
+
+
+def test_a_missing_local_gguf_is_named_not_a_hub_url(tmp_path):
+    from cgt_viz.hf import source
+    with pytest.raises(FileNotFoundError) as err:
+        source.convert_gguf(tmp_path / "none.gguf", tmp_path / "out")
+    assert "none.gguf" in str(err.value) and "no file is there" in str(err.value)
+    assert "hf.co" not in str(err.value) and "huggingface" not in str(err.value)
+
+
+SIGTERM_CHILD = """
+import sys, time
+from pathlib import Path
+from cgt_viz.hf import source
+def slow(gguf, folder):
+    (folder / "config.json").write_text("{}")
+    Path(sys.argv[2]).write_text("started")
+    time.sleep(60)
+source._write_converted = slow
+gguf = Path(sys.argv[1]) / "fake.gguf"
+gguf.write_bytes(b"GGUF")
+source.convert_gguf(gguf, Path(sys.argv[1]) / "cache" / "model")
+"""
+
+
+def test_sigterm_during_a_conversion_leaves_no_temp_folder(tmp_path):
+    import signal
+    import time
+    started = tmp_path / "started"
+    proc = subprocess.Popen([sys.executable, "-c", SIGTERM_CHILD, str(tmp_path), str(started)], env=_env())
+    try:
+        deadline = time.time() + 120
+        while not started.exists() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert started.exists(), "the conversion did not start"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == -signal.SIGTERM           # it still ends as SIGTERM ends it
+    finally:
+        proc.kill()
+    assert list((tmp_path / "cache").iterdir()) == []
