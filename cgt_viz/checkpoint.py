@@ -252,13 +252,30 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """Read and verify a step folder, or the latest checkpoint of a checkpoint_dir.
 
     Raises FileNotFoundError when there is none, ValueError when a file is truncated, tampered or not ours.
+    Reading the latest checkpoint of a run that is still training is safe: when the folder it resolved to is
+    rotated away while it is read (a newer one became `latest`), it reads the new `latest` instead.
     """
     path = Path(path)
-    if not (path / "state.json").is_file():
+    if (path / "state.json").is_file():
+        return _load_step(path)
+    attempts = 50
+    for attempt in range(attempts):
         found = latest_checkpoint(path)
         if found is None:
             raise FileNotFoundError(f"no checkpoint in {str(path)!r} (expected a 'latest' file or step-* folders)")
-        path = found
+        try:
+            return _load_step(found)
+        except (FileNotFoundError, ValueError):
+            # rotated away while read: `latest` names another folder now (save_checkpoint points it at the new
+            # folder before it deletes old ones). A damaged checkpoint that is still the latest is an error
+            if attempt + 1 < attempts and latest_checkpoint(path) != found:
+                continue
+            raise
+    raise AssertionError("unreachable")
+
+
+def _load_step(path: Path) -> Checkpoint:
+    """Read and verify one step folder."""
     state_file = path / "state.json"
     state = read_json(state_file)
     if not isinstance(state, dict) or state.get("format") not in FORMATS:

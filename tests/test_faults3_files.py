@@ -453,3 +453,41 @@ def test_sigterm_during_a_conversion_leaves_no_temp_folder(tmp_path):
     finally:
         proc.kill()
     assert list((tmp_path / "cache").iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------- 13: a run in training
+def test_reading_the_latest_checkpoint_while_it_rotates_gets_a_complete_one(tmp_path):
+    """A writer saves a checkpoint every step keeping 1 (each save deletes the previous folder) while a reader
+    loads the latest again and again: every read returns a complete, verified checkpoint."""
+    import threading
+
+    from cgt_viz.checkpoint import capture_rng, load_checkpoint, save_checkpoint
+    root = tmp_path / "ckpt"
+    weights, rng = {"w": torch.randn(256, 256)}, capture_rng({})
+    save_checkpoint(root, 1, {"run": 1}, weights, {"state": {}, "param_groups": []}, rng, {"step": [1]}, keep=1)
+    stop, errors = threading.Event(), []
+
+    def write():
+        step = 2
+        while not stop.is_set():
+            save_checkpoint(root, step, {"run": 1}, weights, {"state": {}, "param_groups": []}, rng, {"step": [step]},
+                            keep=1)
+            step += 1
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    steps = []
+    try:
+        for _ in range(150):
+            try:
+                ckpt = load_checkpoint(root)
+            except (FileNotFoundError, ValueError) as err:
+                errors.append(str(err))
+                continue
+            assert torch.equal(ckpt.model_state["w"], weights["w"]) and ckpt.history == {"step": [ckpt.step]}
+            steps.append(ckpt.step)
+    finally:
+        stop.set()
+        writer.join()
+    assert not errors, f"{len(errors)} of 150 reads failed, e.g. {errors[0]}"
+    assert len(set(steps)) > 1                                   # the checkpoints did rotate under the reader
