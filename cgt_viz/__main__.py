@@ -272,6 +272,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .checkpoint import RunLock
 
     out = Path(args.out)
+    if out.is_symlink() and not out.exists():
+        raise CLIError(f"--out {str(out)!r} is a dangling symbolic link to {os.readlink(out)!r} (nothing is there); "
+                       f"create that folder, remove the link, or choose another --out")
     _settings(args, out)            # a bad flag is refused before anything is created or written
     if out.exists() and not out.is_dir():
         raise CLIError(f"--out must be a run folder (or not exist yet), got the file {str(out)!r}")
@@ -484,6 +487,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report_error(err, str(err), 2)
     except OSError as err:   # disk full, permissions, a path of the wrong kind: what and where, no traceback
         return _report_error(err, _os_error(err), 3)
+    except KeyboardInterrupt as err:   # Ctrl-C outside training (which stops cleanly by itself): one line, 130
+        return _report_error(err, f"interrupted (Ctrl-C) during {args.command}", 130)
 
 
 def _report_error(err: BaseException, message: str, code: int) -> int:

@@ -150,12 +150,16 @@ class CGTConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "CGTConfig":
-        check_dict("d", d, "a dict of CGTConfig fields (as written by to_dict)")
+    def from_dict(cls, d: dict, source: str | None = None) -> "CGTConfig":
+        """The config a to_dict() dict describes. `source` names where the dict came from in messages
+        (e.g. "'run/model/config.json': config"); by default "CGTConfig.from_dict's d"."""
+        where = source or "CGTConfig.from_dict's d"
+        check_dict(where, d, "a dict of CGTConfig fields (as written by to_dict)")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ValueError(f"d holds unknown config keys {unknown}; allowed: {sorted(known)}")
+            raise ValueError(f"{where} holds unknown config keys {unknown} (written by a newer cgt_viz, or edited); "
+                             f"allowed: {sorted(known)}")
         return cls(**d)
 
     def to_json(self) -> str:

@@ -116,7 +116,7 @@ def _checked_config(path: Path, saved: Any):
         raise ValueError(f"{str(path / CONFIG_NAME)!r} lacks the config fields {missing}; they are not filled in "
                          f"silently (they may change the model). If the model was saved before they existed, add "
                          f"them with the values it was trained with; this version's defaults are {defaults}")
-    return CGTConfig.from_dict(saved)
+    return CGTConfig.from_dict(saved, source=f"{str(path / CONFIG_NAME)!r}: config")
 
 
 def _safetensors_header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -530,3 +530,66 @@ def test_a_config_whose_tokenizer_was_swapped_is_a_tokenizer_mismatch(tmp_path):
         with pytest.raises(ValueError, match=f"tokenizer mismatch: the config was trained with tokenizer "
                                              f"'{task.tokenizer.name}' and vocab_size 300.*builds '{swapped}'"):
             task_from_config(bad)
+
+
+# ---------------------------------------------------------------------------------------------- 15: messages
+def test_unknown_config_keys_name_the_file_not_an_internal_variable(tmp_path):
+    from cgt_viz import CGT
+    model = _small_cgt()
+    model.save_pretrained(tmp_path / "m")
+    meta = json.loads((tmp_path / "m" / "config.json").read_text())
+    meta["config"]["wings"] = 2
+    (tmp_path / "m" / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError) as err:
+        CGT.from_pretrained(tmp_path / "m")
+    msg = str(err.value)
+    assert "config.json': config holds unknown config keys ['wings']" in msg and not msg.startswith("d "), msg
+
+
+def test_a_dangling_out_link_is_named_with_its_target(tmp_path, capsys):
+    from cgt_viz.__main__ import main
+    from test_faults import ICL
+    (tmp_path / "out").symlink_to(tmp_path / "nowhere")
+    capsys.readouterr()
+    code = main(["train", *ICL, "--out", str(tmp_path / "out"), "--steps", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "is a dangling symbolic link to" in err and "nowhere" in err, err
+    assert "File exists" not in err
+
+
+def test_ctrl_c_during_evaluate_is_one_line_and_exit_code_130(tmp_path, capsys, monkeypatch):
+    from cgt_viz import __main__ as cli
+    from test_faults import ICL
+    run = tmp_path / "run"
+    assert cli.main(["train", *ICL, "--out", str(run), "--steps", "1", "--batch-size", "4", "--eval-every", "0"]) == 0
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    import cgt_viz.evaluate
+    monkeypatch.setattr(cgt_viz.evaluate, "evaluate_specialization", interrupted)
+    capsys.readouterr()
+    try:
+        code = cli.main(["evaluate", str(run), "--device", "cpu"])
+    except KeyboardInterrupt:
+        pytest.fail("KeyboardInterrupt escaped main(): the user sees a traceback")
+    err = capsys.readouterr().err
+    assert code == 130 and err.strip() == "error: interrupted (Ctrl-C) during evaluate", err
+
+
+def test_loss_on_a_one_token_sequence_names_idx():
+    model = _small_cgt()
+    idx = torch.zeros(2, 1, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"idx must have at least aux_min_prefix \+ aux_min_suffix = 2 tokens per row"
+                                         r".*got shape \(2, 1\)"):
+        model.loss(idx, idx)
+    model.config.w_aux = 0.0
+    assert torch.isfinite(model.loss(idx, idx)["total"])        # no auxiliary loss: one token is fine
+
+
+@pytest.mark.xfail(reason="needs `if split is None: check_aux_length(cfg, idx)` in CGTLM.loss (cgt_viz/hf/model.py, "
+                          "owned by the lead)", strict=False)
+def test_cgtlm_loss_on_a_one_token_sequence_names_idx(lm):
+    idx = torch.zeros(2, 1, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"idx must have at least"):
+        _cgtlm(lm).loss(idx, idx)
