@@ -272,6 +272,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .checkpoint import RunLock
 
     out = Path(args.out)
+    if out.is_symlink() and not out.exists():
+        raise CLIError(f"--out {str(out)!r} is a dangling symbolic link to {os.readlink(out)!r} (nothing is there); "
+                       f"create that folder, remove the link, or choose another --out")
     _settings(args, out)            # a bad flag is refused before anything is created or written
     if out.exists() and not out.is_dir():
         raise CLIError(f"--out must be a run folder (or not exist yet), got the file {str(out)!r}")
@@ -290,10 +293,13 @@ def _train_locked(args: argparse.Namespace, out: Path, is_main: bool) -> int:
     # a module:Class task is imported only when typed now (on --resume it must equal the run's: _settings)
     task, model = _build(settings, allow_import=args.task is not None)
     if args.resume and (out / RUN_FILE).is_file():  # the model flags must rebuild the run's model exactly
+        from .config import with_added_fields
         from .io import read_json
         from .train import config_differences
         saved = read_json(out / RUN_FILE)
-        diff = config_differences({"model_class": saved.get("model_class"), **saved.get("config", {})},
+        # a run made before config.ADDED_FIELDS existed: the same migration as from_pretrained
+        diff = config_differences({"model_class": saved.get("model_class"),
+                                   **with_added_fields(saved.get("config", {}))},
                             json.loads(json.dumps({"model_class": type(model).__name__, **model.config.to_dict()})),
                             labels=("the run", "now"))
         if diff:
@@ -481,6 +487,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _report_error(err, str(err), 2)
     except OSError as err:   # disk full, permissions, a path of the wrong kind: what and where, no traceback
         return _report_error(err, _os_error(err), 3)
+    except KeyboardInterrupt as err:   # Ctrl-C outside training (which stops cleanly by itself): one line, 130
+        return _report_error(err, f"interrupted (Ctrl-C) during {args.command}", 130)
 
 
 def _report_error(err: BaseException, message: str, code: int) -> int:

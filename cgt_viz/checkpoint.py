@@ -18,6 +18,7 @@ unpickles: tensors come from safetensors, the rest from JSON.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -35,6 +36,11 @@ import numpy as np
 import torch
 
 from .io import load_tensors, read_json, save_tensors, write_json
+
+try:
+    import fcntl
+except ImportError:   # Windows: no flock; the lock is then check-then-write
+    fcntl = None
 
 FORMAT = "cgt_viz.checkpoint/2"        # /2: state.json carries its own checksum ("state_sha256")
 FORMATS = ("cgt_viz.checkpoint/1", FORMAT)   # /1 (no state checksum) still loads
@@ -246,13 +252,30 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     """Read and verify a step folder, or the latest checkpoint of a checkpoint_dir.
 
     Raises FileNotFoundError when there is none, ValueError when a file is truncated, tampered or not ours.
+    Reading the latest checkpoint of a run that is still training is safe: when the folder it resolved to is
+    rotated away while it is read (a newer one became `latest`), it reads the new `latest` instead.
     """
     path = Path(path)
-    if not (path / "state.json").is_file():
+    if (path / "state.json").is_file():
+        return _load_step(path)
+    attempts = 50
+    for attempt in range(attempts):
         found = latest_checkpoint(path)
         if found is None:
             raise FileNotFoundError(f"no checkpoint in {str(path)!r} (expected a 'latest' file or step-* folders)")
-        path = found
+        try:
+            return _load_step(found)
+        except (FileNotFoundError, ValueError):
+            # rotated away while read: `latest` names another folder now (save_checkpoint points it at the new
+            # folder before it deletes old ones). A damaged checkpoint that is still the latest is an error
+            if attempt + 1 < attempts and latest_checkpoint(path) != found:
+                continue
+            raise
+    raise AssertionError("unreachable")
+
+
+def _load_step(path: Path) -> Checkpoint:
+    """Read and verify one step folder."""
     state_file = path / "state.json"
     state = read_json(state_file)
     if not isinstance(state, dict) or state.get("format") not in FORMATS:
@@ -305,8 +328,10 @@ def _pid_alive(pid: int) -> bool:
 class RunLock:
     """One writer per folder: `with RunLock(folder): ...` holds `folder/.lock` (JSON: pid, host, time).
 
-    A second writer is refused with FolderLocked naming the holder. A lock left by a process that no longer
-    runs on this host (kill -9, a crashed kernel) is stale and taken over; one from another host is never
+    The holder keeps the lock file open with an exclusive `fcntl.flock` for as long as it holds the lock, so
+    taking it is one atomic kernel operation: of many processes racing for a free or stale lock exactly one
+    wins. A second writer is refused with FolderLocked naming the holder. A lock file left by a process that no
+    longer runs on this host (kill -9, a crashed kernel) is stale and taken over; one from another host is never
     guessed at: the message says which file to remove once that run is known to be gone.
     """
 
@@ -314,18 +339,36 @@ class RunLock:
         self.folder, self.what = Path(folder), what
         self.path = self.folder / LOCK_NAME
         self._held = False
+        self._fd: int | None = None
 
-    def _create(self) -> bool:
+    def _open(self) -> int:
         try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
+            return os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
         except OSError as err:
             raise OSError(err.errno, f"{self.what} {str(self.folder)!r} is not writable ({err.strerror}); "
                                      f"nothing was written") from None
-        with os.fdopen(fd, "w") as f:
-            json.dump({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}, f)
-        return True
+
+    def _holder(self, fd: int | None = None) -> tuple[dict | None, int | None, str | None]:
+        """(the lock file's JSON, pid, host); Nones when it is empty or unreadable."""
+        try:
+            if fd is not None:
+                os.lseek(fd, 0, os.SEEK_SET)
+                raw = b""
+                while chunk := os.read(fd, 65536):
+                    raw += chunk
+            else:
+                raw = self.path.read_bytes()
+            holder = json.loads(raw.decode("utf-8"))
+            return holder, int(holder["pid"]), str(holder["host"])
+        except (ValueError, KeyError, TypeError, OSError):
+            return None, None, None
+
+    def _in_use(self, pid: int | None) -> FolderLocked:
+        mine = " (this process)" if pid == os.getpid() else ""
+        who = f"pid {pid}{mine}" if pid is not None else "another process"
+        return FolderLocked(f"{self.what} {str(self.folder)!r} is in use by {who} on this host (lock file "
+                            f"{str(self.path)!r}); one writer per folder: wait for it to finish, stop it, or choose "
+                            f"another folder")
 
     def acquire(self) -> "RunLock":
         try:
@@ -333,45 +376,61 @@ class RunLock:
         except OSError as err:
             raise OSError(err.errno, f"{self.what} {str(self.folder)!r} cannot be created, so it is not writable "
                                      f"({err.strerror}); nothing was written") from None
-        for _ in range(3):
-            if self._create():
-                self._held = True
-                return self
+        for _ in range(20):
+            fd = self._open()
             try:
-                holder = json.loads(self.path.read_text())
-                pid, host = int(holder["pid"]), str(holder["host"])
-            except FileNotFoundError:
-                continue                                   # released in between: try again
-            except (ValueError, KeyError, TypeError, OSError):
-                holder, pid, host = None, None, None       # unreadable: a writer killed while creating it
-            if holder is not None and host != socket.gethostname():
-                raise FolderLocked(f"{self.what} {str(self.folder)!r} is in use by pid {pid} on host {host!r} "
-                                   f"(lock file {str(self.path)!r}); one writer per folder. If that run is gone, "
-                                   f"remove the lock file")
-            if pid is not None and _pid_alive(pid):
-                mine = " (this process)" if pid == os.getpid() else ""
-                raise FolderLocked(f"{self.what} {str(self.folder)!r} is in use by pid {pid}{mine} on this host "
-                                   f"(lock file {str(self.path)!r}); one writer per folder: wait for it to finish, "
-                                   f"stop it, or choose another folder")
-            # stale: its process is gone. Move it aside atomically, so two takers cannot both win
-            aside = self.folder / f"{LOCK_NAME}.stale-{uuid.uuid4().hex[:8]}"
-            try:
-                os.replace(self.path, aside)
-                aside.unlink(missing_ok=True)
-            except FileNotFoundError:
-                pass
+                if fcntl is not None:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        raise self._in_use(self._holder()[1]) from None
+                    try:   # a holder releasing unlinks the file: make sure we locked the file that is at the path
+                        if os.fstat(fd).st_ino != os.stat(self.path).st_ino:
+                            os.close(fd)
+                            continue
+                    except FileNotFoundError:
+                        os.close(fd)
+                        continue
+                holder, pid, host = self._holder(fd)
+                if holder is not None and host != socket.gethostname():
+                    raise FolderLocked(f"{self.what} {str(self.folder)!r} is in use by pid {pid} on host {host!r} "
+                                       f"(lock file {str(self.path)!r}); one writer per folder. If that run is "
+                                       f"gone, remove the lock file")
+                if pid is not None and _pid_alive(pid) and pid != os.getpid():
+                    raise self._in_use(pid)   # a holder that keeps no flock (an older cgt_viz): its pid runs
+                if pid == os.getpid() and fcntl is None:
+                    raise self._in_use(pid)
+                # free, or stale (its process is gone): ours now. We hold the flock, so nobody else writes here
+                os.ftruncate(fd, 0)
+                os.lseek(fd, 0, os.SEEK_SET)
+                os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                         "time": time.time()}).encode())
+                os.fsync(fd)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                raise
+            self._fd, self._held = fd, True
+            return self
         raise FolderLocked(f"{self.what} {str(self.folder)!r}: could not take the lock {str(self.path)!r}; another "
-                           f"process keeps taking it")
+                           f"process keeps taking and releasing it")
 
     def release(self) -> None:
         if self._held:
             self._held = False
+            fd, self._fd = self._fd, None
             try:
-                holder = json.loads(self.path.read_text())
-                if int(holder.get("pid", -1)) == os.getpid():
+                # unlink while still holding the flock, then close (which drops it): a process that opened the
+                # old file meanwhile sees it is no longer at the path and opens the new one
+                holder = self._holder(fd)[1]
+                if holder == os.getpid():
                     self.path.unlink(missing_ok=True)
-            except (OSError, ValueError, TypeError):
+            except OSError:
                 pass
+            finally:
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
 
     def __enter__(self) -> "RunLock":
         return self.acquire()

@@ -21,6 +21,14 @@ TOKEN_SHIFTS = ("none", "previous", "pair")
 ADDED_FIELDS = {"aux_row_fraction": 1.0, "y_readout": "stream", "token_shift": "none",
                 "aux_ce": 1.0, "aux_kl": 0.0, "aux_kl_top_k": None}
 
+
+def with_added_fields(saved):
+    """A saved config dict with exactly the ADDED_FIELDS it lacks filled in (the migration that loading a model
+    and resuming a run both apply); anything that is not a dict comes back as it is."""
+    if not isinstance(saved, dict):
+        return saved
+    return {**{k: v for k, v in ADDED_FIELDS.items() if k not in saved}, **saved}
+
 # Each field's own contract; `validate` applies these, then the checks that relate fields to each other.
 FIELD_CONSTRAINTS = {
     "block_size": Int(1), "n_layer": Int(2, hint=" (layers 1..y_layer carry y, the rest are modulated)"),
@@ -152,12 +160,16 @@ class CGTConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "CGTConfig":
-        check_dict("d", d, "a dict of CGTConfig fields (as written by to_dict)")
+    def from_dict(cls, d: dict, source: str | None = None) -> "CGTConfig":
+        """The config a to_dict() dict describes. `source` names where the dict came from in messages
+        (e.g. "'run/model/config.json': config"); by default "CGTConfig.from_dict's d"."""
+        where = source or "CGTConfig.from_dict's d"
+        check_dict(where, d, "a dict of CGTConfig fields (as written by to_dict)")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ValueError(f"d holds unknown config keys {unknown}; allowed: {sorted(known)}")
+            raise ValueError(f"{where} holds unknown config keys {unknown} (written by a newer cgt_viz, or edited); "
+                             f"allowed: {sorted(known)}")
         return cls(**d)
 
     def to_json(self) -> str:

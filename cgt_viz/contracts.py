@@ -134,6 +134,15 @@ def check_ybar_array(cfg, ybar: Any, name: str = "ybar", ndim: Sequence[int] | i
     return arr.astype(np.float32)
 
 
+def check_aux_length(cfg, inp: torch.Tensor, inputs_name: str = "idx") -> None:
+    """The loss samples an auxiliary split per row: `inp` (b, t, ...) needs t ≥ aux_min_prefix + aux_min_suffix."""
+    need = cfg.aux_min_prefix + cfg.aux_min_suffix
+    if inp.shape[1] < need:
+        raise ValueError(f"{inputs_name} must have at least aux_min_prefix + aux_min_suffix = {need} tokens per row "
+                         f"for the auxiliary loss (w_aux {cfg.w_aux} > 0 splits each row into a prefix and a suffix), "
+                         f"got shape {tuple(inp.shape)}; use longer sequences, or w_aux=0")
+
+
 def check_split(split: Any, batch: int, length: int) -> torch.Tensor:
     """The auxiliary split as a CPU LongTensor (batch,) in 1..length−1. Its values decide shapes, so they live on
     the host (no device sync per use on a GPU, and a model on the meta device still runs)."""

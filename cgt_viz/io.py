@@ -103,12 +103,12 @@ def _checked_config(path: Path, saved: Any):
     """CGTConfig of a model folder; a config.json lacking fields is refused (never silently given defaults)."""
     import dataclasses
 
-    from .config import ADDED_FIELDS, CGTConfig
+    from .config import CGTConfig, with_added_fields
     if not isinstance(saved, dict):
         raise ValueError(f"{str(path / CONFIG_NAME)!r}: 'config' must be a dict of CGTConfig fields, got "
                          f"{describe(saved)}")
     fields = {f.name: f for f in dataclasses.fields(CGTConfig)}
-    saved = {**{k: v for k, v in ADDED_FIELDS.items() if k not in saved}, **saved}   # saved before those existed
+    saved = with_added_fields(saved)   # saved before those fields existed
     missing = [n for n in fields if n not in saved]
     if missing:
         defaults = {n: (fields[n].default if fields[n].default is not dataclasses.MISSING else fields[n].default_factory())
@@ -116,7 +116,7 @@ def _checked_config(path: Path, saved: Any):
         raise ValueError(f"{str(path / CONFIG_NAME)!r} lacks the config fields {missing}; they are not filled in "
                          f"silently (they may change the model). If the model was saved before they existed, add "
                          f"them with the values it was trained with; this version's defaults are {defaults}")
-    return CGTConfig.from_dict(saved)
+    return CGTConfig.from_dict(saved, source=f"{str(path / CONFIG_NAME)!r}: config")
 
 
 def _safetensors_header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -173,13 +173,52 @@ def _check_memory(path: Path, header: dict) -> None:
                          f"{free / 2**30:.2f} GiB of memory is free; load it on a machine with more memory")
 
 
-def model_folder(path: Any) -> Path:
-    """The folder `save_pretrained` writes into: a str or PathLike that is a directory or does not exist yet."""
+ADAPTER_CONFIG_NAME = "adapter_config.json"
+
+
+def folder_artefacts(path: str | os.PathLike) -> dict[str, str]:
+    """{kind: description} of what a folder already holds: a cgt_viz model ("cgt_viz:<model_class>"), a
+    Hugging Face model ("hf"), a PEFT adapter ("peft"), or a config.json of neither ("unknown"). Empty when the
+    folder holds none of them (or does not exist)."""
+    path = Path(path)
+    found: dict[str, str] = {}
+    if (path / ADAPTER_CONFIG_NAME).exists():
+        found["peft"] = f"a PEFT adapter ({ADAPTER_CONFIG_NAME})"
+    config = path / CONFIG_NAME
+    if config.exists():
+        try:
+            meta = json.loads(config.read_bytes().decode("utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            meta = None
+        if isinstance(meta, dict) and isinstance(meta.get("model_class"), str) and "config" in meta:
+            found[f"cgt_viz:{meta['model_class']}"] = (f"a cgt_viz {meta['model_class']} model ({CONFIG_NAME} with "
+                                                       f"model_class {meta['model_class']!r})")
+        elif isinstance(meta, dict) and "model_type" in meta:
+            found["hf"] = f"a Hugging Face model ({CONFIG_NAME} with model_type {meta['model_type']!r})"
+        else:
+            found["unknown"] = f"a {CONFIG_NAME} of no kind cgt_viz knows (not a cgt_viz or Hugging Face model)"
+    return found
+
+
+def check_artefact_folder(path: Path, kind: str, writer: str, writes: str) -> None:
+    """ValueError if `path` holds an artefact of another kind than `kind` (see folder_artefacts): one folder holds
+    one kind, so a save never overwrites, or attaches itself to, another kind's files. The same kind may be re-saved."""
+    other = [desc for k, desc in folder_artefacts(path).items() if k != kind]
+    if other:
+        raise ValueError(f"path {str(path)!r} holds {' and '.join(other)}; {writer} writes {writes}: choose another "
+                         f"folder (or remove those files first). One folder holds one kind of artefact")
+
+
+def model_folder(path: Any, kind: str | None = None, writer: str = "save_pretrained", writes: str = "a model") -> Path:
+    """The folder `save_pretrained` writes into: a str or PathLike that is a directory or does not exist yet,
+    holding no artefact of another kind than `kind` (see check_artefact_folder)."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike folder, got {describe(path)}")
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise ValueError(f"path must be a directory (or not exist yet), got the file {str(path)!r}")
+    if kind is not None:
+        check_artefact_folder(path, kind, writer, writes)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -190,7 +229,8 @@ class PretrainedMixin:
     config: Any
 
     def save_pretrained(self, path: str | os.PathLike) -> Path:
-        path = model_folder(path)
+        name = type(self).__name__
+        path = model_folder(path, f"cgt_viz:{name}", f"{name}.save_pretrained", f"a cgt_viz {name} model")
         # weights first, config last: a folder with a config always has matching weights
         save_tensors(path / WEIGHTS_NAME, self.state_dict(), metadata={"model_class": type(self).__name__})
         write_json(path / CONFIG_NAME, {"model_class": type(self).__name__, "config": self.config.to_dict()})

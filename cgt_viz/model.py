@@ -28,7 +28,7 @@ import torch.nn as nn
 from ._checks import Bool, Int, check_int, checked, describe
 from .config import CGTConfig
 from .contracts import (IGNORE_INDEX, cache_name_filter, check_ablate, check_inputs, check_prompts, check_split,
-                        check_summaries, check_summary, check_targets)
+                        check_summaries, check_summary, check_targets, check_aux_length)
 from .generation import Generation
 from .io import PretrainedMixin, fold_affine_ln_y
 from .layers import SITE_WEIGHTS, Block, EMAReadout, SiteTemplates, TokenShift, YBlock, init_weights
@@ -323,6 +323,8 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         main = masked_loss(cfg, logits, targets, loss_mask)
 
         if cfg.w_aux > 0 or split is not None:
+            if split is None:
+                check_aux_length(cfg, idx)
             s = self.sample_split(b, t, generator) if split is None else check_split(split, b, t)
             n_aux = max(1, math.ceil(cfg.aux_row_fraction * b)) if self.training else b
             keep = torch.randperm(b, generator=generator)[:n_aux] if n_aux < b else None   # a cheaper step

@@ -50,6 +50,7 @@ import torch.nn as nn
 
 from ._checks import check_callable, check_device, check_dict, describe
 from .checkpoint import RunLock, capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
+from .config import with_added_fields
 from .losses import LOSS_TERMS
 from .plateau import PlateauDetector, PlateauWarning
 from .tasks.base import Batch, Task, check_task_fits
@@ -415,7 +416,10 @@ def _run(*, model, task, cfg, steps, batch_size, lr, warmup, min_lr_ratio, weigh
                          "task": _task_identity(task), **cfg.identity(warmup)})
     history, start = TrainHistory(), 0
     if ckpt is not None:
-        diff = config_differences({k: v for k, v in ckpt.run.items() if k != "steps"}, run_id)
+        saved_run = {k: v for k, v in ckpt.run.items() if k != "steps"}
+        if "config" in saved_run:   # a run saved before config.ADDED_FIELDS existed: the same migration as loading
+            saved_run["config"] = with_added_fields(saved_run["config"])
+        diff = config_differences(saved_run, run_id)
         if diff:
             raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} was written by a different run; it differs in: "
                              + "; ".join(diff[:8]) + ". Use a new checkpoint_dir, or the settings of that run.")

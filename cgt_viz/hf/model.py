@@ -55,13 +55,13 @@ from .._checks import check_bool, check_float, check_int, describe
 from ..config import SITES, CGTConfig
 from ..io import CONFIG_NAME, WEIGHTS_NAME, load_tensors, model_folder, read_json, save_tensors, write_json
 from ..layers import SITE_WEIGHTS, SiteTemplates, YBlock
-from ..contracts import (IGNORE_INDEX, cache_name_filter, check_ablate, check_inputs, check_split, check_summary,
-                         check_targets)
+from ..contracts import (IGNORE_INDEX, cache_name_filter, check_ablate, check_aux_length, check_inputs, check_split,
+                         check_summary, check_targets)
 from ..distill import aux_objective
 from ..generation import sample_next
 from ..losses import take_positions
 from ..model import CGT
-from .source import require
+from .source import require, strip_remote_code
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")   # the decoder layout below; tested: llama
 # site -> (module inside a decoder layer whose output (True) or input (False) T acts on, the maps that read it)
@@ -582,7 +582,9 @@ class CGTLM(CGT):
             for name, (lora_a, lora_b) in self.lora_factors(ybar_vec[0]).items():
                 weight = self.lm.get_parameter(name)
                 memo[id(weight)] = nn.Parameter((weight + (lora_b @ lora_a).to(weight.dtype)), requires_grad=False)
-        return copy.deepcopy(self.lm, memo).eval()
+        merged = copy.deepcopy(self.lm, memo).eval()
+        strip_remote_code(merged.config)   # a compiled model never carries the base LM's custom-code pointer
+        return merged
 
     def merged_gpt(self, ybar_vec: torch.Tensor, share_weights: bool = True):
         """merged_lm (the name CGT uses); the unmodulated weights are always shared."""
@@ -643,6 +645,8 @@ class CGTLM(CGT):
         path = Path(path)
         if path.exists() and not path.is_dir():
             raise ValueError(f"path must be a directory (or not exist yet), got the file {str(path)!r}")
+        from ..io import check_artefact_folder   # a folder holding a model is never changed by an adapter
+        check_artefact_folder(path, "peft", "export_peft", "a PEFT adapter")
         ybar = self.prompt_summary(prompt)
         tensors = {}
         for name, (lora_a, lora_b) in self.lora_factors(ybar).items():
@@ -667,6 +671,8 @@ class CGTLM(CGT):
         hidden, ybar = self._hidden(idx)
         main = self._masked_ce(hidden, targets, None if loss_mask is None else loss_mask.bool())
         if cfg.w_aux > 0 or split is not None:
+            if split is None:
+                check_aux_length(cfg, idx)
             s = self.sample_split(b, t, generator) if split is None else check_split(split, b, t)
             rows = torch.arange(b)
             n_aux = max(1, math.ceil(cfg.aux_row_fraction * b)) if self.training else b
@@ -731,7 +737,7 @@ class CGTLM(CGT):
     # ------------------------------------------------------------------ persistence
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """A folder with config.json + model.safetensors holding the y stream and templates only (not the LM)."""
-        path = model_folder(path)
+        path = model_folder(path, "cgt_viz:CGTLM", "CGTLM.save_pretrained", "a cgt_viz CGTLM model (the y heads)")
         save_tensors(path / WEIGHTS_NAME, self.state_dict(), metadata={"model_class": "CGTLM"})
         cfg = self.config
         write_json(path / CONFIG_NAME, {"model_class": "CGTLM", "config": cfg.to_dict(),
@@ -740,35 +746,94 @@ class CGTLM(CGT):
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, lm=None, device: str | torch.device = "cpu") -> "CGTLM":
-        """Rebuild a saved CGTLM on `lm` (the same LM it was trained on: architecture and sizes are checked)."""
+        """Rebuild a saved CGTLM on `lm` (the same LM it was trained on: architecture and sizes are checked).
+
+        As CGT.from_pretrained: config.json is checked field by field, then against the safetensors header (the
+        shapes a model built on the meta device would have: nothing is allocated) and the free memory, before
+        anything is built; NaN/inf weights load with a RuntimeWarning naming them."""
+        import warnings
+
+        from .._checks import check_device
+        from ..io import _check_memory, _checked_config, _safetensors_header
         if lm is None:
             raise TypeError("CGTLM.from_pretrained(path, lm) needs lm, the frozen LM the heads were trained on "
                             "(e.g. cgt_viz.hf.smollm2()[0]); the folder holds only the y stream and templates")
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a str or os.PathLike folder, got {describe(path)}")
+        device = check_device("device", device)
         path = Path(path)
         if not path.is_dir():
             raise FileNotFoundError(f"path must be a folder written by CGTLM.save_pretrained, got {str(path)!r}")
-        meta = read_json(path / CONFIG_NAME)
+        file = path / CONFIG_NAME
+        meta = read_json(file)
         if not isinstance(meta, dict) or meta.get("model_class") != "CGTLM":
             raise ValueError(f"{str(path)!r} does not hold a CGTLM (model_class "
                              f"{meta.get('model_class') if isinstance(meta, dict) else None!r}); load it with its own class")
-        c = meta["config"]
+        if "config" not in meta:
+            raise ValueError(f"{str(file)!r} lacks the field 'config' (the CGTLM's settings); not a complete "
+                             f"CGTLM.save_pretrained folder (truncated or tampered?)")
+        try:
+            cfg = _checked_config(path, meta["config"])
+        except (TypeError, ValueError) as err:
+            raise ValueError(str(err) if str(file) in str(err) else f"{str(file)!r}: config: {err}") from None
+        saved = cfg.extra.get("hf") if isinstance(cfg.extra, dict) else None
+        if not isinstance(saved, dict):
+            raise ValueError(f"{str(file)!r}: config.extra.hf must be a dict describing the LM the heads were "
+                             f"trained on (written by CGTLM.save_pretrained), got {describe(saved)}")
+        lm_keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "intermediate_size")
+        absent = [k for k in lm_keys if k not in saved]
+        if absent:
+            raise ValueError(f"{str(file)!r}: config.extra.hf lacks {absent}; it must name the LM the heads were "
+                             f"trained on ({list(lm_keys)})")
+        y_mlp_ratio = meta.get("y_mlp_ratio", cfg.mlp_ratio)
+        pool_half_life = saved.get("pool_half_life")
+        pooled_only = saved.get("pooled_only", False)
+        if not isinstance(pooled_only, bool):
+            raise ValueError(f"{str(file)!r}: config.extra.hf.pooled_only must be true or false, got {describe(pooled_only)}")
+        if isinstance(y_mlp_ratio, bool) or not isinstance(y_mlp_ratio, int) or y_mlp_ratio < 1:
+            raise ValueError(f"{str(file)!r}: y_mlp_ratio must be an int >= 1, got {describe(y_mlp_ratio)}")
         check_lm(lm)
-        saved, now = c["extra"]["hf"], lm.config
-        for key, value in (("model_type", now.model_type), ("hidden_size", now.hidden_size),
-                           ("num_hidden_layers", now.num_hidden_layers), ("vocab_size", now.vocab_size),
-                           ("intermediate_size", now.intermediate_size)):
-            if saved.get(key) != value:
-                raise ValueError(f"lm does not match the LM these heads were trained on: {key} is {value!r}, the "
-                                 f"folder says {saved.get(key)!r} ({saved.get('name_or_path')!r})")
-        model = cls(lm, y_layer=c["y_layer"], d_y=c["d_y"], n_head_y=c["n_head_y"], n_templates=c["n_templates"],
-                    template_rank=c["template_rank"], sites=tuple(c["sites"]), w_aux=c["w_aux"],
-                    w_smooth=c["w_smooth"], smooth=c["smooth"], aux_min_prefix=c["aux_min_prefix"],
-                    aux_min_suffix=c["aux_min_suffix"], aux_suffix_len=c["aux_suffix_len"],
-                    aux_row_fraction=c.get("aux_row_fraction", 1.0), aux_ce=c.get("aux_ce", 1.0),
-                    aux_kl=c.get("aux_kl", 0.0), aux_kl_top_k=c.get("aux_kl_top_k"),
-                    block_size=c["block_size"], y_mlp_ratio=meta.get("y_mlp_ratio", c["mlp_ratio"]),
-                    pool_half_life=saved.get("pool_half_life"), pooled_only=saved.get("pooled_only", False))
-        model.load_state_dict(load_tensors(path / WEIGHTS_NAME, device="cpu"))
+        now = lm.config
+        for key in lm_keys:
+            if saved.get(key) != getattr(now, key):
+                raise ValueError(f"lm does not match the LM these heads were trained on: {key} is "
+                                 f"{getattr(now, key)!r}, the folder says {saved.get(key)!r} "
+                                 f"({saved.get('name_or_path')!r})")
+        kwargs = dict(y_layer=cfg.y_layer, d_y=cfg.d_y, n_head_y=cfg.n_head_y, n_templates=cfg.n_templates,
+                      template_rank=cfg.template_rank, sites=tuple(cfg.sites), w_aux=cfg.w_aux, w_smooth=cfg.w_smooth,
+                      smooth=cfg.smooth, aux_min_prefix=cfg.aux_min_prefix, aux_min_suffix=cfg.aux_min_suffix,
+                      aux_suffix_len=cfg.aux_suffix_len, aux_row_fraction=cfg.aux_row_fraction,
+                      aux_ce=cfg.aux_ce, aux_kl=cfg.aux_kl, aux_kl_top_k=cfg.aux_kl_top_k,
+                      block_size=cfg.block_size, y_mlp_ratio=y_mlp_ratio, pool_half_life=pool_half_life,
+                      pooled_only=pooled_only)
+        # the shapes the config builds, on the meta device (no memory, no time), against the file's header
+        header = _safetensors_header(path / WEIGHTS_NAME)
+        try:
+            with torch.device("meta"):
+                skeleton = cls(lm, **kwargs)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{str(file)!r}: {err}") from None
+        want = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+        del skeleton
+        have = {k: shape for k, (shape, _) in header.items() if not k.startswith("lm.")}
+        wrong = [f"{k}: the file has {have[k]}, the config builds {want[k]}" for k in want if k in have
+                 and have[k] != want[k]]
+        missing, unexpected = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+        if wrong or missing or unexpected:
+            raise ValueError(f"the weights in {str(path / WEIGHTS_NAME)!r} do not match its config.json and this lm: "
+                             + "; ".join(filter(None, [f"shapes differ ({'; '.join(wrong[:3])})" if wrong else "",
+                                                       f"missing {missing[:5]}" if missing else "",
+                                                       f"unexpected {unexpected[:5]}" if unexpected else ""]))
+                             + " (d_y, n_head_y, y_layer, n_templates, template_rank, sites, y_mlp_ratio and the "
+                               "LM's widths decide these shapes); the config must be the one saved with these "
+                               "weights, and lm the LM they were trained on")
+        _check_memory(path, header)
+        model = cls(lm, **kwargs)
+        state = load_tensors(path / WEIGHTS_NAME, device="cpu")
+        model.load_state_dict(state)
+        bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+        if bad:
+            warnings.warn(f"the weights in {str(path / WEIGHTS_NAME)!r} hold NaN/inf in {len(bad)} tensors "
+                          f"({', '.join(bad[:4])}{', ...' if len(bad) > 4 else ''}): they were saved after the training "
+                          f"diverged, and the model's outputs will be NaN", RuntimeWarning, stacklevel=2)
         return model.to(device)

@@ -49,7 +49,27 @@ def task_from_config(cfg) -> Task:
         kwargs["layout"] = "split"   # saved before layouts existed: the only layout there was
     if spec["name"] == "text" and "tokenizer" not in kwargs:
         kwargs["tokenizer"] = "bytes"  # saved before tokenizers were a choice: the only one there was
+    if spec["name"] == "text" and (isinstance(kwargs["tokenizer"], dict) or kwargs["tokenizer"] in ("bytes", "gpt2")):
+        kwargs["tokenizer"] = _recorded_tokenizer(cfg, extra, kwargs["tokenizer"])
     return make_task(spec["name"], **kwargs)
+
+
+def _recorded_tokenizer(cfg, extra: dict, spec):
+    """The tokenizer cfg.extra["task"]["tokenizer"] describes, checked against the config: the name it records
+    (cfg.extra["tokenizer"]) and vocab_size must be this tokenizer's, or the ids would not be the model's."""
+    from .tokenizer import tokenizer_from_spec
+    try:
+        tok = tokenizer_from_spec(spec)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"cfg.extra['task']['tokenizer'] does not describe a usable tokenizer: {err}") from None
+    vocab_size = cfg.get("vocab_size") if isinstance(cfg, dict) else getattr(cfg, "vocab_size", None)
+    name = extra.get("tokenizer")
+    if (name is not None and name != tok.name) or (vocab_size is not None and vocab_size != tok.vocab_size):
+        raise ValueError(f"tokenizer mismatch: the config was trained with tokenizer {name!r} and vocab_size "
+                         f"{vocab_size} (cfg.extra['tokenizer'], cfg.vocab_size), but cfg.extra['task']['tokenizer'] "
+                         f"builds {tok.name!r} with {tok.vocab_size} tokens; the tokenizer data was swapped or edited, "
+                         f"so the model would read other ids than it was trained on")
+    return tok
 
 
 __all__ = ["Batch", "Task", "SyntheticICL", "LinearRegression", "TextMixture", "ByteTokenizer", "GPT2Tokenizer",

@@ -220,10 +220,25 @@ class CorpusBPE(_BPEBase):
             raise ValueError(f"definition must be the tokenizers JSON of a BPE (CorpusBPE.spec()['definition']), got "
                              f"{definition[:60]!r}: {str(err)[:200]}") from None
         self.definition = definition
+        self._bytes = _byte_level_table()
+        # checked now, not at decode time: every id 0..n-1 names a token, every token spells bytes
+        vocab = self._tok.get_vocab(with_added_tokens=True)               # {token: id}
+        n = len(vocab)
+        missing = sorted(set(range(n)) - set(vocab.values()))
+        if missing:
+            outside = sorted(i for i in vocab.values() if not 0 <= i < n)
+            raise ValueError(f"definition must number its {n} vocabulary tokens 0..{n - 1} without gaps; ids "
+                             f"{missing[:5]} are missing (and {outside[:5]} are beyond {n - 1}): the tokenizer "
+                             f"data was edited or is not a CorpusBPE definition")
+        for token, i in sorted(vocab.items(), key=lambda kv: kv[1]):
+            bad = [c for c in token if c not in self._bytes]
+            if bad:
+                raise ValueError(f"definition must be a byte-level BPE: vocabulary token {token!r} (id {i}) has the "
+                                 f"character {bad[0]!r}, which is outside the byte-level alphabet (the 256 printable "
+                                 f"stand-ins for bytes); the tokenizer data was edited or is not a CorpusBPE definition")
         self.vocab_size = self._tok.get_vocab_size()
         self.sha256 = hashlib.sha256(definition.encode("utf-8")).hexdigest()
         self.name = f"bpe{self.vocab_size}-{self.sha256[:8]}"
-        self._bytes = _byte_level_table()
 
     @classmethod
     @checked(vocab_size=BPE_VOCAB)
