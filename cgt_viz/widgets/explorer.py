@@ -93,6 +93,26 @@ def _method_name(key: str) -> str:
     return METHOD_NAMES[method] + (" 3-D" if dims == 3 else "")
 
 
+def _import_for_threads(*methods: str | None) -> None:
+    """Import, in the calling (main) thread, what the explorer's background threads would import first.
+    plotly looks pandas up in sys.modules (without importing it) while it builds any figure, so pandas
+    half-imported by a fit thread (umap imports it) broke the figures the main thread drew meanwhile:
+    "partially initialized module 'pandas' has no attribute 'Series'". So pandas, each projection's library
+    and numba's thread pool (UMAP's first fit loads it) are all imported here, before a thread starts."""
+    import pandas  # noqa: F401
+    for method in methods:
+        try:
+            if method == "umap":
+                import numba
+                import umap  # noqa: F401
+                numba.get_num_threads()          # loads numba's threading layer (a lazy import otherwise)
+            elif method == "tsne":
+                import sklearn.manifold  # noqa: F401
+                import sklearn.neighbors  # noqa: F401
+        except ImportError:                      # the fit then says what is missing in the status line
+            pass
+
+
 def _top_tokens(tokens: np.ndarray, k: int) -> np.ndarray:
     """Each token's own string if it is among the k most frequent, else "other"."""
     keys = tokens.astype(str)
@@ -292,6 +312,7 @@ class Explorer(StaticForm, W.VBox):
                           W.HBox([self.search_box, self.isolate_button, self.all_button, self.export_button]),
                           self.figure, self.selection_info, self.neighbours_info, self.linked])
         if self._preview_rows is not None:
+            _import_for_threads(background)      # the collector starts the background fit itself
             self._collector = threading.Thread(target=self._collect_rest, args=(background,), daemon=True,
                                                name="cgt-viz-ybar")
             self._collector.start()
@@ -643,6 +664,7 @@ class Explorer(StaticForm, W.VBox):
         return coords
 
     def _start_fit(self, key: str) -> None:
+        _import_for_threads(_split(key)[0])        # here, not in the thread (see _import_for_threads)
         with self._lock:
             if key in self._coords or (key in self._threads and self._threads[key].is_alive()):
                 return

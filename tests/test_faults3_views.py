@@ -1,0 +1,89 @@
+"""Faults from the third reliability round (issue 23) in the views, their exports and the report command:
+a background import racing the notebook's next figure, formula injection in the CSV export, local files in
+the PNG export, special files behind `report --output`, a one-point isolate, damaged run files, and status
+lines escaped twice. Each test failed on the code before its fix (see docs/RELIABILITY.md)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from cgt_viz import CGT, CGTConfig
+
+torch.set_num_threads(1)
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+TINY = ("CGT(CGTConfig(vocab_size=256, block_size=32, n_layer=2, d_x=16, n_head=2, d_y=8, n_head_y=1, y_layer=1, "
+        "n_templates=2)).eval()")
+
+
+def _env() -> dict[str, str]:
+    path = os.pathsep.join([str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+
+
+def _tiny_cgt() -> CGT:
+    torch.manual_seed(0)
+    return eval(TINY)
+
+
+# ------------------------------------------------------------------------ 1. no import on a background thread
+@pytest.mark.slow
+def test_a_notebook_draws_a_view_while_the_explorer_fits_in_the_background(tmp_path):
+    """explore() and then, in the next cell, a template inspector, in a fresh kernel as `jupyter nbconvert
+    --execute` runs them. The UMAP thread used to import umap (and with it pandas) while the inspector's
+    figure was built, and plotly found pandas half-imported. The second cell draws inspectors for 3 s so
+    that it spans the import every time (one inspector alone hit it now and then)."""
+    import nbclient
+    import nbformat
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+                    f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nimport time, torch, cgt_viz\n"
+                    f"from cgt_viz import CGT, CGTConfig\ntorch.manual_seed(0)\nmodel = {TINY}\n"
+                    "idx = torch.randint(0, 256, (8, 16))\nlabels = ['a', 'b'] * 4\n"
+                    "ex = cgt_viz.explore(model, idx, labels=labels)"),
+                nbformat.v4.new_code_cell(
+                    "t0 = time.perf_counter()\nwhile time.perf_counter() - t0 < 3:\n"
+                    "    inspector = cgt_viz.TemplateInspector(model, idx, labels=labels)")]
+    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    client.execute(env=_env())
+    errors = [f"{o.ename}: {o.evalue}" for cell in nb.cells for o in cell.outputs if o.output_type == "error"]
+    assert not errors, errors
+
+
+@pytest.mark.slow
+def test_the_explorers_threads_import_nothing():
+    """Every module a fit or the ȳ collection needs is imported before its thread starts (a fresh process,
+    so nothing is imported already; the preview path starts the collector, which starts the UMAP fit)."""
+    code = textwrap.dedent(f"""
+        import sys, threading, torch
+        seen = []
+        class Spy:
+            def find_spec(self, name, path=None, target=None):
+                if threading.current_thread() is not threading.main_thread():
+                    seen.append((threading.current_thread().name, name))
+        import cgt_viz
+        from cgt_viz import CGT, CGTConfig
+        from cgt_viz.widgets.explorer import Explorer
+        torch.manual_seed(0)
+        model = {TINY}
+        sys.meta_path.insert(0, Spy())
+        ex = cgt_viz.explore(model, torch.randint(0, 256, (8, 16)), background="tsne")
+        Explorer.preview_tokens = 8         # 40 x 16 tokens: a preview, the rest collected in a thread
+        big = cgt_viz.explore(model, torch.randint(0, 256, (40, 16)), labels=["a", "b"] * 20, background="umap")
+        big.wait()
+        for view in (ex, big):
+            for thread in list(view._threads.values()):
+                thread.join()
+        assert "umap" in big._coords and "tsne" in ex._coords, (big.status.value, ex.status.value)
+        print("imported on a thread:", seen)
+        assert not seen
+        """)
+    proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
