@@ -87,3 +87,68 @@ def test_the_explorers_threads_import_nothing():
         """)
     proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def hostile_ex():
+    """An explorer whose labels a spreadsheet would run as formulas, and one with a '<' (no fit thread)."""
+    from cgt_viz import explore
+    data = torch.randint(0, 256, (len(HOSTILE_LABELS), 6), generator=torch.Generator().manual_seed(0))
+    return explore(_tiny_cgt(), data, labels=HOSTILE_LABELS, background=None)
+
+
+HOSTILE_LABELS = ['=HYPERLINK("http://evil.example","click")', "+1", "-2", "@x", "\tx", "\rx", "plain", "a<b", "x\r=1+1"]
+
+
+# ------------------------------------------------------------------------ 3. no formulas in the CSV export
+def test_the_csv_export_quotes_cells_a_spreadsheet_would_run(hostile_ex, tmp_path):
+    import csv
+    ex = hostile_ex
+    ex.select([])
+    path = ex.export(tmp_path / "all.csv")
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(ex.points)
+    assert {r["label"] for r in rows} == {"'" + lab for lab in HOSTILE_LABELS[:6]} | {"plain", "a<b", "x\r=1+1"}
+    for r, token in zip(rows, ex.points.token.astype(str)):                 # tokens follow the same rule
+        assert r["token"] == ("'" + token if token[:1] in ("=", "+", "-", "@", "\t", "\r") else token)
+    for col in ("point", "sequence", "position", "token_id", "x", "y"):    # numbers untouched, minus signs too
+        assert all(not r[col].startswith("'") for r in rows) and [float(r[col]) for r in rows]
+    assert any(r["x"].startswith("-") for r in rows)
+    ex.search("@x", field="label")                                          # the selection: the same rule
+    with open(ex.export(tmp_path / "sel.csv"), newline="", encoding="utf-8") as f:
+        assert {r["label"] for r in csv.DictReader(f)} == {"'@x"}
+    assert set(ex.selection["label"]) == {"@x"}                             # Python gets the text as it is
+    ex.select([])
+
+
+# ------------------------------------------------------------------------ 11. a one-point isolate is refused
+def test_isolating_one_point_is_refused_and_the_explorer_stays_usable(hostile_ex):
+    ex = hostile_ex
+    ex.select([5])                                                          # what a click selects
+    with pytest.raises(ValueError, match=r"at least 2 points .*got 1 point \(point 5"):
+        ex.isolate()
+    ex.isolate_button.click()                                               # the button: said in the status line
+    assert "at least 2 points" in ex.status.value
+    assert ex.coords.shape == (len(ex.points), 2) and len(ex.selection) == 1
+    assert ex.figure_static() is not None and "cgt-viz-static" in ex.static_html(include_plotlyjs=False)
+    ex.select([1, 2, 3])                                                    # a real isolate still works after it
+    ex.isolate()
+    assert len(ex.points) == 3
+    ex.show_all()
+    assert len(ex.coords) == len(ex.points) > 3
+
+
+# ------------------------------------------------------------------------ 15. status lines escaped once
+def test_status_lines_escape_a_message_once(hostile_ex, tmp_path, monkeypatch):
+    ex = hostile_ex
+    ex._ui(lambda: ex.set_hidden(["<x>"]))                                  # how every button reports a refusal
+    assert "&lt;x&gt;" in ex.status.value and "&amp;" not in ex.status.value, ex.status.value
+    folder = tmp_path / "a<b"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    ex.export_button.click()                                                # writes ybar_selection.csv here
+    assert "a&lt;b" in ex.status.value and "&amp;" not in ex.status.value, ex.status.value
+    ex.search_box.value = "<nothing"                                        # the search box's "no match" line
+    assert "&lt;nothing" in ex.selection_info.value and "&amp;" not in ex.selection_info.value
+    ex.search_box.value = ""

@@ -113,6 +113,19 @@ def _import_for_threads(*methods: str | None) -> None:
             pass
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")   # what makes a spreadsheet read a cell as a formula
+
+
+def _csv_safe(df):
+    """df with every text cell that a spreadsheet would run as a formula prefixed with a single quote."""
+    from pandas.api.types import is_object_dtype, is_string_dtype
+    df = df.copy()
+    for col in df.columns:
+        if is_object_dtype(df[col]) or is_string_dtype(df[col]):     # pandas 3 stores text as "str"
+            df[col] = df[col].map(lambda v: "'" + v if isinstance(v, str) and v.startswith(FORMULA_START) else v)
+    return df
+
+
 def _top_tokens(tokens: np.ndarray, k: int) -> np.ndarray:
     """Each token's own string if it is among the k most frequent, else "other"."""
     keys = tokens.astype(str)
@@ -497,7 +510,7 @@ class Explorer(StaticForm, W.VBox):
         try:
             action()
         except (ValueError, TypeError) as err:
-            self._set_status(html.escape(str(err)), "error")
+            self._set_status(str(err), "error")          # html_status escapes it
 
     # ------------------------------------------------------------------ principal components
     def set_components(self, a: int, b: int) -> None:
@@ -541,7 +554,7 @@ class Explorer(StaticForm, W.VBox):
             hit |= np.char.find(np.char.lower(self.points.label.astype(str)), q) >= 0
         self.select(np.nonzero(hit & self._visible_mask())[0])
         if not hit.any():
-            self.selection_info.value = html_status(f"no token or label contains {html.escape(query)!r}", "error")
+            self.selection_info.value = html_status(f"no token or label contains {query!r}", "error")
         return self.selection
 
     def neighbors(self, point: int, k: int = 10):
@@ -574,12 +587,18 @@ class Explorer(StaticForm, W.VBox):
 
     def export(self, path=None) -> str:
         """Write the selection (every drawn point when nothing is selected) as CSV; returns the path
-        (default: ybar_selection.csv in the working folder). The Export button calls it."""
+        (default: ybar_selection.csv in the working folder). The Export button calls it.
+
+        A text cell (token, label) that begins with =, +, -, @, a tab or a carriage return gets a leading
+        single quote (OWASP's rule against CSV injection): a spreadsheet then shows it as text instead of
+        running it as a formula. Numbers are written as they are; `selection` keeps the text unchanged.
+        Rows end with CRLF (RFC 4180), so a cell holding a carriage return is quoted and stays one cell
+        (with a bare "\\n" ending, a lone "\\r" went out unquoted and started a new row in every reader)."""
         from pathlib import Path
         df = self.selection if self._selected.size else self._frame(np.arange(len(self.points)))
         target = Path("ybar_selection.csv" if path is None else path)
-        df.to_csv(target, index=False)
-        self._set_status(f"wrote {len(df):,} rows to {html.escape(str(target.resolve()))}", "ok")
+        _csv_safe(df).to_csv(target, index=False, lineterminator="\r\n")
+        self._set_status(f"wrote {len(df):,} rows to {target.resolve()}", "ok")
         return str(target)
 
     # ------------------------------------------------------------------ isolate
@@ -588,6 +607,10 @@ class Explorer(StaticForm, W.VBox):
         Point indices then refer to the isolated set; `show_all()` goes back."""
         if not self._selected.size:
             raise ValueError("isolate needs a selection: select points first (box, lasso, search or select())")
+        if len(self._selected) < 2:        # refused before any state changes: a projection needs 2 points
+            raise ValueError(f"isolate needs a selection of at least 2 points to project afresh, got 1 point "
+                             f"(point {int(self._selected[0])}, what a click selects); select more points "
+                             f"(box, lasso, search or select())")
         for thread in list(self._threads.values()):
             thread.join()
         with self._lock:
