@@ -152,3 +152,119 @@ def test_status_lines_escape_a_message_once(hostile_ex, tmp_path, monkeypatch):
     ex.search_box.value = "<nothing"                                        # the search box's "no match" line
     assert "&lt;nothing" in ex.selection_info.value and "&amp;" not in ex.selection_info.value
     ex.search_box.value = ""
+
+
+# ------------------------------------------------------------------------ the report command
+TINY_RUN = ["--task", "icl", "--task-arg", "n_pairs=4", "--task-arg", "P=5", "--n-layer", "2", "--d-x", "16",
+            "--n-head", "2", "--d-y", "8", "--n-head-y", "1", "--y-layer", "1", "--n-templates", "2",
+            "--mlp-ratio", "2", "--no-progress", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A finished two-step icl run (copied with _copy_run before a test changes it)."""
+    from cgt_viz.__main__ import main
+    out = tmp_path_factory.mktemp("report") / "run"
+    assert main(["train", *TINY_RUN, "--out", str(out), "--steps", "2", "--batch-size", "4", "--eval-every", "0"]) == 0
+    return out
+
+
+def _copy_run(run: Path, dest: Path) -> Path:
+    import shutil
+    shutil.copytree(run, dest)
+    return dest
+
+
+def _report(capsys, *argv: str) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `python -m cgt_viz report ...` run through main() in this process; an
+    exception escaping main() is what the user would see as a traceback, so it fails the test."""
+    from cgt_viz.__main__ import main
+    capsys.readouterr()
+    code = main(["report", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_error_line(err: str) -> str:
+    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("note: ")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+# ------------------------------------------------------------------------ 6. report --output: files only
+def _fifo(path: Path) -> str:
+    os.mkfifo(path)
+    return "a FIFO"
+
+
+def _symlink(path: Path) -> str:
+    (path.parent / "target.html").write_text("keep me")
+    path.symlink_to(path.parent / "target.html")
+    return "a symbolic link"
+
+
+def _directory(path: Path) -> str:
+    path.mkdir()
+    return "a directory"
+
+
+SPECIAL = [_fifo, _symlink, _directory]
+
+
+@pytest.mark.parametrize("make", SPECIAL, ids=[m.__name__[1:] for m in SPECIAL])
+def test_report_output_refuses_anything_but_a_regular_file(trained_run, tmp_path, capsys, make):
+    import stat
+    path = tmp_path / "out.html"
+    kind = make(path)
+    before = os.lstat(path).st_mode
+    code, out, err = _report(capsys, str(trained_run), "--output", str(path))
+    line = _one_error_line(err)
+    assert code == 3 and kind in line and repr(str(path)) in line and ".tmp" not in line, line
+    assert "report written" not in out
+    assert stat.S_IFMT(os.lstat(path).st_mode) == stat.S_IFMT(before)      # still what it was
+    if make is _symlink:
+        assert (tmp_path / "target.html").read_text() == "keep me"
+
+
+def test_report_output_dash_writes_the_page_to_stdout(trained_run, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _report(capsys, str(trained_run), "--output", "-")
+    assert code == 0 and out.startswith("<!doctype html>") and out.rstrip().endswith("</html>"), (out[:200], err)
+    assert "report written" not in out and not (tmp_path / "-").exists()
+
+
+# ------------------------------------------------------------------------ 12. damaged run files
+def _write(path: Path, obj) -> None:
+    import json
+    path.write_text(json.dumps(obj))
+
+
+def _history_with(run: Path, **changes) -> None:
+    import json
+    history = json.loads((run / "history.json").read_text())
+    history.update(changes)
+    _write(run / "history.json", history)
+
+
+DAMAGE = {
+    "evaluation is a dict": (lambda run: _write(run / "evaluation.json", {"k": 4, "loss_prompted": 1.0}),
+                             "evaluation.json", "the file"),
+    "evaluation rows are strings": (lambda run: _write(run / "evaluation.json", ["k", "loss"]),
+                                    "evaluation.json", "row 0"),
+    "history step is an int": (lambda run: _history_with(run, step=3), "history.json", "'step'"),
+    "history is a list": (lambda run: _write(run / "history.json", [1, 2]), "history.json", "the file"),
+    "history loss is text": (lambda run: _history_with(run, main=["x", "y"]), "history.json", "'main'"),
+    "history evals are numbers": (lambda run: _history_with(run, evals=[1]), "history.json", "'evals'"),
+    "history seconds is text": (lambda run: _history_with(run, seconds="soon"), "history.json", "'seconds'"),
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGE))
+def test_a_damaged_run_file_is_one_line_naming_the_file_and_the_field(trained_run, tmp_path, capsys, case):
+    damage, file, field = DAMAGE[case]
+    run = _copy_run(trained_run, tmp_path / "run")
+    damage(run)
+    code, out, err = _report(capsys, str(run))
+    line = _one_error_line(err)
+    assert code == 2 and file in line and field in line, line
+    assert not (run / "report.html").exists()
