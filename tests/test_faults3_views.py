@@ -268,3 +268,85 @@ def test_a_damaged_run_file_is_one_line_naming_the_file_and_the_field(trained_ru
     line = _one_error_line(err)
     assert code == 2 and file in line and field in line, line
     assert not (run / "report.html").exists()
+
+
+# ------------------------------------------------------------------------ 4. the PNG draws no local file
+PIXEL = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
+
+
+def _figure_with_urls() -> dict:
+    """A stored plotly JSON whose images, image trace, map layers and geojson point at files and URLs."""
+    return {"data": [{"type": "image", "source": "file:///etc/hostname"},
+                     {"type": "choropleth", "geojson": "file:///home/user/secret.geojson", "locations": ["a"]},
+                     {"type": "choroplethmap", "geojson": {"type": "FeatureCollection", "features": []}},
+                     {"type": "sankey", "link": {"source": [0, 1], "target": [1, 2], "value": [1, 1]}}],
+            "layout": {"images": [{"source": "file:///etc/passwd", "x": 0, "y": 0},
+                                  {"source": " FILE:///etc/shadow"}, {"source": "secret.png"},
+                                  {"source": "https://example.com/a.png"}, {"source": PIXEL}],
+                       "template": {"layout": {"images": [{"source": "file:///root/logo.png"}]}},
+                       "map": {"style": "file:///tmp/style.json",
+                               "layers": [{"source": ["file:///tiles/{z}/{x}/{y}.png"], "sourcetype": "raster"}]},
+                       "mapbox2": {"style": "open-street-map"}, "font": {"style": "italic"},
+                       "title": {"text": "see file:///etc/passwd"}},
+            "config": {"topojsonURL": "file:///topo/"}}
+
+
+def test_the_png_sanitiser_keeps_only_inline_image_and_map_data():
+    import json
+
+    from cgt_viz.widgets import _png
+    spec = _figure_with_urls()
+    original = json.dumps(spec)
+    safe, dropped = _png.safe_spec(spec)
+    assert json.dumps(spec) == original                                     # the input is left alone
+    text = json.dumps(safe["data"]) + json.dumps({k: v for k, v in safe["layout"].items() if k != "title"})
+    assert "file:" not in text.lower() and "secret.png" not in text and "https:" not in text
+    assert "topojsonURL" not in safe["config"]
+    assert [im.get("source") for im in safe["layout"]["images"]] == [None] * 4 + [PIXEL]   # data: kept
+    assert safe["data"][2]["geojson"]["type"] == "FeatureCollection"                       # inline JSON kept
+    assert safe["data"][3]["link"]["source"] == [0, 1]                                     # sankey indices kept
+    assert safe["layout"]["mapbox2"]["style"] == "open-street-map" and safe["layout"]["font"]["style"] == "italic"
+    assert safe["layout"]["title"]["text"] == "see file:///etc/passwd"                    # text is not loaded
+    assert len(dropped) == 10 and any("layout.images[0].source = 'file:///etc/passwd'" in d for d in dropped)
+
+
+def test_the_png_render_entry_point_never_hands_chromium_a_file_url(monkeypatch):
+    """figure_png (what a view's bundle and `--StaticViews.png=True` call) with a session that records
+    the spec kaleido would draw: no browser needed."""
+    import json
+    import warnings
+
+    import nbformat
+
+    from cgt_viz.widgets import StaticPNGWarning, _png
+    from cgt_viz.widgets._static import OUTPUT_METADATA, PLOTLY_MIME, PNG_MIME
+    from cgt_viz.widgets.export import StaticViews
+    drawn = []
+
+    class Recorder:
+        def render(self, spec):
+            drawn.append(spec)
+            return b"\x89PNG\r\n\x1a\n" + b"\0" * 16
+
+    _png._reset()
+    monkeypatch.setattr(_png, "_get_session", lambda: Recorder())
+    try:
+        with pytest.warns(StaticPNGWarning, match="file:///etc/passwd"):
+            assert _png.figure_png(_figure_with_urls()) is not None
+        nb = nbformat.v4.new_notebook()                                     # the nbconvert preprocessor path
+        spec = _figure_with_urls()
+        spec["layout"]["images"].append({"source": "file:///other"})        # not cached: drawn again
+        out = nbformat.v4.new_output("display_data", data={PLOTLY_MIME: spec, "text/plain": "view"},
+                                     metadata=OUTPUT_METADATA)
+        nb.cells.append(nbformat.v4.new_code_cell("view", outputs=[out]))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", StaticPNGWarning)
+            StaticViews(png=True).preprocess(nb, {})
+        assert PNG_MIME in nb.cells[0].outputs[0].data
+    finally:
+        _png._reset()
+    assert len(drawn) == 2
+    for spec in drawn:
+        sent = json.dumps({"data": spec["data"], "layout": {k: v for k, v in spec["layout"].items() if k != "title"},
+                           "config": spec["config"]})
+        assert "file:" not in sent.lower() and PIXEL in sent
