@@ -87,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("report", help="write a self-contained HTML report (loss curves, settings, evaluation)")
     r.add_argument("run", help="run folder written by train")
-    r.add_argument("--output", help="HTML file (default RUN/report.html)")
+    r.add_argument("--output", help="HTML file (default RUN/report.html); - writes the page to stdout")
     return p
 
 
@@ -398,8 +398,10 @@ def _history_of(run: Path) -> dict[str, Any]:
     from .checkpoint import latest_checkpoint, load_checkpoint
     from .io import read_json
 
+    from .report import check_history
+
     if (run / "history.json").is_file():
-        return read_json(run / "history.json")
+        return check_history(read_json(run / "history.json"), run / "history.json")
     if latest_checkpoint(run / "ckpt") is not None:
         return load_checkpoint(run / "ckpt").history
     raise CLIError(f"{str(run)!r} has no history.json and no checkpoint yet")

@@ -8,9 +8,13 @@ installed plotly package) is embedded once; every figure follows the page width.
 """
 from __future__ import annotations
 
+import errno
 import html
 import json
 import math
+import os
+import stat
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -152,17 +156,87 @@ def build_report(run: Path, info: dict, history: dict, load_model: Callable[[], 
             f"<h2>Settings</h2><div class='scroll'><table>{settings_rows}</table></div></body></html>")
 
 
+HISTORY_SERIES = ("step", "main", "aux", "smooth", "total", "lr", "grad_norm")
+
+
+def _damaged(path: Path, what: str, field: str, want: str, value: Any) -> ValueError:
+    from ._checks import describe
+    return ValueError(f"{str(path)!r} is not {what} written by cgt_viz: {field} must be {want}, got {describe(value)}")
+
+
+def check_history(history: Any, path: Path) -> dict:
+    """history.json as the report reads it (a dict of per-step lists of numbers, `evals` a list of dicts,
+    `seconds` a number); a ValueError naming the file and the field otherwise."""
+    from ._checks import is_number
+    what = "a training history"
+    if not isinstance(history, dict):
+        raise _damaged(path, what, "the file", "a JSON object of per-step lists", history)
+    for name in HISTORY_SERIES:
+        values = history.get(name, [])
+        if not isinstance(values, list):
+            raise _damaged(path, what, f"{name!r}", "a list of numbers (one per step)", values)
+        bad = [v for v in values if not is_number(v)]          # NaN is a number: json writes it as NaN
+        if bad:
+            raise _damaged(path, what, f"{name!r}", "a list of numbers (one per step)", bad[0])
+    lengths = {k: len(history[k]) for k in ("step", "main", "aux", "smooth", "total") if history.get(k)}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"{str(path)!r} is not a training history written by cgt_viz: its per-step lists must "
+                         f"have one length, got lengths {lengths}")
+    evals = history.get("evals", [])
+    if not isinstance(evals, list) or any(not isinstance(e, dict) for e in evals):
+        raise _damaged(path, what, "'evals'", "a list of JSON objects (one per evaluation)", evals)
+    if not is_number(history.get("seconds", 0.0)):
+        raise _damaged(path, what, "'seconds'", "a number", history["seconds"])
+    return history
+
+
+def check_evaluation(rows: Any, path: Path) -> list[dict]:
+    """evaluation.json as the report reads it: a list of rows, each a JSON object (column: value)."""
+    what = "an evaluation"
+    if not isinstance(rows, list):
+        raise _damaged(path, what, "the file", "a list of rows (JSON objects, one per prompt size)", rows)
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise _damaged(path, what, f"row {i}", "a JSON object (column: value)", row)
+    return rows
+
+
+def check_output(out: Path) -> None:
+    """The report's output path must be a regular file or a new path: anything else (a directory, a
+    symbolic link, a FIFO, a device, a socket) would be replaced by a regular file or written through."""
+    try:
+        mode = os.lstat(out).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(mode):
+        return
+    kind = ("a directory" if stat.S_ISDIR(mode) else
+            f"a symbolic link (to {os.readlink(out)!r})" if stat.S_ISLNK(mode) else
+            "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else
+            "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode) else
+            "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+    code = errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL
+    raise OSError(code, f"--output must be a regular file, a new path or - (stdout), got {kind}", str(out))
+
+
 def write_report(run, output, *, load_run: Callable, history_of: Callable, read_run: Callable) -> int:
     """What `python -m cgt_viz report` does (the CLI passes its run loaders, which check the run folder and
-    name what is wrong with it): write the page, print where."""
+    name what is wrong with it): write the page, print where. output "-" writes the page to stdout."""
     from .io import atomic_write, read_json
 
     run = Path(run)
+    out = None if output == "-" else Path(output) if output else run / "report.html"
+    if out is not None:              # before the page is built: the flags first
+        check_output(out)
     info = read_run(run)
     history = history_of(run)
-    evaluation = read_json(run / "evaluation.json") if (run / "evaluation.json").is_file() else None
+    path = run / "evaluation.json"
+    evaluation = check_evaluation(read_json(path), path) if path.is_file() else None
     page = build_report(run, info, history, load_model=lambda: load_run(run), evaluation=evaluation)
-    out = Path(output) if output else run / "report.html"
+    if out is None:
+        sys.stdout.write(page)
+        sys.stdout.flush()
+        return 0
     atomic_write(out, lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
     print(f"report written to {out}")
     return 0

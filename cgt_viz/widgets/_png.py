@@ -18,6 +18,12 @@ from the installed plotly package and no MathJax, and Chromium gets a proxy that
 nothing reaches the network. The Chromium is a system one (BROWSER_PATH, else chromium / chromium-browser
 / google-chrome on PATH or in /usr/bin); kaleido's own browser download is never used.
 
+The figure is data too: Chromium loads file:// URLs, so a stored plotly JSON whose image or map source
+names a local file would put that file into the PNG. Before rendering, every field that plotly.js loads
+from a URL (`source` of layout images, image traces and map layers, `geojson`, a map `style` given as a
+URL, `topojsonURL`) keeps only inline data: a `data:` URI or a JSON object. Anything else is dropped, with
+a warning naming it (`safe_spec`).
+
 Without kaleido or a Chromium the PNG path warns once (`StaticPNGWarning`, naming what to install) and the
 views are shown without a PNG; a figure that fails to render warns once too. Nothing here raises.
 """
@@ -177,6 +183,43 @@ def _get_session() -> _Session | None:
     return None
 
 
+URL_KEYS = ("source", "geojson", "topojson", "topojsonURL")   # fields plotly.js fetches when given a string
+MAP_LAYOUTS = ("mapbox", "map")                                # their `style` may be a URL too
+
+
+def _fetched(key: str, value: str, parent: str) -> bool:
+    """Would plotly.js (in kaleido's file:// page) load this string from somewhere? Inline data is kept."""
+    if key in URL_KEYS:
+        return not value.strip().lower().startswith("data:")   # a relative path resolves to a local file
+    return key == "style" and parent.rstrip("0123456789") in MAP_LAYOUTS and (":" in value or "/" in value)
+
+
+def safe_spec(spec: dict) -> tuple[dict, list[str]]:
+    """(a copy of a figure's JSON without the strings plotly.js would fetch, what was dropped as
+    "path = value"). See the module docstring; the input is not changed."""
+    dropped: list[str] = []
+
+    def walk(node, path: str, parent: str):
+        if isinstance(node, dict):
+            out = {}
+            for key, value in node.items():
+                where = f"{path}.{key}" if path else str(key)
+                if isinstance(value, str) and _fetched(str(key), value, parent):
+                    dropped.append(f"{where} = {value[:80]!r}")
+                    continue
+                if isinstance(value, list) and key in URL_KEYS:     # a map layer's tile URLs
+                    urls = [v for v in value if isinstance(v, str) and _fetched(str(key), v, parent)]
+                    dropped.extend(f"{where}[] = {v[:80]!r}" for v in urls)
+                    value = [v for v in value if not (isinstance(v, str) and _fetched(str(key), v, parent))]
+                out[key] = walk(value, where, str(key))
+            return out
+        if isinstance(node, list):
+            return [walk(v, f"{path}[{i}]", parent) for i, v in enumerate(node)]
+        return node
+
+    return walk(spec, "", ""), dropped
+
+
 def _key(spec: dict) -> str:
     return hashlib.sha1(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -186,10 +229,15 @@ def figure_png(fig) -> str | None:
     MIME bundle; None (after one warning) when it cannot be made. Never raises."""
     try:
         spec = fig if isinstance(fig, dict) else json.loads(fig.to_json())
+        spec, dropped = safe_spec(spec)
         key = _key(spec)
     except Exception as e:
         warn_once("figure", f"a view's figure could not be read for its PNG ({type(e).__name__}: {e})")
         return None
+    if dropped:
+        warnings.warn(f"cgt_viz: a view's PNG is drawn without {len(dropped)} field(s) that would load a file or "
+                      f"URL (only data: URIs and inline JSON are kept): {'; '.join(dropped[:3])}"
+                      + (" ..." if len(dropped) > 3 else ""), StaticPNGWarning, stacklevel=2)
     with _lock:
         if key in _cache:
             _cache.move_to_end(key)

@@ -93,6 +93,39 @@ def _method_name(key: str) -> str:
     return METHOD_NAMES[method] + (" 3-D" if dims == 3 else "")
 
 
+def _import_for_threads(*methods: str | None) -> None:
+    """Import, in the calling (main) thread, what the explorer's background threads would import first.
+    plotly looks pandas up in sys.modules (without importing it) while it builds any figure, so pandas
+    half-imported by a fit thread (umap imports it) broke the figures the main thread drew meanwhile:
+    "partially initialized module 'pandas' has no attribute 'Series'". So pandas, each projection's library
+    and numba's thread pool (UMAP's first fit loads it) are all imported here, before a thread starts."""
+    import pandas  # noqa: F401
+    for method in methods:
+        try:
+            if method == "umap":
+                import numba
+                import umap  # noqa: F401
+                numba.get_num_threads()          # loads numba's threading layer (a lazy import otherwise)
+            elif method == "tsne":
+                import sklearn.manifold  # noqa: F401
+                import sklearn.neighbors  # noqa: F401
+        except ImportError:                      # the fit then says what is missing in the status line
+            pass
+
+
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")   # what makes a spreadsheet read a cell as a formula
+
+
+def _csv_safe(df):
+    """df with every text cell that a spreadsheet would run as a formula prefixed with a single quote."""
+    from pandas.api.types import is_object_dtype, is_string_dtype
+    df = df.copy()
+    for col in df.columns:
+        if is_object_dtype(df[col]) or is_string_dtype(df[col]):     # pandas 3 stores text as "str"
+            df[col] = df[col].map(lambda v: "'" + v if isinstance(v, str) and v.startswith(FORMULA_START) else v)
+    return df
+
+
 def _top_tokens(tokens: np.ndarray, k: int) -> np.ndarray:
     """Each token's own string if it is among the k most frequent, else "other"."""
     keys = tokens.astype(str)
@@ -292,6 +325,7 @@ class Explorer(StaticForm, W.VBox):
                           W.HBox([self.search_box, self.isolate_button, self.all_button, self.export_button]),
                           self.figure, self.selection_info, self.neighbours_info, self.linked])
         if self._preview_rows is not None:
+            _import_for_threads(background)      # the collector starts the background fit itself
             self._collector = threading.Thread(target=self._collect_rest, args=(background,), daemon=True,
                                                name="cgt-viz-ybar")
             self._collector.start()
@@ -476,7 +510,7 @@ class Explorer(StaticForm, W.VBox):
         try:
             action()
         except (ValueError, TypeError) as err:
-            self._set_status(html.escape(str(err)), "error")
+            self._set_status(str(err), "error")          # html_status escapes it
 
     # ------------------------------------------------------------------ principal components
     def set_components(self, a: int, b: int) -> None:
@@ -520,7 +554,7 @@ class Explorer(StaticForm, W.VBox):
             hit |= np.char.find(np.char.lower(self.points.label.astype(str)), q) >= 0
         self.select(np.nonzero(hit & self._visible_mask())[0])
         if not hit.any():
-            self.selection_info.value = html_status(f"no token or label contains {html.escape(query)!r}", "error")
+            self.selection_info.value = html_status(f"no token or label contains {query!r}", "error")
         return self.selection
 
     def neighbors(self, point: int, k: int = 10):
@@ -553,12 +587,18 @@ class Explorer(StaticForm, W.VBox):
 
     def export(self, path=None) -> str:
         """Write the selection (every drawn point when nothing is selected) as CSV; returns the path
-        (default: ybar_selection.csv in the working folder). The Export button calls it."""
+        (default: ybar_selection.csv in the working folder). The Export button calls it.
+
+        A text cell (token, label) that begins with =, +, -, @, a tab or a carriage return gets a leading
+        single quote (OWASP's rule against CSV injection): a spreadsheet then shows it as text instead of
+        running it as a formula. Numbers are written as they are; `selection` keeps the text unchanged.
+        Rows end with CRLF (RFC 4180), so a cell holding a carriage return is quoted and stays one cell
+        (with a bare "\\n" ending, a lone "\\r" went out unquoted and started a new row in every reader)."""
         from pathlib import Path
         df = self.selection if self._selected.size else self._frame(np.arange(len(self.points)))
         target = Path("ybar_selection.csv" if path is None else path)
-        df.to_csv(target, index=False)
-        self._set_status(f"wrote {len(df):,} rows to {html.escape(str(target.resolve()))}", "ok")
+        _csv_safe(df).to_csv(target, index=False, lineterminator="\r\n")
+        self._set_status(f"wrote {len(df):,} rows to {target.resolve()}", "ok")
         return str(target)
 
     # ------------------------------------------------------------------ isolate
@@ -567,6 +607,10 @@ class Explorer(StaticForm, W.VBox):
         Point indices then refer to the isolated set; `show_all()` goes back."""
         if not self._selected.size:
             raise ValueError("isolate needs a selection: select points first (box, lasso, search or select())")
+        if len(self._selected) < 2:        # refused before any state changes: a projection needs 2 points
+            raise ValueError(f"isolate needs a selection of at least 2 points to project afresh, got 1 point "
+                             f"(point {int(self._selected[0])}, what a click selects); select more points "
+                             f"(box, lasso, search or select())")
         for thread in list(self._threads.values()):
             thread.join()
         with self._lock:
@@ -643,6 +687,7 @@ class Explorer(StaticForm, W.VBox):
         return coords
 
     def _start_fit(self, key: str) -> None:
+        _import_for_threads(_split(key)[0])        # here, not in the thread (see _import_for_threads)
         with self._lock:
             if key in self._coords or (key in self._threads and self._threads[key].is_alive()):
                 return
