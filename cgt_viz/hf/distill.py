@@ -271,13 +271,50 @@ def trainable_parameters(model) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+HEAD_STATE = "head-state.safetensors"
+HEAD_STATE_JSON = "head-state.json"
+
+
+def _save_head_state(folder: Path, model, opt, gen, order, info: dict) -> None:
+    """The head, its AdamW state, the data order and the random stream: what resuming needs (no pickle)."""
+    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    for i, p in enumerate(opt.param_groups[0]["params"]):
+        for name, value in opt.state.get(p, {}).items():
+            tensors[f"opt.{i}.{name}"] = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+    tensors["generator"], tensors["order"] = gen.get_state(), order
+    folder.mkdir(parents=True, exist_ok=True)
+    save_tensors(folder / HEAD_STATE, tensors, metadata={"format": "cgt_viz.head_state/1"})
+    write_json(folder / HEAD_STATE_JSON, info)      # written last: it names a complete state
+
+
+def _load_head_state(folder: Path, model, opt, gen) -> tuple[torch.Tensor, dict]:
+    info = read_json(folder / HEAD_STATE_JSON)
+    if not isinstance(info, dict) or not isinstance(info.get("step"), int):
+        raise ValueError(f"{str(folder / HEAD_STATE_JSON)!r} is not a head training state (no integer 'step')")
+    tensors = load_tensors(folder / HEAD_STATE)
+    model.load_state_dict({k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
+    for i, p in enumerate(opt.param_groups[0]["params"]):
+        state = {k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"opt.{i}.")}
+        if state:
+            opt.state[p] = state
+    gen.set_state(tensors["generator"])
+    return tensors["order"], info
+
+
 def train_head(model, cache: FeatureCache, *, steps: int | None = None, minutes: float | None = None,
                batch_size: int = 16, lr: float = 2e-3, weight_decay: float = 0.0, warmup: int = 20,
                seed: int = 0, val_cache: FeatureCache | None = None, eval_every: int = 0, eval_windows: int = 128,
-               progress: bool = True, log=None) -> dict[str, Any]:
+               checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 50, resume: bool = False,
+               callback=None, progress: bool = True, log=None) -> dict[str, Any]:
     """Train the head of a `CGTLM(pooled_only=True)` on a feature cache (AdamW, linear warmup, cosine decay to
     a tenth of lr over `steps`; with only `minutes` the schedule assumes the step rate of the first 10 steps).
-    -> history {"step", "aux", "ce", "val_aux", "seconds", "tokens_per_second", "steps"}."""
+
+    checkpoint_dir  write the head, optimizer, data order and random stream there every checkpoint_every steps,
+                    at the end and on Ctrl-C / an exception; resume=True continues from it (the same steps give
+                    the same weights as an uninterrupted run; minutes count again from the resume)
+    callback        called as callback(step, out) after each update (out: the step's loss dict)
+    -> history {"step", "aux", "ce", "val_step", "val_aux", "val_ce", "seconds", "tokens_per_second", "steps",
+    "interrupted"}."""
     _require_pooled_only(model)
     if steps is None and minutes is None:
         raise ValueError("give steps, minutes or both (training stops at whichever comes first)")
@@ -285,58 +322,87 @@ def train_head(model, cache: FeatureCache, *, steps: int | None = None, minutes:
     check_float("minutes", minutes, 0.0, lo_open=True, allow_none=True)
     check_int("batch_size", batch_size, 1, len(cache), hint=f" (the cache holds {len(cache)} windows)")
     check_float("lr", lr, 0.0, lo_open=True)
+    check_int("checkpoint_every", checkpoint_every, 1)
+    check_bool("resume", resume)
+    folder = None if checkpoint_dir is None else Path(checkpoint_dir)
+    if resume and folder is None:
+        raise ValueError("resume=True needs checkpoint_dir, the folder a previous train_head wrote")
     gen = torch.Generator().manual_seed(seed)
     params = trainable_parameters(model)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     hist: dict[str, Any] = {"step": [], "aux": [], "ce": [], "val_step": [], "val_aux": [], "val_ce": []}
+    planned, step, order = steps, 0, torch.empty(0, dtype=torch.long)
+    if resume and (folder / HEAD_STATE_JSON).exists():
+        order, info = _load_head_state(folder, model, opt, gen)
+        step, planned, hist = info["step"], info.get("planned", steps), info["history"]
+        if log:
+            log(f"resumed at step {step} from {str(folder)!r}")
     deadline = None if minutes is None else time.perf_counter() + 60 * minutes
-    planned, t0, step, order = steps, time.perf_counter(), 0, torch.empty(0, dtype=torch.long)
+    t0, first = time.perf_counter(), step
     m = cache.tensors["suffix_x"].shape[1]
+
+    def checkpoint():
+        if folder is not None:
+            _save_head_state(folder, model, opt, gen, order, {"step": step, "planned": planned, "history": hist})
+
     bar = None
     if progress:
         from tqdm.auto import tqdm
-        bar = tqdm(total=steps, desc="train head", unit="step")
+        bar = tqdm(total=steps, initial=step, desc="train head", unit="step")
     model.train()
-    while True:
-        if steps is not None and step >= steps:
-            break
-        if deadline is not None and time.perf_counter() >= deadline:
-            break
-        if len(order) < batch_size:                      # epochs of a fresh permutation
-            order = torch.cat([order, torch.randperm(len(cache), generator=gen)])
-        rows, order = order[:batch_size], order[batch_size:]
-        if step == 10 and planned is None:               # minutes only: plan the schedule from the measured rate
-            planned = max(11, int(10 * 60 * minutes / (time.perf_counter() - t0)))
-        horizon = planned or 10 ** 9
-        scale = min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / horizon))))
-        for g in opt.param_groups:
-            g["lr"] = lr * scale
-        out = cached_loss(model, cache.batch(rows, model.device))
-        opt.zero_grad(set_to_none=True)
-        out["aux"].backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        step += 1
-        hist["step"].append(step)
-        hist["aux"].append(out["aux"].item())
-        hist["ce"].append(float(out["ce"]))
+    interrupted = False
+    try:
+        while True:
+            if steps is not None and step >= steps:
+                break
+            if deadline is not None and time.perf_counter() >= deadline:
+                break
+            if len(order) < batch_size:                      # epochs of a fresh permutation
+                order = torch.cat([order, torch.randperm(len(cache), generator=gen)])
+            rows = order[:batch_size]
+            if step - first == 10 and planned is None:        # minutes only: plan the schedule from the measured rate
+                planned = step + max(1, int(10 * 60 * minutes / (time.perf_counter() - t0)))
+            horizon = planned or 10 ** 9
+            scale = (min(1.0, (step + 1) / warmup)
+                     * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / horizon)))))
+            for g in opt.param_groups:
+                g["lr"] = lr * scale
+            out = cached_loss(model, cache.batch(rows, model.device))
+            opt.zero_grad(set_to_none=True)
+            out["aux"].backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            order = order[batch_size:]
+            step += 1
+            hist["step"].append(step)
+            hist["aux"].append(out["aux"].item())
+            hist["ce"].append(float(out["ce"]))
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(aux=f"{hist['aux'][-1]:.3f}")
+            if val_cache is not None and eval_every and step % eval_every == 0:
+                val = evaluate_cache(model, val_cache, windows=eval_windows)
+                hist["val_step"].append(step)
+                hist["val_aux"].append(val["aux"])
+                hist["val_ce"].append(val["ce"])
+                if log:
+                    log(f"step {step}: train aux {np.mean(hist['aux'][-eval_every:]):.4f} | val aux {val['aux']:.4f} "
+                        f"ce {val['ce']:.4f}")
+                model.train()
+            if step % checkpoint_every == 0:
+                checkpoint()
+            if callback is not None:
+                callback(step, out)
+    except KeyboardInterrupt:
+        interrupted = True             # the finished steps are kept: resume=True continues from here
+    finally:
+        checkpoint()
         if bar is not None:
-            bar.update(1)
-            bar.set_postfix(aux=f"{hist['aux'][-1]:.3f}")
-        if val_cache is not None and eval_every and step % eval_every == 0:
-            val = evaluate_cache(model, val_cache, windows=eval_windows)
-            hist["val_step"].append(step)
-            hist["val_aux"].append(val["aux"])
-            hist["val_ce"].append(val["ce"])
-            if log:
-                log(f"step {step}: train aux {np.mean(hist['aux'][-eval_every:]):.4f} | val aux {val['aux']:.4f} "
-                    f"ce {val['ce']:.4f}")
-            model.train()
-    if bar is not None:
-        bar.close()
-    model.eval()
+            bar.close()
+        model.eval()
     seconds = time.perf_counter() - t0
-    hist.update(steps=step, seconds=seconds, tokens_per_second=step * batch_size * m / max(seconds, 1e-9))
+    hist.update(steps=step, seconds=seconds, interrupted=interrupted,
+                tokens_per_second=(step - first) * batch_size * m / max(seconds, 1e-9))
     return hist
 
 
