@@ -82,7 +82,7 @@ class CompileCompare(StaticForm, W.VBox):
             what = f"mean of {self.seqs.n} sequences" + (" (median boundary)" if bounds and len(set(bounds)) > 1 else "")
         else:
             boundary, what = boundary_of(self.seqs, seq), f"sequence {seq}"
-        ylabel = "cross-entropy" if self.model.config.mode == "tokens" else "MSE"
+        ylabel = "cross-entropy (nats/token)" if self.model.config.mode == "tokens" else "MSE"
         return compare_figure(self.losses(split, seq), boundary=boundary, split=split, ylabel=ylabel,
                               height=self.height, title=f"Compile and compare · {what} · split s = {split}")
 

@@ -105,6 +105,8 @@ class TemplateInspector(StaticForm, W.VBox):
         return template_figure(coeffs, self.seqs.token_text[i], site=site, boundary=boundary_of(self.seqs, i),
                                highlight=tok, label_names=names, mean_abs=means, singular_values=sv,
                                ablation=self._ablation.get(site), height=self.height,
+                               label_title=self.seqs.label_name if self.seqs.token_labels is not None else "tokens",
+                               loss_unit="nats/token" if self.model.config.mode == "tokens" else "MSE",
                                title=f"κ-template inspector · site {site} · sequence {i} · token {tok} "
                                      f"({html.escape(repr(self.seqs.token_text[i][tok]), quote=False)})")
 
