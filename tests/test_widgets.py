@@ -346,10 +346,11 @@ def test_training_monitor_is_a_trainer_callback():
     train(model, task, steps=6, batch_size=4, eval_every=3, eval_batches=1, callbacks=[monitor], device="cpu",
           progress=False)
     kinds = [r["kind"] for r in monitor.history]
-    assert kinds.count("step") == 6 and kinds[-1] == "end" and "eval" in kinds
+    assert kinds[0] == "start" and kinds.count("step") == 6 and kinds[-1] == "end" and "eval" in kinds
     names = [t.name for t in monitor.figure.data]
-    assert names[:4] == ["main", "aux", "smooth", "total"] and any(n.startswith("val") for n in names[4:])
-    assert len(monitor.figure.data[0].x) == 6 and "done" in monitor.status.value
+    # w_smooth = 0 (the start record says so): no smooth curve; the total underneath, main on top
+    assert names[:3] == ["total", "aux", "main"] and any(n.startswith("val") for n in names[3:])
+    assert len(monitor.figure.data[0].x) == 6 and "done" in monitor.status.value and "step 6 of 6" in monitor.status.value
 
 
 def test_training_monitor_throttles_redraws():
