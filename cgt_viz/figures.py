@@ -21,6 +21,8 @@ from .analysis import token_smoothness, training_series
 PALETTE = qualitative.T10 + qualitative.Dark24
 MAX_COLOR_CATEGORIES = 30     # more categories (e.g. documents) than this get no legend bar
 MODEL_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd")
+OTHER = "other"               # the catch-all category (e.g. colour by token: the tokens not among the most frequent)
+OTHER_COLOR = "#c7c7c7"       # drawn first (underneath) and grey, so the named categories stand out
 COLOR_KINDS = ("categorical", "continuous")
 
 
@@ -223,7 +225,11 @@ def map_groups(color: Any, kind: str | None = None) -> tuple[list[str] | None, l
         if len(names) <= MAX_COLOR_CATEGORIES:
             order = np.argsort(codes, kind="stable")
             bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
-            return names, [order[bounds[j]:bounds[j + 1]] for j in range(len(names))]
+            groups = [order[bounds[j]:bounds[j + 1]] for j in range(len(names))]
+            if OTHER in names and len(names) > 1:          # the catch-all first: drawn underneath the others
+                j = names.index(OTHER)
+                names, groups = [names[j]] + names[:j] + names[j + 1:], [groups[j]] + groups[:j] + groups[j + 1:]
+            return names, groups
     return None, []
 
 
@@ -283,8 +289,13 @@ def ybar_map_figure(coords: Any, color: Any = None, hover: Sequence[str] | None 
 
     fig = go.Figure()
     if names is not None:
-        for j, (nm, rows) in enumerate(zip(names, groups)):
-            fig.add_trace(scatter(rows, dict(base, color=PALETTE[j % len(PALETTE)]), _esc(nm), True))
+        j = 0
+        for nm, rows in zip(names, groups):
+            if nm == OTHER and len(names) > 1:
+                color = OTHER_COLOR
+            else:
+                color, j = PALETTE[j % len(PALETTE)], j + 1
+            fig.add_trace(scatter(rows, dict(base, color=color), _esc(nm), True))
     else:
         marker = dict(base)
         if color is not None:
@@ -469,7 +480,7 @@ def token_text_figure(tokens: Sequence[str], values: Any, *, value_name: str = "
     # a horizontal colour bar above the strip: a strip of one or two lines is too short for a vertical one
     bar = colorbar(value_name, orientation="h", x=1, xanchor="right", y=1.0, yanchor="bottom", len=0.3,
                    thickness=8, nticks=4)
-    bar["title"]["side"] = "left"
+    bar["title"]["side"] = "top"
     fig = go.Figure(go.Heatmap(z=z, text=text, customdata=custom, texttemplate="%{text}", textfont=dict(size=11),
                                colorscale=scale, zmid=zmid, zmin=zmin, zmax=zmax, xgap=1, ygap=3, colorbar=bar,
                                hovertemplate="%{customdata}<br>" + value_name + ": %{z:.4g}<extra></extra>"))
