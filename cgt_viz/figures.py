@@ -81,6 +81,14 @@ def heat_colors(values: Any, signed: bool | None = None) -> dict:
                 zmid=r["zmid"])
 
 
+def plotly_scale(scale: Any) -> list:
+    """A colour scale (a name such as SIGNED_SCALE, or plotly's [[pos, colour], ...]) as [[pos, colour], ...]."""
+    if isinstance(scale, str):
+        from plotly.colors import get_colorscale
+        return [[round(float(p), 6), str(c).replace(" ", "")] for p, c in get_colorscale(scale)]
+    return [[round(float(p), 6), str(c).replace(" ", "")] for p, c in scale]
+
+
 def colorbar(title: str, **kw) -> dict:
     """A colour bar: a title, few ticks (they never overlap), thin; kw: placement (len, y, x, ...)."""
     return dict(dict(title=dict(text=title, side="right"), thickness=10, nticks=5, outlinewidth=0), **kw)
@@ -379,8 +387,14 @@ def smoothness_figure(ybar: Any, tokens: Sequence[str] | None = None, *, boundar
                                      marker=dict(size=4), text=hover,
                                      hovertemplate="%{text}<br>%{y:.3f}<extra>" + nm + "</extra>"),
                           row=row, col=1)
-    fig.add_trace(go.Heatmap(z=ybar.T, x=x, **heat_colors(ybar, signed=True), showscale=True, name=f"ȳ {name}",
-                             colorbar=colorbar("ȳ", len=0.4, y=0, yanchor="bottom"),
+    # the colour range comes from the dimensions that vary along the text: one or two (near-)constant
+    # dimensions of large magnitude would otherwise set it and wash the rest out (they saturate instead)
+    spread = ybar.std(0) if t > 1 else np.ones(ybar.shape[1], np.float32)
+    flat = spread < 0.05 * max(float(np.median(spread)), 1e-12)
+    ranged = ybar[:, ~flat] if (~flat).any() else ybar
+    bar_title = "ȳ" + (f"<br><sup>{plural(int(flat.sum()), 'constant dim')}<br>saturate</sup>" if flat.any() else "")
+    fig.add_trace(go.Heatmap(z=ybar.T, x=x, **heat_colors(ranged, signed=True), showscale=True, name=f"ȳ {name}",
+                             colorbar=colorbar(bar_title, len=0.4, y=0, yanchor="bottom"),
                              hovertemplate="pos %{x}, dim %{y}: %{z:.3f}<extra></extra>"), row=3, col=1)
     if boundary is not None:
         _vline(fig, boundary - 0.5, "#d62728", "dash", "boundary")
@@ -443,21 +457,23 @@ def step_profile_figure(profiles: dict[str, Any], *, title: str | None = None, h
 
 
 # ---------------------------------------------------------------------------------------------- token text
-def _token_colors(values: np.ndarray) -> tuple[str, float | None, float, float]:
+def _token_colors(values: np.ndarray, signed: bool | None = None) -> tuple[str, float | None, float, float]:
     """(colour scale, zmid, zmin, zmax) of `heat_colors`: SIGNED_SCALE around 0 for signed values,
     SEQUENTIAL_SCALE otherwise, robust ranges."""
-    c = heat_colors(values)
+    c = heat_colors(values, signed)
     return c["colorscale"], c["zmid"], c["zmin"], c["zmax"]
 
 
 @checked(per_row=Int(1, hint=" (tokens per line)"), start=Int(0))
 def token_text_figure(tokens: Sequence[str], values: Any, *, value_name: str = "value", title: str | None = None,
-                      per_row: int = 24, highlight: int | None = None, start: int = 0, height: int | None = None) -> go.Figure:
+                      per_row: int = 24, highlight: int | None = None, start: int = 0, height: int | None = None,
+                      signed: bool | None = None) -> go.Figure:
     """Text coloured token by token by a per-token number (CircuitsVis' colored_tokens): the tokens in
     reading order, `per_row` to a line, each cell coloured by its value (diverging around 0 when the
     values have both signs), the value in the hover. tokens (t,) strings; values (t,) numbers (NaN: no
     colour, e.g. ‖ȳ_t − ȳ_{t−1}‖ at t = 0); start: the position of tokens[0] (for the hover);
-    highlight: one position (outlined)."""
+    highlight: one position (outlined); signed: the quantity is signed (a difference, a coefficient: the
+    diverging scale even when every value has one sign), False: a magnitude, None: guess from the values."""
     if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__len__"):
         raise TypeError(f"tokens must be a list of strings (one per position), got {describe(tokens)}")
     t = len(tokens)
@@ -474,7 +490,7 @@ def token_text_figure(tokens: Sequence[str], values: Any, *, value_name: str = "
         r, c = divmod(i, per_row)
         z[r, c], text[r, c] = v, hover_escape(short_token(tok))   # long tokens cut: the hover has them whole
         custom[r, c] = f"pos {start + i}: {hover_escape(repr(str(tok)))}"
-    scale, zmid, zmin, zmax = _token_colors(values)
+    scale, zmid, zmin, zmax = _token_colors(values, signed)
     # None, not NaN, for the empty cells: a widget sends z as JSON, which has no NaN
     z = [[None if not np.isfinite(v) else float(v) for v in row] for row in z]
     # a horizontal colour bar above the strip: a strip of one or two lines is too short for a vertical one
@@ -770,7 +786,6 @@ def training_curves_figure(history: Any, *, log_y: bool = True, title: str | Non
     fig.update_yaxes(title_text="loss" + (" (log scale)" if log_y else ""), row=1, col=1)
     fig.update_yaxes(title_text="metric", row=2, col=1)
     fig.update_xaxes(title_text="step (optimizer updates)", row=2, col=1)
-    fig.update_xaxes(title_text="step", row=1, col=1, title_standoff=2)
     last = max((int(s[-1]) for s, _ in list(series.values()) + list(evals.values()) if len(s)), default=0)
     heading = title or "Training"
     if steps_total:

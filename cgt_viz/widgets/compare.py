@@ -94,7 +94,7 @@ class CompileCompare(StaticForm, W.VBox):
         res = self.losses(split, seq)
         tokens = self.seqs.token_text[seq][split:split + len(res["position"])]
         diff = np.asarray(res["specialized"]) - np.asarray(res["prompted"])
-        return token_text_figure(tokens, diff[:len(tokens)], value_name="L_spec − L_prompt", start=split,
+        return token_text_figure(tokens, diff[:len(tokens)], value_name="L_spec − L_prompt", start=split, signed=True,
                                  title=f"Sequence {seq} after s = {split}: loss specialized − prompted per token")
 
     def static_figures(self) -> list:

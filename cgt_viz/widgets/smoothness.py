@@ -68,7 +68,7 @@ class SmoothnessStrip(StaticForm, W.VBox):
         """The text of one sequence, each token coloured by ‖ȳ_t − ȳ_{t−1}‖ (how far ȳ moved on reading it)."""
         i, highlight, length = self._checked_row(sequence, highlight)
         step, _ = A.token_smoothness(self.ybar[i, :length])
-        return token_text_figure(self.seqs.token_text[i], step, value_name="‖ȳ_t − ȳ_t−1‖", highlight=highlight,
+        return token_text_figure(self.seqs.token_text[i], step, value_name="‖ȳ_t − ȳ_t−1‖", highlight=highlight, signed=False,
                                  title=f"Sequence {i}, each token coloured by how far ȳ moved on it")
 
     def static_figures(self) -> list:

@@ -118,7 +118,7 @@ class TemplateInspector(StaticForm, W.VBox):
         coeffs = A.site_coefficients(self.model, self.ybar[i, :length], site)            # (t, K)
         k = self.template if template is None else template
         k = int(np.abs(coeffs).mean(0).argmax()) if k is None else check_index("template", k, coeffs.shape[1])
-        return token_text_figure(self.seqs.token_text[i], coeffs[:, k], value_name=f"c_{k}", highlight=self.token,
+        return token_text_figure(self.seqs.token_text[i], coeffs[:, k], value_name=f"c_{k}", highlight=self.token, signed=True,
                                  title=f"Sequence {i}, each token coloured by c_{k}(ȳ_t) at site {site}")
 
     def static_figures(self) -> list:
