@@ -113,10 +113,15 @@ def build_report(run: Path, info: dict, history: dict, load_model: Callable[[], 
     import plotly.graph_objects as go
     import plotly.io as pio
 
-    from .figures import training_curves_figure
+    from .figures import PLOTLY_CONFIG, training_curves_figure
 
     sections: list[tuple[str, list, str]] = []          # (heading, figures, note)
-    sections.append(("Training", [training_curves_figure(history)], ""))
+    cfg, settings = info.get("config") or {}, info.get("settings") or {}
+    weights = ({"main": 1.0, "aux": float(cfg.get("w_aux") or 0.0), "smooth": float(cfg.get("w_smooth") or 0.0)}
+               if isinstance(cfg, dict) and "w_aux" in cfg else None)
+    delay = settings.get("aux_delay") if isinstance(settings, dict) else None
+    sections.append(("Training", [training_curves_figure(
+        history, weights=weights, aux_delay=delay if isinstance(delay, int) and delay > 0 else None)], ""))
     if history.get("lr"):
         lr = go.Figure(go.Scatter(x=history["step"], y=history["lr"], mode="lines", name="lr"))
         lr.update_layout(title="Learning rate", height=260, template="plotly_white", margin=dict(l=50, r=20, t=50, b=40))
@@ -133,7 +138,7 @@ def build_report(run: Path, info: dict, history: dict, load_model: Callable[[], 
 
     def figures_html(figs) -> list[str]:
         return [pio.to_html(fig, full_html=False, include_plotlyjs=bool(js and js.pop()), default_width="100%",
-                            config={"responsive": True, "displaylogo": False}) for fig in figs]
+                            config={**PLOTLY_CONFIG, "responsive": True}) for fig in figs]
 
     for heading, figs, note in sections:
         parts.append(f"<h2>{html.escape(heading)}</h2>")

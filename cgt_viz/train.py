@@ -319,8 +319,10 @@ def train(model: nn.Module, task: Task, config: TrainConfig | None = None, *,
     eval_every      evaluate every so many steps and at the last (default steps // 20; 0 = never): the mean
                     "val_main", "val_aux", "val_total" over `eval_batches` fixed validation batches of
                     batch_size, plus whatever eval_fn(model, step) returns
-    callbacks       functions called with plain dicts: {"kind": "step", "step", "main", "aux", "smooth",
-                    "total", "lr"}, {"kind": "eval", "step", <metric>: float, ...}, {"kind": "end", "step"},
+    callbacks       functions called with plain dicts: once before the first update {"kind": "start", "step"
+                    (the first update's number − 1), "steps", "aux_delay", "aux_ramp", "weights": {"main": 1.0,
+                    "aux": w_aux, "smooth": w_smooth}} (what a monitor needs to draw the run), then
+                    {"kind": "step", "step", "main", "aux", "smooth", "total", "lr"}, {"kind": "eval", "step", <metric>: float, ...}, {"kind": "end", "step"},
                     and once per run {"kind": "warning", "step", "message"} when the main loss has sat at the
                     task's no-information level for plateau_steps updates (see cgt_viz.plateau)
     seed            seeds the batch, split and global torch streams (see the module docstring)
@@ -516,6 +518,11 @@ def _run(*, model, task, cfg, steps, batch_size, lr, warmup, min_lr_ratio, weigh
         bar = tqdm(total=steps, initial=start, desc="train", dynamic_ncols=True)
     t0 = time.perf_counter() - history.seconds
     step = start
+    if is_main and start < steps:
+        cfg_m = getattr(model, "config", None)
+        emit({"kind": "start", "step": start, "steps": steps, "aux_delay": aux_delay, "aux_ramp": aux_ramp,
+              "weights": {"main": 1.0, "aux": float(getattr(cfg_m, "w_aux", 0.0) or 0.0),
+                          "smooth": float(getattr(cfg_m, "w_smooth", 0.0) or 0.0)}})
     # the random streams the loop advances, as they were after the last completed step (for a save on error;
     # Python's and NumPy's, which the loop does not touch, are read at save time: cheaper per step)
     snapshot = lambda: {"torch": torch.get_rng_state(), "generators": {n: g.get_state() for n, g in generators.items()}}

@@ -37,7 +37,9 @@ def test_training_curves_skip_zero_terms_and_label_log_ticks():
     hist = {"step": [0, 1, 2], "main": [70.0, 60.0, 50.0], "aux": [3.0, 2.0, 1.0], "smooth": [0.0, 0.0, 0.0],
             "total": [73.0, 62.0, 51.0]}
     fig = Fg.training_curves_figure(hist)
-    assert [t.name for t in fig.data] == ["main", "aux", "total"]                 # w_smooth = 0: no flat curve
+    # w_smooth = 0: no flat curve; the total is drawn first (underneath), main last (on top); weights unknown:
+    # the trainer's total, named as such
+    assert [t.name for t in fig.data] == ["total (as optimised)", "aux", "main"]
     assert "smooth = 0 throughout" in fig.layout.annotations[0].text
     assert fig.layout.yaxis.type == "log" and fig.layout.yaxis.tickformat == "~g"  # 70, not a bare 7
 
@@ -92,7 +94,7 @@ def test_template_figure_panels():
     heat, means, sv, abl = fig.data
     assert np.allclose(np.asarray(heat.z), coeffs.T) and list(heat.y) == ["k0", "k1", "k2", "k3"]
     assert list(means.y) == ["x", "y"] and np.allclose(sv.y, [3.0, 1.0]) and np.allclose(abl.y, [0.1, -0.2, 0.0, 0.3])
-    assert abl.marker.color[3] == "#d62728" and abl.marker.color[1] == "#2ca02c"   # hurts red, helps green
+    assert abl.marker.color[3] == Fg.POSITIVE_COLOR and abl.marker.color[1] == Fg.NEGATIVE_COLOR   # hurts red, helps blue
     assert "3.attn_in" in fig.layout.annotations[0].text
     empty = Fg.template_figure(coeffs)                                 # panels exist, empty, before anything is computed
     assert len(empty.data) == 4 and len(empty.data[3].y) == 0
@@ -124,7 +126,8 @@ def test_training_curves_figure_and_thinning():
                for s in range(5000)] + [{"kind": "eval", "step": 100, "val_main": 1.0, "gap_closed": 0.5}]
     fig = Fg.training_curves_figure(records, max_points=500)
     names = [t.name for t in fig.data]
-    assert names == ["main", "aux", "smooth", "total", "val_main", "gap_closed"]   # lr is not a loss curve
+    # lr is not a loss curve; the total first (drawn underneath), main last of the train curves (on top)
+    assert names == ["total (as optimised)", "smooth", "aux", "main", "val_main", "gap_closed"]
     assert len(fig.data[0].x) <= 501 and fig.data[0].x[-1] == 4999 and fig.layout.yaxis.type == "log"
     assert len(Fg.thin(np.arange(10), 3)) <= 4 and Fg.thin(np.arange(10), 3)[-1] == 9
     assert np.array_equal(Fg.thin(np.arange(3), 10), np.arange(3))

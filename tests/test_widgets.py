@@ -34,6 +34,11 @@ def ex(model):
     return explore(model, data, labels=["a", "b", "c"] * 2, background=None)
 
 
+def map_traces(ex):
+    """The traces that draw the explorer's points (the last trace of its figure is the highlight overlay)."""
+    return ex.figure.data[:ex._n_map]
+
+
 def colors(fig):
     return np.asarray(fig.data[0].marker.color, dtype=float)
 
@@ -41,7 +46,7 @@ def colors(fig):
 def drawn_xy(ex):
     """The coordinates the figure draws, back in point order (M, 2)."""
     out = np.zeros((len(ex.points), 2))
-    for t, rows in zip(ex.figure.data, ex._groups or [np.arange(len(ex.points))]):
+    for t, rows in zip(map_traces(ex), ex._groups or [np.arange(len(ex.points))]):
         out[rows] = np.column_stack([t.x, t.y])
     return out
 
@@ -65,29 +70,29 @@ def embed_size(w) -> tuple[int, dict]:
 def trace_points(ex):
     """{trace name: the drawn points it holds} (the explorer's own mapping) and the points' colours."""
     groups = ex._groups or [np.arange(len(ex.points))]
-    return {t.name: g for t, g in zip(ex.figure.data, groups)}
+    return {t.name: g for t, g in zip(map_traces(ex), groups)}
 
 
 def test_colour_by_changes_trace_colours(ex):
     assert ex.color_by == "label" and len(ex.points) == 120
     # a categorical colouring: one trace per category, in the legend, each its own colour, no colour bar
     by = trace_points(ex)
-    assert list(by) == ["a", "b", "c"] and all(t.showlegend for t in ex.figure.data)
-    assert len({t.marker.color for t in ex.figure.data}) == 3
+    assert list(by) == ["a", "b", "c"] and all(t.showlegend for t in map_traces(ex))
+    assert len({t.marker.color for t in map_traces(ex)}) == 3
     for name, rows in by.items():
         assert set(ex.points.label[rows]) == {name}
-        trace = next(t for t in ex.figure.data if t.name == name)
+        trace = next(t for t in map_traces(ex) if t.name == name)
         assert np.allclose(np.column_stack([trace.x, trace.y]), ex.coords[rows])
     assert sorted(np.concatenate(list(by.values())).tolist()) == list(range(120))
     ex.color_picker.value = "position"                                 # the UI path: dropdown -> figure
-    assert ex.color_by == "position" and len(ex.figure.data) == 1 and np.array_equal(colors(ex.figure), ex.points.pos)
+    assert ex.color_by == "position" and len(map_traces(ex)) == 1 and np.array_equal(colors(ex.figure), ex.points.pos)
     assert ex.figure.data[0].marker.colorbar.title.text == "position" and ex.figure.data[0].marker.showscale
     ex.set_color("document")
-    assert [t.name for t in ex.figure.data] == [str(i) for i in range(6)]
+    assert [t.name for t in map_traces(ex)] == [str(i) for i in range(6)]
     ex.set_color("excerpt half")
-    assert [t.name for t in ex.figure.data] == ["first", "second"]
+    assert [t.name for t in map_traces(ex)] == ["first", "second"]
     ex.set_color("token")                                               # the most frequent tokens, the rest "other"
-    names = [t.name for t in ex.figure.data]
+    names = [t.name for t in map_traces(ex)]
     assert "other" in names and len(names) <= 13
     with pytest.raises(ValueError, match="color_by must be one of"):
         ex.set_color("nope")
@@ -110,7 +115,7 @@ def test_programmatic_selection_gives_the_right_rows(ex):
         assert row["token_id"] == ex.seqs.inputs[row["sequence"], row["position"]].item()
         assert row["label"] == ["a", "b", "c"][row["sequence"] % 3]
         assert (row["x"], row["y"]) == pytest.approx(tuple(ex.coords[p]))
-    drawn = {t.name: list(t.selectedpoints) for t in ex.figure.data}     # the map shows it: per-trace indices
+    drawn = {t.name: list(t.selectedpoints) for t in map_traces(ex)}     # the map shows it: per-trace indices
     by = trace_points(ex)
     assert sorted(int(by[n][i]) for n, sel in drawn.items() for i in sel) == [3, 25, 64]
     assert "3 points selected" in ex.selection_info.value
@@ -195,7 +200,7 @@ def test_umap_fits_in_the_background_and_waits_to_be_picked(model):
 def test_subsampling_beyond_the_cap_is_stratified_and_visible(model):
     data = torch.randint(0, 256, (8, 40))
     ex = explore(model, data, labels=["x"] * 6 + ["rare"] * 2, max_points=50, background=None)
-    assert len(ex.points) == 50 and ex.n_total == 320 and sum(len(t.x) for t in ex.figure.data) == 50
+    assert len(ex.points) == 50 and ex.n_total == 320 and sum(len(t.x) for t in map_traces(ex)) == 50
     assert "showing 50 of 320 tokens" in ex.figure.layout.title.text and "stratified by label" in ex.figure.layout.title.text
     kept = dict(zip(*np.unique(ex.points.label, return_counts=True)))
     assert kept == {"rare": 12, "x": 38} or kept == {"rare": 13, "x": 37}
@@ -206,7 +211,7 @@ def test_add_places_new_points_with_the_cached_reducer(ex, model):
     old = ex.coords.copy()
     new = torch.randint(0, 256, (2, 10))
     assert ex.add(new, labels=["new", "new"]) == 20
-    assert len(ex.points) == 140 and sum(len(t.x) for t in ex.figure.data) == 140 and ex.projectors["pca"] is reducer
+    assert len(ex.points) == 140 and sum(len(t.x) for t in map_traces(ex)) == 140 and ex.projectors["pca"] is reducer
     assert np.allclose(ex.coords[:120], old)
     expected = reducer.transform(A.collect_ybar(model, new).reshape(20, -1))
     assert np.allclose(ex.coords[120:], expected, atol=1e-5)
@@ -346,10 +351,11 @@ def test_training_monitor_is_a_trainer_callback():
     train(model, task, steps=6, batch_size=4, eval_every=3, eval_batches=1, callbacks=[monitor], device="cpu",
           progress=False)
     kinds = [r["kind"] for r in monitor.history]
-    assert kinds.count("step") == 6 and kinds[-1] == "end" and "eval" in kinds
+    assert kinds[0] == "start" and kinds.count("step") == 6 and kinds[-1] == "end" and "eval" in kinds
     names = [t.name for t in monitor.figure.data]
-    assert names[:4] == ["main", "aux", "smooth", "total"] and any(n.startswith("val") for n in names[4:])
-    assert len(monitor.figure.data[0].x) == 6 and "done" in monitor.status.value
+    # w_smooth = 0 (the start record says so): no smooth curve; the total underneath, main on top
+    assert names[:3] == ["total", "aux", "main"] and any(n.startswith("val") for n in names[3:])
+    assert len(monitor.figure.data[0].x) == 6 and "done" in monitor.status.value and "step 6 of 6" in monitor.status.value
 
 
 def test_training_monitor_throttles_redraws():
@@ -504,13 +510,13 @@ def test_big_data_first_paints_a_preview_and_python_sees_every_point(model, monk
     monkeypatch.setattr(A, "collect_ybar", held)
     ex = explore(model, data, labels=labels, background=None, linked=False)
     assert ex.collecting and len(ex._points) == 60 and sorted(labels[r] for r in ex._preview_rows) == ["a", "b", "c"]
-    assert "preview" in ex.figure.layout.title.text and sum(len(t.x) for t in ex.figure.data) == 60
+    assert "preview" in ex.figure.layout.title.text and sum(len(t.x) for t in map_traces(ex)) == 60
     gate.set()
     assert len(ex.points) == 480 and not ex.collecting          # waits for the collection
     np.testing.assert_array_equal(ex.ybar_full, full.ybar_full)
     np.testing.assert_allclose(ex.coords, full.coords, atol=1e-5)
     assert (ex.points.hover == full.points.hover).all()
-    assert sum(len(t.x) for t in ex.figure.data) == 480 and "preview" not in ex.figure.layout.title.text
+    assert sum(len(t.x) for t in map_traces(ex)) == 480 and "preview" not in ex.figure.layout.title.text
     assert ex.wait() is ex and ex.selection.empty
 
 
@@ -520,11 +526,11 @@ def test_three_d_map_from_python_and_the_toggle(ex):
     flat = ex.coords.copy()
     ex.set_projection("pca", dims=3)
     assert ex.dims == 3 and ex.dims_picker.value == 3 and ex.coords.shape == (len(ex.points), 3)
-    assert {t.type for t in ex.figure.data} == {"scatter3d"} and len(ex.figure.data) == 3     # one per label
+    assert {t.type for t in map_traces(ex)} == {"scatter3d"} and len(map_traces(ex)) == 3     # one per label
     np.testing.assert_allclose(ex.coords[:, :2], flat, atol=1e-5)
     assert ex.figure.layout.scene.zaxis.title.text.startswith("PC 3") and "PCA 3-D" in ex.figure.layout.title.text
     xyz = np.zeros((len(ex.points), 3))
-    for t, rows in zip(ex.figure.data, ex._groups):
+    for t, rows in zip(map_traces(ex), ex._groups):
         xyz[rows] = np.column_stack([t.x, t.y, t.z])
     np.testing.assert_allclose(xyz, ex.coords, atol=1e-6)
     ex.select([0, 3, 9])
@@ -534,7 +540,7 @@ def test_three_d_map_from_python_and_the_toggle(ex):
     static = ex.static_figures()[0]
     assert static.data[0].type == "scatter3d" and "PCA 3-D" in ex.static_text()
     ex.dims_picker.value = 2                                   # the toggle
-    assert ex.dims == 2 and {t.type for t in ex.figure.data} == {"scattergl"}
+    assert ex.dims == 2 and {t.type for t in map_traces(ex)} == {"scattergl"}
     np.testing.assert_allclose(drawn_xy(ex), flat, atol=1e-6)
     ex.set_projection("pca", dims=3)
     ex.set_components(2, 3)                                    # a pair of PCs is a 2-D map
@@ -548,7 +554,7 @@ def test_three_d_from_explore_and_the_figure_function(model):
     ex = explore(model, torch.randint(0, 256, (4, 20)), background=None, dims=3, linked=False)
     assert ex.figure.data[0].type == "scatter3d" and ex.coords.shape == (80, 3)
     ex.set_color("position")                                   # one trace with a colour bar, still 3-D
-    assert len(ex.figure.data) == 1 and ex.figure.data[0].type == "scatter3d"
+    assert len(map_traces(ex)) == 1 and map_traces(ex)[0].type == "scatter3d"
     assert A.Projector("pca", dims=3).fit_transform(ex.points.ybar).shape == (80, 3)
     from cgt_viz.figures import ybar_map_figure
     fig = ybar_map_figure(np.random.default_rng(0).normal(size=(10, 3)), ["a", "b"] * 5,

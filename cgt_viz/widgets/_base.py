@@ -27,6 +27,7 @@ import traitlets
 
 from .. import analysis as A
 from ..contracts import check_ybar_array
+from ..figures import PLOTLY_CONFIG
 
 _BUNDLE_PATH = Path(plotly.__file__).parent / "package_data" / "widgetbundle.js"
 _BUNDLE_TEXT: str | None = None
@@ -176,7 +177,7 @@ class LeanFigureWidget(go.FigureWidget):
         shell = kernel_shell()
         self._send_code = _send_code_now(shell) if send_code is None else bool(send_code)
         super().__init__(*args, **kwargs)
-        self._config = {**self._config, "responsive": True}   # follow the width of the notebook
+        self._config = {**self._config, **PLOTLY_CONFIG, "responsive": True}   # follow the width of the notebook
         if self._send_code:
             _carriers.append(weakref.ref(self))
             if shell is not None:
@@ -197,7 +198,9 @@ class LeanFigureWidget(go.FigureWidget):
 def figure_widget(fig: go.Figure, **kwargs) -> go.FigureWidget:
     """A FigureWidget showing `fig`: lean by default, plain plotly with CGT_VIZ_EMBED_PLOTLY=1."""
     if os.environ.get("CGT_VIZ_EMBED_PLOTLY") == "1":
-        return go.FigureWidget(fig)
+        fw = go.FigureWidget(fig)
+        fw._config = {**fw._config, **PLOTLY_CONFIG}
+        return fw
     return LeanFigureWidget(fig, **kwargs)
 
 

@@ -53,6 +53,7 @@ from pathlib import Path
 import plotly
 import plotly.io as pio
 
+from ..figures import PLOTLY_CONFIG
 from . import _png
 
 STATIC_MAX_POINTS = 5000            # points in an explorer's static copy (a saved notebook grows by these only)
@@ -119,7 +120,7 @@ def figures_html(figures, *, include_plotlyjs: bool = False, title: str | None =
       var el = document.getElementById("cgt-{key}-" + i);
       if (el && !el.dataset.drawn) {{
         el.dataset.drawn = "1";
-        window.Plotly.newPlot(el, f.data, f.layout, Object.assign({{responsive: true, displaylogo: false}}, f.config || {{}}));
+        window.Plotly.newPlot(el, f.data, f.layout, Object.assign({{responsive: true}}, {_script_json(PLOTLY_CONFIG)}, f.config || {{}}));
       }}
     }});
   }}

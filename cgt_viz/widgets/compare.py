@@ -82,7 +82,7 @@ class CompileCompare(StaticForm, W.VBox):
             what = f"mean of {self.seqs.n} sequences" + (" (median boundary)" if bounds and len(set(bounds)) > 1 else "")
         else:
             boundary, what = boundary_of(self.seqs, seq), f"sequence {seq}"
-        ylabel = "cross-entropy" if self.model.config.mode == "tokens" else "MSE"
+        ylabel = "cross-entropy (nats/token)" if self.model.config.mode == "tokens" else "MSE"
         return compare_figure(self.losses(split, seq), boundary=boundary, split=split, ylabel=ylabel,
                               height=self.height, title=f"Compile and compare · {what} · split s = {split}")
 
@@ -94,7 +94,7 @@ class CompileCompare(StaticForm, W.VBox):
         res = self.losses(split, seq)
         tokens = self.seqs.token_text[seq][split:split + len(res["position"])]
         diff = np.asarray(res["specialized"]) - np.asarray(res["prompted"])
-        return token_text_figure(tokens, diff[:len(tokens)], value_name="L_spec − L_prompt", start=split,
+        return token_text_figure(tokens, diff[:len(tokens)], value_name="L_spec − L_prompt", start=split, signed=True,
                                  title=f"Sequence {seq} after s = {split}: loss specialized − prompted per token")
 
     def static_figures(self) -> list:

@@ -6,14 +6,19 @@
     ex.open_sequence(3)    # what a click does: smoothness strip + template inspector for sequence 3
     ex.search("sport")     # select the points whose token or label contains it (the search box); a DataFrame
     ex.neighbors(17, k=10) # nearest points in ȳ by cosine (listed under the map after a click)
-    ex.isolate(); ex.show_all()      # re-project only the selection / back to every point (the buttons)
+    ex.isolate(); ex.show_all()      # only the selection / back to every point, in the current projection
+    ex.clear()                       # the Clear button: no selection, no search hits, no neighbours marked
     ex.set_components(2, 3)          # PCA on PC 2 and PC 3 (the PCs picker, up to PC 5)
     ex.set_projection("umap", dims=3)  # a 3-D map (PC 1-3, or UMAP / t-SNE with 3 components; the 2-D/3-D toggle)
     ex.set_hidden(["tech"])          # what a click on a legend entry does; ex.hidden_categories
     ex.export("sel.csv")             # the Export CSV button: the selection (or every point)
 
 A categorical colouring (topic, document, excerpt half, token) draws one trace per category with a legend
-entry each; numbers (position) get a colour bar. In 3-D (plotly's Scatter3d: drag to turn, scroll to zoom)
+entry each; numbers (position) get a colour bar. Search hits, and a clicked point with its nearest
+neighbours, are ringed and labelled by one more trace drawn over the map (the last; `highlighted`).
+The map paints with PCA; a background projection (UMAP by default) is fitted meanwhile and the status line
+says when it is ready; it is shown when picked under Projection (the map does not change under a
+selection on its own). In 3-D (plotly's Scatter3d: drag to turn, scroll to zoom)
 a click still opens a point's sequence, but a box or lasso selects nothing (plotly has no 3-D selection), and
 a selection made from Python (select, search) is listed, not drawn.
 
@@ -34,7 +39,7 @@ import numpy as np
 from .. import analysis as A
 from .._checks import (Bool, Choice, Height, Int, check_array, check_choice, check_index, check_int, checked,
                        describe, is_number)
-from ..figures import map_groups, ybar_map_figure
+from ..figures import highlight_trace, map_groups, plural, short_token, ybar_map_figure
 from ..sequences import model_device
 from ._base import check_view_ybar, figure_widget, html_status, replace_figure
 from ._static import STATIC_MAX_POINTS, StaticForm
@@ -267,6 +272,7 @@ class Explorer(StaticForm, W.VBox):
         self._threads: dict[str, threading.Thread] = {}
         self._errors: dict[str, BaseException] = {}
         self._selected = np.zeros(0, dtype=np.int64)
+        self._highlight = (np.zeros(0, dtype=np.int64), [], "highlighted")   # (points, labels, trace name)
         self._strip = self._inspector = None
         self._syncing = False
 
@@ -309,7 +315,8 @@ class Explorer(StaticForm, W.VBox):
         self.pc_picker.observe(lambda ch: None if self._syncing else self.set_components(*ch["new"]), names="value")
         self.search_box = W.Text(placeholder="search a token or label", continuous_update=False,
                                  layout=W.Layout(width="220px"))
-        self.search_box.observe(lambda ch: self.search(ch["new"]) if ch["new"] else self.select([]), names="value")
+        self.search_box.observe(lambda ch: None if self._syncing else
+                                self.search(ch["new"]) if ch["new"] else self.clear(), names="value")
         self.isolate_button = W.Button(description="Isolate selection", tooltip="re-project only the selected points",
                                        layout=W.Layout(width="140px"))
         self.isolate_button.on_click(lambda _b: self._ui(self.isolate))
@@ -318,11 +325,15 @@ class Explorer(StaticForm, W.VBox):
         self.export_button = W.Button(description="Export CSV", tooltip="the selection (or every point) as a CSV file",
                                       layout=W.Layout(width="100px"))
         self.export_button.on_click(lambda _b: self._ui(self.export))
+        self.clear_button = W.Button(description="Clear", tooltip="no selection, no search hits, no neighbours marked",
+                                     layout=W.Layout(width="70px"))
+        self.clear_button.on_click(lambda _b: self._ui(self.clear))
         self.neighbours_info = W.HTML("")
         self._stack: list[tuple] = []
         super().__init__([W.HBox([self.projection_picker, self.dims_picker, self.pc_picker, self.color_picker,
                                   self.status]),
-                          W.HBox([self.search_box, self.isolate_button, self.all_button, self.export_button]),
+                          W.HBox([self.search_box, self.clear_button, self.isolate_button, self.all_button,
+                                  self.export_button]),
                           self.figure, self.selection_info, self.neighbours_info, self.linked])
         if self._preview_rows is not None:
             _import_for_threads(background)      # the collector starts the background fit itself
@@ -373,6 +384,7 @@ class Explorer(StaticForm, W.VBox):
                 self._preview_rows = None
                 self._coords, self._projectors = {}, {}
                 self._selected = np.zeros(0, dtype=np.int64)
+                self._highlight = (np.zeros(0, dtype=np.int64), [], "highlighted")
                 self.color_options = self._color_options()
                 self._fit_now(_key("pca", self.dims))
                 self.projection = "pca"
@@ -428,11 +440,26 @@ class Explorer(StaticForm, W.VBox):
     def _wire_traces(self) -> None:
         """(Re)attach the selection, click and deselect callbacks to every trace (after the traces change)."""
         self._buffer: list[np.ndarray] = []
-        last = len(self.figure.data) - 1
-        for i, trace in enumerate(self.figure.data):
+        n = self._n_map
+        last = n - 1
+        for i, trace in enumerate(self.figure.data[:n]):
             trace.on_selection(lambda tr, pts, sel, i=i: self._on_plotly_selection(i, last, pts, sel))
             trace.on_deselect(lambda tr, pts, i=i: self._on_plotly_deselect() if i == last else None)
             trace.on_click(lambda tr, pts, state, i=i: self._on_plotly_click(i, pts))
+        for trace in self.figure.data[n:]:          # the highlight overlay: a click opens the point under it
+            trace.on_click(lambda tr, pts, state: self._on_overlay_click(pts))
+
+    @property
+    def _n_map(self) -> int:
+        """How many of the figure's traces draw the points (the rest: the highlight overlay)."""
+        return len(self._groups) if self._groups else 1
+
+    def _on_overlay_click(self, points) -> None:
+        if points.point_inds:
+            rows = self._highlight[0]
+            i = points.point_inds[0]
+            if 0 <= i < len(rows):
+                self.open_point(int(rows[i]))
 
     def _clear_outline(self) -> None:
         """Remove a box/lasso outline drawn in the browser. plotly.js keeps it in layout.selections and
@@ -483,16 +510,20 @@ class Explorer(StaticForm, W.VBox):
         values, kind = self.color_options[self.color_by]
         coords, hover = self._coords[_key(method, self.dims)], self.points.hover
         selected = self._selected if selection else np.zeros(0, np.int64)
+        marked, labels, name = getattr(self, "_highlight", (np.zeros(0, np.int64), [], "highlighted"))
         if rows is not None:
             pos = np.full(len(self.points), -1)
             pos[rows] = np.arange(len(rows))
             values, coords, hover = values[rows], coords[rows], hover[rows]
             selected = pos[selected][pos[selected] >= 0]
+            keep = pos[marked] >= 0
+            marked, labels = pos[marked][keep], [lab for lab, k in zip(labels, keep) if k]
         if rows is None:
             self._groups = map_groups(values, kind)[1]
         return ybar_map_figure(coords, values, hover, color_name=self.color_by, color_kind=kind,
                                note=note or self._note(), axis_names=self._axis_names(method), height=self.height,
                                selected=selected if len(selected) else None,
+                               highlight=marked, highlight_labels=labels, highlight_name=name,
                                title=f"ȳ of {len(self.points):,} tokens · {_method_name(_key(method, self.dims))}")
 
     def _axis_names(self, method: str) -> tuple[str, ...]:
@@ -552,10 +583,56 @@ class Explorer(StaticForm, W.VBox):
             hit |= np.char.find(np.char.lower(self.points.token.astype(str)), q) >= 0
         if field in ("any", "label") and self.points.label is not None:
             hit |= np.char.find(np.char.lower(self.points.label.astype(str)), q) >= 0
-        self.select(np.nonzero(hit & self._visible_mask())[0])
+        found = np.nonzero(hit & self._visible_mask())[0]
+        self.select(found)
+        self.set_highlight(found, [str(t) for t in self.points.token[found]],
+                           f"search “{query}”: {plural(len(found), 'hit')}")
         if not hit.any():
             self.selection_info.value = html_status(f"no token or label contains {query!r}", "error")
         return self.selection
+
+    def set_highlight(self, points, labels=None, name: str = "highlighted") -> None:
+        """Ring and label drawn points on the map (the overlay trace drawn last): search hits, a point and its
+        neighbours; [] clears. labels: one string per point (default: its token)."""
+        idx = self._check_points(points)
+        if labels is None:
+            labels = [str(t) for t in self.points.token[idx]]
+        if len(labels) != len(idx):
+            raise ValueError(f"labels must have one string per point ({len(idx)}), got {len(labels)}")
+        self._highlight = (idx, [str(s) for s in labels], str(name))
+        self._draw_highlight()
+
+    @property
+    def highlighted(self):
+        """The ringed points (search hits, or the opened point and its neighbours) as a DataFrame like
+        `selection`, with the label drawn next to each."""
+        idx, labels, _ = self._highlight
+        df = self._frame(idx).reset_index(drop=True)
+        df["mark"] = labels
+        return df
+
+    def _draw_highlight(self) -> None:
+        """Put the current highlight into the overlay trace (in place)."""
+        n = self._n_map
+        if len(self.figure.data) <= n:
+            return
+        idx, labels, name = self._highlight
+        new = highlight_trace(self.coords, idx, labels, name, self.points.hover)
+        with self.figure.batch_update():
+            self.figure.data[n].update(new.to_plotly_json(), overwrite=True)
+
+    def clear(self) -> None:
+        """No selection, no search hits and no neighbours marked (the Clear button)."""
+        self._highlight = (np.zeros(0, dtype=np.int64), [], "highlighted")
+        self.select([])
+        self._draw_highlight()
+        self.neighbours_info.value = ""
+        if self.search_box.value:
+            self._syncing = True
+            try:
+                self.search_box.value = ""
+            finally:
+                self._syncing = False
 
     def neighbors(self, point: int, k: int = 10):
         """The k drawn points nearest to `point` by cosine similarity of ȳ, most similar first: a DataFrame
@@ -584,6 +661,7 @@ class Explorer(StaticForm, W.VBox):
             f"<code>explorer.neighbors({point})</code> gives them as a DataFrame<table style='font-size:12px'>"
             f"<tr><th>point</th><th>seq</th><th>pos</th><th>token</th><th>label</th><th>cos</th></tr>{rows}"
             f"</table></div>")
+        return df
 
     def export(self, path=None) -> str:
         """Write the selection (every drawn point when nothing is selected) as CSV; returns the path
@@ -603,8 +681,10 @@ class Explorer(StaticForm, W.VBox):
 
     # ------------------------------------------------------------------ isolate
     def isolate(self) -> None:
-        """Keep only the selected points and project them afresh (PCA now; other methods when picked).
-        Point indices then refer to the isolated set; `show_all()` goes back."""
+        """Keep only the selected points and project them afresh in the current projection: PCA at once;
+        UMAP or t-SNE is fitted on them in the background (the map shows their PCA meanwhile, the status
+        line says so, and the fitted one follows). Point indices then refer to the isolated set;
+        `show_all()` goes back."""
         if not self._selected.size:
             raise ValueError("isolate needs a selection: select points first (box, lasso, search or select())")
         if len(self._selected) < 2:        # refused before any state changes: a projection needs 2 points
@@ -613,38 +693,52 @@ class Explorer(StaticForm, W.VBox):
                              f"(box, lasso, search or select())")
         for thread in list(self._threads.values()):
             thread.join()
+        method = self.projection_picker.value              # the projection asked for (the one shown, or fitting)
         with self._lock:
             self._stack.append((self.points, self._coords, self.projectors, self._threads, self._errors))
             self.points = self.points.take(self._selected)
             self._coords, self.projectors, self._threads, self._errors = {}, {}, {}, {}
-            self._reset_view()
+            self._reset_view(method)
 
     def show_all(self) -> None:
-        """Undo `isolate` (every isolation, back to all drawn points)."""
+        """Undo `isolate` (every isolation, back to all drawn points), in the current projection (fitted in
+        the background when it was not fitted on every point yet)."""
         if not self._stack:
             return
+        method = self.projection_picker.value
         with self._lock:
             self.points, self._coords, self.projectors, self._threads, self._errors = self._stack[0]
             self._stack.clear()
-            self._reset_view()
+            self._reset_view(method)
 
-    def _reset_view(self) -> None:
+    def _reset_view(self, method: str = "pca") -> None:
+        """After the point set changed: no selection or marks, the default PCs, and `method` drawn (at once
+        when fitted or PCA; else PCA now and `method` fitted in the background, drawn when ready)."""
         self._selected = np.zeros(0, dtype=np.int64)
+        self._highlight = (np.zeros(0, dtype=np.int64), [], "highlighted")
+        self.neighbours_info.value = ""
         self._pc_ratio, self.components = None, (1, 2)
         self.color_options = self._color_options()
+        key = _key(method, self.dims)
         if _key("pca", self.dims) not in self._coords:
             self._fit_now(_key("pca", self.dims))
+        shown = method if key in self._coords else "pca"
         self._syncing = True
         try:
-            self.projection_picker.value = "pca"
+            self.projection_picker.value = method          # the picker keeps asking for it
             self.pc_picker.value = (1, 2)
         finally:
             self._syncing = False
-        self.projection = "pca"
+        self.projection = shown
         self._redraw()
         self._describe_selection()
-        self._set_status(f"{'isolated: ' if self._stack else ''}{len(self.points):,} points · "
-                         f"{_method_name(_key('pca', self.dims))}", "ok")
+        where = f"{'isolated: ' if self._stack else ''}{plural(len(self.points), 'point')}"
+        if shown == method:
+            self._set_status(f"{where} · {_method_name(key)}", "ok")
+        else:
+            self._start_fit(key)                           # says "fitting in the background …"; drawn when ready
+            self._set_status(f"{where} · showing PCA while {_method_name(key)} is fitted on them in the "
+                             f"background…", "busy")
 
     def figure_static(self, max_points: int | None = None, selection: bool = True):
         """The current view as a plain `go.Figure` (for write_html / reports); max_points: draw a subsample
@@ -677,13 +771,16 @@ class Explorer(StaticForm, W.VBox):
         return self._coords[_key(self.projection, self.dims)]
 
     # ------------------------------------------------------------------ projection
-    def _fit_now(self, key: str) -> np.ndarray:
-        """Fit the projection `key` ("pca", "umap3d", ...; see _key) on the drawn points."""
+    def _fit_now(self, key: str, target: tuple | None = None) -> np.ndarray:
+        """Fit the projection `key` ("pca", "umap3d", ...; see _key) on the drawn points; target: (points,
+        coords dict, projectors dict) of the point set it is for (a background fit captures them when it
+        starts, so an isolate or show_all meanwhile cannot mix coordinates of two point sets)."""
         method, dims = _split(key)
+        points, coords_d, proj_d = target or (self.points, self._coords, self.projectors)
         proj = A.Projector(method, seed=self.seed, dims=dims, **self.projection_params[method])
-        coords = proj.fit_transform(self.points.ybar)
+        coords = proj.fit_transform(points.ybar)
         with self._lock:
-            self.projectors[key], self._coords[key] = proj, coords
+            proj_d[key], coords_d[key] = proj, coords
         return coords
 
     def _start_fit(self, key: str) -> None:
@@ -696,17 +793,20 @@ class Explorer(StaticForm, W.VBox):
                     if key.startswith("umap") else "")
             self._set_status(f"{_method_name(key)}: fitting in the background on {len(self.points):,} points{hint}…",
                              "busy")
-            thread = threading.Thread(target=self._fit_job, args=(key,), daemon=True, name=f"cgt-viz-{key}")
+            target = (self.points, self._coords, self.projectors)
+            thread = threading.Thread(target=self._fit_job, args=(key, target), daemon=True, name=f"cgt-viz-{key}")
             self._threads[key] = thread
         thread.start()
 
-    def _fit_job(self, key: str) -> None:
+    def _fit_job(self, key: str, target: tuple | None = None) -> None:
         t0 = time.perf_counter()
         try:
-            self._fit_now(key)
+            self._fit_now(key, target)
         except Exception as exc:   # shown in the status line; set_projection(wait=True) re-raises it
             self._errors[key] = exc
             self._set_status(f"{_method_name(key)} failed: {type(exc).__name__}: {exc}", "error")
+            return
+        if target is not None and target[1] is not self._coords:   # fitted for a point set no longer shown
             return
         self._set_status(f"{_method_name(key)} ready ({time.perf_counter() - t0:.1f} s)"
                          + ("" if self._wanted() == key else " — pick it under Projection"), "ok")
@@ -789,6 +889,7 @@ class Explorer(StaticForm, W.VBox):
                     self.figure.layout.title.text = (f"ȳ of {len(self.points):,} tokens · {_method_name(key)}"
                                                      f"<br><sup>{self._note()}</sup>")
                 self.projection = method
+                self._draw_highlight()                         # the rings follow their points
                 self._clear_outline()                          # a box/lasso drawn in the old coordinates
         if key not in self._threads or not self._threads[key].is_alive():
             self._set_status(f"showing {_method_name(key)}", "ok")
@@ -829,7 +930,7 @@ class Explorer(StaticForm, W.VBox):
         groups = self._groups or [np.arange(len(self.points))]
         per_trace = [np.nonzero(np.isin(rows, self._selected))[0].tolist() if self._selected.size else None
                      for rows in groups]
-        traces = list(range(len(self.figure.data)))
+        traces = list(range(self._n_map))                  # not the highlight overlay
         self.figure.plotly_update(restyle_data={"selectedpoints": per_trace}, trace_indexes=traces)
         if not _from_browser:
             # one message for both: the page drops a box/lasso outline it would otherwise re-apply over
@@ -861,7 +962,7 @@ class Explorer(StaticForm, W.VBox):
         """The categories hidden from the map (a click on their legend entry, or `set_hidden`)."""
         if not self._groups:
             return []
-        return [html.unescape(t.name) for t in self.figure.data if t.visible in ("legendonly", False)]
+        return [html.unescape(t.name) for t in self.figure.data[:self._n_map] if t.visible in ("legendonly", False)]
 
     def set_hidden(self, categories) -> None:
         """Hide these categories of the current colouring (and show the others); [] shows all."""
@@ -870,13 +971,13 @@ class Explorer(StaticForm, W.VBox):
         if not self._groups:
             raise ValueError(f"categories can only be hidden in a colouring with a legend (one trace per "
                              f"category); colour by {self.color_by!r} has none, got {list(categories)}")
-        names = [html.unescape(t.name) for t in self.figure.data]   # trace names are escaped user strings
+        names = [html.unescape(t.name) for t in self.figure.data[:self._n_map]]   # escaped user strings
         unknown = [c for c in categories if str(c) not in names]
         if unknown:
             raise ValueError(f"categories must be names of the colouring {self.color_by!r} ({names}), got {unknown}")
         hide = {str(c) for c in categories}
         with self.figure.batch_update():
-            for t in self.figure.data:
+            for t in self.figure.data[:self._n_map]:
                 t.visible = "legendonly" if html.unescape(t.name) in hide else True
 
     def _visible_mask(self) -> np.ndarray:
@@ -948,7 +1049,8 @@ class Explorer(StaticForm, W.VBox):
         if n == 0:
             self.selection_info.value = html_status("No selection. Drag a box or lasso; click a point to open it.")
             return
-        text = f"{n:,} points selected from {len(np.unique(self.points.seq[self._selected])):,} sequences"
+        text = (f"{plural(n, 'point')} selected from "
+                f"{plural(len(np.unique(self.points.seq[self._selected])), 'sequence')}")
         if self.points.label is not None:
             labs, counts = np.unique(self.points.label[self._selected].astype(str), return_counts=True)
             top = ", ".join(f"{lab}: {c}" for lab, c in sorted(zip(labs, counts), key=lambda p: -p[1])[:6])
@@ -969,7 +1071,10 @@ class Explorer(StaticForm, W.VBox):
         its nearest neighbours in ȳ under the map."""
         point = check_index("point", point, len(self.points))
         if len(self.points) > 1:
-            self._show_neighbours(point)
+            df = self._show_neighbours(point)
+            self.set_highlight([point] + df["point"].tolist(),
+                               [f"▶ {self.points.token[point]}"] + [f"{i + 1}. {t}" for i, t in enumerate(df["token"])],
+                               f"point {point} and its {plural(len(df), 'nearest neighbour')} in ȳ")
         self.open_sequence(int(self.points.seq[point]), int(self.points.pos[point]))
 
     def open_sequence(self, sequence: int, position: int | None = None) -> None:
@@ -1035,6 +1140,7 @@ class Explorer(StaticForm, W.VBox):
             finally:
                 self._syncing = False
             self._selected = np.zeros(0, dtype=np.int64)
+            self._highlight = (np.zeros(0, dtype=np.int64), [], "highlighted")
             self._redraw()
         if self._strip is not None:
             self._strip.seqs, self._strip.ybar = self.seqs, self.ybar_full

@@ -7,6 +7,11 @@
 The monitor is itself the callback (it is called with each record dict, see the protocol in train.py).
 A call only appends numbers to Python lists; the plot is redrawn at most every `min_interval` seconds
 (and at every evaluation and at the end), with long curves thinned, so it does not slow training.
+
+The trainer's first record ({"kind": "start"}) gives the run's length, aux_delay and the loss weights: terms
+of weight 0 get no curve, "total" is main + Σ w·term with the full weights (as val_total is), a dashed
+line marks where the aux term joins, and the status line says "step N of M" with an ETA. `smoothing`
+(the slider) draws an EMA of the train curves over the faint raw ones.
 """
 from __future__ import annotations
 
@@ -17,33 +22,63 @@ import numpy as np
 
 from .._checks import Bool, Float, Height, Int, checked
 from ..analysis import NOT_PLOTTED
-from ..figures import drawn_series, thin, training_curves_figure
+from ..figures import _weights_of, run_info, training_curves_figure
 from ._base import figure_widget, html_status, replace_figure
 from ._static import StaticForm
 
-KINDS = ("step", "eval", "end", "warning")
+KINDS = ("start", "step", "eval", "end", "warning")
+
+
+def format_seconds(s: float) -> str:
+    """12 s, 3 min 20 s, 1 h 05 min."""
+    s = max(0, int(round(s)))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {(s % 3600) // 60:02d} min"
 
 
 class TrainingMonitor(StaticForm, W.VBox):
     """Callable with callback records; shows training losses (log scale) and evaluation metrics."""
 
     @checked(min_interval=Float(0, hint=" (seconds between redraws)"), log_y=Bool(),
-             max_points=Int(2, hint=" (points drawn per curve)"), height=Height())
+             max_points=Int(2, hint=" (points drawn per curve)"),
+             smoothing=Float(0, 0.999, hint=" (EMA weight: 0 = raw curves)"),
+             steps=Int(1, none=True, hint=" (the run's length)"), height=Height())
     def __init__(self, *, min_interval: float = 0.5, log_y: bool = True, max_points: int = 2000,
-                 title: str = "Training", height: int = 460):
+                 title: str = "Training", smoothing: float = 0.0, weights=None, steps: int | None = None,
+                 height: int = 460):
+        """smoothing: EMA of the train curves (0 = raw; the slider); weights ({term: w} or the model's
+        config) and steps: what the trainer's start record says otherwise (for records from elsewhere)."""
         self.min_interval, self.log_y, self.max_points = min_interval, log_y, max_points
+        self.smoothing, self.weights, self.steps = float(smoothing), weights, steps
         self.title, self.height = title, height
         self.records: list[dict] = []
         self._steps: dict[str, tuple[list, list]] = {}
         self._evals: dict[str, tuple[list, list]] = {}
         self._last_draw = 0.0
+        self._draw_cost = 0.0
         self._t0: float | None = None
+        self._first_step: int | None = None      # the step before the first update this monitor saw (resume)
         self.redraws = 0
         self.figure = figure_widget(self.figure_static())
         self.status = W.HTML(html_status("waiting for the first training step …"))
         self.warnings: list[str] = []      # the trainer's warnings in words (e.g. a loss plateau)
         self.alerts = W.HTML("")
-        super().__init__([self.status, self.alerts, self.figure])
+        self.smoothing_slider = W.FloatSlider(value=self.smoothing, min=0.0, max=0.99, step=0.01,
+                                              description="smoothing", continuous_update=False,
+                                              tooltip="EMA of the train curves (0: raw)",
+                                              layout=W.Layout(width="300px"))
+        self.smoothing_slider.observe(lambda ch: self.set_smoothing(ch["new"]), names="value")
+        super().__init__([W.HBox([self.status, self.smoothing_slider]), self.alerts, self.figure])
+
+    def set_smoothing(self, smoothing: float) -> None:
+        """EMA weight of the train curves (0: raw curves; 0.9: about the last 10 steps); redraws."""
+        self.smoothing = float(Float(0, 0.999).check("smoothing", smoothing))
+        if self.smoothing_slider.value != min(self.smoothing, 0.99):
+            self.smoothing_slider.value = min(self.smoothing, 0.99)
+        self.redraw()
 
     def __call__(self, record: dict) -> None:
         """One callback record: {"kind": "step" | "eval" | "end", "step": int, <name>: float, ...}, or
@@ -57,6 +92,12 @@ class TrainingMonitor(StaticForm, W.VBox):
         if self._t0 is None:
             self._t0 = now
         self.records.append(dict(record))
+        if kind == "start":
+            self._t0, self._first_step = now, int(record["step"])
+            self.steps = record.get("steps", self.steps) if self.steps is None else self.steps
+            return
+        if kind == "step" and self._first_step is None:
+            self._t0, self._first_step = now, int(record["step"]) - 1
         if kind == "warning":
             self.warnings.append(f"step {record['step']}: {record.get('message', '')}")
             self.alerts.value = "<br>".join(html_status("⚠ " + w, "error") for w in self.warnings)
@@ -68,7 +109,8 @@ class TrainingMonitor(StaticForm, W.VBox):
                     xs, ys = target.setdefault(key, ([], []))
                     xs.append(record["step"])
                     ys.append(float(value))
-        if kind != "step" or now - self._last_draw >= self.min_interval:
+        # at most every min_interval, and never more than ~10 % of the time on drawing (long runs)
+        if kind != "step" or now - self._last_draw >= max(self.min_interval, 10 * self._draw_cost):
             self.redraw(final=kind == "end")
 
     @property
@@ -79,6 +121,7 @@ class TrainingMonitor(StaticForm, W.VBox):
     def figure_static(self):
         """The curves so far as a static `go.Figure` (training_curves_figure of the records)."""
         return training_curves_figure(self.records, log_y=self.log_y, title=self.title, max_points=self.max_points,
+                                      weights=self.weights, steps=self.steps, smoothing=self.smoothing,
                                       height=self.height)
 
     def static_figures(self) -> list:
@@ -91,27 +134,45 @@ class TrainingMonitor(StaticForm, W.VBox):
 
     def redraw(self, final: bool = False) -> None:
         """Push the current curves to the plot (called for you, throttled)."""
-        self._last_draw = time.monotonic()
+        t0 = self._last_draw = time.monotonic()
         self.redraws += 1
-        names = [tr.name for tr in self.figure.data]
-        steps = drawn_series(self._steps)[0]            # no curve for a term that is 0 throughout
-        want = list(steps) + list(self._evals)
-        if names != want:                      # a new series appeared: rebuild the trace list once
-            replace_figure(self.figure, self.figure_static())
+        fig = self.figure_static()
+        if [t.name for t in self.figure.data] != [t.name for t in fig.data]:   # a new series: rebuild once
+            replace_figure(self.figure, fig)
         else:
             with self.figure.batch_update():
-                for trace, (xs, ys) in zip(self.figure.data, list(steps.values()) + list(self._evals.values())):
-                    trace.x = thin(np.asarray(xs), self.max_points)
-                    trace.y = thin(np.asarray(ys), self.max_points)
+                for old, new in zip(self.figure.data, fig.data):
+                    old.x, old.y = new.x, new.y
+                self.figure.layout.title.text = fig.layout.title.text
+                self.figure.layout.shapes = fig.layout.shapes
+                self.figure.layout.annotations = fig.layout.annotations
+                self.figure.layout.xaxis.range = fig.layout.xaxis.range
+                self.figure.layout.xaxis2.range = fig.layout.xaxis2.range
+        self.status.value = html_status(self.status_text(final), "ok" if final else "busy")
+        self._draw_cost = time.monotonic() - t0
+
+    def status_text(self, final: bool = False) -> str:
+        """The status line: step N of M, the latest losses, steps/s and the ETA."""
         last = self.records[-1] if self.records else {}
-        elapsed = time.monotonic() - (self._t0 or time.monotonic())
-        parts = [f"step {last.get('step', 0)}"]
+        step = int(last.get("step", 0))
+        parts = [f"step {step:,}" + (f" of {self.steps:,}" if self.steps else "")]
+        weights = _weights_of(self.weights if self.weights is not None else run_info(self.records).get("weights"))
+        latest = {k: ys[-1] for k, (_, ys) in self._steps.items() if ys}
+        if weights is not None and "main" in latest:      # the figure's total: full weights, as val_total
+            latest["total"] = latest["main"] + sum(w * latest.get(k, 0.0) for k, w in weights.items()
+                                                   if k not in ("main", "total"))
         for key in ("main", "aux", "smooth", "total"):
-            if key in self._steps:
-                parts.append(f"{key} {self._steps[key][1][-1]:.4f}")
+            if key in latest and not (weights is not None and weights.get(key) == 0):
+                parts.append(f"{key} {latest[key]:.4f}")
         for key, (_, ys) in self._evals.items():
             parts.append(f"{key} {ys[-1]:.4f}")
-        n_steps = len(self._steps.get("main", ([], []))[0])
-        if elapsed > 0 and n_steps:
-            parts.append(f"{n_steps / elapsed:.1f} steps/s")
-        self.status.value = html_status(("done · " if final else "") + " · ".join(parts), "ok" if final else "busy")
+        elapsed = time.monotonic() - (self._t0 or time.monotonic())
+        done = step - (self._first_step or 0)
+        if elapsed > 0 and done > 0:
+            rate = done / elapsed
+            parts.append(f"{rate:.1f} steps/s")
+            if self.steps and not final and step < self.steps:
+                parts.append(f"ETA {format_seconds((self.steps - step) / rate)}")
+            elif final:
+                parts.append(f"took {format_seconds(elapsed)}")
+        return ("done · " if final else "") + " · ".join(parts)

@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import analysis as A
 from .._checks import Height, check_index, check_int, checked
-from ..figures import smoothness_figure, token_text_figure
+from ..figures import plural, smoothness_figure, token_text_figure
 from ._base import boundary_of, check_view_ybar, figure_widget, replace_figure, sequences_of
 from ._static import StaticForm
 
@@ -42,7 +42,7 @@ class SmoothnessStrip(StaticForm, W.VBox):
                                        layout=W.Layout(width="180px"))
         self._syncing = False
         self.picker.observe(self._on_pick, names="value")
-        super().__init__([W.HBox([self.picker, W.HTML(f"<small>{self.seqs.n} sequences</small>")]), self.figure,
+        super().__init__([W.HBox([self.picker, W.HTML(f"<small>{plural(self.seqs.n, 'sequence')}</small>")]), self.figure,
                           self.tokens_figure])
 
     def _check_highlight(self, highlight, sequence: int) -> int | None:
@@ -68,7 +68,7 @@ class SmoothnessStrip(StaticForm, W.VBox):
         """The text of one sequence, each token coloured by ‖ȳ_t − ȳ_{t−1}‖ (how far ȳ moved on reading it)."""
         i, highlight, length = self._checked_row(sequence, highlight)
         step, _ = A.token_smoothness(self.ybar[i, :length])
-        return token_text_figure(self.seqs.token_text[i], step, value_name="‖ȳ_t − ȳ_t−1‖", highlight=highlight,
+        return token_text_figure(self.seqs.token_text[i], step, value_name="‖ȳ_t − ȳ_t−1‖", highlight=highlight, signed=False,
                                  title=f"Sequence {i}, each token coloured by how far ȳ moved on it")
 
     def static_figures(self) -> list:

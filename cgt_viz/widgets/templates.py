@@ -105,6 +105,8 @@ class TemplateInspector(StaticForm, W.VBox):
         return template_figure(coeffs, self.seqs.token_text[i], site=site, boundary=boundary_of(self.seqs, i),
                                highlight=tok, label_names=names, mean_abs=means, singular_values=sv,
                                ablation=self._ablation.get(site), height=self.height,
+                               label_title=self.seqs.label_name if self.seqs.token_labels is not None else "tokens",
+                               loss_unit="nats/token" if self.model.config.mode == "tokens" else "MSE",
                                title=f"κ-template inspector · site {site} · sequence {i} · token {tok} "
                                      f"({html.escape(repr(self.seqs.token_text[i][tok]), quote=False)})")
 
@@ -116,7 +118,7 @@ class TemplateInspector(StaticForm, W.VBox):
         coeffs = A.site_coefficients(self.model, self.ybar[i, :length], site)            # (t, K)
         k = self.template if template is None else template
         k = int(np.abs(coeffs).mean(0).argmax()) if k is None else check_index("template", k, coeffs.shape[1])
-        return token_text_figure(self.seqs.token_text[i], coeffs[:, k], value_name=f"c_{k}", highlight=self.token,
+        return token_text_figure(self.seqs.token_text[i], coeffs[:, k], value_name=f"c_{k}", highlight=self.token, signed=True,
                                  title=f"Sequence {i}, each token coloured by c_{k}(ȳ_t) at site {site}")
 
     def static_figures(self) -> list:
