@@ -257,7 +257,7 @@ def main(argv=None) -> dict:
     print(table)
     atomic_write(out_dir / "lora_vs_compile.md", lambda tmp: Path(tmp).write_text(table + "\n"))
     fig = lb.lora_compile_figure(out["tasks"])
-    atomic_write(out_dir / "lora_vs_compile.html", lambda tmp: fig.write_html(tmp, include_plotlyjs=True, full_html=True))
+    atomic_write(out_dir / "lora_vs_compile.html", lambda tmp: fig.write_html(tmp, include_plotlyjs="cdn", full_html=True))
     return out
 
 
