@@ -248,7 +248,8 @@ def main(argv=None) -> dict:
             "per-token ms: median later step of greedy decoding (bench_cost.timed_generate) on the first prompt; "
             "compile, LoRA and no context are the same plain GPT shape, measured once (the compiled GPT from one token).",
             "break-even: smallest n with update + first step + (n − 1)·per-token ≤ KV-cache prefill + (n − 1)·its "
-            "per-token (bench_cost's definition); 'never' when the method is not cheaper per token.",
+            "per-token (bench_cost's formula), from which n on the method stays cheaper; 'never' when it is not cheaper "
+            "per token (bench_cost's _break_even would say 1 when its first token is cheaper).",
             "G: (L_nc − L) / (L_nc − L_prompted) over every scored position of every prompt pooled (evaluate's "
             "definition); the LoRA is scored on continuations it never trained on.",
         ]
