@@ -1,0 +1,266 @@
+"""Why not just train a LoRA? (issue 27) Compiling a prompt against its alternatives, side by side.
+
+    python benchmarks/bench_lora_vs_compile.py [--tasks icl,text] [--prompts 5] [--steps 10,30,100]
+    python benchmarks/bench_lora_vs_compile.py --smoke          # a tiny model, < 30 s, writes to --out
+    python benchmarks/bench_lora_vs_compile.py --from-json benchmarks/results/lora_vs_compile.json  # redraw
+
+Per task, on held-out prompts only (their generators are seeded apart from every training seed), per method:
+
+    prompting            the CGT with the prompt in context, recomputing the sequence every token
+    prompting + KV cache the same with its KV cache: the prompt's prefill, then incremental steps
+    CGT compile          model.specialize(prompt): one forward, W' = W + B A, a plain GPT
+    LoRA, N steps        a LoRA of the compile's rank and sites trained by context distillation for this prompt
+                         (cgt_viz.lora_baseline), random init; checkpoints at every N of --steps in one run
+    LoRA from compile    the same, initialised from the compile's factors
+    no context           the x-only model
+
+quality (loss, accuracy, G as cgt_viz.evaluate defines them), update latency (median over prompts of the wall
+time from the prompt to the merged model), update bytes (rank × widths × 4), per-token cost (bench_cost's
+timed_generate: the first step and the median later step of greedy decoding; every merged model is a plain
+GPT, so the compile, the LoRAs and no context share one measurement), and break-even: the smallest number of
+generated tokens n with update + first step + (n − 1) · per-token ≤ the KV-cache prompting's prefill +
+(n − 1) · its per-token.
+
+Tasks: "icl" — the notebook-01 model (`RECIPES["icl"]`), loaded from --icl-model or trained there first;
+"text" — data/models/text-bbc5. Writes lora_vs_compile.json, .md (the table) and .html (the figure) to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402  (puts the repo root on sys.path)
+import torch  # noqa: E402
+
+import bench_cost  # noqa: E402
+from cgt_viz import CGT, CGTConfig  # noqa: E402
+from cgt_viz import lora_baseline as lb  # noqa: E402
+from cgt_viz.io import atomic_write, read_json  # noqa: E402
+from cgt_viz.recipes import RECIPES  # noqa: E402
+from cgt_viz.tasks import make_task, task_from_config  # noqa: E402
+
+EVAL_SEED = 27_000          # held-out prompts: no training run of this repo uses these seeds
+DEFAULT_ICL_MODEL = common.REPO_ROOT / "runs" / "icl-recipe"
+DEFAULT_TEXT_MODEL = common.REPO_ROOT / "data" / "models" / "text-bbc5"
+
+
+def train_icl(path: Path | None, steps: int | None, smoke: bool) -> tuple[CGT, dict]:
+    """The notebook-01 ICL model: loaded from path when it holds one, else trained with RECIPES["icl"]
+    (seed 0; --icl-steps overrides the step count) and saved there."""
+    from cgt_viz.train import train
+    if path is not None and (path / "config.json").exists():
+        return CGT.from_pretrained(path).eval(), {"source": str(path), "trained_here": False}
+    recipe = RECIPES["icl"]
+    task = make_task("icl", **recipe["task"])
+    model_kw = dict(recipe["model"])
+    train_kw = {**recipe["train"], "steps": steps or recipe["train"]["steps"]}
+    if smoke:
+        model_kw.update(d_x=32, d_y=16, n_templates=4)
+        train_kw.update(steps=steps or 60, aux_delay=10, aux_ramp=10)
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    model, _ = train(CGT(CGTConfig(**task.config_kwargs(), **model_kw)), task, **train_kw, seed=0, progress=False,
+                     device="cpu")
+    info = {"source": "trained here", "trained_here": True, "train_seconds": time.perf_counter() - t0,
+            "train": train_kw, "model": model_kw}
+    if path is not None:
+        model.save_pretrained(path)
+        info["saved_to"] = str(path)
+    return model.eval(), info
+
+
+def smoke_text() -> tuple[CGT, object]:
+    """A tiny byte-level text mixture on a throwaway corpus and an untrained tiny CGT (random template
+    coefficients): the text path end to end, in seconds; its numbers mean nothing."""
+    root = Path(tempfile.mkdtemp(prefix="lora_smoke_"))
+    gen = torch.Generator().manual_seed(0)
+    for t, words in enumerate((["market", "shares", "profit"], ["match", "goal", "team"])):
+        (root / f"topic{t}").mkdir()
+        for d in range(4):
+            ids = torch.randint(len(words), (60,), generator=gen).tolist()
+            (root / f"topic{t}" / f"d{d}.txt").write_text(" ".join(words[i] for i in ids))
+    task = make_task("text", source=str(root), block_size=48, min_excerpt=8, tokenizer="bytes", val_fraction=0.5)
+    torch.manual_seed(0)
+    model = CGT(CGTConfig(**task.config_kwargs(), n_layer=2, d_x=32, n_head=2, d_y=16, n_head_y=2, y_layer=1,
+                          n_templates=4, template_rank=1))
+    with torch.no_grad():
+        for layer in model.templates.values():
+            for site in layer.values():
+                site.coeff.weight.normal_(0, 0.5)
+                site.coeff.bias.normal_(0, 0.5)
+    return model.eval(), task
+
+
+def make_cases(name: str, model: CGT, task, args) -> list[lb.PromptCase]:
+    gen = torch.Generator().manual_seed(EVAL_SEED + args.seed)
+    if name == "icl":
+        return [lb.icl_case(task, args.icl_k, args.icl_held_out, gen) for _ in range(args.prompts)]
+    k = min(args.text_k, model.config.block_size // 2)
+    return [lb.text_case(task, k, args.text_samples, None, args.temperature, gen) for _ in range(args.prompts)]
+
+
+def per_token_costs(model: CGT, cases: list[lb.PromptCase], s: int, repeats: int, device) -> dict:
+    """bench_cost.timed_generate on the first prompt: the CGT with the prompt (no cache, KV cache) and the
+    merged GPT (the compile's; every LoRA and no context are plain GPTs of the same shape) from one token.
+    Returns {setting: {"ttft_s", "per_token_s" (medians), "kv_after_prefill"}}."""
+    prompt = cases[0].prompt
+    compiled = model.specialize(prompt).eval()
+    start = cases[0].held_out.inputs[:1, :1]
+    plan = {"prompted": (model, model.gpt.head, prompt[None], False),
+            "prompted_kv": (model, model.gpt.head, prompt[None], True),
+            "merged_gpt": (compiled, compiled.head, start, True)}
+    for m, head, idx, cache in plan.values():
+        bench_cost.timed_generate(m, head, idx, 2, device, cache)     # warm-up
+    runs = {k: [] for k in plan}
+    for _ in range(repeats):                                          # interleaved, as bench_cost does
+        for k, (m, head, idx, cache) in plan.items():
+            runs[k].append(bench_cost.timed_generate(m, head, idx, s, device, cache))
+    out = {}
+    for k, rs in runs.items():
+        later = [b - a for r in rs for a, b in zip(r["steps"][:-1], r["steps"][1:])]
+        out[k] = {"ttft_s": common.summarize([r["steps"][0] for r in rs]),
+                  "per_token_s": common.summarize(later), "kv_after_prefill": rs[0]["kv_after_prefill"], "s": s}
+    return out
+
+
+def add_costs(res: dict, costs: dict) -> None:
+    """Per-token cost and break-even (vs prompting with a KV cache) on every summary row; adds the KV row."""
+    kv = costs["prompted_kv"]
+    ref_ttft, ref_tok = kv["ttft_s"]["median"], kv["per_token_s"]["median"]
+    rows = res["summary"]
+    prompted = next(r for r in rows if r["method"] == "prompted")
+    kv_row = {**prompted, "method": "prompted_kv", "update_seconds": ref_ttft,
+              "update_parts": {"prefill (first step)": ref_ttft}, "update_bytes": kv["kv_after_prefill"],
+              "update_note": "the prompt's prefill; update bytes = its KV cache"}
+    rows.insert(rows.index(prompted) + 1, kv_row)
+    for r in rows:
+        setting = {"prompted": "prompted", "prompted_kv": "prompted_kv"}.get(r["method"], "merged_gpt")
+        c = costs[setting]
+        r["per_token_seconds"] = c["per_token_s"]["median"]
+        r["first_step_seconds"] = c["ttft_s"]["median"]
+        if r["method"] == "prompted_kv":
+            continue
+        update = r["update_seconds"]
+        r["break_even_tokens"] = lb.break_even_tokens(update, c["ttft_s"]["median"], c["per_token_s"]["median"],
+                                                      ref_ttft, ref_tok)
+
+
+def run_task(name: str, args) -> dict:
+    t0 = time.perf_counter()
+    if name == "icl":
+        model, source = train_icl(None if args.smoke else Path(args.icl_model), args.icl_steps, args.smoke)
+        task = task_from_config(model.config)
+    elif args.smoke:
+        model, task = smoke_text()
+        source = {"source": "smoke: untrained tiny CGT with random template coefficients"}
+    else:
+        model = CGT.from_pretrained(args.text_model).eval()
+        task = task_from_config(model.config)
+        source = {"source": str(args.text_model)}
+    cases = make_cases(name, model, task, args)
+    res = lb.compare_methods(model, cases, steps=args.steps, lr=args.lr, seed=args.seed,
+                             timing_repeats=args.timing_repeats)
+    s = min(args.gen_tokens, model.config.block_size - max(c.prompt.shape[0] for c in cases) - 1)
+    costs = per_token_costs(model, cases, s, args.cost_repeats, torch.device("cpu"))
+    add_costs(res, costs)
+    res.update({"model": source, "config": {k: v for k, v in model.config.to_dict().items() if k != "extra"},
+                "costs": costs, "prompt_len": int(cases[0].prompt.shape[0]), "seconds": time.perf_counter() - t0})
+    return res
+
+
+def markdown(out: dict) -> str:
+    env = out["environment"]
+    lines = [f"lora_vs_compile — {env['device']}, {env['threads']} thread(s), torch {env['torch']}, load "
+             f"{env.get('load_average_1_5_15')} → {out.get('load_average_end')}; {out['finished_utc']}; "
+             f"command: `{out['command']}`", ""]
+    lines.append(lb.results_table(out["tasks"]))
+    lines.append("")
+    for name, res in out["tasks"].items():
+        c = res["config"]
+        lines.append(f"- {name}: {res['model']['source']}; {len(res['per_prompt'])} held-out prompts of "
+                     f"{res['prompt_len']} tokens; LoRA rank {res['rank']} (K {c['n_templates']} × r "
+                     f"{c['template_rank']}) at {len(res['shapes'])} maps, {res['update_bytes']:,} bytes; lr "
+                     f"{res['lr']}; {res['per_prompt'][0]['train_positions']} training positions per prompt"
+                     + (f"; {res['gap_note']}" if res["gap_note"] else ""))
+    lines += [f"- {n}" for n in out["notes"]]
+    return "\n".join(lines)
+
+
+def parse_args(argv):
+    p = common.parser(__doc__)
+    p.add_argument("--smoke", action="store_true", help="tiny models, 2 prompts, steps 0,3,10: the script end to end")
+    p.add_argument("--tasks", default="icl,text")
+    p.add_argument("--prompts", type=int, default=5, help="held-out prompts per task")
+    p.add_argument("--steps", default="0,10,30,100", help="LoRA checkpoints N (0: the init)")
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate of the LoRA (both inits)")
+    p.add_argument("--icl-model", default=str(DEFAULT_ICL_MODEL), help="folder of the ICL model (trained if empty)")
+    p.add_argument("--icl-steps", type=int, default=None, help="training steps when the ICL model is trained here")
+    p.add_argument("--icl-k", type=int, default=8, help="demonstrations per ICL prompt")
+    p.add_argument("--icl-held-out", type=int, default=2, help="held-out query values per ICL prompt")
+    p.add_argument("--text-model", default=str(DEFAULT_TEXT_MODEL))
+    p.add_argument("--text-k", type=int, default=128, help="prompt tokens per text prompt")
+    p.add_argument("--text-samples", type=int, default=8, help="sampled continuations the text LoRA trains on")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--gen-tokens", type=int, default=64, help="generated tokens per cost measurement")
+    p.add_argument("--cost-repeats", type=int, default=5)
+    p.add_argument("--timing-repeats", type=int, default=3, help="repeats of the compile's timing (median)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--from-json", default=None)
+    common.add_output_args(p, "lora_vs_compile.json, .md and .html")
+    args = p.parse_args(argv)
+    args.steps = sorted(set(int(x) for x in args.steps.split(",")))
+    args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if args.smoke:
+        args.prompts, args.steps, args.gen_tokens, args.cost_repeats, args.timing_repeats = 2, [0, 3, 10], 8, 2, 1
+    bad = [t for t in args.tasks if t not in ("icl", "text")]
+    if bad or not args.tasks:
+        raise ValueError(f"--tasks must be a subset of icl,text, got {args.tasks}")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    out_dir = Path(args.out)
+    if args.from_json:
+        out = read_json(args.from_json)
+    else:
+        torch.set_num_threads(args.threads)
+        started = time.time()
+        out = {"benchmark": "lora_vs_compile", "args": {k: v for k, v in vars(args).items()},
+               "command": "python benchmarks/bench_lora_vs_compile.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+               "environment": common.environment(torch.device("cpu")), "tasks": {}}
+        for name in args.tasks:
+            out["tasks"][name] = run_task(name, args)
+            print(f"{name}: {out['tasks'][name]['seconds']:.0f} s", flush=True)
+        out["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+        out["wall_seconds"] = time.time() - started
+        out["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        out["notes"] = [
+            "update ms: median over prompts of wall time. compile = specialize(prompt) (median of --timing-repeats); "
+            "LoRA = building its training data (teacher pass; text: sampling continuations from the prompted model) "
+            "+ N Adam steps + the merge; LoRA from compile adds the compile's factors. KV cache: the prompt's "
+            "prefill (its first generation step), with the KV cache's bytes as its update bytes.",
+            "per-token ms: median later step of greedy decoding (bench_cost.timed_generate) on the first prompt; "
+            "compile, LoRA and no context are the same plain GPT shape, measured once (the compiled GPT from one token).",
+            "break-even: smallest n with update + first step + (n − 1)·per-token ≤ KV-cache prefill + (n − 1)·its "
+            "per-token (bench_cost's formula), from which n on the method stays cheaper; 'never' when it is not cheaper "
+            "per token (bench_cost's _break_even would say 1 when its first token is cheaper).",
+            "G: (L_nc − L) / (L_nc − L_prompted) over every scored position of every prompt pooled (evaluate's "
+            "definition); the LoRA is scored on continuations it never trained on.",
+        ]
+        common.write_json(out_dir / "lora_vs_compile.json", out)
+    table = markdown(out)
+    print(table)
+    atomic_write(out_dir / "lora_vs_compile.md", lambda tmp: Path(tmp).write_text(table + "\n"))
+    fig = lb.lora_compile_figure(out["tasks"])
+    atomic_write(out_dir / "lora_vs_compile.html", lambda tmp: fig.write_html(tmp, include_plotlyjs="cdn", full_html=True))
+    return out
+
+
+if __name__ == "__main__":
+    main()

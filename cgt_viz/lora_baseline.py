@@ -1,0 +1,622 @@
+"""Why not just train a LoRA? (issue 27) A per-prompt LoRA trained by context distillation, beside the compile.
+
+A CGT compiles a prompt into W' = W + B A at its modulated maps in one forward pass (`CGT.specialize`,
+`CGT.lora_factors`). The obvious alternative is to *train* a LoRA of the same shape for that one prompt.
+This module builds that baseline and puts it next to the compile on the same held-out continuations:
+
+    same rank and sites   R = K·r (n_templates × template_rank) at the compile's weights, layers ℓ+1..N
+                          (`lora_shapes`); W' = W + B A with scale 1 (PEFT's alpha = r)
+    same teacher          the compile objective's: for a from-scratch CGT the model's own full-mode pass with the
+                          prompt in context; for a CGTLM the frozen LM with the prompt in context.
+                          KL(teacher ‖ student) at every scored position (`cgt_viz.distill.distillation_loss`)
+    other continuations   the LoRA is trained on continuations that are NOT the ones it is scored on:
+                          synthetic ICL: fresh queries u of the same hidden function (the values not held out);
+                          text: continuations sampled from the prompted model
+    init                  "random" (PEFT's: A ~ U(±1/√i), B = 0, so step 0 is the no-context model) or
+                          "compile" (A, B = the compile's lora_factors, so step 0 *is* the compiled model)
+    update latency        wall time from the prompt to a merged model: for the LoRA, building its training
+                          data (sampling, teacher pass) + N Adam steps + the merge (+ the compile for init="compile")
+    update bytes          R × Σ (o + i) × dtype size over the modulated weights (`update_bytes`), the same for
+                          the compile and the LoRA
+
+Quality uses `cgt_viz.evaluate`'s definitions: mean cross-entropy and accuracy over the scored positions, and
+G = (L_no_context − L_method) / (L_no_context − L_prompted), NaN under the noise floor.
+
+    cases = [icl_case(task, k=8, n_held_out=2, generator=g) for _ in range(5)]
+    res = compare_methods(model, cases, steps=(10, 30, 100), lr=3e-3)
+    res["summary"]            # one row per method (and N): loss, acc, G, update seconds, update bytes
+    fig = lora_compile_figure({"icl": res})
+
+For a CGTLM (pretrained LM) `peft_lora_baseline` trains the same LoRA with peft, `CGTLM.peft_config()` as
+its LoraConfig, so its adapter is interchangeable with `CGTLM.export_peft`'s.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn as nn
+from torch.func import functional_call
+
+from .contracts import IGNORE_INDEX
+from .distill import distillation_loss
+from .evaluate import GAP_NOISE_FLOOR, GAP_NOISE_FLOOR_ACC, _gap, gap_note
+from .layers import SITE_WEIGHTS
+from .losses import per_position_loss
+
+Factors = dict[str, tuple[torch.Tensor, torch.Tensor]]     # weight name -> (A (R, i), B (o, R)), W' = W + B A
+INITS = ("random", "compile")
+
+
+# ---------------------------------------------------------------------------- shapes and bytes
+def lora_rank(model) -> int:
+    """R = K·r: the rank of the compiled update, and of the baseline LoRA."""
+    return model.config.n_templates * model.config.template_rank
+
+
+def lora_shapes(model) -> dict[str, tuple[int, int]]:
+    """{weight name: (o, i)} of every map the compile modulates (GPT state-dict names for a CGT, the LM's
+    names for a CGTLM: q, k, v each for attn_in)."""
+    if hasattr(model, "lm"):                                   # a CGTLM: the LM's own maps
+        from .hf.model import SITE_MODULES
+        names = [f"model.layers.{layer - 1}.{linear}.weight" for layer, site in model.template_sites
+                 for linear in SITE_MODULES[site][2]]
+        return {n: tuple(model.lm.get_parameter(n).shape) for n in names}
+    names = [f"blocks.{layer - 1}.{SITE_WEIGHTS[site]}.weight" for layer, site in model.template_sites]
+    return {n: tuple(model.gpt.get_parameter(n).shape) for n in names}
+
+
+def update_bytes(model, dtype: torch.dtype = torch.float32) -> int:
+    """Bytes of one prompt's update as LoRA factors: R × Σ (o + i) × element size over the modulated maps."""
+    elem = torch.finfo(dtype).bits // 8
+    return lora_rank(model) * sum(o + i for o, i in lora_shapes(model).values()) * elem
+
+
+def factor_bytes(factors: Factors) -> int:
+    """Bytes the factors actually hold (to check against update_bytes)."""
+    return sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in factors.values())
+
+
+# ---------------------------------------------------------------------------- factors
+@torch.no_grad()
+def compiled_factors(model, prompt: torch.Tensor) -> Factors:
+    """The compile's update for one prompt (t,): lora_factors at ȳ after its last token, as fresh tensors."""
+    ybar = model.context(prompt[None].to(model.device))[0, -1]
+    return {n: (a.detach().clone(), b.detach().clone()) for n, (a, b) in model.lora_factors(ybar).items()}
+
+
+def random_factors(model, generator: torch.Generator | None = None) -> Factors:
+    """PEFT's default LoRA init at the compile's sites: A ~ U(−1/√i, 1/√i) (kaiming-uniform, a = √5), B = 0."""
+    rank, out = lora_rank(model), {}
+    device = model.device
+    for name, (o, i) in lora_shapes(model).items():
+        bound = 1.0 / math.sqrt(i)
+        a = (torch.rand(rank, i, generator=generator) * 2 - 1) * bound
+        out[name] = (a.to(device), torch.zeros(o, rank, device=device))
+    return out
+
+
+def _gpt(model) -> nn.Module:
+    return model.gpt
+
+
+def merged_weights(base: nn.Module, factors: Factors) -> dict[str, torch.Tensor]:
+    """{name: W + B @ A} for the factors' weights of `base` (gradients flow into A and B, not W)."""
+    return {n: base.get_parameter(n).detach() + b @ a for n, (a, b) in factors.items()}
+
+
+def lora_logits(base: nn.Module, factors: Factors, idx: torch.Tensor) -> torch.Tensor:
+    """The GPT `base` with W + B A at the factors' weights, unmerged (for training): idx (b, t) -> logits."""
+    return functional_call(base, merged_weights(base, factors), (idx,))
+
+
+@torch.no_grad()
+def merge(base: nn.Module, factors: Factors, share_weights: bool = True) -> nn.Module:
+    """A copy of the GPT `base` whose weights are W + B A (a plain GPT, as `CGT.merged_gpt` makes one).
+    share_weights: the weights no factor touches are base's own tensors (for inference)."""
+    memo: dict[int, Any] = {id(p): p for p in base.parameters()} if share_weights else {}
+    for name, w in merged_weights(base, factors).items():
+        memo[id(base.get_parameter(name))] = nn.Parameter(w.clone(), requires_grad=False)
+    return copy.deepcopy(base, memo).eval()
+
+
+@contextlib.contextmanager
+def _frozen(module: nn.Module):
+    """Parameters of `module` do not require gradients inside (restored after)."""
+    flags = [(p, p.requires_grad) for p in module.parameters()]
+    for p, _ in flags:
+        p.requires_grad_(False)
+    try:
+        yield module
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+
+# ---------------------------------------------------------------------------- prompts and their continuations
+@dataclass
+class Continuations:
+    """Rows a specialised model runs on *alone* (positions from 0), after one prompt.
+
+    inputs (n, m) tokens; targets (n, m) (−100 = not scored); mask (n, m) bool: the scored positions.
+    teacher (n, m, v): the prompted model's outputs at those positions (training data only)."""
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    mask: torch.Tensor
+    teacher: torch.Tensor | None = None
+
+
+@dataclass
+class PromptCase:
+    """One held-out prompt: the prompt (s,), the held-out continuations it is scored on, and a function that
+    builds the LoRA's training continuations (its time counts in the update latency)."""
+    prompt: torch.Tensor
+    held_out: Continuations
+    make_train: Callable[[Any, torch.Tensor], Continuations]
+    info: dict = field(default_factory=dict)
+
+
+@torch.no_grad()
+def teacher_outputs(model, prompt: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    """The compile objective's teacher at the continuation positions: the model with the prompt in context
+    (a CGT's full-mode pass; a CGTLM's frozen LM, T = I). prompt (s,), inputs (n, m) -> (n, m, v)."""
+    full = torch.cat([prompt[None].expand(inputs.shape[0], -1), inputs], dim=1)
+    if hasattr(model, "lm"):
+        return model.lm(input_ids=full, use_cache=False).logits[:, prompt.shape[0]:]
+    return model(full)[:, prompt.shape[0]:]
+
+
+def icl_case(task, k: int = 8, n_held_out: int = 2, generator: torch.Generator | None = None,
+             device: str | torch.device = "cpu") -> PromptCase:
+    """A synthetic ICL prompt of k demonstrations of one hidden f (`task.eval_batch`), scored on n_held_out
+    queries u that never occur in it, each alone as a pair (u, f(u)) scored at u (as evaluate's rows).
+    The LoRA trains on the other P − n_held_out values u, each a pair (u, f(u)), with the teacher at u."""
+    batch = task.eval_batch(k, 1, generator=generator, n_queries=n_held_out)
+    s = int(batch.split[0])
+    prompt = batch.inputs[0, :s].to(device)
+    params, held = batch.info["task_params"], batch.info["u"][0, k:]
+
+    def pairs(u: torch.Tensor) -> Continuations:
+        u = u[:, None]
+        answers = task.answer_token(u, task.apply(params.expand(len(u), -1), u))
+        inputs = torch.cat([u, answers], dim=1)
+        targets = torch.full_like(inputs, IGNORE_INDEX)
+        targets[:, 0] = answers[:, 0]
+        mask = torch.zeros_like(inputs, dtype=torch.bool)
+        mask[:, 0] = True
+        return Continuations(inputs.to(device), targets.to(device), mask.to(device))
+
+    train_u = torch.tensor([u for u in range(task.P) if u not in set(held.tolist())])
+
+    def make_train(model, prompt_: torch.Tensor) -> Continuations:
+        data = pairs(train_u)
+        data.teacher = teacher_outputs(model, prompt_, data.inputs)
+        return data
+
+    return PromptCase(prompt, pairs(held), make_train,
+                      {"task_params": params[0].tolist(), "held_out_u": held.tolist(), "train_u": train_u.tolist()})
+
+
+def text_case(task, k: int = 128, n_samples: int = 8, sample_len: int | None = None, temperature: float = 1.0,
+              generator: torch.Generator | None = None, device: str | torch.device = "cpu",
+              part: str = "val") -> PromptCase:
+    """A text prompt: k tokens of a validation document (`task.eval_batch`), scored on that document's own
+    next block_size − k tokens. The LoRA trains on n_samples continuations of sample_len tokens (default: the
+    scored length) sampled from the prompted model at `temperature`; never on the document's own text."""
+    batch = task.eval_batch(k, 1, generator=generator, part=part)
+    prompt = batch.inputs[0, :k].to(device)
+    held = Continuations(batch.inputs[:, k:].to(device), batch.targets[:, k:].to(device),
+                         batch.loss_mask[:, k:].bool().to(device))
+    length = sample_len or held.inputs.shape[1]
+    seed = int(torch.randint(2 ** 31 - 1, (1,), generator=generator))
+
+    def make_train(model, prompt_: torch.Tensor) -> Continuations:
+        inputs = sample_continuations(model, prompt_, n_samples, length, temperature, seed)
+        targets = torch.full_like(inputs, IGNORE_INDEX)
+        targets[:, :-1] = inputs[:, 1:]
+        mask = torch.ones_like(inputs, dtype=torch.bool)     # the teacher scores every position, the last too
+        return Continuations(inputs, targets, mask, teacher_outputs(model, prompt_, inputs))
+
+    info = {"k": k, "n_samples": n_samples, "sample_len": length}
+    if "doc" in batch.info:
+        info["doc"] = int(batch.info["doc"][0])
+    return PromptCase(prompt, held, make_train, info)
+
+
+@torch.no_grad()
+def sample_continuations(model, prompt: torch.Tensor, n: int, length: int, temperature: float = 1.0,
+                         seed: int = 0) -> torch.Tensor:
+    """n continuations (n, length) of prompt (s,) sampled from the prompted model (a CGT's full mode with its KV
+    cache; a CGTLM's frozen LM, the teacher) at `temperature`, seeded."""
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        rows = prompt[None].expand(n, -1).contiguous()
+        if hasattr(model, "lm"):
+            return sample_lm(model.lm, rows, length, temperature)[:, prompt.shape[0]:]
+        return model.generate(rows, length, temperature=temperature)[:, prompt.shape[0]:]
+    finally:
+        torch.random.set_rng_state(state)
+
+
+@torch.no_grad()
+def sample_lm(lm, idx: torch.Tensor, length: int, temperature: float = 1.0) -> torch.Tensor:
+    """Sample `length` tokens after idx (b, t) from a transformers causal LM with its KV cache -> (b, t + length)."""
+    from .generation import sample_next
+    out = lm(input_ids=idx, use_cache=True)
+    past = out.past_key_values
+    for i in range(length):
+        nxt = sample_next(out.logits[:, -1], temperature, None)
+        idx = torch.cat([idx, nxt], dim=1)
+        if i < length - 1:
+            out = lm(input_ids=nxt, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+    return idx
+
+
+# ---------------------------------------------------------------------------- training the LoRA
+@dataclass
+class Checkpoint:
+    """The LoRA after `step` Adam steps: its factors, the training KL then, and the seconds spent training."""
+    step: int
+    factors: Factors
+    train_kl: float
+    train_seconds: float
+
+
+def _distill(mode: str, student: torch.Tensor, data: Continuations, top_k: int | None) -> torch.Tensor:
+    kl = distillation_loss(mode, student, data.teacher, top_k)
+    return (kl * data.mask).sum() / data.mask.sum().clamp_min(1)
+
+
+def train_lora(model, data: Continuations, steps: Sequence[int] = (10, 30, 100), init: Factors | None = None,
+               lr: float = 3e-3, top_k: int | None = None, generator: torch.Generator | None = None) -> list[Checkpoint]:
+    """Adam on the factors (A, B) of a LoRA at the compile's sites, KL(teacher ‖ LoRA model) on `data`
+    (full batch every step); the rest of the model is frozen. Returns one Checkpoint per N in `steps`
+    (0 allowed: the init). init: starting factors (None: `random_factors`). top_k: the teacher's top-k
+    + rest buckets (None: the model's aux_kl_top_k, i.e. the compile objective's)."""
+    if data.teacher is None:
+        raise ValueError("data.teacher is None: training a LoRA needs the prompted model's outputs")
+    steps = sorted(set(int(s) for s in steps))
+    if not steps or steps[0] < 0:
+        raise ValueError(f"steps must be non-negative step counts, got {steps}")
+    top_k = model.config.aux_kl_top_k if top_k is None else top_k
+    base = _gpt(model)
+    factors = random_factors(model, generator) if init is None else init
+    params = {n: (nn.Parameter(a.detach().clone()), nn.Parameter(b.detach().clone())) for n, (a, b) in factors.items()}
+    opt = torch.optim.Adam([p for ab in params.values() for p in ab], lr=lr)
+    out, spent, last_kl = [], 0.0, float("nan")
+    was = base.training
+    base.eval()
+    with _frozen(base):
+        for step in range(steps[-1] + 1):
+            if step in steps:
+                snap = {n: (a.detach().clone(), b.detach().clone()) for n, (a, b) in params.items()}
+                if step == 0:
+                    with torch.no_grad():
+                        last_kl = float(_distill(model.config.mode, lora_logits(base, params, data.inputs), data, top_k))
+                out.append(Checkpoint(step, snap, last_kl, spent))
+            if step == steps[-1]:
+                break
+            t0 = time.perf_counter()
+            loss = _distill(model.config.mode, lora_logits(base, params, data.inputs), data, top_k)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            spent += time.perf_counter() - t0
+            last_kl = float(loss.detach())
+    base.train(was)
+    return out
+
+
+# ---------------------------------------------------------------------------- scoring
+@torch.no_grad()
+def score(mode: str, logits: torch.Tensor, data: Continuations) -> tuple[float, float, int]:
+    """(loss sum, correct sum, n scored) over data's scored positions, as evaluate_specialization sums them."""
+    loss, _ = per_position_loss(mode, logits, data.targets)
+    mask = data.mask & (data.targets != IGNORE_INDEX) if mode == "tokens" else data.mask
+    correct = (logits.argmax(-1) == data.targets)[mask].sum() if mode == "tokens" else torch.tensor(float("nan"))
+    return float(loss[mask].sum()), float(correct), int(mask.sum())
+
+
+def _timed(fn: Callable[[], Any], repeats: int) -> tuple[Any, float]:
+    """fn's result and its median wall time over `repeats` calls."""
+    times, result = [], None
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return result, sorted(times)[len(times) // 2]
+
+
+METHODS = ("prompted", "compile", "lora", "lora_from_compile", "no_context")
+
+
+@torch.no_grad()
+def _method_scores(model, case: PromptCase, specialised: dict[str, nn.Module]) -> dict[str, tuple[float, float, int]]:
+    mode, held = model.config.mode, case.held_out
+    full = torch.cat([case.prompt[None].expand(held.inputs.shape[0], -1), held.inputs], dim=1)
+    out = {"prompted": score(mode, model(full)[:, case.prompt.shape[0]:], held)}
+    for name, net in specialised.items():
+        out[name] = score(mode, net(held.inputs), held)
+    return out
+
+
+def run_case(model, case: PromptCase, steps: Sequence[int] = (10, 30, 100), lr: float = 3e-3,
+             top_k: int | None = None, seed: int = 0, timing_repeats: int = 3) -> dict[str, Any]:
+    """Every method on one prompt: loss/correct sums on its held-out continuations and the update costs.
+
+    Returns {"methods": {key: {"loss_sum", "correct_sum", "n", "update_seconds", "parts": {...}, "step"}},
+    "info": case.info}; LoRA keys are "lora@N" and "lora_from_compile@N"."""
+    was = model.training
+    model.eval()
+    try:
+        prompt = case.prompt
+        compiled, t_compile = _timed(lambda: model.specialize(prompt), timing_repeats)
+        factors_c, t_factors = _timed(lambda: compiled_factors(model, prompt), 1)
+        data, t_data = _timed(lambda: case.make_train(model, prompt), 1)
+        base = _gpt(model)
+        _, t_merge = _timed(lambda: merge(base, factors_c), timing_repeats)
+        nets = {"compile": compiled, "no_context": model.x_only().eval()}
+        costs = {"compile": {"specialize": t_compile}, "no_context": {}}
+        steps_of = {}
+        for method, init in (("lora", None), ("lora_from_compile", factors_c)):
+            gen = torch.Generator().manual_seed(seed)
+            for ck in train_lora(model, data, steps, init=init, lr=lr, top_k=top_k, generator=gen):
+                key = f"{method}@{ck.step}"
+                nets[key] = merge(base, ck.factors)
+                parts = {"train_data": t_data, "train_steps": ck.train_seconds, "merge": t_merge}
+                if method == "lora_from_compile":
+                    parts["compile_factors"] = t_factors
+                costs[key] = parts
+                steps_of[key] = (ck.step, ck.train_kl)
+        scores = _method_scores(model, case, nets)
+    finally:
+        model.train(was)
+    methods = {}
+    for key, (loss, correct, n) in scores.items():
+        parts = costs.get(key, {})
+        methods[key] = {"loss_sum": loss, "correct_sum": correct, "n": n, "parts": parts,
+                        "update_seconds": sum(parts.values())}
+        if key in steps_of:
+            methods[key]["step"], methods[key]["train_kl"] = steps_of[key]
+    return {"methods": methods, "info": case.info, "train_rows": int(data.inputs.shape[0]),
+            "train_positions": int(data.mask.sum())}
+
+
+def _median(values: Sequence[float]) -> float:
+    vals = sorted(v for v in values if v is not None and math.isfinite(v))
+    return vals[len(vals) // 2] if vals else float("nan")
+
+
+def summarize(model, per_prompt: Sequence[dict]) -> list[dict[str, Any]]:
+    """Pool every prompt's sums (as evaluate does over rows): one row per method key with loss, acc, G (on loss),
+    G_acc, median update seconds over prompts, and update bytes (0 for prompting and no context)."""
+    keys = list(per_prompt[0]["methods"])
+    pooled = {}
+    for key in keys:
+        loss = sum(p["methods"][key]["loss_sum"] for p in per_prompt)
+        correct = sum(p["methods"][key]["correct_sum"] for p in per_prompt)
+        n = sum(p["methods"][key]["n"] for p in per_prompt)
+        pooled[key] = (loss / n, correct / n if model.config.mode == "tokens" else float("nan"), n)
+    l_nc, a_nc, _ = pooled["no_context"]
+    l_p, a_p, _ = pooled["prompted"]
+    rows = []
+    nbytes = update_bytes(model)
+    for key in keys:
+        loss, acc, n = pooled[key]
+        method, _, step = key.partition("@")
+        per = [p["methods"][key] for p in per_prompt]
+        row = {"method": method, "steps": int(step) if step else None, "loss": loss, "acc": acc, "n_scored": n,
+               "n_prompts": len(per_prompt), "G": _gap(l_nc, loss, l_p), "G_acc": _gap(-a_nc, -acc, -a_p, GAP_NOISE_FLOOR_ACC),
+               "update_seconds": _median([x["update_seconds"] for x in per]),
+               "update_parts": {part: _median([x["parts"][part] for x in per]) for part in per[0]["parts"]},
+               "update_bytes": nbytes if method in ("compile", "lora", "lora_from_compile") else 0}
+        if "train_kl" in per[0]:
+            row["train_kl"] = _median([x["train_kl"] for x in per])
+        rows.append(row)
+    return rows
+
+
+def compare_methods(model, cases: Sequence[PromptCase], steps: Sequence[int] = (10, 30, 100), lr: float = 3e-3,
+                    top_k: int | None = None, seed: int = 0, timing_repeats: int = 3) -> dict[str, Any]:
+    """`run_case` on every held-out prompt, then `summarize`: {"per_prompt": [...], "summary": [...],
+    "gap_note": "" or why G is NaN, "rank", "update_bytes", "shapes"}."""
+    per = [run_case(model, c, steps, lr, top_k, seed + i, timing_repeats) for i, c in enumerate(cases)]
+    summary = summarize(model, per)
+    by = {r["method"]: r for r in summary if r["steps"] is None}
+    return {"per_prompt": per, "summary": summary, "rank": lora_rank(model), "update_bytes": update_bytes(model),
+            "shapes": {n: list(s) for n, s in lora_shapes(model).items()}, "steps": sorted(set(steps)), "lr": lr,
+            "gap_note": gap_note(by["no_context"]["loss"], by["prompted"]["loss"], GAP_NOISE_FLOOR)}
+
+
+# ---------------------------------------------------------------------------- break-even
+def break_even_tokens(update_s: float, ttft_s: float, per_token_s: float, ref_ttft_s: float,
+                      ref_per_token_s: float) -> int | None:
+    """Smallest n from which on update + ttft + (n − 1)·per_token ≤ ref_ttft + (n − 1)·ref_per_token stays true
+    (ref = prompting with a KV cache, whose ttft is the prompt's prefill). None: never, i.e. the method is not
+    cheaper per token, so any lead it has at the first token is lost (bench_cost's _break_even answers 1 there)."""
+    head = update_s + ttft_s - ref_ttft_s
+    gain = ref_per_token_s - per_token_s
+    if gain <= 0:
+        return None
+    return 1 if head <= 0 else 1 + int(math.ceil(head / gain))
+
+
+# ---------------------------------------------------------------------------- the PEFT path (pretrained LM)
+def _peft_names(module_name: str) -> tuple[str, str]:
+    return f"base_model.model.{module_name}.lora_A.default.weight", f"base_model.model.{module_name}.lora_B.default.weight"
+
+
+def peft_factors(peft_model) -> Factors:
+    """{LM weight name: (A, B · scale)} read from a peft LoRA model (scale = alpha / r, 1 for peft_config())."""
+    out = {}
+    for name, module in peft_model.named_modules():
+        if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {}):
+            scale = module.scaling["default"]
+            key = name.removeprefix("base_model.model.") + ".weight"
+            out[key] = (module.lora_A["default"].weight.detach().clone(),
+                        module.lora_B["default"].weight.detach().clone() * scale)
+    return out
+
+
+@torch.no_grad()
+def merged_lm(lm, factors: Factors):
+    """A copy of the LM with W + B A at the factors' weights (the others shared), like CGTLM.merged_lm."""
+    memo = {id(t): t for t in list(lm.parameters()) + list(lm.buffers())}
+    for name, (a, b) in factors.items():
+        w = lm.get_parameter(name)
+        memo[id(w)] = nn.Parameter(w + (b @ a).to(w.dtype), requires_grad=False)
+    return copy.deepcopy(lm, memo).eval()
+
+
+def peft_lora_baseline(model, prompt: torch.Tensor, data: Continuations | None = None,
+                       steps: Sequence[int] = (10, 30, 100), init: str = "random", lr: float = 1e-3,
+                       top_k: int | None = None, n_samples: int = 8, sample_len: int = 64,
+                       temperature: float = 1.0, seed: int = 0):
+    """A per-prompt LoRA for a CGTLM, trained with peft: `model.peft_config()` (rank K·r, alpha = rank, the
+    compile's target modules at layers ℓ+1..N) on a deep copy of model.lm, KL to the compile objective's
+    teacher (the frozen LM with the prompt in context) on `data` (None: n_samples continuations of sample_len
+    tokens sampled from that teacher). init "compile" starts from model.lora_factors(ȳ of the prompt).
+
+    Returns (peft_model, checkpoints, seconds): peft_model holds the last checkpoint (`save_pretrained` writes
+    an adapter `PeftModel.from_pretrained(copy of lm, path)` loads), checkpoints a Checkpoint per N with
+    peft_factors (LM weight names, B scaled), seconds {"train_data", "copy_and_wrap", "compile_factors"}."""
+    import peft
+
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    prompt = prompt.to(model.device)
+    seconds = {}
+    t0 = time.perf_counter()
+    if data is None:
+        inputs = sample_continuations(model, prompt, n_samples, sample_len, temperature, seed)
+        data = Continuations(inputs, torch.full_like(inputs, IGNORE_INDEX), torch.ones_like(inputs, dtype=torch.bool))
+    if data.teacher is None:
+        data.teacher = teacher_outputs(model, prompt, data.inputs)
+    seconds["train_data"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    peft_model = peft.get_peft_model(copy.deepcopy(model.lm), model.peft_config())
+    seconds["copy_and_wrap"] = time.perf_counter() - t0
+    if init == "compile":
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            ybar = model.prompt_summary(prompt)
+            state = dict(peft_model.named_parameters())
+            for name, (a, b) in model.lora_factors(ybar).items():
+                name_a, name_b = _peft_names(name[:-len(".weight")])
+                scale = peft_model.get_submodule(name_a.rsplit(".lora_A", 1)[0]).scaling["default"]
+                state[name_a].copy_(a)
+                state[name_b].copy_(b / scale)
+        seconds["compile_factors"] = time.perf_counter() - t0
+    else:
+        torch.manual_seed(seed)   # peft's own init draws from the global generator at wrap time; re-draw seeded
+        for module in peft_model.modules():
+            if hasattr(module, "reset_lora_parameters") and "default" in getattr(module, "lora_A", {}):
+                module.reset_lora_parameters("default", True)
+    steps = sorted(set(int(s) for s in steps))
+    top_k = model.config.aux_kl_top_k if top_k is None else top_k
+    params = [p for n, p in peft_model.named_parameters() if "lora_" in n]
+    opt = torch.optim.Adam(params, lr=lr)
+    out, spent, last = [], 0.0, float("nan")
+    peft_model.eval()       # no dropout (lora_dropout = 0 anyway); gradients still flow into the LoRA
+    for step in range(steps[-1] + 1):
+        if step in steps:
+            if step == 0:
+                with torch.no_grad():
+                    last = float(_distill("tokens", peft_model(input_ids=data.inputs).logits, data, top_k))
+            out.append(Checkpoint(step, peft_factors(peft_model), last, spent))
+        if step == steps[-1]:
+            break
+        t0 = time.perf_counter()
+        loss = _distill("tokens", peft_model(input_ids=data.inputs, use_cache=False).logits, data, top_k)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        spent += time.perf_counter() - t0
+        last = float(loss.detach())
+    return peft_model, out, seconds
+
+
+# ---------------------------------------------------------------------------- figure and table
+METHOD_LABELS = {"prompted": "prompting (no cache)", "prompted_kv": "prompting + KV cache",
+                 "compile": "CGT compile (one forward)", "lora": "per-prompt LoRA, N steps",
+                 "lora_from_compile": "LoRA init from compile, N steps", "no_context": "no context"}
+_COLORS = {"prompted": "#7f7f7f", "prompted_kv": "#1f77b4", "compile": "#d62728", "lora": "#2ca02c",
+           "lora_from_compile": "#9467bd", "no_context": "#000000"}
+
+
+def lora_compile_figure(results: dict[str, dict], title: str | None = None):
+    """Quality G against update time (log x), one panel per task, one curve per method.
+
+    results: {task name: {"summary": rows as `summarize` gives them (optionally with a "prompted_kv" row)}}.
+    Methods with no update (prompting, no context) are horizontal reference lines at their G; the LoRA
+    methods are curves over N (labelled), the compile and the KV-cache prefill single points."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    names = list(results)
+    fig = make_subplots(rows=1, cols=len(names), subplot_titles=names, shared_yaxes=True)
+    shown = set()
+    for col, task in enumerate(names, start=1):
+        rows = results[task]["summary"]
+        for method in METHOD_LABELS:
+            pts = sorted((r for r in rows if r["method"] == method), key=lambda r: (r["steps"] or 0))
+            if not pts:
+                continue
+            legend = method not in shown
+            shown.add(method)
+            kw = dict(name=METHOD_LABELS[method], legendgroup=method, showlegend=legend,
+                      line={"color": _COLORS[method]}, marker={"color": _COLORS[method]})
+            if method in ("prompted", "no_context"):
+                g = pts[0]["G"]
+                if g is not None and math.isfinite(g):
+                    fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", **kw), row=1, col=col)
+                    fig.add_hline(y=g, line={"color": _COLORS[method], "dash": "dot"}, row=1, col=col)
+                continue
+            xs = [max(r["update_seconds"], 1e-6) * 1e3 for r in pts]
+            text = [f"N={r['steps']}" if r["steps"] is not None else "" for r in pts]
+            hover = [f"{METHOD_LABELS[method]} {t}<br>G {r['G']:.3f}, loss {r['loss']:.4f}<br>update "
+                     f"{x:.2f} ms" for r, t, x in zip(pts, text, xs)]
+            fig.add_trace(go.Scatter(x=xs, y=[r["G"] for r in pts], text=text, hovertext=hover, hoverinfo="text",
+                                     mode="lines+markers+text" if len(pts) > 1 else "markers",
+                                     textposition="top center", marker_size=9, **kw), row=1, col=col)
+        fig.update_xaxes(type="log", title_text="update latency per prompt (ms, log)", row=1, col=col)
+    fig.update_yaxes(title_text="gap closed G (loss)", row=1, col=1)
+    fig.update_layout(title=title or "Compiling a prompt vs training a LoRA for it: quality against update time",
+                      height=480, width=520 * len(names) + 200)
+    return fig
+
+
+def _fmt(x, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "—"
+    return f"{x:.{digits}g}" if isinstance(x, float) else str(x)
+
+
+def _be(row: dict) -> str:
+    if "break_even_tokens" not in row:
+        return "—"
+    n = row["break_even_tokens"]
+    return "never" if n is None else f"{n:,}"
+
+
+def results_table(results: dict[str, dict]) -> str:
+    """A markdown table, one row per task × method (× N)."""
+    cols = ["task", "method", "N", "G (loss)", "G (acc)", "loss", "acc", "update ms", "update bytes",
+            "per-token ms", "break-even tokens vs KV cache"]
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for task, res in results.items():
+        for r in res["summary"]:
+            per_token = r.get("per_token_seconds")
+            cells = [task, METHOD_LABELS.get(r["method"], r["method"]), "" if r["steps"] is None else str(r["steps"]),
+                     _fmt(r["G"]), _fmt(r.get("G_acc")), _fmt(r["loss"], 4), _fmt(r["acc"]),
+                     _fmt(r["update_seconds"] * 1e3), f"{r['update_bytes']:,}",
+                     _fmt(None if per_token is None else per_token * 1e3), _be(r)]
+            out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
