@@ -49,6 +49,14 @@ DEFAULT_ICL_MODEL = common.REPO_ROOT / "runs" / "icl-recipe"
 DEFAULT_TEXT_MODEL = common.REPO_ROOT / "data" / "models" / "text-bbc5"
 
 
+
+def _repo_relative(value):
+    """A path inside the repository as written from its root (results must not name this machine's folders)."""
+    try:
+        return str(Path(value).resolve().relative_to(Path(__file__).resolve().parents[1]))
+    except (TypeError, ValueError, OSError):
+        return value
+
 def train_icl(path: Path | None, steps: int | None, smoke: bool) -> tuple[CGT, dict]:
     """The notebook-01 ICL model: loaded from path when it holds one, else trained with RECIPES["icl"]
     (seed 0; --icl-steps overrides the step count) and saved there."""
@@ -161,7 +169,7 @@ def run_task(name: str, args) -> dict:
     else:
         model = CGT.from_pretrained(args.text_model).eval()
         task = task_from_config(model.config)
-        source = {"source": str(args.text_model)}
+        source = {"source": _repo_relative(args.text_model)}
     cases = make_cases(name, model, task, args)
     res = lb.compare_methods(model, cases, steps=args.steps, lr=args.lr, seed=args.seed,
                              timing_repeats=args.timing_repeats)
@@ -231,7 +239,7 @@ def main(argv=None) -> dict:
     else:
         torch.set_num_threads(args.threads)
         started = time.time()
-        out = {"benchmark": "lora_vs_compile", "args": {k: v for k, v in vars(args).items()},
+        out = {"benchmark": "lora_vs_compile", "args": {k: _repo_relative(v) for k, v in vars(args).items()},
                "command": "python benchmarks/bench_lora_vs_compile.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                "environment": common.environment(torch.device("cpu")), "tasks": {}}
         for name in args.tasks:
@@ -258,7 +266,7 @@ def main(argv=None) -> dict:
     print(table)
     atomic_write(out_dir / "lora_vs_compile.md", lambda tmp: Path(tmp).write_text(table + "\n"))
     fig = lb.lora_compile_figure(out["tasks"])
-    atomic_write(out_dir / "lora_vs_compile.html", lambda tmp: fig.write_html(tmp, include_plotlyjs="cdn", full_html=True))
+    atomic_write(out_dir / "lora_vs_compile.html", lambda tmp: fig.write_html(tmp, include_plotlyjs=True, full_html=True))
     return out
 
 
