@@ -275,3 +275,19 @@ def test_an_interrupted_head_training_resumes_to_the_uninterrupted_weights(lm, t
     assert hist["steps"] == 6 and not hist["interrupted"] and len(hist["aux"]) == 6
     for (name, a), b in zip(straight.state_dict().items(), fresh.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
+def test_the_verdict_reads_the_interval_and_the_figure_shows_every_condition():
+    from cgt_viz.hf.measure import CONDITIONS, comparison_figure, comparison_verdict, summarize_comparison
+    docs = torch.arange(6).repeat_interleave(2)
+    base = torch.linspace(3.0, 3.5, 12)
+    losses = {"prompted": base - 1, "no_context": base, "compiled": base - 0.5, "other_doc": base - 0.2,
+              "same_topic": base - 0.3, "other_topic": base - 0.1, "topic_mean": base - 0.25}
+    res = summarize_comparison(losses, docs, n_boot=200)
+    assert res["G"]["value"] == pytest.approx(0.5) and res["G_other_doc"]["value"] == pytest.approx(0.2)
+    assert comparison_verdict(res).startswith("the compiled prompt is specific to its document: own − other = -0.300")
+    losses["compiled"] = losses["other_doc"] + torch.tensor([0.05, -0.05] * 6)
+    assert "is not shown to be specific" in comparison_verdict(summarize_comparison(losses, docs, n_boot=200))
+    fig = comparison_figure({"p=64": res})
+    assert len(fig.data) == 1 and len(fig.data[0].x) == len(CONDITIONS)
+    assert fig.layout.yaxis.title.text and fig.data[0].error_y.array is not None

@@ -142,6 +142,13 @@ class BBCTokens(Task):
         doc = torch.cat(docs)
         return self._windows(doc, length, gen), self.doc_topic[doc], doc
 
+    def document_ids(self, part: str, topic: int | None = None) -> list[int]:
+        """The ids (indices into `docs`) of the documents of one part, optionally of one topic index."""
+        self.check_part(part)
+        check_int("topic", topic, 0, len(self.topics) - 1, allow_none=True)
+        pools = self._docs[part] if topic is None else [self._docs[part][topic]]
+        return [int(d) for pool in pools for d in pool]
+
     def document_windows(self, length: int, part: str, per_doc: int = 1, per_topic: int | None = None,
                          seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """per_doc windows of `length` tokens (random offsets) from each document of `part` at least that long,

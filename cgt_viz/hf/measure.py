@@ -199,3 +199,44 @@ def compile_comparison(model, task, part: str = "val", prompt_lens=(64, 128), su
         losses = window_losses(model, tokens, p, topics, docs, topic_means, batch_size, seed, full_mode)
         out[f"p={p}"] = summarize_comparison(losses, docs, seed=seed)
     return out
+
+
+LABELS = {"prompted": "prompted (LM reads the prompt)", "compiled": "compiled (own ȳ)", "other_doc": "another document's ȳ",
+          "same_topic": "same topic, other document", "other_topic": "another topic's document",
+          "topic_mean": "the topic's mean ȳ", "no_context": "no context", "full_mode": "CGT full mode"}
+
+
+def comparison_verdict(result: dict[str, Any]) -> str:
+    """One line read off a `summarize_comparison` result: is the compiled prompt specific to its document?"""
+    own = result["own_minus_other"]
+    lo, hi = own["ci95"]
+    g, g_other = result["G"]["value"], result["G_other_doc"]["value"]
+    if hi < 0:
+        head = "the compiled prompt is specific to its document"
+    elif lo > 0:
+        head = "the compiled prompt is worse than another document's"
+    else:
+        head = "the compiled prompt is not shown to be specific to its document"
+    return (f"{head}: own − other = {own['value']:+.3f} nats [{lo:+.3f}, {hi:+.3f}] (95 % over "
+            f"{result['n_documents']} documents); G = {g:.2f} against {g_other:.2f} with another document's ȳ")
+
+
+def comparison_figure(results: dict[str, dict[str, Any]], title: str = "continuation loss by condition"):
+    """results {"p=64": summarize_comparison(...), ...} -> a plotly Figure: each condition's mean loss (nats per
+    token) with its 95 % bootstrap interval, one group of bars per prompt length."""
+    import plotly.graph_objects as go
+    fig = go.Figure()
+    for name, res in results.items():
+        conds = [c for c in CONDITIONS + ("full_mode",) if f"loss_{c}" in res]
+        vals = [res[f"loss_{c}"]["value"] for c in conds]
+        fig.add_bar(name=name, x=[LABELS[c] for c in conds], y=vals,
+                    error_y=dict(type="data", symmetric=False,
+                                 array=[res[f"loss_{c}"]["ci95"][1] - v for c, v in zip(conds, vals)],
+                                 arrayminus=[v - res[f"loss_{c}"]["ci95"][0] for c, v in zip(conds, vals)]))
+    lows = [res[f"loss_{c}"]["ci95"][0] for res in results.values() for c in CONDITIONS if f"loss_{c}" in res]
+    highs = [res[f"loss_{c}"]["ci95"][1] for res in results.values() for c in CONDITIONS if f"loss_{c}" in res]
+    pad = 0.1 * (max(highs) - min(lows) + 1e-9)
+    fig.update_layout(title=title, barmode="group", height=380, legend_title_text="prompt length",
+                      yaxis=dict(title="cross-entropy (nats / token)", range=[min(lows) - pad, max(highs) + pad]),
+                      xaxis=dict(title="condition"))
+    return fig
