@@ -399,6 +399,10 @@ case("CompileCompare", "sequence", [3, -1, 1.5], lambda v: compare_case(sequence
 case("CompileCompare.losses", "split", [0, 99], lambda v: compare_case().losses(v))
 case("TrainingMonitor.__call__", "record", [{"nonsense": 1}, 5, {"step": "one", "main": 1.0}],
      lambda v: W.TrainingMonitor()(v), shows="")
+case("TrainingMonitor.set_smoothing", "smoothing", [-0.1, 1.0, "0.5", float("nan")],
+     lambda v: W.TrainingMonitor().set_smoothing(v))
+case("Explorer.set_highlight", "points", [[10 ** 6], [-1], "a"], lambda v: EXPLORER().set_highlight(v), shows="")
+case("Explorer.set_highlight", "labels", [["a", "b"]], lambda v: EXPLORER().set_highlight([0], v), shows="")
 
 # ------------------------------------------------------------------------------------------ CLI
 CLI_TRAIN = ["train", "--task", "icl", "--task-arg", "n_pairs=6", "--steps", "1", "--batch-size", "2",
@@ -585,6 +589,11 @@ NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, a
                     "an internal step, fed arguments its audited caller has checked (or a checker itself)"),
     **dict.fromkeys(["atomic_write", "write_json", "read_json", "save_tensors", "load_tensors", "model_folder"],
                     "internal I/O under save_pretrained/from_pretrained (tamper and fault cases: test_checkpoint)"),
+    **dict.fromkeys(["colorbar", "ema", "heat_colors", "plotly_scale", "plural", "robust_range", "short_token",
+                     "total_of", "format_seconds", "highlight_trace", "run_info", "TrainingMonitor.status_text",
+                     "finish", "folder_artefacts", "check_artefact_folder", "with_added_fields"],
+                    "an internal step of an audited view, save or load (its callers check the arguments; "
+                    "tests/test_views_language.py, tests/test_faults3_files.py hold its behaviour)"),
     "load_corpus": "via TextMixture(source=...)", "resolve_device": "via train(device=...)",
     "task_from_config": "reads a saved config (test_tasks)", "Explorer.export": "a file path, written by pandas",
 }

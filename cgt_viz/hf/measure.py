@@ -240,3 +240,18 @@ def comparison_figure(results: dict[str, dict[str, Any]], title: str = "continua
                       yaxis=dict(title="cross-entropy (nats / token)", range=[min(lows) - pad, max(highs) + pad]),
                       xaxis=dict(title="condition"))
     return fig
+
+
+def comparison_markdown(results: dict[str, dict[str, Any]]) -> str:
+    """results {"p=64": summarize_comparison(...), ...} -> a markdown table: mean losses, G (with its interval),
+    G with each control, own − other (with its interval), one row per prompt length."""
+    head = ("| prompt | docs / windows | prompted | compiled | other doc | same topic | other topic | topic mean | "
+            "no context | G [95 %] | G other doc | G same topic | G topic mean | own − other [95 %] |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for name, r in results.items():
+        loss = " | ".join(f"{r[f'loss_{c}']['value']:.3f}" for c in CONDITIONS)
+        ci = lambda k, fmt: f"{r[k]['value']:{fmt}} [{r[k]['ci95'][0]:{fmt}}, {r[k]['ci95'][1]:{fmt}}]"
+        lines.append(f"| {name} | {r['n_documents']} / {r['n_windows']} | {loss} | {ci('G', '.2f')} | "
+                     f"{r['G_other_doc']['value']:.2f} | {r['G_same_topic']['value']:.2f} | "
+                     f"{r['G_topic_mean']['value']:.2f} | {ci('own_minus_other', '+.3f')} |")
+    return "\n".join(lines)
