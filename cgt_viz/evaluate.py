@@ -353,7 +353,9 @@ def text_position_curves(model: CGT, task, split: int | None = None, boundary: i
     block_size // 2, split = boundary // 2). Prompted: the full CGT on the whole row; specialized: ȳ at
     position split − 1, the x-only specialized model on positions split.. alone; no_context: x_only on the
     same positions. Returns positions (m,) (absolute, split..t−1), loss_prompted/specialized/no_context (m,)
-    means over rows, plus split, boundary and n_rows.
+    means over rows, plus split, boundary and n_rows; and the paired difference specialized − no_context:
+    diff_specialized_no_context and sem_specialized_no_context (m,) (its mean and standard error over rows),
+    diff_rows_before / diff_rows_after (n_rows,) (each row's mean difference before / from the boundary).
     """
     _check_text_call(model, task, n_batches, batch_size, seed)
     t = task.block_size
@@ -363,16 +365,27 @@ def text_position_curves(model: CGT, task, split: int | None = None, boundary: i
     device, gen = model_device(model), torch.Generator().manual_seed(seed)
     x_only = model.x_only().eval()
     sums = {m: torch.zeros(t - split) for m in MODES[:3]}
+    diffs = []                                   # (b, m) specialized − no_context, per batch
     with eval_mode(model):
         for _ in range(n_batches):
             batch = task.get_batch(batch_size, part=part, generator=gen, device=device, boundary=boundary)
             targets = batch.targets[:, split:]
+            rows = {}
             for mode, out in comparison_logits(model, batch.inputs, split, x_only).items():
-                sums[mode] += _per_position(model.config, out, targets)[0].sum(0).cpu()
+                rows[mode] = _per_position(model.config, out, targets)[0].cpu()
+                sums[mode] += rows[mode].sum(0)
+            diffs.append((rows["specialized"] - rows["no_context"]).double())
     n = n_batches * batch_size
+    d = torch.cat(diffs).numpy()                 # (n, m)
+    cut = boundary - split
+    res_diff = {"diff_specialized_no_context": d.mean(0),
+                "sem_specialized_no_context": d.std(0, ddof=1) / np.sqrt(n) if n > 1 else np.full(d.shape[1], np.nan),
+                "diff_rows_before": d[:, :cut].mean(1) if cut > 0 else np.full(n, np.nan),
+                "diff_rows_after": d[:, max(cut, 0):].mean(1)}
     res: dict[str, Any] = {"positions": np.arange(split, t), "split": split, "boundary": boundary, "n_rows": n}
     for mode, total in sums.items():
         res[f"loss_{mode}"] = (total / n).numpy()
+    res.update(res_diff)
     return res
 
 

@@ -649,6 +649,68 @@ def compare_figure(losses: dict, *, boundary: float | None = None, split: int | 
     return finish(fig)
 
 
+def _interval(values: np.ndarray, level: float) -> tuple[float, float]:
+    """(mean, half-width of its normal-approximation interval at `level`) of a 1-D sample."""
+    from statistics import NormalDist
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if len(v) == 0:
+        return float("nan"), float("nan")
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    half = z * v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else float("nan")
+    return float(v.mean()), float(half)
+
+
+def loss_difference_figure(positions, diff, sem, *, boundary: float | None = None, split: int | None = None,
+                           before=None, after=None, level: float = 0.95, title: str | None = None,
+                           ylabel: str = "Δ loss (nats)", height: int = 420) -> go.Figure:
+    """Specialised − no-context loss per position, with an interval band: below 0 the frozen ȳ helps.
+
+    positions, diff, sem: (m,) positions, the mean paired difference over rows and its standard error
+    (`evaluate.text_position_curves` returns them as "positions", "diff_specialized_no_context",
+    "sem_specialized_no_context"); boundary: the topic switch (red dashed line); split: s (dotted line);
+    before / after: per-row mean differences before / after the switch ("diff_rows_before" / "_after"),
+    summarised in the legend as mean ± half-width of the `level` interval (normal approximation)."""
+    level = float(Float(0.5, 0.999).check("level", level))
+    pos = _check_1d("positions", positions)
+    mean = _check_1d("diff", diff, len(pos))
+    err = _check_1d("sem", sem, len(pos))
+    from statistics import NormalDist
+    half = NormalDist().inv_cdf(0.5 + level / 2) * err
+    pct = f"{100 * level:g} %"
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=np.concatenate([pos, pos[::-1]]), y=np.concatenate([mean + half, (mean - half)[::-1]]),
+                             fill="toself", fillcolor="rgba(214,39,40,0.18)", line=dict(width=0), hoverinfo="skip",
+                             name=f"{pct} interval (rows)"))
+    fig.add_trace(go.Scatter(x=pos, y=mean, mode="lines", name="specialised − no context",
+                             line=dict(color="#d62728", width=2),
+                             hovertemplate="position %{x}<br>Δ %{y:.3f} nats<extra></extra>"))
+    fig.add_hline(y=0, line=dict(color="#444", width=1))
+    for name, rows, side in (("before", before, -1), ("after", after, 1)):
+        if rows is None or boundary is None:
+            continue
+        m, h = _interval(rows, level)
+        xs = pos[pos < boundary] if side < 0 else pos[pos >= boundary]
+        if len(xs) == 0 or not (np.isfinite(m) and np.isfinite(h)):
+            continue
+        word = "helps" if m + h < 0 else "hurts" if m - h > 0 else "no clear effect"
+        fig.add_trace(go.Scatter(x=[xs[0], xs[-1]], y=[m, m], mode="lines", line=dict(color="black", dash="dash"),
+                                 name=f"{name} the switch: {m:+.3f} ± {h:.3f} ({word})",
+                                 hovertemplate=f"{name} the switch: mean over rows {m:+.3f} ± {h:.3f}<extra></extra>"))
+    if boundary is not None:
+        _vline(fig, boundary - 0.5, "#d62728", "dash", "boundary")
+        fig.add_annotation(x=boundary - 0.5, y=1, yref="paper", text="topic switch", showarrow=False,
+                           font=dict(color="#d62728"), xanchor="left")
+    if split is not None:
+        _vline(fig, split - 0.5, "black", "dot", "split")
+        fig.add_annotation(x=split - 0.5, y=0.93, yref="paper", text=f"s = {split}", showarrow=False, xanchor="left")
+    fig.update_layout(title=dict(text=title or "What the frozen ȳ is worth: specialised − no context, per position",
+                                 x=0.01), height=height, xaxis_title="position (tokens)", yaxis_title=ylabel,
+                      margin=dict(l=50, r=20, t=60, b=40),
+                      legend=dict(orientation="h", y=-0.18, x=0, xanchor="left"))
+    return finish(fig)
+
+
 # ---------------------------------------------------------------------------------------------- training
 TERM_COLORS = {"main": "#1f77b4", "aux": "#ff7f0e", "smooth": "#2ca02c", "total": "#444444"}
 AUX_MARKER = "aux_delay"      # the name of the shape marking where the aux term joins the objective

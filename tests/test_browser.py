@@ -447,7 +447,8 @@ def test_static_export_draws_every_view_without_a_kernel(tmp_path):
     saved = tmp_path / "saved.ipynb"
     nbformat.write(nb, saved)
     plotly_js = len((Path(__import__("plotly").__file__).parent / "package_data" / "plotly.min.js").read_bytes())
-    assert saved.stat().st_size < plotly_js + 1_500_000, saved.stat().st_size   # plotly.js once, not per view
+    carriers = sum(1 for c in nb.cells if any(o.get("metadata", {}).get("cgt_viz", {}).get("static") for o in c.get("outputs", [])))
+    assert saved.stat().st_size < carriers * plotly_js // 2 + 1_500_000, saved.stat().st_size   # gzip, once per cell
 
     pages = {}
     exporter = HTMLExporter()
@@ -460,7 +461,8 @@ def test_static_export_draws_every_view_without_a_kernel(tmp_path):
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
             for name, body in pages.items():
-                assert body.count("window.dispatchEvent(new Event('cgt-viz-plotly-ready'))") == 1, name
+                marker = 'data-cgt-viz="plotly.js"'
+                assert body.count(marker) == (1 if name == "preprocessed" else carriers), name
                 path = tmp_path / f"{name.replace(' ', '_')}.html"
                 path.write_text(body, encoding="utf-8")
                 page = browser.new_page(viewport={"width": 1200, "height": 900})
@@ -553,5 +555,141 @@ def test_three_d_static_copy_is_drawn_offline(tmp_path):
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "static_explorer_3d.png"), full_page=False)
             assert not errors and not refused, (errors, refused)
+        finally:
+            browser.close()
+
+
+# ---------------------------------------------------------------------------------------------- view state
+VIEW_STATE_JS = """([where, latest]) => {
+    // {view: does its main figure show the latest state?} for the drawn, visible plots: 'live' ones (in a
+    // widget view), 'static' ones (a static copy) or any
+    const out = {};
+    for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+        if (!gd._fullLayout || !gd.data || gd.offsetParent === null) continue;
+        const live = !!gd.closest('.cgt-viz-view');
+        if ((where === 'live' && !live) || (where === 'static' && live)) continue;
+        const title = String(gd.layout.title && gd.layout.title.text || '');
+        for (const [name, [prefix, test]] of Object.entries(latest))
+            if (title.startsWith(prefix) && out[name] !== true) out[name] = new Function('gd', 'return ' + test)(gd);
+    }
+    return out; }"""
+WAIT_IDLE_JS = """() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+    return w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel &&
+           w.sessionContext.session.kernel.status === 'idle' && document.querySelector('.jp-Notebook .jp-Cell'); }"""
+RUN_CELL_JS = """async (i) => { const app = window.jupyterapp, panel = app.shell.currentWidget;
+    panel.content.activeCellIndex = i; await app.commands.execute('notebook:run-cell'); }"""
+
+
+def _views_at_latest(page, where: str, latest: dict, label: str, timeout: float = 60_000) -> None:
+    """Wait until every view's main figure is drawn at its latest state (`where`: live / static / any)."""
+    deadline = time.monotonic() + timeout / 1000
+    while True:
+        for cell in page.locator(".jp-Notebook .jp-Cell").all():   # plotly's lab renderer draws when in view
+            cell.scroll_into_view_if_needed()
+        state = page.evaluate(VIEW_STATE_JS, [where, latest])
+        if len(state) == len(latest) and all(state.values()):
+            return
+        if time.monotonic() > deadline:
+            page.screenshot(path=str(ARTIFACTS / f"view_state_failure_{label}.png"), full_page=False)
+            raise AssertionError(f"{label}: views not at their latest state ({where}): {state}")
+        page.wait_for_timeout(500)
+
+
+def test_views_show_their_latest_state_after_reload_restart_shutdown_and_export(tmp_path):
+    """One JupyterLab: run a notebook whose last cell changes every view, re-run the first view's cell and
+    that cell, save. Then each view is drawn at its latest state: live after a page reload (kernel alive),
+    after a kernel restart (the same page keeps its drawings; reloaded, the static copies show instead of
+    "model not found") and after a shutdown (reloaded: static copies), and
+    in the HTML of the saved notebook (plain nbconvert and with StaticViews), opened offline."""
+    _need_browser()
+    import nbformat
+    from nbconvert import HTMLExporter
+    from playwright.sync_api import sync_playwright
+
+    from cgt_viz.widgets.export import StaticViews
+    sys.path.insert(0, str(ROOT / "tests" / "browser"))
+    from view_state import CELLS, LATEST
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in CELLS]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    source = tmp_path / "state.ipynb"
+    nbformat.write(nb, source)
+    (tmp_path / "home").mkdir()
+    with jupyter_lab(tmp_path / "home", source) as (url, work, log), sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        try:
+            page.goto(url + "lab/tree/state.ipynb", wait_until="domcontentloaded", timeout=60_000)
+            page.wait_for_function(WAIT_IDLE_JS, timeout=60_000)
+            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+            page.locator(".jp-OutputArea-output", has_text="CHANGED").first.wait_for(timeout=60_000)
+            page.wait_for_function(WAIT_IDLE_JS, timeout=60_000)
+            for i in (1, 5):              # re-run the cell of the first view (in a session's first output
+                page.evaluate(RUN_CELL_JS, i)      # plotly.js used to be embedded once), then the changes
+                page.wait_for_function(WAIT_IDLE_JS, timeout=60_000)
+            page.wait_for_timeout(500)
+            _views_at_latest(page, "live", LATEST, "live")
+            hidden = page.evaluate("Array.from(document.querySelectorAll('.jp-RenderedPlotly'))"
+                                   ".filter(e => e.offsetParent !== null).length")
+            assert hidden == 0, f"{hidden} static copies shown next to their live views"
+            page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+            page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
+            saved = nbformat.read(work / "state.ipynb", as_version=4)
+
+            page.reload(wait_until="domcontentloaded")           # kernel alive: the widget models' state
+            page.wait_for_function(WAIT_IDLE_JS, timeout=60_000)
+            _views_at_latest(page, "live", LATEST, "reload")
+            page.screenshot(path=str(ARTIFACTS / "view_state_reload.png"), full_page=False)
+
+            page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart()")
+            page.wait_for_function(WAIT_IDLE_JS, timeout=60_000)
+            # the same page keeps the last drawing of each view (ipywidgets marks it disconnected)
+            _views_at_latest(page, "any", LATEST, "restart")
+            page.reload(wait_until="domcontentloaded")
+            page.wait_for_function(WAIT_IDLE_JS, timeout=60_000)
+            _views_at_latest(page, "static", LATEST, "restart-reload")
+            text = page.evaluate("Array.from(document.querySelectorAll('.jp-OutputArea-child'))"
+                                 ".filter(e => e.offsetParent !== null).map(e => e.innerText).join(' ')")
+            assert "model not found" not in text and "Loading widget" not in text, text[:500]
+            page.screenshot(path=str(ARTIFACTS / "view_state_restart.png"), full_page=False)
+
+            page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+            page.wait_for_timeout(1000)
+            page.reload(wait_until="domcontentloaded")
+            page.wait_for_function("document.querySelectorAll('.jp-Notebook .jp-Cell').length >= 6", timeout=60_000)
+            _views_at_latest(page, "static", LATEST, "shutdown")
+            text = page.evaluate("Array.from(document.querySelectorAll('.jp-OutputArea-child'))"
+                                 ".filter(e => e.offsetParent !== null).map(e => e.innerText).join(' ')")
+            assert "model not found" not in text and "Loading widget" not in text, text[:500]
+            page.screenshot(path=str(ARTIFACTS / "view_state_shutdown.png"), full_page=False)
+
+            exporter = HTMLExporter()
+            exporter.register_preprocessor(StaticViews, enabled=True)
+            pages = {"plain": HTMLExporter().from_notebook_node(saved)[0],
+                     "StaticViews": exporter.from_notebook_node(saved)[0]}
+            for name, body in pages.items():
+                path = tmp_path / f"export_{name}.html"
+                path.write_text(body, encoding="utf-8")
+                export = browser.new_page(viewport={"width": 1200, "height": 900})
+                errors: list[str] = []
+                export.on("pageerror", lambda exc: errors.append(str(exc)))
+                _open_offline(export, path)
+                deadline = time.monotonic() + 60
+                while True:
+                    state = export.evaluate(VIEW_STATE_JS, ["any", LATEST])
+                    if (len(state) == len(LATEST) and all(state.values())) or time.monotonic() > deadline:
+                        break
+                    export.wait_for_timeout(300)
+                export.screenshot(path=str(ARTIFACTS / f"view_state_export_{name}.png"), full_page=True)
+                assert len(state) == len(LATEST) and all(state.values()), (name, state)
+                assert not errors, (name, errors)
+                export.close()
+            marker = 'data-cgt-viz="plotly.js"'     # (nbconvert reorders the attributes)
+            assert pages["StaticViews"].count(marker) == 1 < pages["plain"].count(marker)
+        except Exception:
+            print(log.read_text()[-3000:])
+            raise
         finally:
             browser.close()

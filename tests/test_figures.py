@@ -131,3 +131,40 @@ def test_training_curves_figure_and_thinning():
     assert len(fig.data[0].x) <= 501 and fig.data[0].x[-1] == 4999 and fig.layout.yaxis.type == "log"
     assert len(Fg.thin(np.arange(10), 3)) <= 4 and Fg.thin(np.arange(10), 3)[-1] == 9
     assert np.array_equal(Fg.thin(np.arange(3), 10), np.arange(3))
+
+
+def test_loss_difference_figure_has_band_switch_and_intervals():
+    from cgt_viz.figures import loss_difference_figure
+    pos = np.arange(10, 40)
+    diff = np.where(pos < 25, -0.4, 0.6)
+    sem = np.full(len(pos), 0.05)
+    rng = np.random.default_rng(0)
+    before, after = rng.normal(-0.4, 0.1, 64), rng.normal(0.6, 0.1, 64)
+    fig = loss_difference_figure(pos, diff, sem, boundary=25, split=10, before=before, after=after)
+    band, line = fig.data[0], fig.data[1]
+    assert band.fill == "toself" and len(band.x) == 2 * len(pos)
+    z = 1.959963984540054
+    np.testing.assert_allclose(np.asarray(band.y)[: len(pos)], diff + z * 0.05)       # upper edge, then lower
+    np.testing.assert_allclose(np.asarray(band.y)[len(pos):], (diff - z * 0.05)[::-1])
+    np.testing.assert_allclose(np.asarray(line.y), diff)
+    names = [t.name for t in fig.data]
+    assert any(n.startswith("before the switch: -0.") and n.endswith("(helps)") for n in names), names
+    assert any(n.startswith("after the switch: +0.6") and n.endswith("(hurts)") for n in names), names
+    shapes = {s.name: s for s in fig.layout.shapes}
+    assert shapes["boundary"].x0 == 24.5 and shapes["split"].x0 == 9.5
+    assert any(a.text == "topic switch" for a in fig.layout.annotations)
+    # a zero line: the sign is the answer
+    assert any(s.y0 == 0 and s.y1 == 0 for s in fig.layout.shapes)
+
+
+def test_loss_difference_figure_says_when_the_interval_straddles_zero_and_checks_inputs():
+    from cgt_viz.figures import loss_difference_figure
+    pos = np.arange(5)
+    fig = loss_difference_figure(pos, np.zeros(5), np.ones(5), boundary=2, before=[-1.0, 1.0, 0.5], after=[0.1])
+    names = [t.name for t in fig.data]
+    assert any("no clear effect" in n for n in names), names
+    assert not any(n.startswith("after") for n in names)      # one row: no interval, no claim
+    with pytest.raises(ValueError):
+        loss_difference_figure(pos, np.zeros(4), np.ones(5))
+    with pytest.raises(ValueError):
+        loss_difference_figure(pos, np.zeros(5), np.ones(5), level=1.5)

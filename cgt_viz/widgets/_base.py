@@ -164,7 +164,35 @@ def _send_code_now(shell) -> bool:
     return _in_cell
 
 
-class LeanFigureWidget(go.FigureWidget):
+class CurrentState:
+    """Mixin for `go.FigureWidget`: the widget state a frontend reads (`_widget_data`, `_widget_layout`) is
+    the figure as it is now. plotly sets those traits only when the widget is made or displayed; later
+    changes travel as restyle/relayout messages that a page already open applies to its copy, so a page
+    reloaded with the kernel alive (or a second view) asked for the state and drew the first figure
+    (a monitor's empty axes, an explorer's preview). Here every state request (ipywidgets' `request_state`
+    and `get_state` for the control comm, embedding, saved state) is answered with the current figure;
+    the traits are refreshed without a message, so updates cost nothing extra."""
+
+    def get_state(self, key=None, drop_defaults=False):
+        keys = [key] if isinstance(key, str) else key
+        if keys is None or "_widget_data" in keys or "_widget_layout" in keys:
+            self.sync_widget_state()
+        return super().get_state(key=key, drop_defaults=drop_defaults)
+
+    def sync_widget_state(self) -> None:
+        """Make the synced traits hold the current figure, without sending them (an open page has it)."""
+        from copy import deepcopy
+        if getattr(self, "_layout_obj", None) is None:      # the comm opens before plotly has set the figure up
+            return
+        self._trait_values["_widget_data"] = deepcopy(self._data)
+        self._trait_values["_widget_layout"] = deepcopy(self._layout_obj._props)
+
+
+class PlainFigureWidget(CurrentState, go.FigureWidget):
+    """plotly's own FigureWidget (CGT_VIZ_EMBED_PLOTLY=1) with the current figure in its state."""
+
+
+class LeanFigureWidget(CurrentState, go.FigureWidget):
     """`go.FigureWidget` with a small `_esm` loader (see the module docstring); behaves the same in Python."""
 
     _esm = _LOADER
@@ -198,7 +226,7 @@ class LeanFigureWidget(go.FigureWidget):
 def figure_widget(fig: go.Figure, **kwargs) -> go.FigureWidget:
     """A FigureWidget showing `fig`: lean by default, plain plotly with CGT_VIZ_EMBED_PLOTLY=1."""
     if os.environ.get("CGT_VIZ_EMBED_PLOTLY") == "1":
-        fw = go.FigureWidget(fig)
+        fw = PlainFigureWidget(fig)
         fw._config = {**fw._config, **PLOTLY_CONFIG}
         return fw
     return LeanFigureWidget(fig, **kwargs)

@@ -1,35 +1,46 @@
 """The static form every view carries, so that a saved notebook still shows its plots without a kernel.
 
-A view's display is one output whose MIME bundle holds, next to the live widget
-(`application/vnd.jupyter.widget-view+json`, which a frontend with the kernel prefers):
+A view's display is three outputs, one after the other:
 
-    application/vnd.plotly.v1+json   the view's main figure; JupyterLab draws it with the plotly extension
-                                     that ships inside the plotly package (a safe renderer: it is also used
-                                     for untrusted notebooks, e.g. one executed by nbclient / nbconvert)
-    text/html                        every figure of the view, drawn by plotly.js (nbconvert HTML, nbviewer,
-                                     VS Code, any HTML frontend); plotly.js itself (from the installed plotly
-                                     package, never a CDN) is embedded once per kernel session: in the first
-                                     view displayed, which keeps it on later refreshes
-    text/plain                       one line saying what the view is
+    1. text/html: a <style> for JupyterLab / Notebook 7 (below); hides itself
+    2. the live widget (`application/vnd.jupyter.widget-view+json`) and a text/plain line
+    3. the static copy (display id of its own, refreshed in place), marked with metadata cgt_viz.static:
+       application/vnd.plotly.v1+json  the view's main figure; JupyterLab draws it with the plotly extension
+                                       that ships inside the plotly package (a safe renderer: also used for
+                                       untrusted notebooks, e.g. one executed by nbclient / nbconvert)
+       text/html                       every figure of the view, drawn by plotly.js (nbconvert HTML, nbviewer,
+                                       VS Code, any HTML frontend); plotly.js itself (from the installed plotly
+                                       package, never a CDN; gzip + base64, 1.9 MB) is embedded in the first
+                                       view of every cell run, so an export draws whatever outputs survived
+                                       re-runs (the `StaticViews` preprocessor keeps one copy per export)
+       text/plain                      one line saying what the view is
+
+Why three: JupyterLab draws an output holding the widget MIME type with the widget renderer (rank -10,
+before every other) and, when the widget model is gone (kernel shut down or restarted, notebook reopened),
+shows "Error displaying widget: model not found" without falling back to the rest of the bundle. So the
+static copy is an output of its own, and the style hides it while a live view is drawn next to it
+(`.cgt-viz-view` on the view's root), and hides the failed live output when a static copy is drawn after it.
+No JupyterLab extension of our own is involved; the style needs a trusted notebook (a session's own outputs,
+or one saved and reopened by the same user); untrusted, the live output shows its text line above the plot.
+
+The widget model itself always holds the current figure (`_base.CurrentState`), so a page reloaded with the
+kernel alive draws the latest state of every view.
 
 The static copy follows the view: after every cell that changed a displayed view, the output is refreshed
 in place (`update_display`), so a monitor shows the finished training, an explorer its last colouring.
-Interactions in the browser between cells reach the saved copy with the next cell that runs.
+Changes made through a view's controls between cells reach the saved copy with the next cell that runs
+(JupyterLab applies display updates only to the cell being run; updating the saved copy straight from a
+widget event would need a frontend extension); `view.show_static()` shows the view as it is now.
 Big views are thinned in the static copy (the explorer draws at most `STATIC_MAX_POINTS` points).
 
-nbconvert picks the widget view over text/html whenever the notebook stores widget state, which
-`jupyter nbconvert --execute` and nbclient do by default (JupyterLab does not); then the static form needs
-the preprocessor in `cgt_viz.widgets.export`:
+nbconvert draws the static copy's text/html; where the notebook stores widget state (nbclient and
+`jupyter nbconvert --execute` do) it would also try the live widget, which cannot draw without a kernel:
+the preprocessor in `cgt_viz.widgets.export` drops the live outputs and keeps one copy of plotly.js:
 
     jupyter nbconvert --to html --execute --HTMLExporter.preprocessors=cgt_viz.widgets.export.StaticViews nb.ipynb
 
-Where it does not help: JupyterLab draws a *trusted* notebook's widget output with the widget renderer
-even when the widget model is gone ("model not found"), ignoring the rest of the bundle (the renderer is
-chosen by MIME-type rank, the widget's -10 beats every other, before the model is looked up, and
-@jupyter-widgets/jupyterlab-manager's renderModel does not fall back; the order of keys in the bundle
-plays no part); there `view.show_static()` in a cell of its own, or the preprocessor above with
-`--to notebook`, gives plots that survive. CGT_VIZ_STATIC=json keeps plotly.js out of the notebook
-(JupyterLab and VS Code only), CGT_VIZ_STATIC=0 turns the static form off (see `mode`).
+CGT_VIZ_STATIC=json keeps plotly.js out of the notebook (JupyterLab and VS Code only), CGT_VIZ_STATIC=0
+turns the static form off (see `mode`).
 
 GitHub's notebook preview runs no JavaScript and shows only images and text. Opt in and the bundle also holds
 
@@ -41,6 +52,8 @@ GitHub's notebook preview runs no JavaScript and shows only images and text. Opt
 """
 from __future__ import annotations
 
+import base64
+import gzip
 import hashlib
 import html
 import json
@@ -61,16 +74,30 @@ PLOTLY_MIME = "application/vnd.plotly.v1+json"
 PNG_MIME = "image/png"
 _READY_EVENT = "cgt-viz-plotly-ready"
 _PLOTLY_JS_PATH = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+_PLOTLY_JS_B64: str | None = None
 
 _lock = threading.Lock()
-_carrier_id: str | None = None      # the display id whose static HTML embeds plotly.js in this process
+_carriers: set[str] = set()         # display ids whose static HTML embeds plotly.js (one per cell run)
+_cell_has_carrier = False           # the running cell has displayed a view that carries plotly.js
+_in_cell = False                    # between pre_run_cell and post_run_cell
 _shown: dict[str, tuple[weakref.ref, str]] = {}   # display id -> (view, hash of its last published static form)
 _hook_installed = False
-_before_cell: dict[str, str] = {}  # display id -> hash of a page-state view's static form when the cell began
 
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+PLOTLY_JS_START = '<script type="text/javascript" data-cgt-viz="plotly.js">'   # opens the one script that holds plotly.js
 OUTPUT_METADATA = {"cgt_viz": {"static": True}}   # marks an output that carries a static form
+VIEW_CLASS = "cgt-viz-view"                          # on the live widget's root element
+# The first of a view's three outputs: CSS for JupyterLab (and Notebook 7), applied while the notebook is
+# trusted (the outputs of a session always are). Scoped to the three outputs of a view (style, live, static),
+# it hides the style output itself; the static copy while the live view is drawn; and the live output while
+# it has no view (kernel gone: "Loading widget..." / "model not found") and the static copy is drawn.
+_TRIPLE = ".jp-NotebookPanel .jp-OutputArea-child:has(.cgt-viz-style)"
+LIVE_STYLE = f"""<div class="cgt-viz-style" style="display:none"><style>
+{_TRIPLE} {{ display: none; }}
+{_TRIPLE} + .jp-OutputArea-child:has(.cgt-viz-view) + .jp-OutputArea-child {{ display: none; }}
+{_TRIPLE} + .jp-OutputArea-child:not(:has(.cgt-viz-view)):has(+ .jp-OutputArea-child .jp-RenderedPlotly) {{ display: none; }}
+</style></div>"""
 
 
 def mode() -> str:
@@ -94,13 +121,29 @@ def _script_json(obj) -> str:
     return json.dumps(obj).replace("</", "<\\/").replace("<!--", "<\\!--")
 
 
+def _plotly_js_gzip_b64() -> str:
+    global _PLOTLY_JS_B64
+    if _PLOTLY_JS_B64 is None:
+        _PLOTLY_JS_B64 = base64.b64encode(gzip.compress(_PLOTLY_JS_PATH.read_bytes(), 9, mtime=0)).decode("ascii")
+    return _PLOTLY_JS_B64
+
+
 def plotly_js_html() -> str:
-    """plotly.js from the installed plotly package as one inline <script> that sets window.Plotly (also
-    on pages with an AMD loader) and then tells every static view waiting for it."""
-    code = _PLOTLY_JS_PATH.read_text(encoding="utf-8")
-    return ("<script type=\"text/javascript\">window.PlotlyConfig = {MathJaxConfig: 'local'};</script>"
-            "<script type=\"text/javascript\">if (!window.Plotly) { (function (define, module, exports) {\n"
-            f"{code}\n}}).call(window); }}\nwindow.dispatchEvent(new Event('{_READY_EVENT}'));</script>")
+    """plotly.js from the installed plotly package (gzip + base64, 1.9 MB instead of 4.8) as one inline
+    <script>: the browser inflates it (DecompressionStream), runs it unless window.Plotly is there already
+    (also on pages with an AMD loader), then tells every static view waiting for it. Every cell that shows a
+    view carries one, so an export draws whichever outputs survive re-runs; `StaticViews` keeps one."""
+    return (PLOTLY_JS_START + "window.PlotlyConfig = {MathJaxConfig: 'local'};"
+            "(function () { var b64 = \"" + _plotly_js_gzip_b64() + "\";\n"
+            "if (window.Plotly) { window.dispatchEvent(new Event('" + _READY_EVENT + "')); return; }\n"
+            "var bin = atob(b64), bytes = new Uint8Array(bin.length);\n"
+            "for (var i = 0; i < bin.length; i += 1) bytes[i] = bin.charCodeAt(i);\n"
+            "new Response(new Blob([bytes]).stream().pipeThrough(new DecompressionStream('gzip'))).text()"
+            ".then(function (code) {\n"
+            "  if (!window.Plotly) new Function('define', 'module', 'exports', code).call(window);\n"
+            "  window.dispatchEvent(new Event('" + _READY_EVENT + "'));\n"
+            "}).catch(function (err) { console.error('[cgt_viz] could not load plotly.js', err); });\n"
+            "})();</script>")
 
 
 def figures_html(figures, *, include_plotlyjs: bool = False, title: str | None = None) -> str:
@@ -132,14 +175,8 @@ def figures_html(figures, *, include_plotlyjs: bool = False, title: str | None =
 
 class StaticForm:
     """Mixin for the widget views: `static_figures()` (the figures a saved copy shows, main one first) and
-    `static_text()`; displaying the view publishes the live widget and the static form in one bundle.
-
-    refresh_after_cells: re-publish the static form after each cell that changed it. Re-publishing re-renders
-    the live widget from its model, which loses what only the page holds (a selection made since); views
-    whose state lives in the page set it False: their static form is re-published only for changes a cell
-    made, not for what the page did between cells."""
-
-    refresh_after_cells = True
+    `static_text()`; displaying the view publishes the live widget and the static form (see the module
+    docstring), and the static form is re-published after each cell that changed it."""
 
     def static_figures(self) -> list:                          # pragma: no cover - each view defines it
         raise NotImplementedError
@@ -172,25 +209,29 @@ class StaticForm:
         display(self.static_bundle(include_plotlyjs=True, png=png), raw=True, metadata=OUTPUT_METADATA)
 
     def _bundle(self, display_id: str, figures=None) -> tuple[dict, str]:
-        """(display bundle, digest of its figures) for the output `display_id`."""
-        global _carrier_id
+        """(static bundle, digest of its figures) for the output `display_id`."""
         with _lock:
-            if _carrier_id is None:
-                _carrier_id = display_id
-            carry = _carrier_id == display_id
+            carry = display_id in _carriers
         figs = self.static_figures() if figures is None else figures
-        bundle = self.static_bundle(include_plotlyjs=carry, figures=figs)
-        bundle.update(self._repr_mimebundle_())          # the widget view, from ipywidgets
-        bundle["text/plain"] = self.static_text()
-        return bundle, _digest(figs)
+        return self.static_bundle(include_plotlyjs=carry, figures=figs), _digest(figs)
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
         if not enabled():
             display(self._repr_mimebundle_(), raw=True)
             return
+        global _cell_has_carrier
+        self.add_class(VIEW_CLASS)
         display_id = uuid.uuid4().hex
+        with _lock:
+            if not _cell_has_carrier:              # the first view of each cell run carries plotly.js
+                _carriers.add(display_id)
+                _cell_has_carrier = _in_cell
         bundle, digest = self._bundle(display_id)
+        display({"text/html": LIVE_STYLE}, raw=True, metadata={"cgt_viz": {"style": True}})
+        live = self._repr_mimebundle_()            # the widget view, from ipywidgets
+        live["text/plain"] = self.static_text()
+        display(live, raw=True, metadata={"cgt_viz": {"live": True}})
         display(bundle, raw=True, display_id=display_id, metadata=OUTPUT_METADATA)
         _shown[display_id] = (weakref.ref(self), digest)
         _install_hook()
@@ -202,22 +243,22 @@ def _digest(figures) -> str:
 
 def refresh_static(*_args) -> int:
     """Re-publish the static form of every displayed view that changed since it was last published (runs
-    after each cell). Returns the number of outputs updated."""
+    after each cell; only the static output is replaced, the live widget next to it is not touched).
+    Returns the number of outputs updated."""
+    global _in_cell
+    _in_cell = False
     from IPython.display import update_display
     updated = 0
     for display_id, (ref, digest) in list(_shown.items()):
         view = ref()
         if view is None:
             _shown.pop(display_id, None)
+            _carriers.discard(display_id)
             continue
         try:
             figs = view.static_figures()
             now = _digest(figs)
-            # a page-state view is re-published only for what this cell changed, not for what the page did
-            # between cells (the page shows that already, and re-rendering it would lose the page's state);
-            # one displayed by this cell has no earlier state: what changed since its display is this cell's
-            if now == digest or (not view.refresh_after_cells and display_id in _before_cell
-                                 and _before_cell[display_id] == now):
+            if now == digest:
                 continue
             bundle, digest = view._bundle(display_id, figs)
         except Exception:            # a view in a broken state keeps its last copy
@@ -228,25 +269,21 @@ def refresh_static(*_args) -> int:
     return updated
 
 
-def note_before_cell(*_args) -> None:
-    """Remember the static form of each page-state view as the cell starts (runs before each cell)."""
-    _before_cell.clear()
-    for display_id, (ref, _digest_shown) in list(_shown.items()):
-        view = ref()
-        if view is not None and not view.refresh_after_cells:
-            try:
-                _before_cell[display_id] = _digest(view.static_figures())
-            except Exception:
-                pass
+def cell_started(*_args) -> None:
+    """A cell begins: its first view will carry plotly.js (runs before each cell)."""
+    global _cell_has_carrier, _in_cell
+    _cell_has_carrier = False
+    _in_cell = True
 
 
 def _install_hook() -> None:
-    global _hook_installed
+    global _hook_installed, _in_cell
     from ._base import kernel_shell
     shell = kernel_shell()
     with _lock:
         if shell is None or _hook_installed:
             return
-        shell.events.register("pre_run_cell", note_before_cell)
+        shell.events.register("pre_run_cell", cell_started)
         shell.events.register("post_run_cell", refresh_static)
         _hook_installed = True
+        _in_cell = True              # the first view of a session is displayed by a cell

@@ -229,8 +229,7 @@ class Explorer(StaticForm, W.VBox):
     the preview: every method and attribute waits for the full set (`wait()` does only that).
     `Explorer.preview_tokens = None` turns the preview off."""
 
-    refresh_after_cells = False
-    preview_tokens: int | None = 16_384   # its selection lives in the page (see StaticForm); `show_static()` shows it now
+    preview_tokens: int | None = 16_384
 
     @checked(**_VIEW_ARGS)
     def __init__(self, model, sequences: A.Sequences, ybar: np.ndarray | None = None, *, positions: Any = "all",
