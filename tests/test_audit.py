@@ -42,8 +42,6 @@ from cgt_viz.tasks.text import TextMixture
 from cgt_viz.tasks.tokenizer import ByteTokenizer, CorpusBPE, GPT2Tokenizer, tokenizer_from_spec
 from cgt_viz.train import TrainHistory, train
 
-torch.set_num_threads(1)
-
 ALLOWED_WORDS = re.compile(r"must|one of|allowed|expected|at least|at most|needs?\b|only|between|use |pass |choose from")
 
 
@@ -85,14 +83,6 @@ def tok_cfg(**kw) -> CGTConfig:
     return CGTConfig(**{**base, **kw})
 
 
-torch.manual_seed(0)
-CGT_T = CGT(tok_cfg()).eval()
-GPT_T = GPT(tok_cfg()).eval()
-CGT_V = CGT(CGTConfig(input_dim=3, output_dim=2, block_size=12, n_layer=3, d_x=16, n_head=2, d_y=8,
-                      n_head_y=1, y_layer=1, n_templates=2)).eval()
-IDX = torch.randint(0, 16, (2, 8), generator=torch.Generator().manual_seed(0))
-VEC = torch.randn(2, 8, 3)
-YBAR = torch.zeros(2, 8)
 ICL = SyntheticICL(n_pairs=6)
 
 
@@ -101,7 +91,16 @@ def icl_model() -> CGT:
                          n_templates=2)).eval()
 
 
-CGT_ICL = icl_model()
+with torch.random.fork_rng(devices=[]):   # seeded here; the global stream the tests see is left as it was
+    torch.manual_seed(0)
+    CGT_T = CGT(tok_cfg()).eval()
+    GPT_T = GPT(tok_cfg()).eval()
+    CGT_V = CGT(CGTConfig(input_dim=3, output_dim=2, block_size=12, n_layer=3, d_x=16, n_head=2, d_y=8,
+                          n_head_y=1, y_layer=1, n_templates=2)).eval()
+    IDX = torch.randint(0, 16, (2, 8), generator=torch.Generator().manual_seed(0))
+    VEC = torch.randn(2, 8, 3)
+    CGT_ICL = icl_model()
+YBAR = torch.zeros(2, 8)
 
 # ------------------------------------------------------------------------------------------ config
 CFG_FIELDS = {   # each field's declared contract (FIELD_CONSTRAINTS), plus the bounds that relate fields

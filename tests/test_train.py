@@ -21,8 +21,6 @@ from cgt_viz.train import TrainHistory, TrainingDiverged, lr_at, param_groups, r
 from cgt_viz.train_config import TrainConfig
 from helpers import TinyTask
 
-torch.set_num_threads(1)
-
 
 class NaNRegression(Task):
     """Vectors-mode regression whose targets turn NaN from the `nan_from`-th training batch on."""

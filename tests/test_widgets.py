@@ -18,7 +18,6 @@ from cgt_viz.widgets import _base
 
 from test_analysis import TopicTask, tiny_cgt
 
-torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
 
 
