@@ -582,6 +582,7 @@ NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, a
                      "Points.frame", "ByteTokenizer.encode_array", "is_validation_document", "fold_affine_ln_y",
                      "check_batch_size", "check_eval_size", "check_part", "TrainHistory"],
                     "an internal step, fed arguments its audited caller has checked (or a checker itself)"),
+    **dict.fromkeys(["evaluate", "save"], "train's evaluation and checkpoint write, fed the settings train() checked"),
     **dict.fromkeys(["atomic_write", "write_json", "read_json", "save_tensors", "load_tensors", "model_folder"],
                     "internal I/O under save_pretrained/from_pretrained (tamper and fault cases: test_checkpoint)"),
     "load_corpus": "via TextMixture(source=...)", "resolve_device": "via train(device=...)",
