@@ -42,7 +42,10 @@ from cgt_viz.tasks.text import TextMixture
 from cgt_viz.tasks.tokenizer import ByteTokenizer, CorpusBPE, GPT2Tokenizer, tokenizer_from_spec
 from cgt_viz.train import TrainHistory, train
 
-ALLOWED_WORDS = re.compile(r"must|one of|allowed|expected|at least|at most|needs?\b|only|between|use |pass |choose from")
+# words that say what is allowed; "need"/"use" only as a requirement or a bound ("needs a tokens-mode model",
+# "use k <= 5"), not anywhere ("k=6 demonstrations need 14 positions" alone says nothing allowed)
+ALLOWED_WORDS = re.compile(r"must|one of|allowed|expected|at least|at most|needs? (?:a|an|the|one)\b|between|"
+                           r"use \w+ [<>]=?|pass |choose from")
 
 
 @dataclass
@@ -529,6 +532,15 @@ def _declared(entry: str):
 for _entry, _call in DECLARED.items():
     for _arg, _constraint in _declared(_entry).__contracts__.items():
         case(_entry, _arg, _constraint.bad_values(), lambda v, a=_arg, c=_call: c(**{a: v}))
+
+
+def test_allowed_words_need_a_message_that_says_what_is_allowed():
+    for says in ("n must be >= 1, got 0", "generate needs a tokens-mode model", "need 14 positions; use k <= 5",
+                 "method must be one of 'pca', 'umap'", "per-token labels need one label per token"):
+        assert ALLOWED_WORDS.search(says), says
+    for says_not in ("k=6 demonstrations need 14 positions, more than block_size = 12", "the only value was 3",
+                     "use of x failed", "bad value for n: 0"):
+        assert not ALLOWED_WORDS.search(says_not), says_not
 
 
 @pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])

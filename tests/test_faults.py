@@ -572,7 +572,7 @@ def test_the_explorer_says_a_constant_ybar_cannot_be_embedded_by_tsne():
     ex = explore(model, data, background=None)
     with pytest.raises(ValueError, match="distinct points"):
         ex.set_projection("tsne", wait=True)
-    assert "t-SNE failed" in ex.status.value or "failed" in ex.status.value
+    assert "t-SNE failed: ValueError: X must hold at least 4 distinct points" in ex.status.value   # which view, why
     assert np.isfinite(ex.coords).all()                 # the PCA view stays usable
 
 
