@@ -349,9 +349,6 @@ def train(model: nn.Module, task: Task, config: TrainConfig | None = None, *,
     if not isinstance(task, Task):
         raise TypeError(f"task must be a cgt_viz.tasks.base.Task (e.g. make_task('icl')), got {describe(task)}")
     cfg = TrainConfig.build(config, settings)
-    steps, batch_size, keep_checkpoints = cfg.steps, cfg.batch_size, cfg.keep_checkpoints
-    eval_every = max(1, steps // 20) if cfg.eval_every is None else cfg.eval_every
-    checkpoint_every = max(1, steps // 10) if cfg.checkpoint_every is None else cfg.checkpoint_every
     if isinstance(callbacks, (str, bytes)) or not hasattr(callbacks, "__iter__"):
         raise TypeError(f"callbacks must be a list of callables taking one dict, got {describe(callbacks)}")
     callbacks = list(callbacks)
@@ -380,21 +377,70 @@ def train(model: nn.Module, task: Task, config: TrainConfig | None = None, *,
     if distributed and dev.type == "cuda" and dev.index is None:  # a group the caller set up: one GPU per rank
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(dev)
-    try:  # everything is validated: hand the arguments (and dev, rank, world) to the loop
+    try:  # everything is validated: hand the config, the arguments and dev, rank, world to the loop
         # one writer per checkpoint folder (rank 0 writes; the others never touch it)
         with (RunLock(checkpoint_dir, "checkpoint_dir") if checkpoint_dir is not None and rank == 0
               else contextlib.nullcontext()):
-            return _run(**{**locals(), **cfg.to_dict(), "eval_every": eval_every,
-                           "checkpoint_every": checkpoint_every})
+            return _run(cfg, model=model, task=task, eval_fn=eval_fn, callbacks=callbacks, amp=amp, compile=compile,
+                        checkpoint_dir=checkpoint_dir, resume=resume, progress=progress, dev=dev,
+                        distributed=distributed, rank=rank, world=world)
     finally:
         if own_group and dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _run(*, model, task, cfg, steps, batch_size, lr, warmup, min_lr_ratio, weight_decay, betas, grad_clip, eval_every,
-         eval_batches, eval_fn, callbacks, seed, amp, compile, checkpoint_dir, checkpoint_every, keep_checkpoints,
-         resume, progress, aux_delay, aux_ramp, plateau_steps, plateau_tolerance, dev, distributed, rank, world,
-         **_unused) -> tuple[nn.Module, TrainHistory]:
+# ------------------------------------------------------------------------------------ evaluate and save
+def _autocast(use_amp: bool):
+    """bf16 autocast on CUDA when amp is on; a no-op context otherwise."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else contextlib.nullcontext()
+
+
+def evaluate(model: nn.Module, task: Task, step: int, *, batch_size: int, eval_batches: int, seed: int,
+             dev: torch.device, use_amp: bool = False,
+             eval_fn: Callable[[nn.Module, int], dict[str, float]] | None = None) -> dict[str, float]:
+    """The eval event of `step`: mean val_main, val_aux, val_total over `eval_batches` validation batches (plus
+    eval_fn's metrics). A fixed validation stream and a forked global RNG: evaluating never changes the run."""
+    cuda_index = (dev.index if dev.index is not None else torch.cuda.current_device()) if dev.type == "cuda" else None
+    with torch.random.fork_rng(devices=[cuda_index] if cuda_index is not None else []):
+        val_gen = torch.Generator().manual_seed(seed + _VAL_STREAM)
+        val_split_gen = torch.Generator().manual_seed(seed + _VAL_SPLIT_STREAM)
+        model.eval()
+        sums = dict.fromkeys(("val_main", "val_aux", "val_total"), 0.0)
+        try:
+            with torch.no_grad(), _autocast(use_amp):
+                for _ in range(eval_batches):
+                    batch = task.get_batch(batch_size, part="val", generator=val_gen, device=dev)
+                    split = _draw_split(model, batch, val_split_gen, always=True)
+                    out = model.loss(batch.inputs, batch.targets, batch.loss_mask, split=split)
+                    for name in ("main", "aux", "total"):
+                        sums[f"val_{name}"] += float(out[name]) / eval_batches
+            if not hasattr(model, "sample_split"):
+                del sums["val_aux"]
+            metrics = {**sums, **(eval_fn(model, step) if eval_fn is not None else {})}
+        finally:
+            model.train()
+    return {"kind": "eval", "step": step, **{k: float(v) for k, v in metrics.items()}}
+
+
+def save(checkpoint_dir: str | os.PathLike, step: int, *, model: nn.Module, optimizer: torch.optim.Optimizer,
+         run: dict[str, Any], rng: dict[str, Any], history: TrainHistory, keep: int, last: Path | None) -> Path:
+    """Checkpoint the state after `step` updates; returns its path. `last` (the newest good checkpoint) is
+    what TrainingDiverged names when the weights are NaN/inf: those never overwrite good checkpoints."""
+    if not all(bool(torch.isfinite(p).all()) for p in model.parameters() if p.requires_grad):
+        raise TrainingDiverged(step, "weights after the update", float("nan"), history, last, weights_finite=False)
+    state = {k: v for k, v in model.state_dict().items()}
+    return save_checkpoint(checkpoint_dir, step, run, state, optimizer.state_dict(), rng, history.to_dict(), keep=keep)
+
+
+# ------------------------------------------------------------------------------------------------ the loop
+def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: list, amp: bool, compile: bool,
+         checkpoint_dir, resume: bool, progress: bool, dev: torch.device, distributed: bool, rank: int,
+         world: int) -> tuple[nn.Module, TrainHistory]:
+    """The training loop of `train` (arguments validated there). Every setting is read from `cfg` here, so
+    a TrainConfig field this function does not read is caught by tests/test_train.py."""
+    steps, batch_size, seed = cfg.steps, cfg.batch_size, cfg.seed
+    eval_every = max(1, steps // 20) if cfg.eval_every is None else cfg.eval_every
+    checkpoint_every = max(1, steps // 10) if cfg.checkpoint_every is None else cfg.checkpoint_every
     if batch_size % world:
         raise ValueError(f"batch_size must be divisible by the number of ranks ({world}), got {batch_size}")
     lo, hi = rank * (batch_size // world), (rank + 1) * (batch_size // world)
@@ -402,7 +448,7 @@ def _run(*, model, task, cfg, steps, batch_size, lr, warmup, min_lr_ratio, weigh
     was_training = model.training
     model.to(dev)
     model.train()
-    optimizer = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas))
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas))
     generators = {"batch": torch.Generator().manual_seed(seed),
                   "split": torch.Generator().manual_seed(seed + _SPLIT_STREAM)}
 
@@ -412,6 +458,7 @@ def _run(*, model, task, cfg, steps, batch_size, lr, warmup, min_lr_ratio, weigh
         raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} already holds a checkpoint ({found.name}); "
                          f"pass resume=True to continue it, or choose another checkpoint_dir")
     ckpt = load_checkpoint(found) if found is not None else None
+    warmup = cfg.warmup
     if warmup is None:  # the default depends on steps; a resumed run that extends `steps` keeps its warm-up
         warmup = ckpt.run["warmup"] if ckpt is not None else min(100, steps // 10)
     run_id = _json_safe({"model_class": type(model).__name__, "config": model.config.to_dict(),
@@ -435,6 +482,7 @@ def _run(*, model, task, cfg, steps, batch_size, lr, warmup, min_lr_ratio, weigh
         torch.manual_seed(seed + rank)
         random.seed(seed + rank)
         np.random.seed(seed + rank)
+    writes = checkpoint_dir is not None and is_main    # rank 0 writes the checkpoints
     last_ckpt: Path | None = found
     saved_step = start        # the newest step on disk (0: none)
 
@@ -446,49 +494,11 @@ def _run(*, model, task, cfg, steps, batch_size, lr, warmup, min_lr_ratio, weigh
     if compile:
         loss_module = torch.compile(loss_module)
     use_amp = amp and dev.type == "cuda"
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if use_amp else contextlib.nullcontext
     params = [p for p in model.parameters() if p.requires_grad]
 
     def emit(event: dict) -> None:
         for fn in callbacks:
             fn(event)
-
-    def save(step: int, rng: dict | None = None) -> Path | None:
-        nonlocal last_ckpt, saved_step
-        if checkpoint_dir is None or not is_main:
-            return last_ckpt
-        if not all(bool(torch.isfinite(p).all()) for p in params):  # never overwrite good checkpoints with NaN
-            raise TrainingDiverged(step, "weights after the update", float("nan"), history, last_ckpt,
-                                   weights_finite=False)
-        state = {k: v for k, v in model.state_dict().items()}
-        last_ckpt = save_checkpoint(checkpoint_dir, step, {**run_id, "steps": steps}, state, optimizer.state_dict(),
-                                    rng if rng is not None else capture_rng(generators), history.to_dict(),
-                                    keep=keep_checkpoints)
-        saved_step = step
-        return last_ckpt
-
-    def evaluate(step: int) -> dict[str, float]:
-        # a fixed validation stream and a forked global RNG: evaluating never changes the training run
-        cuda_index = (dev.index if dev.index is not None else torch.cuda.current_device()) if dev.type == "cuda" else None
-        with torch.random.fork_rng(devices=[cuda_index] if cuda_index is not None else []):
-            val_gen = torch.Generator().manual_seed(seed + _VAL_STREAM)
-            val_split_gen = torch.Generator().manual_seed(seed + _VAL_SPLIT_STREAM)
-            model.eval()
-            sums = dict.fromkeys(("val_main", "val_aux", "val_total"), 0.0)
-            try:
-                with torch.no_grad(), autocast():
-                    for _ in range(eval_batches):
-                        batch = task.get_batch(batch_size, part="val", generator=val_gen, device=dev)
-                        split = _draw_split(model, batch, val_split_gen, always=True)
-                        out = model.loss(batch.inputs, batch.targets, batch.loss_mask, split=split)
-                        for name in ("main", "aux", "total"):
-                            sums[f"val_{name}"] += float(out[name]) / eval_batches
-                if not hasattr(model, "sample_split"):
-                    del sums["val_aux"]
-                metrics = {**sums, **(eval_fn(model, step) if eval_fn is not None else {})}
-            finally:
-                model.train()
-        return {"kind": "eval", "step": step, **{k: float(v) for k, v in metrics.items()}}
 
     # ---------------------------------------------------------------- pre-flight: before step 1
     # what the run will need later is checked now, so that it cannot die at its first evaluation or save
@@ -503,12 +513,12 @@ def _run(*, model, task, cfg, steps, batch_size, lr, warmup, min_lr_ratio, weigh
                                  f"{batch_size}, part='val') fails: {err}. Nothing was trained; fix the task's "
                                  f"validation split, lower batch_size, or pass eval_every=0 (no evaluation)") from None
         _check_batch(model, probe, "the validation batch (pre-flight)")
-    if checkpoint_dir is not None and is_main:
-        _check_writable(Path(checkpoint_dir), model, keep_checkpoints)
+    if writes:
+        _check_writable(Path(checkpoint_dir), model, cfg.keep_checkpoints)
 
     reference = task.no_information_loss() if callable(getattr(task, "no_information_loss", None)) else None
     warned = any(w.get("kind") == "plateau" for w in history.warnings)   # a resumed run warns once in all
-    plateau = PlateauDetector(reference, plateau_steps, plateau_tolerance, fired=warned) \
+    plateau = PlateauDetector(reference, cfg.plateau_steps, cfg.plateau_tolerance, fired=warned) \
         if reference is not None else None
 
     # ---------------------------------------------------------------- the loop
@@ -520,17 +530,17 @@ def _run(*, model, task, cfg, steps, batch_size, lr, warmup, min_lr_ratio, weigh
     step = start
     if is_main and start < steps:
         cfg_m = getattr(model, "config", None)
-        emit({"kind": "start", "step": start, "steps": steps, "aux_delay": aux_delay, "aux_ramp": aux_ramp,
+        emit({"kind": "start", "step": start, "steps": steps, "aux_delay": cfg.aux_delay, "aux_ramp": cfg.aux_ramp,
               "weights": {"main": 1.0, "aux": float(getattr(cfg_m, "w_aux", 0.0) or 0.0),
                           "smooth": float(getattr(cfg_m, "w_smooth", 0.0) or 0.0)}})
     # the random streams the loop advances, as they were after the last completed step (for a save on error;
     # Python's and NumPy's, which the loop does not touch, are read at save time: cheaper per step)
     snapshot = lambda: {"torch": torch.get_rng_state(), "generators": {n: g.get_state() for n, g in generators.items()}}
-    rng_done = snapshot() if checkpoint_dir is not None and is_main else None
+    rng_done = snapshot() if writes else None
     try:
         with _StopFlag() as stop:
             while step < steps:
-                cur_lr = lr_at(step, steps, lr, warmup, min_lr_ratio)
+                cur_lr = lr_at(step, steps, cfg.lr, warmup, cfg.min_lr_ratio)
                 for group in optimizer.param_groups:
                     group["lr"] = cur_lr
                 batch = task.get_batch(batch_size, part="train", generator=generators["batch"], device=dev)
@@ -538,9 +548,9 @@ def _run(*, model, task, cfg, steps, batch_size, lr, warmup, min_lr_ratio, weigh
                 split = _draw_split(model, batch, generators["split"], always=False)
                 if distributed:
                     batch, split = _shard(batch, split, lo, hi)
-                with autocast():
+                with _autocast(use_amp):
                     out = loss_module(batch.inputs, batch.targets, batch.loss_mask, split)
-                aux_scale = aux_weight_scale(step, aux_delay, aux_ramp)
+                aux_scale = aux_weight_scale(step, cfg.aux_delay, cfg.aux_ramp)
                 if aux_scale < 1:
                     out = {**out, "total": out["total"] - (1 - aux_scale) * model.config.w_aux * out["aux"]}
                 out["total"].backward()
@@ -552,7 +562,7 @@ def _run(*, model, task, cfg, steps, batch_size, lr, warmup, min_lr_ratio, weigh
                     report[:4] /= world
                 terms = dict(zip(LOSS_TERMS, report[:4].tolist()))
                 stop_now = report[4].item() > 0
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip else float("inf")))
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip else float("inf")))
                 bad = [(k, v) for k, v in terms.items() if not math.isfinite(v)]
                 if bad or not math.isfinite(grad_norm):
                     optimizer.zero_grad(set_to_none=True)
@@ -586,15 +596,19 @@ def _run(*, model, task, cfg, steps, batch_size, lr, warmup, min_lr_ratio, weigh
                         bar.set_postfix(main=f"{terms['main']:.4g}", aux=f"{terms['aux']:.4g}", lr=f"{cur_lr:.2g}",
                                         refresh=False)
                     if eval_every and (step % eval_every == 0 or step == steps):
-                        event = evaluate(step)
+                        event = evaluate(model, task, step, batch_size=batch_size, eval_batches=cfg.eval_batches,
+                                         seed=seed, dev=dev, use_amp=use_amp, eval_fn=eval_fn)
                         history.evals.append({k: v for k, v in event.items() if k != "kind"})
                         emit(event)
                         if bar is not None:
                             bar.set_postfix(val_main=f"{event['val_main']:.4g}", refresh=False)
                 # single process: also honour a Ctrl-C that came during this step's callbacks or evaluation
                 stop_now = stop_now or (not distributed and stop.requested)
-                if step % checkpoint_every == 0 or step == steps or stop_now:
-                    save(step)
+                if writes and (step % checkpoint_every == 0 or step == steps or stop_now):
+                    last_ckpt = save(checkpoint_dir, step, model=model, optimizer=optimizer,
+                                     run={**run_id, "steps": steps}, rng=capture_rng(generators), history=history,
+                                     keep=cfg.keep_checkpoints, last=last_ckpt)
+                    saved_step = step
                 if stop_now:
                     history.interrupted = True
                     if bar is not None:
@@ -608,7 +622,10 @@ def _run(*, model, task, cfg, steps, batch_size, lr, warmup, min_lr_ratio, weigh
         if (rng_done is not None and step > saved_step and not isinstance(err, (TrainingDiverged, OSError))
                 and all(bool(torch.isfinite(p).all()) for p in params)):
             try:
-                save(step, {**capture_rng(generators), **rng_done})
+                last_ckpt = save(checkpoint_dir, step, model=model, optimizer=optimizer,
+                                 run={**run_id, "steps": steps}, rng={**capture_rng(generators), **rng_done},
+                                 history=history, keep=cfg.keep_checkpoints, last=last_ckpt)
+                saved_step = step
                 note = f"the {step} completed steps were checkpointed in {str(last_ckpt)!r}; resume=True continues"
             except Exception as save_err:  # noqa: BLE001 — the original error is the one to report
                 note = f"saving the {step} completed steps failed too ({type(save_err).__name__}: {save_err})"

@@ -13,8 +13,6 @@ from cgt_viz import analysis as A
 from cgt_viz.tasks.base import Batch, Task
 from helpers import randomize_templates
 
-torch.set_num_threads(1)
-
 
 def tiny_cgt(vocab_size=256, seed=0, randomize=True, **kw) -> CGT:
     cfg = CGTConfig(vocab_size=vocab_size, block_size=48, n_layer=3, d_x=32, n_head=2, d_y=16, n_head_y=2,

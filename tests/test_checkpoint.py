@@ -14,8 +14,6 @@ from cgt_viz.checkpoint import (capture_rng, latest_checkpoint, list_checkpoints
 from cgt_viz.train import param_groups, train
 from test_train import QUIET, TinyTask, fresh, same_weights, tiny_config
 
-torch.set_num_threads(1)
-
 
 def _trained(tmp_path, steps=3, **kw):
     task = TinyTask()

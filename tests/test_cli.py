@@ -17,7 +17,6 @@ from cgt_viz.__main__ import main
 from cgt_viz.checkpoint import latest_checkpoint
 from cgt_viz.io import load_tensors, read_json
 
-torch.set_num_threads(1)
 TESTS = Path(__file__).resolve().parent
 TINY = ["--task", "test_train:TinyTask", "--n-layer", "2", "--d-x", "16", "--n-head", "2", "--d-y", "8",
         "--n-head-y", "1", "--y-layer", "1", "--n-templates", "2", "--mlp-ratio", "2", "--no-progress",

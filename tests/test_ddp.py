@@ -18,7 +18,6 @@ from cgt_viz.train import train
 from helpers import free_port
 from test_train import QUIET, TinyTask, fresh, tiny_config
 
-torch.set_num_threads(1)
 TESTS = Path(__file__).resolve().parent
 SETTINGS = dict(steps=6, batch_size=8, lr=3e-3, eval_every=3, eval_batches=1)
 

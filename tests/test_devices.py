@@ -13,7 +13,6 @@ import torch
 
 from cgt_viz import CGT, GPT, CGTConfig
 
-torch.set_num_threads(1)
 META = torch.device("meta")
 
 

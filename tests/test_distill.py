@@ -9,8 +9,6 @@ from cgt_viz.config import ADDED_FIELDS, CGTConfig
 from cgt_viz.distill import aux_objective, distillation_loss, full_kl, teacher_topk, topk_kl
 from helpers import make_inputs, randomize_templates
 
-torch.set_num_threads(1)
-
 
 def _logits(shape, seed):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 3

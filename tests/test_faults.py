@@ -20,7 +20,6 @@ from cgt_viz.__main__ import main
 from cgt_viz.checkpoint import latest_checkpoint, load_checkpoint
 from cgt_viz.io import read_json, write_json
 
-torch.set_num_threads(1)
 TESTS = Path(__file__).resolve().parent
 TINY_MODEL = ["--n-layer", "2", "--d-x", "16", "--n-head", "2", "--d-y", "8", "--n-head-y", "1", "--y-layer", "1",
               "--n-templates", "2", "--mlp-ratio", "2", "--no-progress", "--device", "cpu"]
@@ -573,7 +572,7 @@ def test_the_explorer_says_a_constant_ybar_cannot_be_embedded_by_tsne():
     ex = explore(model, data, background=None)
     with pytest.raises(ValueError, match="distinct points"):
         ex.set_projection("tsne", wait=True)
-    assert "t-SNE failed" in ex.status.value or "failed" in ex.status.value
+    assert "t-SNE failed: ValueError: X must hold at least 4 distinct points" in ex.status.value   # which view, why
     assert np.isfinite(ex.coords).all()                 # the PCA view stays usable
 
 

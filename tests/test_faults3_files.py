@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-torch.set_num_threads(1)
 TESTS = Path(__file__).resolve().parent
 
 

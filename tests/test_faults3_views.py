@@ -15,7 +15,6 @@ import torch
 
 from cgt_viz import CGT, CGTConfig
 
-torch.set_num_threads(1)
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 TINY = ("CGT(CGTConfig(vocab_size=256, block_size=32, n_layer=2, d_x=16, n_head=2, d_y=8, n_head_y=1, y_layer=1, "

@@ -12,7 +12,6 @@ pytest.importorskip("peft")
 from cgt_viz import hf  # noqa: E402
 from cgt_viz.hf.model import chunked_cross_entropy  # noqa: E402
 
-torch.set_num_threads(1)
 ALL_SITES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
 
 

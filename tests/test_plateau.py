@@ -15,7 +15,6 @@ from cgt_viz.tasks import make_task
 from cgt_viz.train import TrainHistory, train
 from helpers import TinyTask
 
-torch.set_num_threads(1)
 QUIET = dict(progress=False, device="cpu")
 
 

@@ -25,7 +25,6 @@ from cgt_viz.widgets.export import StaticViews
 from helpers import need
 from test_analysis import tiny_cgt
 
-torch.set_num_threads(1)
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 

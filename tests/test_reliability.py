@@ -10,8 +10,6 @@ from cgt_viz import CGT, CGTConfig, explore
 from cgt_viz import analysis as A
 from cgt_viz.figures import ybar_map_figure
 
-torch.set_num_threads(1)
-
 
 def dropout_cgt():
     torch.manual_seed(0)

@@ -8,12 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import tasks_results  # noqa: E402
-
-torch.set_num_threads(1)
 
 
 def test_every_run_builds_from_a_recipe_and_the_default_seeds_are_held_out():

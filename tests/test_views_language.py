@@ -15,7 +15,6 @@ from cgt_viz.widgets._base import figure_widget
 from cgt_viz.widgets.explorer import Explorer
 from test_analysis import tiny_cgt
 
-torch.set_num_threads(1)
 rng = np.random.default_rng(0)
 
 

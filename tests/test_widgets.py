@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 
 import ipywidgets as W
@@ -18,7 +17,6 @@ from cgt_viz.widgets import _base
 
 from test_analysis import TopicTask, tiny_cgt
 
-torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -176,11 +174,19 @@ def test_switching_projection_changes_coordinates(ex):
     assert "% of variance" in ex.figure.layout.xaxis.title.text
 
 
-def test_background_fit_reports_status_and_applies_when_wanted(model):
+def test_background_fit_reports_status_and_applies_when_wanted(model, monkeypatch):
     ex = explore(model, torch.randint(0, 256, (3, 10)), background=None, projection_params={"tsne": {"max_iter": 250}})
+    gate, fit = threading.Event(), A.Projector.fit_transform
+
+    def held(self, *args, **kw):     # the fit waits until the test has looked at the state while it runs
+        gate.wait(60)
+        return fit(self, *args, **kw)
+    monkeypatch.setattr(A.Projector, "fit_transform", held)
     ex.projection_picker.value = "tsne"                                 # UI pick: fits in a thread
-    assert "fitting in the background" in ex.status.value
-    ex._threads["tsne"].join(timeout=60)
+    thread = ex._threads["tsne"]
+    assert thread.is_alive() and "fitting in the background" in ex.status.value and ex.projection == "pca"
+    gate.set()
+    thread.join()
     assert ex.projection == "tsne" and "t-SNE ready" in ex.status.value
 
 
@@ -360,12 +366,9 @@ def test_training_monitor_is_a_trainer_callback():
 
 def test_training_monitor_throttles_redraws():
     monitor = TrainingMonitor(min_interval=60.0)
-    t0 = time.perf_counter()
     for step in range(3000):
         monitor({"kind": "step", "step": step, "main": 1.0, "aux": 1.0, "smooth": 0.0, "total": 2.0, "lr": 1e-3})
-    per_call = (time.perf_counter() - t0) / 3000
     assert monitor.redraws == 1 and len(monitor.figure.data[0].x) == 1      # only the first step drew
-    assert per_call < 2e-3, per_call
     monitor({"kind": "eval", "step": 3000, "val_main": 0.5})               # evaluations always draw
     drawn = monitor.figure.data[0].x                                          # thinned, the last step kept
     assert monitor.redraws == 2 and 1000 < len(drawn) <= monitor.max_points + 1 and drawn[-1] == 2999
