@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .io import load_tensors, read_json, save_tensors, write_json
+from .io import load_tensors, read_json, save_tensors, sha256_file, write_json
 
 try:
     import fcntl
@@ -146,14 +146,6 @@ def _optimizer_from_tensors(tensors: dict[str, torch.Tensor], meta: dict[str, An
 
 
 # ------------------------------------------------------------------------------------------- saving
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _state_digest(state: dict[str, Any]) -> str:
     """sha256 of state.json's content without its own checksum entry (canonical JSON)."""
     body = {k: v for k, v in state.items() if k != "state_sha256"}
@@ -186,7 +178,7 @@ def save_checkpoint(checkpoint_dir: str | os.PathLike, step: int, run: dict[str,
         save_tensors(tmp / "train_state.safetensors", {**opt_tensors, **rng_tensors})
         write_json(tmp / "history.json", history)
         state = {"format": FORMAT, "step": step, "run": run, "optimizer": opt_meta, "rng": rng_meta,
-                 "extra": extra or {}, "sha256": {name: _sha256(tmp / name) for name in _FILES}}
+                 "extra": extra or {}, "sha256": {name: sha256_file(tmp / name) for name in _FILES}}
         write_json(tmp / "state.json", {**state, "state_sha256": _state_digest(state)})
         if final.exists():  # re-saving a step (after a resume): move the old one aside, never delete first
             aside = root / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
@@ -296,7 +288,7 @@ def _load_step(path: Path) -> Checkpoint:
         file = path / name
         if not file.is_file():
             raise ValueError(f"checkpoint {str(path)!r} is incomplete: {name} is missing")
-        if _sha256(file) != state["sha256"][name]:
+        if sha256_file(file) != state["sha256"][name]:
             raise ValueError(f"checkpoint file {str(file)!r} does not match its checksum (truncated or tampered); "
                              f"refusing to load it")
     train_state = load_tensors(path / "train_state.safetensors")

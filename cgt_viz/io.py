@@ -4,6 +4,7 @@ Loading never unpickles code: weights come from safetensors, metadata from JSON.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -55,6 +56,15 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
             os.close(dir_fd)
     except OSError:
         pass
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB blocks (checkpoints, the model cache, feature caches)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:

@@ -41,21 +41,13 @@ import torch.nn.functional as F
 
 from .._checks import check_bool, check_float, check_int, describe
 from ..distill import aux_objective, teacher_topk
-from ..io import load_tensors, read_json, save_tensors, write_json
+from ..io import load_tensors, read_json, save_tensors, sha256_file, write_json
 from .source import cache_root
 
 CACHE_FORMAT = "cgt_viz.feature_cache/1"
 FEATURES_NAME = "features.safetensors"
 MANIFEST_NAME = "manifest.json"
 STORE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _hash_tensor(h, t: torch.Tensor) -> None:
@@ -200,7 +192,7 @@ def build_feature_cache(model, tokens: torch.Tensor, prefix_len: int, *, top_k: 
         save_tensors(tmp / FEATURES_NAME, feats, metadata={"format": CACHE_FORMAT})
         manifest = {"format": CACHE_FORMAT, "key": key, "settings": settings, "weights_sha256": weights_sha256,
                     "n_windows": n, "file_bytes": (tmp / FEATURES_NAME).stat().st_size,
-                    "sha256": _sha256_file(tmp / FEATURES_NAME), "build_seconds": build_seconds,
+                    "sha256": sha256_file(tmp / FEATURES_NAME), "build_seconds": build_seconds,
                     "lm": str(getattr(model.lm.config, "_name_or_path", ""))}
         write_json(tmp / MANIFEST_NAME, manifest)
         if folder.exists():          # a damaged cache of the same key: replaced by the fresh one
@@ -224,7 +216,7 @@ def load_feature_cache(path: str | os.PathLike) -> FeatureCache:
     if not file.is_file():
         raise ValueError(f"the feature cache {str(folder)!r} has no {FEATURES_NAME}: damaged; delete the folder to rebuild")
     size = file.stat().st_size
-    if size != manifest.get("file_bytes") or _sha256_file(file) != manifest.get("sha256"):
+    if size != manifest.get("file_bytes") or sha256_file(file) != manifest.get("sha256"):
         raise ValueError(f"the feature cache file {str(file)!r} is damaged ({size} bytes; the manifest says "
                          f"{manifest.get('file_bytes')} bytes and another sha256): delete {str(folder)!r} to rebuild")
     tensors = load_tensors(file)

