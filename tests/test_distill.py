@@ -289,3 +289,17 @@ def test_the_verdict_reads_the_interval_and_the_figure_shows_every_condition():
     fig = comparison_figure({"p=64": res})
     assert len(fig.data) == 1 and len(fig.data[0].x) == len(CONDITIONS)
     assert fig.layout.yaxis.title.text and fig.data[0].error_y.array is not None
+
+
+def test_a_control_without_candidates_is_named_not_a_nan_warning():
+    import warnings
+    from cgt_viz.hf.measure import comparison_markdown, summarize_comparison
+    docs = torch.arange(3)
+    losses = {"prompted": torch.ones(3), "no_context": torch.full((3,), 3.0), "compiled": torch.full((3,), 2.0),
+              "other_doc": torch.full((3,), 2.5), "same_topic": torch.full((3,), float("nan")),
+              "other_topic": torch.full((3,), 2.6), "topic_mean": torch.full((3,), 2.4)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = summarize_comparison(losses, docs, n_boot=20)
+    assert res["conditions_without_data"] == ["same_topic"] and "G_same_topic" not in res
+    assert "| — |" in comparison_markdown({"p=8": res})

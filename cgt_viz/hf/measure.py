@@ -169,7 +169,8 @@ def summarize_comparison(losses: dict[str, torch.Tensor], docs: torch.Tensor, n_
         lo, hi = np.nanpercentile(draws, [2.5, 97.5])
         return {"value": value, "ci95": [float(lo), float(hi)]}
 
-    arr = {c: v.numpy() for c, v in per_doc.items()}
+    # a control with no candidate (e.g. no other document of the same topic among few) has no value: left out
+    arr = {c: v.numpy() for c, v in per_doc.items() if not bool(torch.isnan(v).all())}
     res: dict[str, Any] = {"n_documents": int(len(uniq)), "n_windows": int(len(docs))}
     for c in arr:
         res[f"loss_{c}"] = stats(lambda b, c=c: np.nanmean(arr[c][b]))
@@ -180,6 +181,7 @@ def summarize_comparison(losses: dict[str, torch.Tensor], docs: torch.Tensor, n_
     if "other_doc" in arr:
         res["own_minus_other"] = stats(lambda b: np.nanmean(arr["compiled"][b] - arr["other_doc"][b]))
         res["G_minus_G_control"] = {"value": res["G"]["value"] - res["G_other_doc"]["value"]}
+    res["conditions_without_data"] = sorted(set(per_doc) - set(arr))
     return res
 
 
@@ -249,9 +251,10 @@ def comparison_markdown(results: dict[str, dict[str, Any]]) -> str:
             "no context | G [95 %] | G other doc | G same topic | G topic mean | own − other [95 %] |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for name, r in results.items():
-        loss = " | ".join(f"{r[f'loss_{c}']['value']:.3f}" for c in CONDITIONS)
-        ci = lambda k, fmt: f"{r[k]['value']:{fmt}} [{r[k]['ci95'][0]:{fmt}}, {r[k]['ci95'][1]:{fmt}}]"
+        one = lambda k, fmt: f"{r[k]['value']:{fmt}}" if k in r else "—"
+        ci = lambda k, fmt: f"{one(k, fmt)} [{r[k]['ci95'][0]:{fmt}}, {r[k]['ci95'][1]:{fmt}}]" if k in r else "—"
+        loss = " | ".join(one(f"loss_{c}", ".3f") for c in CONDITIONS)
         lines.append(f"| {name} | {r['n_documents']} / {r['n_windows']} | {loss} | {ci('G', '.2f')} | "
-                     f"{r['G_other_doc']['value']:.2f} | {r['G_same_topic']['value']:.2f} | "
-                     f"{r['G_topic_mean']['value']:.2f} | {ci('own_minus_other', '+.3f')} |")
+                     f"{one('G_other_doc', '.2f')} | {one('G_same_topic', '.2f')} | {one('G_topic_mean', '.2f')} | "
+                     f"{ci('own_minus_other', '+.3f')} |")
     return "\n".join(lines)
