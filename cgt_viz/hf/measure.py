@@ -178,6 +178,9 @@ def summarize_comparison(losses: dict[str, torch.Tensor], docs: torch.Tensor, n_
     for c in [c for c in arr if c not in ("prompted", "no_context")]:
         key = "G" if c == "compiled" else f"G_{c}"
         res[key] = stats(lambda b, c=c: (np.nanmean(arr["no_context"][b]) - np.nanmean(arr[c][b])) / gap(b))
+    for control, key in (("same_topic", "own_minus_same_topic"), ("topic_mean", "own_minus_topic_mean")):
+        if control in arr:      # does ȳ carry more than the topic: against a same-topic document, the topic's mean
+            res[key] = stats(lambda b, c=control: np.nanmean(arr["compiled"][b] - arr[c][b]))
     if "other_doc" in arr:
         res["own_minus_other"] = stats(lambda b: np.nanmean(arr["compiled"][b] - arr["other_doc"][b]))
         res["G_minus_G_control"] = {"value": res["G"]["value"] - res["G_other_doc"]["value"]}
@@ -219,8 +222,15 @@ def comparison_verdict(result: dict[str, Any]) -> str:
         head = "the compiled prompt is worse than another document's"
     else:
         head = "the compiled prompt is not shown to be specific to its document"
-    return (f"{head}: own − other = {own['value']:+.3f} nats [{lo:+.3f}, {hi:+.3f}] (95 % over "
+    line = (f"{head}: own − other = {own['value']:+.3f} nats [{lo:+.3f}, {hi:+.3f}] (95 % over "
             f"{result['n_documents']} documents); G = {g:.2f} against {g_other:.2f} with another document's ȳ")
+    if "own_minus_topic_mean" in result:
+        t = result["own_minus_topic_mean"]
+        beyond = ("more than its topic" if t["ci95"][1] < 0 else "no more than its topic's mean ȳ"
+                  if t["ci95"][0] <= 0 else "less than its topic's mean ȳ")
+        line += (f"; it carries {beyond} (own − topic mean = {t['value']:+.3f} [{t['ci95'][0]:+.3f}, "
+                 f"{t['ci95'][1]:+.3f}])")
+    return line
 
 
 def comparison_figure(results: dict[str, dict[str, Any]], title: str = "continuation loss by condition"):
@@ -248,7 +258,8 @@ def comparison_markdown(results: dict[str, dict[str, Any]]) -> str:
     """results {"p=64": summarize_comparison(...), ...} -> a markdown table: mean losses, G (with its interval),
     G with each control, own − other (with its interval), one row per prompt length."""
     head = ("| prompt | docs / windows | prompted | compiled | other doc | same topic | other topic | topic mean | "
-            "no context | G [95 %] | G other doc | G same topic | G topic mean | own − other [95 %] |")
+            "no context | G [95 %] | G other doc | G same topic | G topic mean | own − other [95 %] | "
+            "own − topic mean [95 %] |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for name, r in results.items():
         one = lambda k, fmt: f"{r[k]['value']:{fmt}}" if k in r else "—"
@@ -256,5 +267,5 @@ def comparison_markdown(results: dict[str, dict[str, Any]]) -> str:
         loss = " | ".join(one(f"loss_{c}", ".3f") for c in CONDITIONS)
         lines.append(f"| {name} | {r['n_documents']} / {r['n_windows']} | {loss} | {ci('G', '.2f')} | "
                      f"{one('G_other_doc', '.2f')} | {one('G_same_topic', '.2f')} | {one('G_topic_mean', '.2f')} | "
-                     f"{ci('own_minus_other', '+.3f')} |")
+                     f"{ci('own_minus_other', '+.3f')} | {ci('own_minus_topic_mean', '+.3f')} |")
     return "\n".join(lines)
