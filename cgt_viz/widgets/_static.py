@@ -182,6 +182,13 @@ class StaticForm:
         raise NotImplementedError
 
     def static_text(self) -> str:
+        return self.live_text()
+
+    def live_text(self) -> str:
+        """The live output's text/plain: what a frontend without the widget shows in its place (an export
+        without StaticViews, an untrusted notebook). It is never refreshed, so it says what the view is, not
+        its state (a monitor's "0 steps recorded" stood above the finished run in exports); the static copy
+        after it is refreshed and carries `static_text()`."""
         return f"{type(self).__name__} (an interactive cgt_viz view; run the cell to interact with it)"
 
     def static_html(self, include_plotlyjs: bool = True) -> str:
@@ -230,7 +237,7 @@ class StaticForm:
         bundle, digest = self._bundle(display_id)
         display({"text/html": LIVE_STYLE}, raw=True, metadata={"cgt_viz": {"style": True}})
         live = self._repr_mimebundle_()            # the widget view, from ipywidgets
-        live["text/plain"] = self.static_text()
+        live["text/plain"] = self.live_text()
         display(live, raw=True, metadata={"cgt_viz": {"live": True}})
         display(bundle, raw=True, display_id=display_id, metadata=OUTPUT_METADATA)
         _shown[display_id] = (weakref.ref(self), digest)
