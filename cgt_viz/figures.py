@@ -336,7 +336,8 @@ HIGHLIGHT_COLOR = "#111111"
 def highlight_trace(coords: np.ndarray, rows: np.ndarray, labels: Sequence[str] | None = None,
                     name: str = "highlighted", hover: Any = None):
     """The overlay marking points `rows` of a map: ringed markers, the first HIGHLIGHT_LABELS labelled; in
-    the legend (its name says what is marked) only while it marks something."""
+    the legend (its name says what is marked) only while it marks something, and first (a long legend
+    scrolls, and the entry was out of sight below twelve token categories)."""
     coords = np.asarray(coords, dtype=np.float32)
     rows = np.asarray(rows, dtype=np.int64).reshape(-1)
     if labels is None:
@@ -348,7 +349,7 @@ def highlight_trace(coords: np.ndarray, rows: np.ndarray, labels: Sequence[str] 
     marker = dict(size=13, color=HIGHLIGHT_COLOR, line=dict(width=2), symbol="circle-open")
     keep = dict(marker=dict(opacity=1), textfont=dict(color=HIGHLIGHT_COLOR))
     common = dict(mode="markers+text", marker=marker, text=text, hovertext=tips, hoverinfo="text", name=_esc(name),
-                  showlegend=len(rows) > 0, textposition="top center", customdata=rows,
+                  showlegend=len(rows) > 0, legendrank=1, textposition="top center", customdata=rows,
                   textfont=dict(size=11, color=HIGHLIGHT_COLOR), hoverlabel=dict(align="left"))
     if coords.shape[1] == 3:
         return go.Scatter3d(x=coords[rows, 0], y=coords[rows, 1], z=coords[rows, 2],

@@ -200,11 +200,14 @@ class StaticForm:
         figure (None: as `static_png()` / CGT_STATIC_PNG say, off by default; see `cgt_viz.widgets._png`)."""
         figs = self.static_figures() if figures is None else figures
         main = figure_json(figs[0])
+        # JupyterLab's plotly renderer takes the config from the bundle: without it the copy drawn after a
+        # restart or reopen had plotly's logo link in its modebar, unlike the live view and the HTML copy
+        main["config"] = dict(PLOTLY_CONFIG)
         bundle = {PLOTLY_MIME: main, "text/plain": self.static_text()}
         if mode() != "json":
             bundle["text/html"] = figures_html(figs, include_plotlyjs=include_plotlyjs)
         if _png.wanted(png):
-            data = _png.figure_png(main)            # None (after one warning) without kaleido / Chromium
+            data = _png.figure_png({k: v for k, v in main.items() if k != "config"})   # None (after one warning) without kaleido / Chromium
             if data is not None:
                 bundle[PNG_MIME] = data
         return bundle
