@@ -33,6 +33,7 @@ COLOR_KINDS = ("categorical", "continuous")
 SIGNED_SCALE = "RdBu_r"            # signed values: negative blue, 0 white, positive red (zmid = 0, symmetric range)
 SEQUENTIAL_SCALE = "Viridis"       # magnitudes (≥ 0) and continuous labels
 POSITIVE_COLOR, NEGATIVE_COLOR = "#b2182b", "#2166ac"   # the ends of SIGNED_SCALE (bars, HTML token spans)
+NEUTRAL_COLOR = "#7f7f7f"          # bars of magnitudes (≥ 0), so blue only ever means negative
 ROBUST_PERCENTILES = (2.0, 98.0)   # colour range of a heatmap: these percentiles of its values
 CLOUD_BUTTONS = ("sendDataToCloud", "sendChartToCloud", "editInChartStudio")   # old and new names of "share"
 PLOTLY_CONFIG = {"displaylogo": False, "showSendToCloud": False, "modeBarButtonsToRemove": list(CLOUD_BUTTONS)}   # for FigureWidgets, write_html and static copies
@@ -89,9 +90,10 @@ def plotly_scale(scale: Any) -> list:
     return [[round(float(p), 6), str(c).replace(" ", "")] for p, c in scale]
 
 
-def colorbar(title: str, **kw) -> dict:
-    """A colour bar: a title, few ticks (they never overlap), thin; kw: placement (len, y, x, ...)."""
-    return dict(dict(title=dict(text=title, side="right"), thickness=10, nticks=5, outlinewidth=0), **kw)
+def colorbar(title: str, side: str = "right", **kw) -> dict:
+    """A colour bar: a title (on its `side`: "right" or "top"), few ticks (they never overlap), thin; kw:
+    placement (len, y, x, ...)."""
+    return dict(dict(title=dict(text=title, side=side), thickness=10, nticks=5, outlinewidth=0), **kw)
 
 
 def finish(fig: go.Figure) -> go.Figure:
@@ -333,22 +335,27 @@ HIGHLIGHT_COLOR = "#111111"
 
 def highlight_trace(coords: np.ndarray, rows: np.ndarray, labels: Sequence[str] | None = None,
                     name: str = "highlighted", hover: Any = None):
-    """The overlay marking points `rows` of a map: ringed markers, the first HIGHLIGHT_LABELS labelled."""
+    """The overlay marking points `rows` of a map: ringed markers, the first HIGHLIGHT_LABELS labelled; in
+    the legend (its name says what is marked) only while it marks something, and first (a long legend
+    scrolls, and the entry was out of sight below twelve token categories)."""
     coords = np.asarray(coords, dtype=np.float32)
     rows = np.asarray(rows, dtype=np.int64).reshape(-1)
     if labels is None:
         labels = [""] * len(rows)
     text = [_esc(short_token(s, 14)) if i < HIGHLIGHT_LABELS else "" for i, s in enumerate(labels)]
     tips = [_esc(s) for s in labels] if hover is None else [str(h) for h in np.asarray(hover, dtype=object)[rows]]
-    marker = dict(size=13, color="rgba(0,0,0,0)", line=dict(color=HIGHLIGHT_COLOR, width=2), symbol="circle-open")
+    # an open symbol is stroked in marker.color (a transparent colour drew no ring at all); the overlay is never
+    # dimmed by a selection (plotly fades the unselected points of every trace, its rings and labels too)
+    marker = dict(size=13, color=HIGHLIGHT_COLOR, line=dict(width=2), symbol="circle-open")
+    keep = dict(marker=dict(opacity=1), textfont=dict(color=HIGHLIGHT_COLOR))
     common = dict(mode="markers+text", marker=marker, text=text, hovertext=tips, hoverinfo="text", name=_esc(name),
-                  showlegend=True, textposition="top center", customdata=rows,
+                  showlegend=len(rows) > 0, legendrank=1, textposition="top center", customdata=rows,
                   textfont=dict(size=11, color=HIGHLIGHT_COLOR), hoverlabel=dict(align="left"))
     if coords.shape[1] == 3:
         return go.Scatter3d(x=coords[rows, 0], y=coords[rows, 1], z=coords[rows, 2],
                             **{**common, "marker": dict(size=7, color=HIGHLIGHT_COLOR, opacity=0.9,
                                                         symbol="circle-open")})
-    return go.Scatter(x=coords[rows, 0], y=coords[rows, 1], **common)
+    return go.Scatter(x=coords[rows, 0], y=coords[rows, 1], selected=keep, unselected=keep, **common)
 
 
 def hover_escape(text: Any) -> str:
@@ -507,7 +514,9 @@ def token_text_figure(tokens: Sequence[str], values: Any, *, value_name: str = "
     fig.update_yaxes(visible=False, autorange="reversed")
     fig.update_xaxes(title_text="token in line")      # hidden axes, titled for the record
     fig.update_yaxes(title_text="line")
-    fig.update_layout(title=dict(text=title or f"Tokens coloured by {value_name}", x=0.01, y=0.98, yanchor="top"),
+    # the title in the top margin (plotly's default place): y=0.98 with yanchor="top" put its baseline 4 px
+    # from the top edge of so short a figure, and the title was cut off, invisible
+    fig.update_layout(title=dict(text=title or f"Tokens coloured by {value_name}", x=0.01),
                       height=height or (90 + 34 * rows), margin=dict(l=10, r=10, t=60, b=10))
     return finish(fig)
 
@@ -570,11 +579,12 @@ def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: s
     else:
         mean_abs, names = np.zeros((0, K), np.float32), []
     fig.add_trace(go.Heatmap(z=mean_abs, x=ks, y=names, **heat_colors(mean_abs, signed=False), showscale=True,
-                             colorbar=colorbar("mean |c_k|", len=0.4, y=0.2, x=0.255, xanchor="left",
-                                               thickness=8, nticks=4),   # between columns 1 and 2
+                             colorbar=colorbar("mean |c_k|", len=0.34, y=0.17, x=0.255, xanchor="left",
+                                               thickness=8, nticks=4, side="top"),
+                             # between columns 1 and 2; its title on top (on the right it ran into σ_i's ticks)
                              hovertemplate="%{y} · %{x}: %{z:.3f}<extra></extra>"), row=2, col=1)
     sv = np.zeros(0) if singular_values is None else _check_1d("singular_values", singular_values)
-    fig.add_trace(go.Bar(x=np.arange(1, len(sv) + 1), y=sv, marker_color="#636EFA",
+    fig.add_trace(go.Bar(x=np.arange(1, len(sv) + 1), y=sv, marker_color=NEUTRAL_COLOR,   # ≥ 0: not the signed blue
                          hovertemplate="σ%{x}: %{y:.4f}<extra></extra>"), row=2, col=2)
     abl = np.zeros(0) if ablation is None else _check_1d("ablation", ablation, K)
     fig.add_trace(go.Bar(x=ks[:len(abl)], y=abl, marker_color=[POSITIVE_COLOR if v > 0 else NEGATIVE_COLOR for v in abl],

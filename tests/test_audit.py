@@ -345,6 +345,11 @@ case("template_figure", "mean_abs", [np.zeros((3, 5))], lambda v: F.template_fig
      shows="5")
 case("compare_figure", "losses", [5, {}, {"prompted": [1.0, 2.0], "specialized": [1.0]}],
      lambda v: F.compare_figure(v), shows="")
+case("loss_difference_figure", "diff", [[1.0], np.zeros((2, 2))],
+     lambda v: F.loss_difference_figure([1, 2], v, [0.1, 0.1]), shows="shape")
+case("loss_difference_figure", "diff", ["d"], lambda v: F.loss_difference_figure([1, 2], v, [0.1, 0.1]))
+case("loss_difference_figure", "level", [1.5, 0.1, "x"],
+     lambda v: F.loss_difference_figure([1, 2], [0.1, 0.2], [0.1, 0.1], level=v))
 case("training_curves_figure", "history", [5, "h"], lambda v: F.training_curves_figure(v), shows="")
 case("color_spec", "kind", ["nonsense"], lambda v: F.color_spec([1, 2], kind=v))
 

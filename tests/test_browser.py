@@ -31,6 +31,7 @@ NOTEBOOK = ROOT / "tests" / "browser" / "widgets.ipynb"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 BUNDLE_KEY = "__cgt_viz_plotly_widget_"
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 pytestmark = pytest.mark.browser
 
@@ -212,11 +213,21 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
             page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 4", timeout=30_000)
             page.wait_for_function("document.querySelectorAll('.js-plotly-plot canvas').length >= 1", timeout=30_000)
             # every plot takes the width of the notebook, even those drawn while out of view or while busy
-            page.wait_for_function("""Array.from(document.querySelectorAll('.js-plotly-plot')).every(
-                gd => gd._fullLayout && Math.abs(gd._fullLayout.width - gd.clientWidth) <= 3)""", timeout=15_000)
+            # (the static copy next to each live view is hidden by the views' CSS while the view is drawn, so it
+            # has no width to take: only the plots on show count)
+            widths = """Array.from(document.querySelectorAll('.js-plotly-plot')).filter(gd => gd.offsetParent !== null)
+                .map(gd => [String(gd.layout && gd.layout.title && gd.layout.title.text).slice(0, 40),
+                            gd._fullLayout && gd._fullLayout.width, gd.clientWidth])"""
+            try:
+                page.wait_for_function(f"({widths}).every(([_, w, cw]) => w && Math.abs(w - cw) <= 3)", timeout=15_000)
+            except Exception:
+                raise AssertionError(f"plots not as wide as the notebook: {page.evaluate(widths)}") from None
             explorer = page.locator(".js-plotly-plot").first
             # coloured by topic: one trace per topic, each in the legend with its own colour (no colour bar)
+            # (the last trace is the overlay that rings search hits and neighbours: empty here, not in the legend)
             traces = page.evaluate(f"{EXPLORER_JS}.data.map(t => [t.name, t.x.length, t.marker.color])")
+            assert traces[-1][:2] == ["highlighted", 0], traces[-1]
+            traces = traces[:-1]
             n_points = sum(n for _, n, _ in traces)
             assert n_points > 100, n_points
             assert sorted(t[0] for t in traces) == ["business", "politics", "sport"] and len({t[2] for t in traces}) == 3
@@ -241,7 +252,8 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
             select.select_option(label="position")
             page.locator(".widget-label", has_text="colour: position").first.wait_for(timeout=30_000)
             page.wait_for_function(f"""() => {{ const gd = {EXPLORER_JS};
-                return gd.data.length === 1 && new Set(Array.from(gd.data[0].marker.color)).size > 3; }}""",
+                return gd.data.length === 2 && gd.data[1].name === 'highlighted' /* the ring overlay */ &&
+                       new Set(Array.from(gd.data[0].marker.color)).size > 3; }}""",
                                    timeout=30_000)
             page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 5", timeout=30_000)
 
@@ -260,7 +272,7 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
 
             # back to the topic labels from Python; hover text shows the text's quote once-escaped, as a quote
             assert "ERROR" not in page.evaluate(KERNEL_JS, "ex.set_color('label')")
-            page.wait_for_function(f"{EXPLORER_JS}.data.length === 3", timeout=30_000)
+            page.wait_for_function(f"{EXPLORER_JS}.data.length === 3 + 1", timeout=30_000)   # + the ring overlay
             spot = page.evaluate(FIND_HOVER_JS, '"match"')
             assert spot is not None, "a point of the quoted text"
             page.mouse.move(spot["px"] + 3, spot["py"] + 3)
@@ -442,7 +454,11 @@ def test_static_export_draws_every_view_without_a_kernel(tmp_path):
     nb = _executed_views_notebook(tmp_path)
     from static_views import TITLES
     outputs = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "display_data"]
-    assert len(outputs) == len(TITLES) and all(o["metadata"]["cgt_viz"]["static"] for o in outputs)
+    # every view is three outputs (cgt_viz.widgets._static): its style, the live widget, the static copy
+    kinds = [("static" if o["metadata"].get("cgt_viz", {}).get("static") else "style"
+              if o["metadata"].get("cgt_viz", {}).get("style") else "live" if WIDGET_MIME in o["data"] else "?")
+             for o in outputs]
+    assert kinds == ["style", "live", "static"] * len(TITLES), kinds
     assert "widgets" in nb.metadata                      # nbclient stored widget state, as nbconvert --execute does
     saved = tmp_path / "saved.ipynb"
     nbformat.write(nb, saved)
@@ -550,7 +566,8 @@ def test_three_d_static_copy_is_drawn_offline(tmp_path):
             page.on("pageerror", lambda exc: errors.append(str(exc)))
             refused = _open_offline(page, path)
             page.wait_for_function("""() => { const gd = document.querySelector('.js-plotly-plot');
-                return gd && gd._fullData && gd._fullData.length === 3 && gd._fullData.every(t => t.type === 'scatter3d')
+                return gd && gd._fullData && gd._fullData.length === 4 && gd._fullData.every(t => t.type === 'scatter3d')
+                       && gd._fullData[3].name === 'highlighted' && gd._fullData[3].x.length === 0 /* the ring overlay */
                        && gd._fullLayout.scene && gd.querySelector('.gl-container canvas'); }""", timeout=60_000)
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "static_explorer_3d.png"), full_page=False)

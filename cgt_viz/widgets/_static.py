@@ -182,6 +182,13 @@ class StaticForm:
         raise NotImplementedError
 
     def static_text(self) -> str:
+        return self.live_text()
+
+    def live_text(self) -> str:
+        """The live output's text/plain: what a frontend without the widget shows in its place (an export
+        without StaticViews, an untrusted notebook). It is never refreshed, so it says what the view is, not
+        its state (a monitor's "0 steps recorded" stood above the finished run in exports); the static copy
+        after it is refreshed and carries `static_text()`."""
         return f"{type(self).__name__} (an interactive cgt_viz view; run the cell to interact with it)"
 
     def static_html(self, include_plotlyjs: bool = True) -> str:
@@ -193,11 +200,14 @@ class StaticForm:
         figure (None: as `static_png()` / CGT_STATIC_PNG say, off by default; see `cgt_viz.widgets._png`)."""
         figs = self.static_figures() if figures is None else figures
         main = figure_json(figs[0])
+        # JupyterLab's plotly renderer takes the config from the bundle: without it the copy drawn after a
+        # restart or reopen had plotly's logo link in its modebar, unlike the live view and the HTML copy
+        main["config"] = dict(PLOTLY_CONFIG)
         bundle = {PLOTLY_MIME: main, "text/plain": self.static_text()}
         if mode() != "json":
             bundle["text/html"] = figures_html(figs, include_plotlyjs=include_plotlyjs)
         if _png.wanted(png):
-            data = _png.figure_png(main)            # None (after one warning) without kaleido / Chromium
+            data = _png.figure_png({k: v for k, v in main.items() if k != "config"})   # None (after one warning) without kaleido / Chromium
             if data is not None:
                 bundle[PNG_MIME] = data
         return bundle
@@ -230,7 +240,7 @@ class StaticForm:
         bundle, digest = self._bundle(display_id)
         display({"text/html": LIVE_STYLE}, raw=True, metadata={"cgt_viz": {"style": True}})
         live = self._repr_mimebundle_()            # the widget view, from ipywidgets
-        live["text/plain"] = self.static_text()
+        live["text/plain"] = self.live_text()
         display(live, raw=True, metadata={"cgt_viz": {"live": True}})
         display(bundle, raw=True, display_id=display_id, metadata=OUTPUT_METADATA)
         _shown[display_id] = (weakref.ref(self), digest)

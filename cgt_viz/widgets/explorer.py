@@ -926,17 +926,22 @@ class Explorer(StaticForm, W.VBox):
         if self.figure.data and self.figure.data[0].type == "scatter3d":   # no selection in plotly's 3-D scatter
             self._describe_selection()
             return
-        groups = self._groups or [np.arange(len(self.points))]
-        per_trace = [np.nonzero(np.isin(rows, self._selected))[0].tolist() if self._selected.size else None
-                     for rows in groups]
-        traces = list(range(self._n_map))                  # not the highlight overlay
-        self.figure.plotly_update(restyle_data={"selectedpoints": per_trace}, trace_indexes=traces)
+        per_trace, traces = self._restyle_selection()
         if not _from_browser:
             # one message for both: the page drops a box/lasso outline it would otherwise re-apply over
             # the new selectedpoints (see _clear_outline)
             self._quiet_until = time.monotonic() + _OWN_DESELECT_S
             self.figure._send_update_msg({"selectedpoints": per_trace}, {"selections": []}, trace_indexes=traces)
         self._describe_selection()
+
+    def _restyle_selection(self) -> tuple[list, list[int]]:
+        """Set the map traces' selectedpoints to the selection (not the highlight overlay's)."""
+        groups = self._groups or [np.arange(len(self.points))]
+        per_trace = [np.nonzero(np.isin(rows, self._selected))[0].tolist() if self._selected.size else None
+                     for rows in groups]
+        traces = list(range(self._n_map))                  # not the highlight overlay
+        self.figure.plotly_update(restyle_data={"selectedpoints": per_trace}, trace_indexes=traces)
+        return per_trace, traces
 
     def _check_points(self, points) -> np.ndarray:
         """Indices of drawn points: a list/array of ints in 0..M−1 -> (k,) int64."""
@@ -1034,6 +1039,13 @@ class Explorer(StaticForm, W.VBox):
         self._buffer.append(self._to_points(i, points.point_inds))
         if i == last:
             chosen = np.concatenate(self._buffer) if self._buffer else np.zeros(0, np.int64)
+            if not len(chosen) and self._selected.size and time.monotonic() < getattr(self, "_quiet_until", 0.0):
+                # plotly.js answers a selection sent from Python (selectedpoints, no outline) with an empty
+                # plotly_selected; after a click that event names traces (the clicked point's), and plotly.py
+                # then sets their selectedpoints to () before calling us: not the user's, so the selection is
+                # put back (a restyle: no new event). An empty box in the next seconds is ignored the same way.
+                self._restyle_selection()
+                return
             self.select(chosen, _from_browser=True)
             if len(chosen) == 1:
                 # a click (clickmode "event+select") selects its point and then sends plotly_click in the
