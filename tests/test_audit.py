@@ -406,10 +406,6 @@ case("CompileCompare", "sequence", [3, -1, 1.5], lambda v: compare_case(sequence
 case("CompileCompare.losses", "split", [0, 99], lambda v: compare_case().losses(v))
 case("TrainingMonitor.__call__", "record", [{"nonsense": 1}, 5, {"step": "one", "main": 1.0}],
      lambda v: W.TrainingMonitor()(v), shows="")
-case("loss_difference_figure", "level", [0.2, 1.0, "0.9"],
-     lambda v: F.loss_difference_figure([1, 2], [0.1, -0.1], [0.01, 0.02], level=v))
-case("loss_difference_figure", "diff", [[0.1], "a"], lambda v: F.loss_difference_figure([1, 2], v, [0.01, 0.02]),
-     shows="")
 case("TrainingMonitor.set_smoothing", "smoothing", [-0.1, 1.0, "0.5", float("nan")],
      lambda v: W.TrainingMonitor().set_smoothing(v))
 case("Explorer.set_highlight", "points", [[10 ** 6], [-1], "a"], lambda v: EXPLORER().set_highlight(v), shows="")
