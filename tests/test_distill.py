@@ -284,7 +284,11 @@ def test_the_verdict_reads_the_interval_and_the_figure_shows_every_condition():
     res = summarize_comparison(losses, docs, n_boot=200)
     assert res["G"]["value"] == pytest.approx(0.5) and res["G_other_doc"]["value"] == pytest.approx(0.2)
     assert comparison_verdict(res).startswith("the compiled prompt is specific to its document: own − other = -0.300")
-    assert "it carries more than its topic (own − topic mean = -0.250" in comparison_verdict(res)
+    assert "own − topic mean = -0.250" in comparison_verdict(res)
+    assert comparison_verdict(res).endswith("it carries more than its topic")
+    losses_topic = {**losses, "topic_mean": losses["compiled"] - 0.05}
+    assert comparison_verdict(summarize_comparison(losses_topic, docs, n_boot=200)).endswith(
+        "beyond its topic, but no more than the topic's mean ȳ carries")
     losses["compiled"] = losses["other_doc"] + torch.tensor([0.05, -0.05] * 6)
     assert "is not shown to be specific" in comparison_verdict(summarize_comparison(losses, docs, n_boot=200))
     fig = comparison_figure({"p=64": res})

@@ -224,12 +224,15 @@ def comparison_verdict(result: dict[str, Any]) -> str:
         head = "the compiled prompt is not shown to be specific to its document"
     line = (f"{head}: own − other = {own['value']:+.3f} nats [{lo:+.3f}, {hi:+.3f}] (95 % over "
             f"{result['n_documents']} documents); G = {g:.2f} against {g_other:.2f} with another document's ȳ")
-    if "own_minus_topic_mean" in result:
-        t = result["own_minus_topic_mean"]
-        beyond = ("more than its topic" if t["ci95"][1] < 0 else "no more than its topic's mean ȳ"
-                  if t["ci95"][0] <= 0 else "less than its topic's mean ȳ")
-        line += (f"; it carries {beyond} (own − topic mean = {t['value']:+.3f} [{t['ci95'][0]:+.3f}, "
-                 f"{t['ci95'][1]:+.3f}])")
+    same, mean = result.get("own_minus_same_topic"), result.get("own_minus_topic_mean")
+    if same is not None and mean is not None:
+        below = lambda r: r["ci95"][1] < 0
+        carries = ("more than its topic" if below(same) and below(mean) else
+                   "something of its document beyond its topic, but no more than the topic's mean ȳ carries"
+                   if below(same) else "mostly its topic")
+        fmt = lambda r: f"{r['value']:+.3f} [{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}]"
+        line += (f"; own − same-topic document = {fmt(same)}, own − topic mean = {fmt(mean)}: it carries "
+                 f"{carries}")
     return line
 
 
