@@ -646,13 +646,7 @@ def compare_figure(losses: dict, *, boundary: float | None = None, split: int | 
         if key is not None:
             fig.add_trace(go.Scatter(x=pos, y=_check_1d(f"losses[{key!r}]", losses[key], len(pos)), mode="lines+markers",
                                      name=name.replace("_", "-"), line=dict(color=color, dash=dash), marker=dict(size=4)))
-    if boundary is not None:
-        _vline(fig, boundary - 0.5, "#d62728", "dash", "boundary")
-        fig.add_annotation(x=boundary - 0.5, y=1, yref="paper", text="topic switch", showarrow=False,
-                           font=dict(color="#d62728"), xanchor="left")
-    if split is not None:
-        _vline(fig, split - 0.5, "black", "dot", "split")
-        fig.add_annotation(x=split - 0.5, y=0.93, yref="paper", text=f"s = {split}", showarrow=False, xanchor="left")
+    _mark_switch_and_split(fig, boundary, split)
     fig.update_layout(title=dict(text=title or "Compile and compare: loss per position", x=0.01), height=height,
                       xaxis_title="position (tokens)", yaxis_title=ylabel,
                       margin=dict(l=50, r=20, t=60, b=40), legend=dict(orientation="h", y=1.1, x=1, xanchor="right"))
@@ -669,6 +663,17 @@ def _interval(values: np.ndarray, level: float) -> tuple[float, float]:
     z = NormalDist().inv_cdf(0.5 + level / 2)
     half = z * v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else float("nan")
     return float(v.mean()), float(half)
+
+
+def _mark_switch_and_split(fig: go.Figure, boundary: float | None, split: int | None) -> None:
+    """The topic switch (red dashed) and the split s (black dotted) as labelled vertical lines."""
+    if boundary is not None:
+        _vline(fig, boundary - 0.5, "#d62728", "dash", "boundary")
+        fig.add_annotation(x=boundary - 0.5, y=1, yref="paper", text="topic switch", showarrow=False,
+                           font=dict(color="#d62728"), xanchor="left")
+    if split is not None:
+        _vline(fig, split - 0.5, "black", "dot", "split")
+        fig.add_annotation(x=split - 0.5, y=0.93, yref="paper", text=f"s = {split}", showarrow=False, xanchor="left")
 
 
 def loss_difference_figure(positions, diff, sem, *, boundary: float | None = None, split: int | None = None,
@@ -707,13 +712,7 @@ def loss_difference_figure(positions, diff, sem, *, boundary: float | None = Non
         fig.add_trace(go.Scatter(x=[xs[0], xs[-1]], y=[m, m], mode="lines", line=dict(color="black", dash="dash"),
                                  name=f"{name} the switch: {m:+.3f} ± {h:.3f} ({word})",
                                  hovertemplate=f"{name} the switch: mean over rows {m:+.3f} ± {h:.3f}<extra></extra>"))
-    if boundary is not None:
-        _vline(fig, boundary - 0.5, "#d62728", "dash", "boundary")
-        fig.add_annotation(x=boundary - 0.5, y=1, yref="paper", text="topic switch", showarrow=False,
-                           font=dict(color="#d62728"), xanchor="left")
-    if split is not None:
-        _vline(fig, split - 0.5, "black", "dot", "split")
-        fig.add_annotation(x=split - 0.5, y=0.93, yref="paper", text=f"s = {split}", showarrow=False, xanchor="left")
+    _mark_switch_and_split(fig, boundary, split)
     fig.update_layout(title=dict(text=title or "What the frozen ȳ is worth: specialised − no context, per position",
                                  x=0.01), height=height, xaxis_title="position (tokens)", yaxis_title=ylabel,
                       margin=dict(l=50, r=20, t=60, b=40),
