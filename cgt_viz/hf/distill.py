@@ -122,22 +122,14 @@ def compute_features(model, tokens: torch.Tensor, prefix_len: int, top_k: int | 
     n, length = tokens.shape
     m = length - prefix_len - 1
     out: dict[str, list[torch.Tensor]] = {k: [] for k in ("pooled", "suffix_x", "teacher_ids", "teacher_logp")}
-    ell, layers = model.config.y_layer, model.lm.model.layers
     rows = range(0, n, batch_size)
     if progress:
         from tqdm.auto import tqdm
         rows = tqdm(rows, desc="feature cache", unit="batch")
     for i in rows:
         w = tokens[i:i + batch_size].to(model.device)
-        grabbed = {}
-        handle = layers[ell - 1].register_forward_hook(
-            lambda mod, args, o: grabbed.__setitem__("x", o[0] if isinstance(o, tuple) else o))
-        try:   # the teacher: the LM alone (no hooks of the head) with the prefix in context
-            hidden = model.lm.model(input_ids=w[:, :prefix_len + m], use_cache=False).last_hidden_state
-        finally:
-            handle.remove()
-        x_prefix = grabbed["x"][:, :prefix_len].to(model.pool.weight.dtype)
-        out["pooled"].append(model._pooled(model.ln_x(x_prefix))[:, -1].float().cpu())
+        hidden, pooled = model.teacher_pass(w[:, :prefix_len + m], prefix_len)   # the LM with the prefix in context
+        out["pooled"].append(pooled.float().cpu())
         ids, logp = teacher_topk(model._logits(hidden[:, prefix_len:]), top_k)
         out["teacher_ids"].append(ids.to(torch.int32).cpu())
         out["teacher_logp"].append(logp.to(dtype).cpu())
@@ -251,7 +243,7 @@ def uncached_loss(model, tokens: torch.Tensor, prefix_len: int, top_k: int | Non
     tokens = tokens.to(model.device)
     m = tokens.shape[1] - prefix_len - 1
     with torch.no_grad():
-        teacher_hidden = model.lm.model(input_ids=tokens[:, :prefix_len + m], use_cache=False).last_hidden_state
+        teacher_hidden = model.teacher_pass(tokens[:, :prefix_len + m], prefix_len)[0]
         ids, logp = teacher_topk(model._logits(teacher_hidden[:, prefix_len:]), top_k)
     ybar = model.context(tokens[:, :prefix_len])[:, -1]
     hidden = model._hidden(tokens[:, prefix_len:prefix_len + m], model._fixed_coeffs(ybar))[0]

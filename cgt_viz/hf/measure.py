@@ -113,19 +113,13 @@ def window_losses(model, tokens: torch.Tensor, prefix_len: int, topics: torch.Te
         for i in range(0, n, batch_size):
             w = tokens[i:i + batch_size].to(model.device)
             tgt = w[:, prefix_len + 1:]
-            grabbed = {}
-            handle = model.lm.model.layers[model.config.y_layer - 1].register_forward_hook(
-                lambda mod, args, o: grabbed.__setitem__("x", o[0] if isinstance(o, tuple) else o))
-            try:   # the teacher's pass also gives x_ℓ of the prompt, which is all a pooled-only head reads
-                hidden = model.lm.model(input_ids=w[:, :prefix_len + m], use_cache=False).last_hidden_state
-            finally:
-                handle.remove()
+            # the teacher's pass also gives the prompt's pooled read-out, all that a pooled-only head reads
+            hidden, pooled = model.teacher_pass(w[:, :prefix_len + m], prefix_len)
             out["prompted"][i:i + len(w)] = _ce(model._logits(hidden[:, prefix_len:]), tgt)
             if full_mode:
                 out["full_mode"][i:i + len(w)] = _ce(model(w[:, :prefix_len + m])[:, prefix_len:], tgt)
             if model.pooled_only:
-                x = grabbed["x"][:, :prefix_len].to(model.pool.weight.dtype)
-                ybar.append(model._summary(model._pooled(model.ln_x(x))[:, -1]))
+                ybar.append(model._summary(pooled))
             else:
                 ybar.append(model.context(w[:, :prefix_len])[:, -1])
             suffix_x.append(model.x_at_layer(w[:, prefix_len:prefix_len + m]))

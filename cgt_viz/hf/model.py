@@ -329,8 +329,24 @@ class CGTLM(CGT):
         """The pooled read-out of LN(x_ℓ) after the last token of each row: idx (b, t) -> (b, d). With
         pooled_only, ȳ after the last token is `_summary` of it: the one thing about a prompt the head reads."""
         idx = check_inputs(self.config, idx, device=self.device)
-        x = self.x_at_layer(idx)
+        return self._pooled_last(self.x_at_layer(idx))
+
+    def _pooled_last(self, x: torch.Tensor) -> torch.Tensor:
+        """The pooled read-out of LN(x) after the last position: x (b, t, d) layer-ℓ states -> (b, d)."""
         return self._pooled(self.ln_x(x.to(self.pool.weight.dtype)))[:, -1]
+
+    @torch.no_grad()
+    def teacher_pass(self, idx: torch.Tensor, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The plain LM (no templates) over idx (b, t): the distillation teacher. -> its final hidden states
+        (b, t, d) and, from the same pass, the pooled read-out after the first prompt_len tokens (b, d)."""
+        grabbed = {}
+        handle = self.lm.model.layers[self.config.y_layer - 1].register_forward_hook(
+            lambda module, args, out: grabbed.__setitem__("x", out[0] if isinstance(out, tuple) else out))
+        try:
+            hidden = self.lm.model(input_ids=idx, use_cache=False).last_hidden_state
+        finally:
+            handle.remove()
+        return hidden, self._pooled_last(grabbed["x"][:, :prompt_len])
 
     @torch.no_grad()
     def x_at_layer(self, idx: torch.Tensor, layer: int | None = None) -> torch.Tensor:
@@ -712,7 +728,7 @@ class CGTLM(CGT):
         their suffix positions, hidden (n, m, d) the specialised model on the suffix alone, targets (n, m).
         Teacher: the LM itself (T = I) with the whole row in context, read at the suffix positions."""
         with torch.no_grad():
-            teacher_hidden = self.lm.model(input_ids=idx, use_cache=False).last_hidden_state     # (n, t, d)
+            teacher_hidden = self.teacher_pass(idx, 1)[0]                                          # (n, t, d)
             teacher = self._logits(take_positions(teacher_hidden, src))                           # (n, m, v)
         valid = mask & (targets != IGNORE_INDEX)
         if not valid.any():
