@@ -1,0 +1,285 @@
+"""The README's results-at-a-glance table and the site's results page, written from the result files.
+
+    python benchmarks/results_pages.py            # rewrite both sections in place (make docs runs it)
+    python benchmarks/results_pages.py --check    # exit 1 when README.md or docs/results.md differ from the files
+
+Every number in those two sections is read here from a JSON file that a measuring script wrote
+(benchmarks/results/*.json, data/models/*/metrics.json); nothing is typed by hand, so a table cannot drift
+from its file. Each table is headed by the command that wrote the file, its date, torch version and machine
+where the file records them ("not recorded" where it does not). The sections sit between the markers the
+benchmark scripts already use (common.replace_readme_section).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+SECTION = "results"
+NOT_RECORDED = "not recorded"
+TASKS = "benchmarks/results/tasks.json"
+TASKS_KL = "benchmarks/results/tasks_kl.json"
+HF_KNN = "benchmarks/results/hf_topic_knn.json"
+LORA = "benchmarks/results/lora_vs_compile.json"
+HEAD_RUN = "benchmarks/results/smollm2_head.json"
+HEAD_METRICS = "data/models/smollm2-bbc-head/metrics.json"
+TEXT_METRICS = "data/models/text-bbc5/metrics.json"
+
+
+def load(rel: str, root: Path = ROOT) -> dict | None:
+    path = root / rel
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def f3(x) -> str:
+    return "—" if x is None else f"{x:.3f}"
+
+
+def f2(x) -> str:
+    return "—" if x is None else f"{x:.2f}"
+
+
+def seconds(x) -> str:
+    if x is None:
+        return "—"
+    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.2f} s"
+
+
+def ci(block: dict | None, fmt=f2, signed: bool = False) -> str:
+    """`value [lo, hi]` from a {"value", "ci95"} block."""
+    if not block:
+        return "—"
+    form = (lambda x: f"{x:+.3f}") if signed else fmt
+    lo_hi = block.get("ci95")
+    return form(block["value"]) + (f" [{form(lo_hi[0])}, {form(lo_hi[1])}]" if lo_hi else "")
+
+
+# ---------------------------------------------------------------------------------------------- provenance
+def _machine(env: dict) -> str:
+    parts = [env.get("cpu_model"), f"{env['cpu_count']} cores" if env.get("cpu_count") else None,
+             env.get("cuda_device"), env.get("device"), f"{env['threads']} thread(s)" if env.get("threads") else None]
+    return ", ".join(p for p in parts if p) or NOT_RECORDED
+
+
+def provenance(command: str, source: str, env: dict | None = None, date: str | None = None,
+               torch: str | None = None, machine: str | None = None) -> str:
+    """The line above each table: command, file, date, torch version, machine."""
+    env = env or {}
+    date = date or env.get("time_utc") or NOT_RECORDED
+    torch = torch or env.get("torch") or NOT_RECORDED
+    machine = machine or (_machine(env) if env else NOT_RECORDED)
+    return (f"`{command}` → `{source}`  \n"
+            f"date: {date} · torch: {torch} · machine: {machine}")
+
+
+def tasks_command(data: dict) -> str:
+    argv = data.get("argv") or []
+    if len(argv) == 1 and argv[0].startswith("("):      # the JSON records that it was assembled from several runs
+        return f"python benchmarks/tasks_results.py {argv[0]}"
+    return " ".join(["python benchmarks/tasks_results.py", *argv])
+
+
+def table_cell(table: str, run: str, column: str) -> str | None:
+    """One cell of a markdown table the measuring script stored in its JSON (row by its first cell)."""
+    lines = [ln for ln in table.splitlines() if ln.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    for ln in lines[2:]:
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        if cells[0] == run and column in header:
+            return cells[header.index(column)]
+    return None
+
+
+def lora_row(data: dict, task: str, method: str, steps=None) -> dict | None:
+    for row in data["tasks"].get(task, {}).get("summary", []):
+        if row["method"] == method and row.get("steps") == steps:
+            return row
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- README
+def glance(root: Path = ROOT) -> str:
+    """The README's one table: what was measured, the value, the command and the file it came from."""
+    rows = []
+    tasks = load(TASKS, root)
+    if tasks:
+        cmd = "python benchmarks/tasks_results.py"
+        for run, what in (("icl (k = 8, acc)", "Synthetic ICL (notebook 01's recipe), held-out seeds: gap closed G"),
+                          ("regression (k = 8, loss)", "In-context regression, dim 4, held-out seeds: gap closed G")):
+            rows.append((what, table_cell(tasks["table"], run, "gap closed G"), cmd, TASKS))
+    text = load(TEXT_METRICS, root)
+    if text:
+        cmd = "python benchmarks/train_text_reference.py --measure-only"
+        rows.append(("Reference text model (BBC): topic kNN of ȳ at excerpt ends (chance / TF-IDF)",
+                     f"{f3(text['knn_ybar'])} ({f2(text['knn_chance'])} / {f2(text['knn_tfidf'])})", cmd, TEXT_METRICS))
+        rows.append(("Reference text model: frozen ȳ minus no context, before / after the topic switch (nats)",
+                     f"{text['frozen_spec_minus_none_before']:+.3f} / {text['frozen_spec_minus_none_after']:+.3f}",
+                     cmd, TEXT_METRICS))
+    knn = load(HF_KNN, root)
+    if knn:
+        longest = max(knn["by_length"], key=lambda r: r["length"])
+        rows.append((f"ȳ over frozen SmolLM2-135M: topic kNN, {longest['length']}-token excerpts, calibrated (TF-IDF)",
+                     f"{f3(longest['ybar_calibrated'])} ({f3(longest['tfidf'])})", "python benchmarks/hf_topic_knn.py", HF_KNN))
+    head = load(HEAD_METRICS, root)
+    if head and "test" in head:
+        for p in sorted(head["test"], key=lambda k: int(k.split("=")[1])):
+            part = head["test"][p]
+            rows.append((f"Shipped SmolLM2 head, test documents, prompt {p}: G [95 %]; own − other document (nats)",
+                         f"{ci(part.get('G'))}; {part['own_minus_other']['value']:+.3f}",
+                         "python benchmarks/train_smollm2_head.py", HEAD_METRICS))
+    lora = load(LORA, root)
+    if lora:
+        for task, label in (("icl", "ICL"), ("text", "text")):
+            comp = lora_row(lora, task, "compile")
+            steps = max((r["steps"] for r in lora["tasks"].get(task, {}).get("summary", [])
+                         if r["method"] == "lora" and r.get("steps")), default=None)
+            tuned = lora_row(lora, task, "lora", steps)
+            if comp and tuned:
+                rows.append((f"{label}: compiling a prompt vs a per-prompt LoRA ({steps} steps): G, update time",
+                             f"{f3(comp['G'])} in {seconds(comp['update_seconds'])} vs "
+                             f"{f3(tuned['G'])} in {seconds(tuned['update_seconds'])}", lora["command"], LORA))
+    lines = ["| measured | value | command | file |", "|---|---|---|---|"]
+    lines += [f"| {what} | {value or '—'} | `{cmd}` | [`{src}`]({src}) |" for what, value, cmd, src in rows]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- results page
+def page(root: Path = ROOT) -> str:
+    """Every table of the results page, each headed by its provenance."""
+    out: list[str] = []
+    tasks = load(TASKS, root)
+    if tasks:
+        out += ["## Synthetic tasks on held-out seeds", "",
+                provenance(tasks_command(tasks), TASKS, tasks.get("environment")), "",
+                "The library recipes (`cgt_viz/recipes.py`: what the notebooks train and the CLI's defaults) on seeds "
+                f"none of which was used while tuning (tuning seeds: {', '.join(map(str, tasks.get('tuning_seeds', [])))}); "
+                "mean ± 95 % t-interval over the seeds.", "", tasks["table"].strip(), ""]
+    kl = load(TASKS_KL, root)
+    if kl:
+        out += ["## Context distillation on the synthetic rows that do not compile yet", "",
+                provenance(tasks_command(kl), TASKS_KL, kl.get("environment")), "",
+                "The same recipes with `aux_kl=1` (see [Distillation](DISTILLATION.md)); one seed each: a hint, not a result.",
+                "", kl["table"].strip(), ""]
+    text = load(TEXT_METRICS, root)
+    if text:
+        out += ["## The reference text model (`data/models/text-bbc5`)", "",
+                provenance(text.get("command", "python benchmarks/train_text_reference.py"), TEXT_METRICS,
+                           torch=text.get("torch"),
+                           machine=f"{text.get('device', NOT_RECORDED)}, {text.get('threads', '?')} thread(s)"), "",
+                "Re-measured by `python benchmarks/train_text_reference.py --measure-only`.", "",
+                "| measurement | value |", "|---|---|",
+                f"| steps, validation-side kNN rows | {text['steps']}, {text['knn_n']} excerpts |",
+                f"| ȳ topic kNN at excerpt end (k = 10, cosine, 5 folds by document) | {f3(text['knn_ybar'])} (chance {f2(text['knn_chance'])}) |",
+                f"| … first excerpts / second excerpts | {f3(text['knn_ybar_first'])} / {f3(text['knn_ybar_second'])} |",
+                f"| TF-IDF over the same excerpts' tokens | {f3(text['knn_tfidf'])} |",
+                f"| mean of LN(x₀ … x₄) over each excerpt | {' / '.join(f3(text.get(f'knn_mean_ln_x{i}')) for i in range(5))} |",
+                f"| ȳ kNN along training | {' / '.join(f2(v.get('knn_ybar') if isinstance(v, dict) else v) for v in text.get('knn_along_training', []))} |",
+                f"| frozen ȳ − no context, before the switch (should be < 0) | {text['frozen_spec_minus_none_before']:+.3f} ± {text['frozen_spec_minus_none_before_ci95']:.3f} nats |",
+                f"| the same after the switch (should be > 0) | {text['frozen_spec_minus_none_after']:+.3f} ± {text['frozen_spec_minus_none_after_ci95']:.3f} nats |",
+                f"| smoothness: step after the switch / elsewhere (no-switch control rows) | {f2(text['smooth_ratio'])} ({f2(text['smooth_ratio_no_switch'])}) |",
+                f"| top template's ablation effect | {text['ablation_max_delta']:.3f} nats ({text['ablation_site']}, template {text['ablation_template']}) |",
+                ""]
+    knn = load(HF_KNN, root)
+    if knn:
+        args = knn.get("args", {})
+        cmd = "python benchmarks/hf_topic_knn.py " + " ".join(
+            f"--{k.replace('_', '-')} {v}" for k, v in args.items() if k in ("lengths", "half_lives", "per_topic"))
+        out += ["## ȳ of a CGT over frozen SmolLM2-135M: topic kNN", "",
+                provenance(cmd.strip(), HF_KNN, knn.get("environment")), "",
+                "One excerpt per held-out document; k = 10 cosine kNN, 5 folds.", "",
+                "| excerpt tokens | TF-IDF | mean LN(x_ℓ) | ȳ, random projection | ȳ, calibrated |", "|---|---|---|---|---|"]
+        out += [f"| {r['length']} | {f3(r['tfidf'])} | {f3(r['mean_ln_x'])} | {f3(r['ybar_random'])} | {f3(r['ybar_calibrated'])} |"
+                for r in sorted(knn["by_length"], key=lambda r: r["length"])]
+        mix = knn.get("mixture")
+        if mix:
+            out += ["", f"Rows of two {mix['length']}-token excerpts of different topics ({mix['rows']} rows), ȳ at each excerpt's end:",
+                    "", "| read-out | both ends | first excerpt | second excerpt |", "|---|---|---|---|",
+                    f"| TF-IDF of each excerpt's own tokens | {f3(mix['knn_tfidf'])} | {f3(mix['knn_tfidf_first'])} | {f3(mix['knn_tfidf_second'])} |",
+                    f"| mean of LN(x_ℓ) over each excerpt | {f3(mix['knn_mean_ln_x'])} | {f3(mix['knn_mean_ln_x_first'])} | {f3(mix['knn_mean_ln_x_second'])} |"]
+            out += [f"| ȳ, {name.replace('_', ' ')} | {f3(r['knn_ybar'])} | {f3(r['knn_ybar_first'])} | {f3(r['knn_ybar_second'])} |"
+                    for name, r in mix.get("readouts", {}).items()]
+        out += [""]
+    head, run = load(HEAD_METRICS, root), load(HEAD_RUN, root)
+    if head:
+        out += ["## The shipped SmolLM2 head (context distillation)", "",
+                provenance("python benchmarks/train_smollm2_head.py", HEAD_METRICS, torch=head.get("torch_version"),
+                           machine=(run or {}).get("machine")), "",
+                "Cross-entropy in nats per token on the 64 tokens after a p-token prompt; 95 % bootstrap intervals over "
+                "documents; *val* was looked at while choosing settings, *test* is measured once.", ""]
+        cols = [("prompted", "loss_prompted"), ("compiled", "loss_compiled"), ("other doc", "loss_other_doc"),
+                ("same topic", "loss_same_topic"), ("topic mean", "loss_topic_mean"), ("no context", "loss_no_context")]
+        for part in ("test", "val"):
+            if part not in head:
+                continue
+            out += [f"**{part} part**", "",
+                    "| prompt | docs / windows | " + " | ".join(c for c, _ in cols) + " | G [95 %] | own − other [95 %] | own − topic mean [95 %] |",
+                    "|---" * (len(cols) + 5) + "|"]
+            for p in sorted(head[part], key=lambda k: -int(k.split("=")[1])):
+                r = head[part][p]
+                out.append(f"| {p} | {r['n_documents']} / {r['n_windows']} | "
+                           + " | ".join(f3(r[k]["value"]) for _, k in cols)
+                           + f" | {ci(r.get('G'))} | {ci(r.get('own_minus_other'), signed=True)} | "
+                             f"{ci(r.get('own_minus_topic_mean'), signed=True)} |")
+            out += [""]
+        if run:
+            out += [f"Training: {run.get('head_training_tokens_per_second', 0):.0f} training tokens/s, "
+                    f"{f2(run.get('ratio_training_to_lm_forward'))}× the frozen LM's own no-grad forward; a feature cache of "
+                    f"{run.get('cache_windows')} windows (`{HEAD_RUN}`).", ""]
+    lora = load(LORA, root)
+    if lora:
+        out += ["## Compiling against a per-prompt LoRA", "",
+                provenance(lora["command"], LORA, lora.get("environment")), "",
+                "The method is in [Why not just train a LoRA?](LORA_VS_COMPILE.md).", "",
+                "| task | method | steps | G | update time (median) | break-even vs KV-cache prompting (tokens) |",
+                "|---|---|---|---|---|---|"]
+        for task, block in lora["tasks"].items():
+            for r in block.get("summary", []):
+                if r["method"] in ("prompted", "prompted_kv"):
+                    continue
+                out.append(f"| {task} | {r['method']} | {r.get('steps') or ''} | {f3(r['G'])} | "
+                           f"{seconds(r.get('update_seconds'))} | {r.get('break_even_tokens') or 'never'} |")
+        out += [""]
+    return "\n".join(out).rstrip()
+
+
+def sections(root: Path = ROOT) -> dict[Path, str]:
+    return {root / "README.md": glance(root), root / "docs" / "results.md": page(root)}
+
+
+def stale(root: Path = ROOT) -> list[Path]:
+    """The files whose results section differs from what the result files say now."""
+    out = []
+    for path, body in sections(root).items():
+        text = path.read_text() if path.exists() else ""
+        m = re.search(rf"<!-- {SECTION}:begin -->\n(.*?)\n<!-- {SECTION}:end -->", text, re.S)
+        if not m or m.group(1) != body.rstrip():
+            out.append(path)
+    return out
+
+
+def write(root: Path = ROOT) -> None:
+    from common import replace_readme_section
+    for path, body in sections(root).items():
+        replace_readme_section(path, SECTION, body)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true", help="only say which files are out of date (exit 1 if any)")
+    args = p.parse_args(argv)
+    if args.check:
+        bad = stale()
+        for path in bad:
+            print(f"{path.relative_to(ROOT)}: results section out of date; run python benchmarks/results_pages.py")
+        return 1 if bad else 0
+    write()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
