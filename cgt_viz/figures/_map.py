@@ -1,6 +1,7 @@
 """The ȳ map: many tokens' ȳ embedded in 2-D or 3-D, coloured, selectable, with the highlight overlay."""
 from __future__ import annotations
 
+import html
 from typing import Any, Sequence
 
 import numpy as np
@@ -98,6 +99,36 @@ def ybar_map_figure(coords: Any, color: Any = None, hover: Sequence[str] | None 
 
 HIGHLIGHT_LABELS = 40        # highlighted points labelled with text on the map (the rest: ring only)
 HIGHLIGHT_COLOR = "#111111"
+# where a label may sit around its ring, in the order tried, as (plotly textposition, unit offset of the box)
+LABEL_PLACES = (("top center", (0, 1)), ("bottom center", (0, -1)), ("middle right", (1, 0)), ("middle left", (-1, 0)),
+                ("top right", (1, 1)), ("top left", (-1, 1)), ("bottom right", (1, -1)), ("bottom left", (-1, -1)))
+# the map's drawn size and the label font in pixels, estimated (the figure does not know where it is drawn):
+# labels need only keep apart from each other relative to the map's extent
+MAP_PX, CHAR_PX, LINE_PX, RING_PX = (640.0, 400.0), 6.5, 14.0, 8.0
+
+
+def _label_places(coords: np.ndarray, rows: np.ndarray, text: list[str]) -> list[str]:
+    """A plotly textposition for each point `rows` of a 2-D map, so that the labels of nearby points (a point
+    and its nearest neighbours sit close together) keep off each other and off the labelled rings: greedily
+    in the given order, each label takes the first place around its ring that is free, else the least
+    covered one. Only the labelled points (text not empty) are placed; the rest keep "top center"."""
+    labelled = [i for i, label in enumerate(text) if label]
+    places = ["top center"] * len(rows)
+    if not labelled:
+        return places
+    span = np.maximum(np.ptp(coords, axis=0), 1e-12)
+    at = (coords[rows[labelled]] - coords.min(0)) / span * np.array(MAP_PX)     # pixel positions, y up
+    taken = np.concatenate([at - RING_PX, at + RING_PX], axis=1)                 # boxes (x0, y0, x1, y1): the rings
+    for i, (x, y) in zip(labelled, at.tolist()):
+        w, h = CHAR_PX * len(html.unescape(text[i])) + 4, LINE_PX
+        boxes = np.array([(x + dx * (RING_PX + w / 2), y + dy * (RING_PX + h / 2)) for _, (dx, dy) in LABEL_PLACES])
+        boxes = np.concatenate([boxes - (w / 2, h / 2), boxes + (w / 2, h / 2)], axis=1)          # (8, 4)
+        lo, hi = np.maximum(boxes[:, None, :2], taken[None, :, :2]), np.minimum(boxes[:, None, 2:], taken[None, :, 2:])
+        cover = np.clip(hi - lo, 0, None).prod(-1).sum(1)      # (8,) area of each place under what is taken
+        best = int(np.argmin(cover))                            # the first of the least covered places
+        places[i] = LABEL_PLACES[best][0]
+        taken = np.concatenate([taken, boxes[best:best + 1]])
+    return places
 
 
 def highlight_trace(coords: np.ndarray, rows: np.ndarray, labels: Sequence[str] | None = None,
@@ -115,8 +146,9 @@ def highlight_trace(coords: np.ndarray, rows: np.ndarray, labels: Sequence[str] 
     # dimmed by a selection (plotly fades the unselected points of every trace, its rings and labels too)
     marker = dict(size=13, color=HIGHLIGHT_COLOR, line=dict(width=2), symbol="circle-open")
     keep = dict(marker=dict(opacity=1), textfont=dict(color=HIGHLIGHT_COLOR))
+    places = "top center" if coords.shape[1] == 3 else _label_places(coords, rows, text)   # 3-D: the view turns
     common = dict(mode="markers+text", marker=marker, text=text, hovertext=tips, hoverinfo="text", name=hover_escape(name),
-                  showlegend=len(rows) > 0, legendrank=1, textposition="top center", customdata=rows,
+                  showlegend=len(rows) > 0, legendrank=1, textposition=places, customdata=rows,
                   textfont=dict(size=11, color=HIGHLIGHT_COLOR), hoverlabel=dict(align="left"))
     if coords.shape[1] == 3:
         return go.Scatter3d(x=coords[rows, 0], y=coords[rows, 1], z=coords[rows, 2],
