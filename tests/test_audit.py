@@ -594,7 +594,7 @@ NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, a
     **dict.fromkeys(["CompileCompare.figure_for", "CompileCompare.show", "CompileCompare.token_figure_for",
                      "SmoothnessStrip.figure_for", "SmoothnessStrip.token_figure_for", "TemplateInspector.figure_for",
                      "TemplateInspector.show", "TemplateInspector.token_figure_for", "TemplateInspector.set_data",
-                     "SmoothnessStrip.set_data",
+                     "SmoothnessStrip.set_data", "Explorer.static_figures",
                      "Explorer.figure_static", "TrainingMonitor.redraw"],
                     "the arguments of the view's audited constructor and methods (show, losses)"),
     **dict.fromkeys(["GPT.embed_inputs", "SyntheticICL.answer_token", "SyntheticICL.answer_value", "SyntheticICL.apply",

@@ -403,14 +403,18 @@ class Explorer(MapSelection, Projecting, Controls, StaticForm, W.VBox):
         return self._figure(self.projection, rows, note=f"static copy: {len(rows):,} of {len(self.points):,} drawn "
                                                         f"points ({self._note()})", selection=selection)
 
-    def static_figures(self) -> list:
+    def static_figures(self, selection: bool = False) -> list:
         """The map (at most STATIC_MAX_POINTS points) and the linked views that are open. The selection is
-        left out: a changed static copy is re-published after the cell, which re-renders the live widget, and
-        a selection set since then would be lost from the page."""
-        figs = [self.figure_static(STATIC_MAX_POINTS, selection=False)]
+        left out unless asked for: a changed static copy is re-published after the cell, which re-renders the
+        live widget, and a selection set since then would be lost from the page."""
+        figs = [self.figure_static(STATIC_MAX_POINTS, selection=selection)]
         if self._strip is not None:
             figs += [self._strip.figure_for(self._strip.sequence, self._strip.highlight), self._inspector.figure_for()]
         return figs
+
+    def snapshot_figures(self) -> list:
+        """A one-off copy (`show_static`, `static_html`) fades the unselected points, as the live map does."""
+        return self.static_figures(selection=True)
 
     def static_text(self) -> str:
         return (f"ȳ explorer: {len(self.points):,} tokens, {method_name(key_of(self.projection, self.dims))}, "
