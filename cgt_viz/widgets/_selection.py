@@ -48,6 +48,14 @@ class MapSelection:
     """Selecting, hiding and marking drawn points; the browser's selection and click events (see the module
     docstring for what the explorer provides)."""
 
+    def _init_selection(self) -> None:
+        """Nothing selected or marked; called by the explorer before anything is drawn."""
+        self._selected = np.zeros(0, dtype=np.int64)
+        self._highlight = unmarked()             # (points, labels, trace name) ringed by the overlay
+        self._buffer: list[np.ndarray] = []      # one selection event's points, trace by trace
+        self._quiet_until = 0.0                  # until then an empty selection event answers our own
+        self._opened_by_select: int | None = None
+
     # ------------------------------------------------------------------ the browser's events
     def _wire_traces(self) -> None:
         """(Re)attach the selection, click and deselect callbacks to every trace (after the traces change)."""

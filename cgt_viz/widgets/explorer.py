@@ -149,14 +149,10 @@ class Explorer(MapSelection, Projecting, Controls, StaticForm, W.VBox):
         self._collection = Collection()
         self._lock = self._collection.lock
         self._stack: list[PointSet] = []         # the point sets isolate left; show_all goes back to the first
-        self._selected = np.zeros(0, dtype=np.int64)
-        self._highlight = unmarked()            # (points, labels, trace name) ringed by the overlay
+        self._init_selection()
         self._strip = self._inspector = None
         self._pc_ratio, self.components = None, (1, 2)   # set_components' shares of variance (None: PC 1 & 2)
         self._groups: list[np.ndarray] = []      # the drawn points of each map trace ([]: one trace, every point)
-        self._buffer: list[np.ndarray] = []      # one selection event's points, trace by trace
-        self._quiet_until = 0.0                  # until then an empty selection event answers our own
-        self._opened_by_select: int | None = None
 
     def _build_controls(self) -> None:
         """The pickers, buttons and text lines around the map, each wired to the method it calls."""
