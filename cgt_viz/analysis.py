@@ -19,6 +19,7 @@ from ._checks import Choice, Int, check_array, check_choice, check_float, check_
 from .layers import SITE_WEIGHTS
 from .comparison import comparison_logits
 from .contracts import check_inputs, check_ybar_array
+from .geometry import PCA
 from .losses import LOSS_TERMS, per_position_loss
 from .sequences import (IGNORE_INDEX, ByteTokenizer, Sequences, as_model_input, model_device, concat_sequences, eval_mode,  # noqa: F401
                         label_boundary, model_task, prepare_sequences, require_cgt, token_strings,
@@ -238,8 +239,6 @@ def _as_points(X: Any, name: str = "X", cols: int | None = None) -> np.ndarray:
     return X.astype(np.float32)
 
 
-
-
 class Projector:
     """2-D (or, with dims=3, 3-D) projection of ȳ points by PCA, UMAP or t-SNE; keeps the fitted reducer to
     place new points.
@@ -297,7 +296,7 @@ class Projector:
                                  f"dimension {spread:.3g}): ȳ is constant here (an untrained or collapsed model?); "
                                  f"use projection='pca', or points from a trained model")
         if self.method == "pca":
-            self.reducer = _PCA(self.dims)
+            self.reducer = PCA(self.dims)
             Y = self.reducer.fit_transform(X)
         elif self.method == "umap":
             import umap
@@ -336,29 +335,6 @@ class Projector:
         dist, idx = NearestNeighbors(n_neighbors=k).fit(self._fit_X).kneighbors(X)
         w = 1.0 / (dist + 1e-6)
         return _pad2((self._fit_Y[idx] * w[..., None]).sum(1) / w.sum(1, keepdims=True), self.dims)
-
-
-class _PCA:
-    """The first k (2 or 3) principal components by an eigendecomposition of the e × e covariance (no
-    sklearn import on the first paint). Signs are fixed so that each component's largest loading is positive."""
-
-    def __init__(self, k: int = 2):
-        self.k = k
-
-    def fit_transform(self, X: np.ndarray) -> np.ndarray:
-        X64 = X.astype(np.float64)
-        self.mean_ = X64.mean(0)
-        centered = X64 - self.mean_
-        evals, evecs = np.linalg.eigh(centered.T @ centered / max(len(X) - 1, 1))
-        order = np.argsort(evals)[::-1][:self.k]
-        comps = evecs[:, order].T                                             # (k, e)
-        comps *= np.sign(comps[np.arange(len(comps)), np.abs(comps).argmax(1)])[:, None]
-        self.components_ = comps
-        self.explained_variance_ratio_ = evals[order] / max(evals.sum(), 1e-12)
-        return (centered @ comps.T).astype(np.float32)
-
-    def transform(self, X: np.ndarray) -> np.ndarray:
-        return ((X.astype(np.float64) - self.mean_) @ self.components_.T).astype(np.float32)
 
 
 def _pad2(Y: np.ndarray, dims: int = 2) -> np.ndarray:

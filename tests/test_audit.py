@@ -574,7 +574,7 @@ def test_every_declared_entry_point_is_in_the_generated_audit():
     for m in AUDITED_MODULES:
         for name, obj in vars(importlib.import_module(m)).items():
             if inspect.isclass(obj) and obj.__module__ == m:
-                declared |= {name if meth == "__init__" else f"{name}.{meth}" for meth, fn in vars(obj).items()
+                declared |= {name if meth == "__init__" else f"{name}.{meth}" for meth, fn in _members(obj).items()
                              if hasattr(getattr(fn, "__func__", fn), "__contracts__")}   # classmethods too
             elif hasattr(obj, "__contracts__") and getattr(obj, "__module__", None) == m:
                 declared.add(name)
@@ -587,13 +587,14 @@ AUDITED_MODULES = ["cgt_viz.config", "cgt_viz.model", "cgt_viz.io", "cgt_viz.tra
                    "cgt_viz.analysis", "cgt_viz.figures", "cgt_viz.tasks", "cgt_viz.tasks.icl",
                    "cgt_viz.tasks.regression", "cgt_viz.tasks.text", "cgt_viz.tasks.tokenizer",
                    "cgt_viz.widgets.explorer", "cgt_viz.widgets.smoothness", "cgt_viz.widgets.templates",
-                   "cgt_viz.widgets.compare", "cgt_viz.widgets.monitor"]
+                   "cgt_viz.widgets.compare", "cgt_viz.widgets.monitor", "cgt_viz.geometry"]
 NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, and why
     **dict.fromkeys(["ByteTokenizer.token_str", "SyntheticICL.decode", "LinearRegression.decode", "TextMixture.decode",
                      "TextMixture.text", "hover_escape", "natural_key"], "a display helper: any token or value"),
     **dict.fromkeys(["CompileCompare.figure_for", "CompileCompare.show", "CompileCompare.token_figure_for",
                      "SmoothnessStrip.figure_for", "SmoothnessStrip.token_figure_for", "TemplateInspector.figure_for",
                      "TemplateInspector.show", "TemplateInspector.token_figure_for", "TemplateInspector.set_data",
+                     "SmoothnessStrip.set_data", "Explorer.static_figures",
                      "Explorer.figure_static", "TrainingMonitor.redraw"],
                     "the arguments of the view's audited constructor and methods (show, losses)"),
     **dict.fromkeys(["GPT.embed_inputs", "SyntheticICL.answer_token", "SyntheticICL.answer_value", "SyntheticICL.apply",
@@ -601,7 +602,8 @@ NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, a
                      "aux_weight_scale", "param_groups", "config_differences", "drawn_series", "gap_note",
                      "collect_points", "points_at", "mean_abs_by_label", "thin", "Points", "Points.concat",
                      "Points.frame", "ByteTokenizer.encode_array", "is_validation_document", "fold_affine_ln_y",
-                     "check_batch_size", "check_eval_size", "check_part", "TrainHistory"],
+                     "check_batch_size", "check_eval_size", "check_part", "TrainHistory", "PCA", "PCA.fit_transform",
+                     "PCA.transform", "in_box", "in_polygon", "cosine_neighbours"],
                     "an internal step, fed arguments its audited caller has checked (or a checker itself)"),
     **dict.fromkeys(["evaluate", "save"], "train's evaluation and checkpoint write, fed the settings train() checked"),
     **dict.fromkeys(["atomic_write", "write_json", "read_json", "save_tensors", "load_tensors", "model_folder",
@@ -617,6 +619,19 @@ NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, a
 }
 
 
+# mixins whose methods are the public methods of the class that uses them (the explorer's rooms)
+MIXIN_MODULES = {"cgt_viz.widgets._selection", "cgt_viz.widgets._projections"}
+
+
+def _members(cls) -> dict:
+    """A class's own members and those it takes from mixins in MIXIN_MODULES."""
+    members = {}
+    for klass in reversed(cls.__mro__):
+        if klass is cls or klass.__module__ in MIXIN_MODULES:
+            members.update(vars(klass))
+    return members
+
+
 def _public_names() -> set[str]:
     names = set()
     for m in AUDITED_MODULES:
@@ -629,7 +644,7 @@ def _public_names() -> set[str]:
             elif inspect.isclass(obj) and not issubclass(obj, BaseException):
                 if _takes_arguments(obj):
                     names.add(name)
-                for meth, fn in vars(obj).items():
+                for meth, fn in _members(obj).items():
                     fn = fn.__func__ if isinstance(fn, (classmethod, staticmethod)) else fn
                     if not meth.startswith("_") and inspect.isfunction(fn) and _takes_arguments(fn):
                         names.add(f"{name}.{meth}")

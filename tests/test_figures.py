@@ -168,3 +168,20 @@ def test_loss_difference_figure_says_when_the_interval_straddles_zero_and_checks
         loss_difference_figure(pos, np.zeros(4), np.ones(5))
     with pytest.raises(ValueError):
         loss_difference_figure(pos, np.zeros(5), np.ones(5), level=1.5)
+
+
+def test_labels_of_points_close_together_take_different_places():
+    """A point and its neighbours sit close together on the map: their labels go round their rings instead
+    of all above them (where they overlapped); labels of points far apart stay above."""
+    rng = np.random.default_rng(0)
+    xy = rng.normal(size=(300, 2))
+    xy[:8] = xy[0] + rng.normal(scale=1e-3, size=(8, 2))            # eight points on one spot
+    xy[8], xy[9] = (-50.0, -50.0), (50.0, 50.0)                      # two far apart (the map's extent)
+    trace = Fg.highlight_trace(xy, np.arange(10), ["▶ open"] + [f"{i}. tok{i}" for i in range(1, 10)])
+    places = list(trace.textposition)
+    assert len(set(places[:8])) == 8                                 # eight labels, eight places round the spot
+    assert places[8:] == ["top center", "top center"]
+    unlabelled = Fg.highlight_trace(xy, np.arange(3), ["", "", ""])
+    assert list(unlabelled.textposition) == ["top center"] * 3
+    three = Fg.highlight_trace(rng.normal(size=(5, 3)), np.arange(2), ["a", "b"])
+    assert three.textposition == "top center"                        # 3-D: the view turns, no fixed place

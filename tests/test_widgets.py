@@ -569,3 +569,14 @@ def test_three_d_from_explore_and_the_figure_function(model):
     assert [t.type for t in fig.data] == ["scatter3d"] * 2 and fig.layout.scene.zaxis.title.text == "w"
     with pytest.raises(ValueError, match="dims"):
         explore(model, torch.randint(0, 256, (4, 20)), dims=1)
+
+
+def test_a_one_off_static_copy_fades_the_unselected_points(ex):
+    """show_static / static_html draw the selection as the live map does (the unselected points faint); the
+    copy re-published after each cell leaves it out (see Explorer.static_figures)."""
+    ex.select([3, 25, 64])
+    snap = ex.snapshot_figures()[0]
+    chosen = sorted(int(rows[i]) for t, rows in zip(snap.data, ex._groups) for i in (t.selectedpoints or ()))
+    assert chosen == [3, 25, 64] and all(t.unselected.marker.opacity < 0.5 for t in snap.data[:ex._n_map])
+    assert all(t.selectedpoints is None for t in ex.static_figures()[0].data[:ex._n_map])
+    assert '"selectedpoints"' in ex.static_html(include_plotlyjs=False)

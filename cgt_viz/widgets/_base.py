@@ -14,6 +14,7 @@ Set the environment variable CGT_VIZ_EMBED_PLOTLY=1 to use plain `go.FigureWidge
 """
 from __future__ import annotations
 
+import contextlib
 import html
 import os
 import threading
@@ -255,6 +256,26 @@ def html_status(text: str, kind: str = "info", markup: str = "") -> str:
     return (f"<span style='color:{colors.get(kind, '#555')};font-size:12px'>"
             f"{html.escape(str(text), quote=False)}{markup}</span>")
 
+
+
+class Controls:
+    """Mixin for a view whose controls both take the user's input and follow changes made from Python: a
+    control set by the view itself (`with self.quietly():`) does not call back into the view."""
+
+    _syncing = False          # True while the view sets its own controls
+
+    @contextlib.contextmanager
+    def quietly(self):
+        """Set controls inside this block without their `on_user` actions running."""
+        was, self._syncing = self._syncing, True
+        try:
+            yield
+        finally:
+            self._syncing = was
+
+    def on_user(self, control, action, name: str = "value") -> None:
+        """Call action(new value) when the user changes `control`'s trait `name` (not inside `quietly`)."""
+        control.observe(lambda change: None if self._syncing else action(change["new"]), names=name)
 
 
 # ---------------------------------------------------------------------------------------------- data

@@ -181,6 +181,11 @@ class StaticForm:
     def static_figures(self) -> list:                          # pragma: no cover - each view defines it
         raise NotImplementedError
 
+    def snapshot_figures(self) -> list:
+        """The figures of a one-off copy (`show_static`, `static_html`): never re-published, so they may show
+        what a re-published copy leaves out (the explorer's selection). Default: `static_figures()`."""
+        return self.static_figures()
+
     def static_text(self) -> str:
         return self.live_text()
 
@@ -193,7 +198,7 @@ class StaticForm:
 
     def static_html(self, include_plotlyjs: bool = True) -> str:
         """Every figure of the view as standalone HTML (plotly.js inline unless include_plotlyjs=False)."""
-        return figures_html(self.static_figures(), include_plotlyjs=include_plotlyjs)
+        return figures_html(self.snapshot_figures(), include_plotlyjs=include_plotlyjs)
 
     def static_bundle(self, include_plotlyjs: bool = False, figures=None, png: bool | None = None) -> dict:
         """The static part of the display bundle (see the module docstring). png: add image/png of the main
@@ -216,7 +221,8 @@ class StaticForm:
         """Display only the static form (no widget): a plot that survives wherever the notebook goes.
         png=True adds a PNG of the main figure (for GitHub's preview), whatever `static_png()` says."""
         from IPython.display import display
-        display(self.static_bundle(include_plotlyjs=True, png=png), raw=True, metadata=OUTPUT_METADATA)
+        display(self.static_bundle(include_plotlyjs=True, png=png, figures=self.snapshot_figures()), raw=True,
+                metadata=OUTPUT_METADATA)
 
     def _bundle(self, display_id: str, figures=None) -> tuple[dict, str]:
         """(static bundle, digest of its figures) for the output `display_id`."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 import time
 
 import ipywidgets as W
-import numpy as np
 
 from .._checks import Bool, Float, Height, Int, checked
 from ..analysis import NOT_PLOTTED

@@ -11,11 +11,11 @@ import numpy as np
 from .. import analysis as A
 from .._checks import Height, check_index, check_int, checked
 from ..figures import plural, smoothness_figure, token_text_figure
-from ._base import boundary_of, check_view_ybar, figure_widget, replace_figure, sequences_of
+from ._base import Controls, boundary_of, check_view_ybar, figure_widget, replace_figure, sequences_of
 from ._static import StaticForm
 
 
-class SmoothnessStrip(StaticForm, W.VBox):
+class SmoothnessStrip(Controls, StaticForm, W.VBox):
     """‖ȳ_t − ȳ_{t−1}‖, cosine and the ȳ heatmap of one sequence; a sequence picker; optional second model."""
 
     @checked(height=Height())
@@ -34,16 +34,24 @@ class SmoothnessStrip(StaticForm, W.VBox):
         self.seqs = sequences_of(model, data, labels, boundary, **prepare_kw)
         self.sequence = check_index("sequence", sequence, self.seqs.n)
         self.highlight = self._check_highlight(highlight, self.sequence)
-        self.ybar = A.collect_ybar(model, self.seqs.inputs) if ybar is None else check_view_ybar(ybar, self.seqs, model)
-        self.ybar_other = None if other is None else A.collect_ybar(other, self.seqs.inputs)
+        self.set_data(self.seqs, ybar, redraw=False)
         self.figure = figure_widget(self.figure_for(self.sequence, highlight))
         self.tokens_figure = figure_widget(self.token_figure_for(self.sequence, highlight))
         self.picker = W.BoundedIntText(value=self.sequence, min=0, max=self.seqs.n - 1, description="sequence",
                                        layout=W.Layout(width="180px"))
-        self._syncing = False
-        self.picker.observe(self._on_pick, names="value")
+        self.on_user(self.picker, self.show)
         super().__init__([W.HBox([self.picker, W.HTML(f"<small>{plural(self.seqs.n, 'sequence')}</small>")]), self.figure,
                           self.tokens_figure])
+
+    def set_data(self, seqs: A.Sequences, ybar: np.ndarray | None = None, redraw: bool = True) -> None:
+        """Replace the sequences (and their ȳ; the other model's is collected again); the current sequence
+        and highlight stay (when the new data has them: sequences may have been added, not removed)."""
+        self.seqs = seqs
+        self.ybar = A.collect_ybar(self.model, seqs.inputs) if ybar is None else check_view_ybar(ybar, seqs, self.model)
+        self.ybar_other = None if self.other is None else A.collect_ybar(self.other, seqs.inputs)
+        if redraw:
+            self.picker.max = seqs.n - 1
+            self.show(self.sequence, self.highlight)
 
     def _check_highlight(self, highlight, sequence: int) -> int | None:
         """None or a token position of `sequence`."""
@@ -85,12 +93,5 @@ class SmoothnessStrip(StaticForm, W.VBox):
         replace_figure(self.figure, self.figure_for(self.sequence, highlight))
         replace_figure(self.tokens_figure, self.token_figure_for(self.sequence, highlight))
         if self.picker.value != self.sequence:
-            self._syncing = True
-            try:
+            with self.quietly():
                 self.picker.value = self.sequence
-            finally:
-                self._syncing = False
-
-    def _on_pick(self, change) -> None:
-        if not self._syncing:
-            self.show(change["new"])

@@ -14,11 +14,11 @@ import numpy as np
 from .. import analysis as A
 from .._checks import Height, Int, check_index, checked
 from ..figures import natural_key, template_figure, token_text_figure
-from ._base import boundary_of, check_view_ybar, figure_widget, html_status, replace_figure, sequences_of
+from ._base import Controls, boundary_of, check_view_ybar, figure_widget, html_status, replace_figure, sequences_of
 from ._static import StaticForm
 
 
-class TemplateInspector(StaticForm, W.VBox):
+class TemplateInspector(Controls, StaticForm, W.VBox):
     """Site picker, sequence picker, token slider, coefficient heatmap, mean |c_k| per label, singular
     values of ΔW(ȳ) at the chosen token, and template ablation Δloss (button)."""
 
@@ -31,7 +31,6 @@ class TemplateInspector(StaticForm, W.VBox):
         self.sites = [f"{layer}.{name}" for layer, name in model.template_sites]
         self.site = "{}.{}".format(*A.parse_site(model, site if site is not None else self.sites[0]))
         self._ablation: dict[str, np.ndarray] = {}
-        self._syncing = False
         self.set_data(sequences_of(model, data, labels, boundary, **prepare_kw), ybar, redraw=False)
         self.sequence = check_index("sequence", sequence, self.seqs.n)
         self.token = self._check_token(token)
@@ -48,9 +47,9 @@ class TemplateInspector(StaticForm, W.VBox):
         self.ablate_button = W.Button(description="Δ loss: ablate each template", layout=W.Layout(width="240px"),
                                       tooltip=f"one forward pass per template on {self.ablation_sequences} sequences")
         self.status = W.HTML(html_status("Ablation is computed on demand."))
-        self.site_picker.observe(lambda ch: self._picked(site=ch["new"]), names="value")
-        self.seq_picker.observe(lambda ch: self._picked(sequence=ch["new"]), names="value")
-        self.token_slider.observe(lambda ch: self._picked(token=ch["new"]), names="value")
+        self.on_user(self.site_picker, lambda site: self.show(site=site))
+        self.on_user(self.seq_picker, lambda sequence: self.show(sequence=sequence))
+        self.on_user(self.token_slider, lambda token: self.show(token=token))
         self.ablate_button.on_click(lambda _b: self.ablate())
         super().__init__([W.HBox([self.site_picker, self.seq_picker, self.token_slider]),
                           W.HBox([self.ablate_button, self.status]), self.figure, self.tokens_figure])
@@ -143,18 +142,11 @@ class TemplateInspector(StaticForm, W.VBox):
         self.token = min(self.token, int(self.seqs.lengths[self.sequence]) - 1)
         replace_figure(self.figure, self.figure_for())
         replace_figure(self.tokens_figure, self.token_figure_for())
-        self._syncing = True
-        try:
+        with self.quietly():
             self.site_picker.value = self.site
             self.seq_picker.value = self.sequence
             self.token_slider.max = int(self.seqs.lengths[self.sequence]) - 1
             self.token_slider.value = self.token
-        finally:
-            self._syncing = False
-
-    def _picked(self, **change) -> None:
-        if not self._syncing:
-            self.show(**change)
 
     # ------------------------------------------------------------------ ablation
     def ablate(self, site: str | None = None) -> dict:
