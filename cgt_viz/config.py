@@ -10,8 +10,8 @@ import json
 from dataclasses import dataclass, field
 
 from ._checks import Bool, Choice, Float, Int, check_dict, check_int, describe
+from .sites import SITES, site_width
 
-SITES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
 SMOOTH_KINDS = ("l2", "vae", "relative")
 Y_READS = ("post", "pre")
 Y_READOUTS = ("stream", "ema")
@@ -151,7 +151,12 @@ class CGTConfig:
     def site_dim(self, site: str) -> int:
         """Width of the input of the linear map at `site` (what the template acts on)."""
         Choice(*SITES).check("site", site)
-        return self.mlp_ratio * self.d_x if site == "mlp_out" else self.d_x
+        return site_width(site, self.widths)
+
+    @property
+    def widths(self) -> dict[str, int]:
+        """The input widths a site can have (sites.WIDTHS): x, the concatenated heads, the MLP's hidden layer."""
+        return {"model": self.d_x, "attn": self.d_x, "mlp": self.mlp_ratio * self.d_x}
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict:

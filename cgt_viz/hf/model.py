@@ -16,13 +16,8 @@ plain model between calls) do three things:
   exponential mean that forgets what came long before). P starts as a random projection and μ at 0;
   `calibrate_pool(tokens)` sets them to the principal directions and mean of a sample.
 * above ℓ, the input of each modulated linear map is transformed by T(ȳ) = I + Σ_k c_k(ȳ) U_k V_kᵀ
-  (`cgt_viz.layers.SiteTemplates`, c = A ȳ + b starting at 0, so the untrained CGTLM is the LM):
-
-      site       where T acts                             the maps that read it (merged by specialize)
-      attn_in    output of input_layernorm                q_proj, k_proj, v_proj
-      attn_out   input of o_proj                          o_proj
-      mlp_in     output of post_attention_layernorm       gate_proj, up_proj
-      mlp_out    input of down_proj                       down_proj
+  (`cgt_viz.layers.SiteTemplates`, c = A ȳ + b starting at 0, so the untrained CGTLM is the LM), by one
+  hook per site on the module `cgt_viz.sites.SITE_TABLE` names (hf_at), merged into the maps it lists (hf_maps).
 
 Because every map reading a site is linear, W T(ȳ) = W + (W U diag c) Vᵀ exactly: `specialize` merges
 that product into copies of the modulated weights only (every other tensor is shared with `lm`) and hands
@@ -53,6 +48,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .._checks import check_bool, check_float, check_int, describe
 from ..config import SITES, CGTConfig
+from ..sites import SITE_TABLE, site_width
 from ..io import CONFIG_NAME, WEIGHTS_NAME, load_tensors, model_folder, read_json, save_tensors, write_json
 from ..layers import SITE_WEIGHTS, SiteTemplates, YBlock
 from ..contracts import (IGNORE_INDEX, cache_name_filter, check_ablate, check_aux_length, check_inputs, check_split,
@@ -64,13 +60,10 @@ from ..model import CGT
 from .source import require, strip_remote_code
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")   # the decoder layout below; tested: llama
-# site -> (module inside a decoder layer whose output (True) or input (False) T acts on, the maps that read it)
+# site -> (module inside a decoder layer whose output (True) or input (False) T acts on, the maps that read it),
+# a view of sites.SITE_TABLE
 SITE_MODULES: dict[str, tuple[str, bool, tuple[str, ...]]] = {
-    "attn_in": ("input_layernorm", True, ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
-    "attn_out": ("self_attn.o_proj", False, ("self_attn.o_proj",)),
-    "mlp_in": ("post_attention_layernorm", True, ("mlp.gate_proj", "mlp.up_proj")),
-    "mlp_out": ("mlp.down_proj", False, ("mlp.down_proj",)),
-}
+    site.name: (site.hf_at, site.hf_output, site.hf_maps) for site in SITE_TABLE}
 VOCAB_CHUNK = 8192   # the loss computes logits this many vocabulary entries at a time
 
 
@@ -265,10 +258,11 @@ class CGTLM(CGT):
         nn.init.normal_(self.pool.weight, 0.0, d ** -0.5)
         self.pool_center = nn.Parameter(torch.zeros(d))             # μ, subtracted before P (see calibrate_pool)
         self.ln_y = nn.LayerNorm(e, elementwise_affine=False)
-        width = {"attn_in": d, "attn_out": c.num_attention_heads * getattr(c, "head_dim", d // c.num_attention_heads),
-                 "mlp_in": d, "mlp_out": c.intermediate_size}
+        widths = {"model": d, "attn": c.num_attention_heads * getattr(c, "head_dim", d // c.num_attention_heads),
+                  "mlp": c.intermediate_size}
         self.templates = nn.ModuleDict({
-            str(layer): nn.ModuleDict({s: SiteTemplates(width[s], e, n_templates, template_rank) for s in cfg.sites})
+            str(layer): nn.ModuleDict({s: SiteTemplates(site_width(s, widths), e, n_templates, template_rank)
+                                       for s in cfg.sites})
             for layer in self.modulated_layers})
         self._n_attention = n_layer + y_layer
 
