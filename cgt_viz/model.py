@@ -7,13 +7,7 @@ A CGT owns a complete GPT (`cgt.gpt`) for its x stream, so "x is computed exactl
 Transformer" holds by construction; the y stream, the summary LayerNorm and the templates are extra
 modules that only ever *read* x below ℓ and *transform the inputs* of x's linear maps above ℓ.
 
-Named outputs (`CGT.run_with_cache`; shapes for an input of b sequences of length t):
-    "x.0"              (b, t, d)  x after the embeddings;  "x.ν" after block ν, ν = 1..N
-    "y.0"              (b, t, e)  y after its embeddings;  "y.ν" after y block ν, ν = 1..ℓ
-    "ybar"             (b, t, e)  ȳ = LN(y_ℓ), the context summary at every token
-    "ybar_sigma"       (b, t, e)  posterior std of ȳ (smooth="vae" only)
-    "coeffs.ν.site"    (b, t, K)  template coefficients c^κ(ȳ_t) at layer ν = ℓ+1..N, site in cfg.sites
-    "logits"           (b, t, v)
+Named outputs (`CGT.run_with_cache`): `cgt_viz.outputs.OUTPUTS`, where each name is declared once.
 Input contracts (shapes, dtypes, devices, ranges) live in `contracts.py`; each entry point applies them once.
 """
 from __future__ import annotations
@@ -33,7 +27,9 @@ from .generation import Generation
 from .io import PretrainedMixin, fold_affine_ln_y
 from .layers import SITE_WEIGHTS, Block, EMAReadout, SiteTemplates, TokenShift, YBlock, init_weights
 from .distill import aux_objective
-from .losses import aux_length_groups, masked_loss, per_position_loss, smoothness_penalty, take_positions
+from .losses import SMOOTHNESS, aux_length_groups, masked_loss, per_position_loss, smoothness_penalty, take_positions
+from . import outputs
+from .outputs import COEFFS, LOGITS, X, Y, YBAR, YBAR_SIGMA
 
 
 class GPT(PretrainedMixin, Generation, nn.Module):
@@ -102,7 +98,7 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         self.register_load_state_dict_pre_hook(fold_affine_ln_y)
         init_weights(nn.ModuleList([self.y_embed, self.y_blocks] + ([self.y_wpe] if self.y_wpe is not None else [])),
                      cfg.n_layer)
-        if cfg.smooth == "vae":  # log σ of the posterior N(μ_t, σ_t²) over ȳ_t
+        if SMOOTHNESS[cfg.smooth].posterior:  # log σ of the posterior N(μ_t, σ_t²) over ȳ_t
             self.y_logsigma = nn.Linear(cfg.d_y, cfg.d_y)
             nn.init.zeros_(self.y_logsigma.weight)
             nn.init.constant_(self.y_logsigma.bias, float(torch.tensor(cfg.vae_sigma).log()))
@@ -127,11 +123,8 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         return [(layer, site) for layer in self.modulated_layers for site in self.config.sites]
 
     def cache_names(self) -> list[str]:
-        cfg = self.config
-        names = [f"x.{n}" for n in range(cfg.n_layer + 1)] + [f"y.{n}" for n in range(cfg.y_layer + 1)] + ["ybar"]
-        if cfg.smooth == "vae":
-            names.append("ybar_sigma")
-        return names + [f"coeffs.{layer}.{site}" for layer, site in self.template_sites] + ["logits"]
+        """Every name run_with_cache can return (cgt_viz.outputs.OUTPUTS for this model)."""
+        return outputs.cache_names(self)
 
     # ------------------------------------------------------------------ the passes
     def _lower(self, inp, cache=None, pos_offset=0, record=None):
@@ -142,14 +135,14 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         if self.y_wpe is not None:
             y = y + self.y_wpe(torch.arange(pos_offset, pos_offset + inp.shape[1], device=inp.device))
         if record is not None:
-            record["x.0"], record["y.0"] = x, y
+            record[X(0)], record[Y(0)] = x, y
         for n in range(cfg.y_layer):
             x_in = x
             x = gpt.blocks[n](x, cache=None if cache is None else cache[n])
             y = self.y_blocks[n](x if cfg.y_reads == "post" else x_in, y,
                                  cache=None if cache is None else cache[cfg.n_layer + n])
             if record is not None:
-                record[f"x.{n + 1}"], record[f"y.{n + 1}"] = x, y
+                record[X(n + 1)], record[Y(n + 1)] = x, y
         if self.y_ema is not None:
             y = self.y_ema(x, y, cache=None if cache is None else cache[cfg.n_layer + cfg.y_layer])
         return x, self.ln_y(y), y
@@ -178,23 +171,24 @@ class CGT(PretrainedMixin, Generation, nn.Module):
 
             x = self.gpt.blocks[layer - 1](x, modulate=modulate, cache=None if cache is None else cache[layer - 1])
             if record is not None:
-                record[f"x.{layer}"] = x
+                record[X(layer)] = x
                 for site in self.config.sites:
-                    record[f"coeffs.{layer}.{site}"] = coeffs[f"{layer}.{site}"]
+                    record[COEFFS(layer, site)] = coeffs[f"{layer}.{site}"]
         return self.gpt.head(self.gpt.ln_f(x))
 
     def _full(self, inp, cache=None, pos_offset=0, record=None, noise=False, ablate=None):
-        """Full ("not fixed") pass: every token uses its own ȳ_t. Returns logits, ȳ, μ, σ (σ None unless vae)."""
+        """Full ("not fixed") pass: every token uses its own ȳ_t. Returns logits, ȳ, μ, σ (σ None unless the
+        smoothness kind has a posterior)."""
         x, mu, y = self._lower(inp, cache, pos_offset, record)
-        sigma = self.y_logsigma(y).exp() if self.config.smooth == "vae" else None
+        sigma = self.y_logsigma(y).exp() if SMOOTHNESS[self.config.smooth].posterior else None
         ybar = mu + sigma * torch.randn_like(mu) if (noise and sigma is not None) else mu
         if record is not None:
-            record["ybar"] = mu
+            record[YBAR()] = mu
             if sigma is not None:
-                record["ybar_sigma"] = sigma
+                record[YBAR_SIGMA()] = sigma
         logits = self._upper(x, self._coefficients(ybar, ablate), cache=cache, record=record)
         if record is not None:
-            record["logits"] = logits
+            record[LOGITS()] = logits
         return logits, ybar, mu, sigma
 
     def _specialized(self, inp, ybar_vec, cache=None, pos_offset=0, ablate=None):
@@ -221,7 +215,7 @@ class CGT(PretrainedMixin, Generation, nn.Module):
 
     def run_with_cache(self, idx: torch.Tensor, names: str | Sequence[str] | Callable[[str], bool] | None = None,
                        ablate: dict[str, Sequence[int]] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """logits (b, t, v) and the named activations (names and shapes in the module docstring).
+        """logits (b, t, v) and the named activations (names and shapes: cgt_viz.outputs).
 
         names: None (all), a name or glob pattern ("coeffs.*"), a list of them, or a predicate name -> bool."""
         idx = check_inputs(self.config, idx, device=self.device)
@@ -319,7 +313,7 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         idx = check_inputs(cfg, idx, device=self.device)
         check_targets(cfg, idx, targets, loss_mask)
         b, t = idx.shape[:2]
-        logits, ybar, mu, sigma = self._full(idx, noise=self.training and cfg.smooth == "vae")
+        logits, ybar, mu, sigma = self._full(idx, noise=self.training and SMOOTHNESS[cfg.smooth].posterior)
         main = masked_loss(cfg, logits, targets, loss_mask)
 
         if cfg.w_aux > 0 or split is not None:

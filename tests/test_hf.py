@@ -457,3 +457,20 @@ def test_pool_half_life_sets_the_read_out_and_round_trips(lm, tmp_path):
     for bad in (0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="pool_half_life"):
             hf.CGTLM(lm, y_layer=2, d_y=16, n_head_y=2, pool_half_life=bad)
+
+
+@pytest.mark.parametrize("smooth", [k for k, entry in __import__("cgt_viz.losses").losses.SMOOTHNESS.items()
+                                    if not entry.posterior])
+def test_smoothness_term_is_the_one_of_losses(lm, smooth):
+    """CGTLM's smoothness term is losses.smoothness_penalty on its own ȳ (the one implementation both families
+    use), and it moves with ȳ."""
+    from cgt_viz.losses import smoothness_penalty
+    torch.manual_seed(0)
+    model = _randomise_coeffs(hf.CGTLM(lm, y_layer=2, d_y=16, n_head_y=2, n_templates=2, w_smooth=0.5,
+                                       smooth=smooth))
+    idx = _idx(b=3, t=14)
+    got = model.loss(idx, idx.roll(-1, 1))["smooth"]
+    with torch.no_grad():
+        ybar = model.context(idx)
+    torch.testing.assert_close(got.detach(), smoothness_penalty(smooth, ybar, None, model.config.vae_tau))
+    assert got > 0

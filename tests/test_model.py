@@ -546,3 +546,17 @@ def test_token_shift_pair_needs_tokens_and_hashes_a_large_vocabulary():
     other[:, 3] = (other[:, 3] + 1) % 300
     moved = (big.embed_inputs(idx) - big.embed_inputs(other)).abs().sum(-1) > 0
     assert moved[:, [3, 4]].all() and not moved[:, [0, 1, 2, 5, 6, 7, 8]].any()
+
+
+def test_named_outputs_are_declared_once_and_documented():
+    """run_with_cache records exactly the names cache_names() enumerates from outputs.OUTPUTS (a posterior
+    smoothness kind included), and docs/CGT.md's named-outputs section mentions every declared output."""
+    from pathlib import Path
+    from cgt_viz.outputs import OUTPUTS
+    model = trained_like(make_cfg(smooth="vae", w_smooth=0.5))
+    _, cache = model.run_with_cache(make_inputs(model.config, b=2, t=6))
+    assert sorted(cache) == sorted(model.cache_names()) and "ybar_sigma" in cache
+    doc = Path(__file__).parents[1].joinpath("docs", "CGT.md").read_text()
+    section = doc[doc.index("## Named outputs"):].split("\n## ")[0]
+    for out in OUTPUTS:
+        assert f"`{out.pattern.split('{')[0]}" in section, out.pattern

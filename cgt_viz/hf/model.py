@@ -24,12 +24,7 @@ that product into copies of the modulated weights only (every other tensor is sh
 back a model of lm's own class; `export_peft` writes the same product as a PEFT LoRA adapter
 (rank K·r, alpha = rank, so scale 1) for the untouched base.
 
-Named outputs (`run_with_cache`), as in cgt_viz.model.CGT:
-    "x.0"            (b, t, d)  the token embeddings;  "x.ν" output of decoder layer ν, ν = 1..N
-    "y.0"            (b, t, e)  zeros;                 "y.ν" after y block ν, ν = 1..ℓ
-    "ybar"           (b, t, e)  ȳ at every token
-    "coeffs.ν.site"  (b, t, K)  c(ȳ_t) at layer ν = ℓ+1..N
-    "logits"         (b, t, v)
+Named outputs (`run_with_cache`): `cgt_viz.outputs.OUTPUTS`, as for a CGT (y.0 is zeros here, no ybar_sigma).
 """
 from __future__ import annotations
 
@@ -55,8 +50,9 @@ from ..contracts import (IGNORE_INDEX, cache_name_filter, check_ablate, check_au
                          check_summary, check_targets)
 from ..distill import aux_objective
 from ..generation import sample_next
-from ..losses import take_positions
+from ..losses import SMOOTHNESS, smoothness_penalty, take_positions
 from ..model import CGT
+from ..outputs import COEFFS, LOGITS, X, Y, YBAR
 from .source import require, strip_remote_code
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")   # the decoder layout below; tested: llama
@@ -182,7 +178,7 @@ class CGTLM(CGT):
     d_y, n_head_y   width and heads of y (d_y divisible by n_head_y)
     n_templates     K templates per site, template_rank r each
     sites           subset of ("attn_in", "attn_out", "mlp_in", "mlp_out")
-    w_aux, w_smooth, smooth ("l2" or "relative"), aux_min_prefix, aux_min_suffix, aux_suffix_len, aux_row_fraction:
+    w_aux, w_smooth, smooth (a kind of losses.SMOOTHNESS without a posterior), aux_min_prefix, aux_min_suffix, aux_suffix_len, aux_row_fraction:
                     the loss terms, as in CGTConfig
     block_size      longest input (default: the LM's max_position_embeddings)
     y_mlp_ratio     hidden width of a y block's MLP = y_mlp_ratio · d_y
@@ -217,9 +213,10 @@ class CGTLM(CGT):
                 raise ValueError(f"sites must be names from {SITES}; unknown site {s!r} in sites={tuple(sites)}")
         check_int("y_layer", y_layer, 1, n_layer - 1,
                   hint=f" (1..num_hidden_layers-1 = 1..{n_layer - 1}: {type(lm).__name__} has {n_layer} layers)")
-        if smooth not in ("l2", "relative"):
-            raise ValueError(f"smooth must be 'l2' or 'relative' for a CGTLM ('vae' is not implemented here), "
-                             f"got {smooth!r}")
+        plain = [kind for kind, entry in SMOOTHNESS.items() if not entry.posterior]
+        if smooth not in plain:   # a posterior kind needs σ of ȳ, which this y stream does not learn
+            raise ValueError(f"smooth must be {' or '.join(map(repr, plain))} for a CGTLM (a kind with a posterior "
+                             f"over ȳ is not implemented here), got {smooth!r}")
         max_pos = int(getattr(c, "max_position_embeddings", 2048))
         block_size = max_pos if block_size is None else block_size
         check_int("block_size", block_size, 2, max_pos, hint=f" (the LM's max_position_embeddings is {max_pos})")
@@ -294,11 +291,6 @@ class CGTLM(CGT):
     def device(self) -> torch.device:
         return self.pool.weight.device
 
-    def cache_names(self) -> list[str]:
-        cfg = self.config
-        return ([f"x.{n}" for n in range(cfg.n_layer + 1)] + [f"y.{n}" for n in range(len(self.y_blocks) + 1)] + ["ybar"]
-                + [f"coeffs.{layer}.{site}" for layer, site in self.template_sites] + ["logits"])
-
     # ------------------------------------------------------------------ the pass
     def _ybar_from(self, xs: list[torch.Tensor], record: dict | None) -> torch.Tensor:
         """y stream over x_1..x_ℓ (each (b, t, d)) -> ȳ (b, t, e)."""
@@ -306,11 +298,11 @@ class CGTLM(CGT):
         xs = [x.to(dtype) if not torch.is_autocast_enabled() else x for x in xs]
         y = xs[0].new_zeros(*xs[0].shape[:2], self.config.d_y, dtype=dtype)
         if record is not None:
-            record["y.0"] = y
+            record[Y(0)] = y
         for n, block in enumerate(self.y_blocks):
             y = block(xs[n], y)
             if record is not None:
-                record[f"y.{n + 1}"] = y
+                record[Y(n + 1)] = y
         return self._summary(self._pooled(self.ln_x(xs[-1])), y)
 
     def _summary(self, pooled: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
@@ -395,7 +387,7 @@ class CGTLM(CGT):
         pooled = []
         for rows in idx.split(batch_size):
             record = self._lower_only(rows, record={})["record"]
-            x = record[f"x.{self.config.y_layer}"].to(self.pool.weight.dtype)
+            x = record[X(self.config.y_layer)].to(self.pool.weight.dtype)
             pooled.append(self._pooled(self.ln_x(x))[:, 1:].flatten(0, 1))   # (b·(t−1), d)
         return self.calibrate_pool_from(torch.cat(pooled))
 
@@ -427,7 +419,7 @@ class CGTLM(CGT):
             def hook(module, args, out):
                 h = out[0] if isinstance(out, tuple) else out
                 if record is not None:
-                    record[f"x.{n + 1}"] = h
+                    record[X(n + 1)] = h
                 if n < ell and need_y:
                     xs.append(h)
                 if n == ell - 1 and need_y:
@@ -444,7 +436,7 @@ class CGTLM(CGT):
             def transform(h):
                 c = state["coeffs"][f"{layer}.{site}"]
                 if record is not None:
-                    record.setdefault(f"coeffs.{layer}.{site}", c if c.shape[1] == h.shape[1] else c.expand(-1, h.shape[1], -1))
+                    record.setdefault(COEFFS(layer, site), c if c.shape[1] == h.shape[1] else c.expand(-1, h.shape[1], -1))
                 if torch.is_autocast_enabled():
                     return temp.apply(h, c)
                 return temp.apply(h.to(temp.U.dtype), c.to(temp.U.dtype)).to(h.dtype)
@@ -456,7 +448,7 @@ class CGTLM(CGT):
         try:
             if record is not None:
                 handles.append(self.lm.model.embed_tokens.register_forward_hook(
-                    lambda module, args, out: record.__setitem__("x.0", out)))
+                    lambda module, args, out: record.__setitem__(X(0), out)))
             for n, layer in enumerate(layers):
                 if record is not None or (n < ell and need_y):
                     handles.append(layer.register_forward_hook(layer_out(n)))
@@ -509,7 +501,7 @@ class CGTLM(CGT):
         run_with_cache gives under those names, for a fraction of the cost on a deep LM."""
         idx = check_inputs(self.config, idx, device=self.device)
         state = self._lower_only(idx, record={})
-        return {**state["record"], "ybar": state["ybar"]}
+        return {**state["record"], YBAR(): state["ybar"]}
 
     def _lower_only(self, idx: torch.Tensor, record: dict | None = None) -> dict:
         """Run the LM's layers 1..ℓ and the y stream only (the hooks stop the pass after ℓ); the hooks' state."""
@@ -528,8 +520,8 @@ class CGTLM(CGT):
         keep = cache_name_filter(self.cache_names(), names)
         record: dict[str, torch.Tensor] = {}
         hidden, ybar = self._hidden(idx, record=record, ablate=check_ablate(self, ablate))
-        record["ybar"] = ybar
-        record["logits"] = logits = self._logits(hidden)
+        record[YBAR()] = ybar
+        record[LOGITS()] = logits = self._logits(hidden)
         return logits, {name: record[name] for name in self.cache_names() if name in record and keep(name)}
 
     @torch.no_grad()
@@ -706,13 +698,7 @@ class CGTLM(CGT):
                 aux = self._masked_ce(aux_hidden, aux_targets, mask)
         else:
             aux = main.new_zeros(())
-        if t < 2:
-            smooth = main.new_zeros(())
-        else:
-            step = (ybar[:, 1:] - ybar[:, :-1]).pow(2).sum(-1).mean()
-            if cfg.smooth == "relative":
-                step = step / (2 * (ybar - ybar.mean((0, 1), keepdim=True)).pow(2).sum(-1).mean() + 1e-6)
-            smooth = step
+        smooth = smoothness_penalty(cfg.smooth, ybar, None, cfg.vae_tau) if t >= 2 else main.new_zeros(())
         total = main + cfg.w_aux * aux + cfg.w_smooth * smooth
         return {"main": main, "aux": aux, "smooth": smooth, "total": total}
 
