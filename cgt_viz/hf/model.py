@@ -444,6 +444,23 @@ class CGTLM(CGT):
         return chunked_cross_entropy(h, self.lm.lm_head.weight, targets)
 
     # ------------------------------------------------------------------ persistence
+    @staticmethod
+    def _settings(cfg: CGTConfig, **hf_settings) -> dict:
+        """The constructor's keywords that a CGTLM's config holds (hf_settings: the ones read elsewhere)."""
+        names = ("y_layer", "d_y", "n_head_y", "n_templates", "template_rank", "sites", "w_aux", "w_smooth", "smooth",
+                 "aux_min_prefix", "aux_min_suffix", "aux_suffix_len", "aux_row_fraction", "aux_ce", "aux_kl",
+                 "aux_kl_top_k", "block_size")
+        return {**{name: getattr(cfg, name) for name in names}, **hf_settings}
+
+    @classmethod
+    def from_config(cls, config: CGTConfig, lm) -> "CGTLM":
+        """A fresh CGTLM on lm with the settings of another CGTLM's config (`model.config`)."""
+        saved = config.extra.get("hf") if isinstance(config, CGTConfig) else None
+        if not isinstance(saved, dict):
+            raise TypeError(f"config must be the CGTConfig of a CGTLM (with extra['hf']), got {describe(config)}")
+        return cls(lm, **cls._settings(config, y_mlp_ratio=config.mlp_ratio, pool_half_life=saved.get("pool_half_life"),
+                                       pooled_only=saved.get("pooled_only", False)))
+
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """A folder with config.json + model.safetensors holding the y stream and templates only (not the LM)."""
         path = model_folder(path, "cgt_viz:CGTLM", "CGTLM.save_pretrained", "a cgt_viz CGTLM model (the y heads)")
@@ -508,13 +525,7 @@ class CGTLM(CGT):
                 raise ValueError(f"lm does not match the LM these heads were trained on: {key} is "
                                  f"{getattr(now, key)!r}, the folder says {saved.get(key)!r} "
                                  f"({saved.get('name_or_path')!r})")
-        kwargs = dict(y_layer=cfg.y_layer, d_y=cfg.d_y, n_head_y=cfg.n_head_y, n_templates=cfg.n_templates,
-                      template_rank=cfg.template_rank, sites=tuple(cfg.sites), w_aux=cfg.w_aux, w_smooth=cfg.w_smooth,
-                      smooth=cfg.smooth, aux_min_prefix=cfg.aux_min_prefix, aux_min_suffix=cfg.aux_min_suffix,
-                      aux_suffix_len=cfg.aux_suffix_len, aux_row_fraction=cfg.aux_row_fraction,
-                      aux_ce=cfg.aux_ce, aux_kl=cfg.aux_kl, aux_kl_top_k=cfg.aux_kl_top_k,
-                      block_size=cfg.block_size, y_mlp_ratio=y_mlp_ratio, pool_half_life=pool_half_life,
-                      pooled_only=pooled_only)
+        kwargs = cls._settings(cfg, y_mlp_ratio=y_mlp_ratio, pool_half_life=pool_half_life, pooled_only=pooled_only)
         # the shapes the config builds, on the meta device (no memory, no time), against the file's header
         header = _safetensors_header(path / WEIGHTS_NAME)
         try:
