@@ -474,3 +474,19 @@ def test_smoothness_term_is_the_one_of_losses(lm, smooth):
         ybar = model.context(idx)
     torch.testing.assert_close(got.detach(), smoothness_penalty(smooth, ybar, None, model.config.vae_tau))
     assert got > 0
+
+
+def test_features_the_pretrained_stream_lacks_are_refused_by_name(model):
+    """No KV cache over the LM: generate runs without one by default and refuses one by name; the other
+    from-scratch-only features (vectors mode, token shift, smooth='vae') are not CGTLM settings at all."""
+    idx = _idx(b=1, t=6)
+    with torch.no_grad():
+        out = model.generate(idx, 3, temperature=0)
+        assert torch.equal(out[:, :6], idx) and out.shape == (1, 9)
+        assert torch.equal(model(out[:, :-1])[:, 5:].argmax(-1), out[:, 6:])     # greedy = argmax of full passes
+    with pytest.raises(ValueError, match="a KV cache is not available for a CGT over a pretrained LM"):
+        model.generate(idx, 3, use_cache=True)
+    with pytest.raises(ValueError, match="a KV cache"):
+        model._specialized(idx, model.context(idx)[:, -1], pos_offset=2)
+    import inspect
+    assert not {"input_dim", "token_shift"} & set(inspect.signature(hf.CGTLM).parameters)
