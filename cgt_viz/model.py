@@ -291,13 +291,15 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         return self.stream.no_context(self)
 
     @checked(share_weights=Bool())
-    def merged_gpt(self, ybar_vec: torch.Tensor, share_weights: bool = False) -> nn.Module:
+    def merged_gpt(self, ybar_vec: torch.Tensor, share_weights: bool = True) -> nn.Module:
         """The x stream's model (a GPT, or the LM's own class) whose weights are W + B @ A for one ȳ (e,): the
         specialized model from a summary.
 
-        share_weights=True: the weights no template touches are this model's own tensors, not copies, so N
-        specialized models cost N × the modulated weights only. It is for inference: training such a model
-        (or moving it to another device) also changes the CGT (and its siblings)."""
+        share_weights=True (the default, in both families): the weights no template touches are this model's own
+        tensors, not copies, so N specialized models cost N × the modulated weights only (over a pretrained LM a
+        copy per prompt would cost the LM each time). It is for inference: training such a model, or moving it
+        to another device in place, also changes the CGT (and its siblings); share_weights=False copies
+        everything."""
         ybar_vec = check_summary(self.config, ybar_vec, self.device)
         if ybar_vec.shape[0] != 1:
             raise ValueError(f"ybar_vec must be one summary (d_y,) or (1, d_y) for merged_gpt, got shape "
@@ -316,13 +318,13 @@ class CGT(PretrainedMixin, Generation, nn.Module):
 
     @torch.no_grad()
     @checked(share_weights=Bool())
-    def specialize(self, prompt: torch.Tensor | Sequence[torch.Tensor], share_weights: bool = False):
+    def specialize(self, prompt: torch.Tensor | Sequence[torch.Tensor], share_weights: bool = True):
         """Compile a prompt into the weights: one pass over it, then W' = W + B @ A at every site.
 
         prompt (t,) or (1, t) -> a model of the x stream's class (a GPT, or e.g. a LlamaForCausalLM);  (b, t) with
         b > 1, or a list of prompts -> a list of them. In vectors mode a prompt is (t, input_dim),
         (b, t, input_dim) or a list of (t, input_dim).
-        share_weights: see merged_gpt (faster and smaller, for inference only).
+        share_weights: see merged_gpt (True: for inference; False: an independent copy to train or move).
         """
         prompt, single = check_prompts(self.config, prompt, self.device)
         if isinstance(prompt, list):

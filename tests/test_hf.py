@@ -156,7 +156,7 @@ def test_aux_loss_is_the_specialised_pass_on_the_suffix(model):
 def test_merged_equals_modulated_and_shares_the_rest(model, lm):
     idx = _idx(b=1, t=20)
     prompt, query = idx[0, :8], idx[:, 8:]
-    spec = model.specialize(prompt, share_weights=True)   # the default (False) copies lm, as CGT copies its GPT
+    spec = model.specialize(prompt)
     assert type(spec) is type(lm)
     with torch.no_grad():
         merged = spec(input_ids=query).logits

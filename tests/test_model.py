@@ -84,18 +84,18 @@ def test_shared_weight_specialisation_equals_the_copy_and_shares_only_untouched_
     model = trained_like(cfg)
     prompts, rest = make_inputs(cfg, b=2, t=7), make_inputs(cfg, b=1, t=5, seed=3)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    copies, shared = model.specialize(prompts), model.specialize(prompts, share_weights=True)
+    copies, shared = model.specialize(prompts, share_weights=False), model.specialize(prompts)
     modulated = set(model.lora_factors(model.context(prompts[:1])[0, -1]))
     for own, light in zip(copies, shared):
         torch.testing.assert_close(logits(light, rest), logits(own, rest), atol=0, rtol=0)
         for name, p in light.named_parameters():
             cgt_p = x_module(model).get_parameter(name)
             assert (p is cgt_p) == (name not in modulated), name     # shared exactly where no template acts
-            assert own.get_parameter(name) is not cgt_p                # the default copies everything
+            assert own.get_parameter(name) is not cgt_p                # share_weights=False copies everything
     assert shared[0].get_parameter(sorted(modulated)[0]) is not shared[1].get_parameter(sorted(modulated)[0])
     for k, v in model.state_dict().items():
         torch.testing.assert_close(v, before[k], atol=0, rtol=0)       # the CGT itself is untouched
-    with torch.no_grad():                                             # the default copy is independent
+    with torch.no_grad():                                             # the full copy is independent
         next(copies[0].parameters()).add_(1.0)
     torch.testing.assert_close(model.state_dict(), before, atol=0, rtol=0)
 

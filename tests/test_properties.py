@@ -66,7 +66,8 @@ def invariants_hold(cfg, seed, split):
     # merged = unmerged = auxiliary path
     ybar = model.context(seq[:1, :split])[:, -1]
     unmerged = model.forward_specialized(seq[:1, split:], ybar)
-    torch.testing.assert_close(logits(model.specialize(seq[0, :split]), seq[:1, split:]), unmerged, atol=2e-5, rtol=1e-4)
+    merged = logits(model.specialize(seq[0, :split]), seq[:1, split:])
+    torch.testing.assert_close(merged, unmerged, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(model.aux_logits(seq[:1], split), unmerged, atol=2e-5, rtol=1e-4)
     # causality of the full pass
     changed = seq.clone()

@@ -54,7 +54,8 @@ def continuation_losses(model, task, k: int = 64, n_batches: int = 4, batch_size
             b = task.eval_batch(k, batch_size, generator=gen, device=model.device)
             tgt = b.targets[:, k:]
             for mode, logits in comparison_logits(model, b.inputs, k, no_context, other_row=True).items():
-                sums[names[mode]] += float(F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten(), reduction="sum"))
+                ce = F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten(), reduction="sum")
+                sums[names[mode]] += float(ce)
             count += tgt.numel()
     res: dict[str, Any] = {f"loss_{m}": v / count for m, v in sums.items()}
     denom = res["loss_no_context"] - res["loss_prompted"]

@@ -18,9 +18,9 @@ x stream `hf.stream.HFStream`, which runs the LM with hooks for one call at a ti
   LM) by one hook on the module `cgt_viz.sites.SITE_TABLE` names for it, merged into the maps it lists.
 
 Because every map reading a site is linear, W T(ȳ) = W + (W U diag c) Vᵀ exactly: `specialize` merges
-that product into a copy of lm (with share_weights=True into copies of the modulated weights only, every
-other tensor shared with `lm`) and hands back a model of lm's own class; `export_peft` writes the same product as a PEFT LoRA adapter
-(rank K·r, alpha = rank, so scale 1) for the untouched base.
+that product into copies of the modulated weights only (every other tensor is shared with `lm`; with
+share_weights=False into a copy of lm) and hands back a model of lm's own class; `export_peft` writes the
+same product as a PEFT LoRA adapter (rank K·r, alpha = rank, so scale 1) for the untouched base.
 
 Named outputs (`run_with_cache`): `cgt_viz.outputs.OUTPUTS`, as for a CGT (y.0 is zeros here, no ybar_sigma).
 """
@@ -140,8 +140,8 @@ class CGTLM(CGT):
     d_y, n_head_y   width and heads of y (d_y divisible by n_head_y)
     n_templates     K templates per site, template_rank r each
     sites           subset of ("attn_in", "attn_out", "mlp_in", "mlp_out")
-    w_aux, w_smooth, smooth (a kind of losses.SMOOTHNESS without a posterior), aux_min_prefix, aux_min_suffix, aux_suffix_len, aux_row_fraction:
-                    the loss terms, as in CGTConfig
+    w_aux, w_smooth, smooth, aux_min_prefix, aux_min_suffix, aux_suffix_len, aux_row_fraction:
+                    the loss terms, as in CGTConfig (smooth: a kind of losses.SMOOTHNESS without a posterior)
     block_size      longest input (default: the LM's max_position_embeddings)
     y_mlp_ratio     hidden width of a y block's MLP = y_mlp_ratio · d_y
     pool_half_life  None: the pooled read-out is the causal mean over the whole prefix; a number h: an
@@ -369,7 +369,7 @@ class CGTLM(CGT):
         """As CGT.generate, in full mode with ȳ recomputed each step: the pretrained stream has no KV cache."""
         return super().generate(idx, max_new_tokens, temperature, top_k, use_cache)
 
-    def merged_lm(self, ybar_vec: torch.Tensor, share_weights: bool = False):
+    def merged_lm(self, ybar_vec: torch.Tensor, share_weights: bool = True):
         """merged_gpt under the LM's name: a model of lm's class whose modulated weights are W + B @ A."""
         return self.merged_gpt(ybar_vec, share_weights)
 
@@ -407,7 +407,7 @@ class CGTLM(CGT):
         self.peft_config().save_pretrained(str(path))
         return path
 
-    # ------------------------------------------------------------------ losses (CGT.loss; cross-entropy in vocabulary chunks)
+    # ------------------------------------------------------------------ CGT.loss's scoring, in vocabulary chunks
     def _main_loss(self, final, targets, loss_mask):
         return self._masked_ce(final, targets, None if loss_mask is None else loss_mask.bool())
 
