@@ -259,6 +259,13 @@ class CGTLM(CGT):
         """ȳ of a pooled-only head (no y blocks) from a pooled read-out (..., d) -> (..., e): LN(P (pooled − μ))."""
         return self.ln_y(self._read(pooled))
 
+    def _ybar_from(self, xs: list[torch.Tensor], record: dict | None = None) -> torch.Tensor:
+        """ȳ (b, t, e) from layer states x_1..x_ℓ already computed (each (b, t, d)): the y stream alone."""
+        ystep, out = self._y_stream(xs[0][..., 0], record=record, stop=True)
+        for nu, x in enumerate([None, *xs]):
+            ystep(nu, x if x is None or torch.is_autocast_enabled() else x.to(self.pool.weight.dtype))
+        return out["mu"]
+
     @torch.no_grad()
     def pooled_readout(self, idx: torch.Tensor) -> torch.Tensor:
         """The pooled read-out of LN(x_ℓ) after the last token of each row: idx (b, t) -> (b, d). With
