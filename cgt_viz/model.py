@@ -5,7 +5,9 @@ k templates (K), r template rank, v output width (vocab or output_dim), ν layer
 
 A CGT owns a complete GPT (`cgt.gpt`) for its x stream, so "x is computed exactly as in a plain
 Transformer" holds by construction; the y stream, the summary LayerNorm and the templates are extra
-modules that only ever *read* x below ℓ and *transform the inputs* of x's linear maps above ℓ.
+modules that only ever *read* x below ℓ and *transform the inputs* of x's linear maps above ℓ. What a
+model family supplies is the x-stream protocol of `streams.py` (`GPTStream` here; `hf.CGTLM` is this same
+CGT over a pretrained LM, `hf.stream.HFStream`); everything else is written once in `CGT`.
 
 Named outputs (`CGT.run_with_cache`): `cgt_viz.outputs.OUTPUTS`, where each name is declared once.
 Input contracts (shapes, dtypes, devices, ranges) live in `contracts.py`; each entry point applies them once.
@@ -31,7 +33,7 @@ from .streams import GPTStream, _at
 from .distill import aux_objective
 from .losses import SMOOTHNESS, aux_length_groups, masked_loss, per_position_loss, smoothness_penalty, take_positions
 from . import outputs
-from .outputs import COEFFS, LOGITS, X, Y, YBAR, YBAR_SIGMA
+from .outputs import COEFFS, LOGITS, Y, YBAR, YBAR_SIGMA
 
 
 class GPT(PretrainedMixin, Generation, nn.Module):

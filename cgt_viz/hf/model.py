@@ -42,11 +42,11 @@ from ..distill import aux_objective
 from ..io import CONFIG_NAME, WEIGHTS_NAME, load_tensors, model_folder, read_json, save_tensors, write_json
 from ..layers import SiteTemplates, YBlock
 from ..losses import SMOOTHNESS, take_positions
-from ..model import CGT, LoraFactors  # noqa: F401  (LoraFactors: where it was defined before)
+from ..model import CGT
 from ..outputs import X
 from ..sites import SITE_TABLE, site_width
 from .source import require
-from .stream import HFStream, NoContext as _NoContext, StopAfterY, hooks  # noqa: F401
+from .stream import HFStream, StopAfterY, hooks
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")   # the decoder layout below; tested: llama
 # site -> (module inside a decoder layer whose output (True) or input (False) T acts on, the maps that read it),
