@@ -222,8 +222,9 @@ def test_losses(cfg):
     assert model.templates[str(layer)][site].coeff.weight.grad.abs().sum() > 0
 
 
-def test_aux_loss_matches_specialised_model_by_hand():
-    cfg = make_cfg(w_aux=1.0)
+@pytest.mark.parametrize("family", ["tokens", "hf"])
+def test_aux_loss_matches_specialised_model_by_hand(family):
+    cfg = make_cfg(family, w_aux=1.0)
     model = trained_like(cfg)
     inp = make_inputs(cfg, b=2, t=10)
     tgt = make_targets(cfg, inp)
@@ -231,14 +232,15 @@ def test_aux_loss_matches_specialised_model_by_hand():
     aux = model.loss(inp, tgt, split=splits)["aux"]
     total, count = 0.0, 0
     for i, s in enumerate(splits.tolist()):
-        logits = model.specialize(inp[i, :s])(inp[i:i + 1, s:])
-        total += torch.nn.functional.cross_entropy(logits[0], tgt[i, s:], reduction="sum").item()
+        out = logits(model.specialize(inp[i, :s]), inp[i:i + 1, s:])
+        total += torch.nn.functional.cross_entropy(out[0], tgt[i, s:], reduction="sum").item()
         count += 10 - s
     assert abs(aux.item() - total / count) < 1e-4
 
 
-def test_loss_mask_changes_main_loss():
-    cfg = make_cfg()
+@pytest.mark.parametrize("family", ["tokens", "hf"])
+def test_loss_mask_changes_main_loss(family):
+    cfg = make_cfg(family)
     model = trained_like(cfg)
     inp = make_inputs(cfg)
     tgt = make_targets(cfg, inp)
@@ -443,12 +445,14 @@ def test_the_summary_has_a_fixed_scale():
                                                                            + 1e-5).sqrt(), atol=1e-5, rtol=1e-4)
 
 
-def test_aux_on_a_share_of_the_rows_is_an_unbiased_estimate_of_the_full_aux():
+@pytest.mark.parametrize("family", ["tokens", "hf"])
+def test_aux_on_a_share_of_the_rows_is_an_unbiased_estimate_of_the_full_aux(family):
+    """Both families: the weighted sum (kept rows' loss × b/n over every row's scored positions) is unbiased."""
     import itertools
-    cfg = CGTConfig(vocab_size=32, block_size=16, n_layer=3, d_x=32, n_head=2, d_y=16, n_head_y=2, y_layer=1,
-                    aux_row_fraction=0.5)
+    cfg = (CGTConfig(vocab_size=32, block_size=16, n_layer=3, d_x=32, n_head=2, d_y=16, n_head_y=2, y_layer=1,
+                     aux_row_fraction=0.5) if family == "tokens" else make_cfg("hf", y_layer=1, aux_row_fraction=0.5))
     torch.manual_seed(0)
-    model = CGT(cfg)
+    model = build(cfg)
     with torch.no_grad():
         for layer, site in model.template_sites:
             model.templates[str(layer)][site].coeff.weight.normal_(0, 0.5)
