@@ -7,6 +7,8 @@ For rows `inputs` (b, t) cut at `split` s (prompt = positions < s, continuation 
                  (what `specialize(prompt)` compiles, unmerged)
     no_context   the x-only model (T = I, `CGT.x_only()`) on the continuation alone
     baseline     a separately trained plain GPT on the whole row (evaluation only, when one is given)
+    other_row    (a control, when asked) the specialized model with ȳ of another row's prompt: row i gets
+                 row i−1's (rows rolled by one), so a prompt that is not the row's own
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ MODES = ("prompted", "specialized", "no_context", "baseline")
 
 @torch.no_grad()
 def comparison_logits(model, inputs: torch.Tensor, split: int, no_context: torch.nn.Module,
-                      baseline: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
+                      baseline: torch.nn.Module | None = None, other_row: bool = False) -> dict[str, torch.Tensor]:
     """{mode: logits (b, t − s, v) on the continuation} for the modes above (checked inputs, model's device)."""
     suffix = inputs[:, split:]
     ybar = model.context(inputs[:, :split])[:, -1]                  # (b, e): the summary of the prompt
@@ -26,4 +28,6 @@ def comparison_logits(model, inputs: torch.Tensor, split: int, no_context: torch
            "no_context": no_context(suffix)}
     if baseline is not None:
         out["baseline"] = baseline(inputs)[:, split:]
+    if other_row:
+        out["other_row"] = model.forward_specialized(suffix, ybar.roll(1, 0))
     return out

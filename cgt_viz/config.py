@@ -10,9 +10,11 @@ import json
 from dataclasses import dataclass, field
 
 from ._checks import Bool, Choice, Float, Int, check_dict, check_int, describe
+from .losses import SMOOTHNESS
+from .sites import SITES, site_width
 
-SITES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
-SMOOTH_KINDS = ("l2", "vae", "relative")
+SMOOTH_KINDS = tuple(SMOOTHNESS)
+
 Y_READS = ("post", "pre")
 Y_READOUTS = ("stream", "ema")
 TOKEN_SHIFTS = ("none", "previous", "pair")
@@ -73,8 +75,7 @@ class CGTConfig:
     # --- losses: total = main + w_aux * aux + w_smooth * smooth ---
     w_aux: float = 1.0                 # w_C, auxiliary specialization loss
     w_smooth: float = 0.0              # w_D, smoothness of ybar along the sequence
-    smooth: str = "l2"                 # "l2": mean ||ybar_t − ybar_{t−1}||²; "vae": noisy ybar + KL;
-                                       # "relative": l2 / (2 · variance of ybar over the batch), see model.py
+    smooth: str = "l2"                 # a kind of losses.SMOOTHNESS: "l2", "vae" (noisy ybar + KL), "relative"
     vae_sigma: float = 0.1             # "vae": initial posterior std of ybar
     vae_tau: float = 1.0               # "vae": random-walk prior std
     aux_min_prefix: int = 1            # s_min: the split leaves at least this many prefix tokens
@@ -151,7 +152,12 @@ class CGTConfig:
     def site_dim(self, site: str) -> int:
         """Width of the input of the linear map at `site` (what the template acts on)."""
         Choice(*SITES).check("site", site)
-        return self.mlp_ratio * self.d_x if site == "mlp_out" else self.d_x
+        return site_width(site, self.widths)
+
+    @property
+    def widths(self) -> dict[str, int]:
+        """The input widths a site can have (sites.WIDTHS): x, the concatenated heads, the MLP's hidden layer."""
+        return {"model": self.d_x, "attn": self.d_x, "mlp": self.mlp_ratio * self.d_x}
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict:

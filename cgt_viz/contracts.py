@@ -173,8 +173,12 @@ def check_prompts(cfg, prompt: Any, device: torch.device) -> tuple[list[torch.Te
             want = "(t,)" if cfg.mode == "tokens" else f"(t, input_dim={cfg.input_dim})"
             raise ValueError(f"each prompt in the list must be a tensor of shape {want}, got {shapes}")
         return list(prompt), False
+    one, batch = ("(t,)", "(b, t)") if cfg.mode == "tokens" else ("(t, input_dim)", "(b, t, input_dim)")
     if not isinstance(prompt, torch.Tensor):
-        raise TypeError(f"prompt must be a tensor or a list of tensors, got {describe(prompt)}")
+        what = "token ids" if cfg.mode == "tokens" else "vectors"
+        raise TypeError(f"prompt must be a tensor of {what} {one} or {batch}, or a list of them, got {describe(prompt)}")
+    if prompt.dim() not in (item_dims, item_dims + 1):
+        raise ValueError(f"prompt must have shape {one} or {batch}, got shape {tuple(prompt.shape)}")
     if prompt.dim() == item_dims:
         if prompt.shape[0] == 0:
             raise ValueError(f"prompt must hold at least one position, got shape {tuple(prompt.shape)}")

@@ -39,6 +39,8 @@ class Generation:
         cfg = self.config
         if cfg.mode != "tokens":
             raise ValueError("generate needs a tokens-mode model (vocab_size set); this one is in vectors mode")
+        if use_cache and hasattr(self, "stream"):
+            self.stream.refuse("a KV cache", "; pass use_cache=False")
         idx = check_inputs(cfg, idx, device=self.device)
         room = cfg.block_size - idx.shape[1]
         check_int("max_new_tokens", max_new_tokens, 1, max(room, 1),

@@ -14,6 +14,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import einsum, rearrange, repeat
 
+from .sites import SITE_TABLE
+
 # modulate(site, h) -> h', the hook through which CGT transforms the input of a linear map.
 Modulator = Optional[Callable[[str, torch.Tensor], torch.Tensor]]
 
@@ -62,18 +64,30 @@ class KVCache:
         return sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
 
 
+class SiteLinear(nn.Linear):
+    """An nn.Linear whose input can be a template site: with `site` set (by `Block`, from sites.SITE_TABLE) and
+    a modulator given, the input h becomes modulate(site, h) before the map. Same parameters as nn.Linear."""
+
+    site: str | None = None
+
+    def forward(self, h: torch.Tensor, modulate: Modulator = None) -> torch.Tensor:
+        if modulate is not None and self.site is not None:
+            h = modulate(self.site, h)
+        return super().forward(h)
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal attention reading width `d_in` and writing width `d_model`."""
 
     def __init__(self, d_in: int, d_model: int, n_head: int, bias: bool, dropout: float):
         super().__init__()
         self.n_head, self.dropout = n_head, dropout
-        self.c_attn = nn.Linear(d_in, 3 * d_model, bias=bias)
-        self.c_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.c_attn = SiteLinear(d_in, 3 * d_model, bias=bias)
+        self.c_proj = SiteLinear(d_model, d_model, bias=bias)
 
     def forward(self, h: torch.Tensor, modulate: Modulator = None, cache: KVCache | None = None) -> torch.Tensor:
         # (b, t, 3·h·c) -> three tensors (b, h, t, c)
-        q, k, v = rearrange(self.c_attn(h), "b t (three h c) -> three b h t c", three=3, h=self.n_head)
+        q, k, v = rearrange(self.c_attn(h, modulate), "b t (three h c) -> three b h t c", three=3, h=self.n_head)
         past = 0 if cache is None else cache.length
         if cache is not None:
             k, v = cache.append(k, v)
@@ -85,25 +99,17 @@ class CausalSelfAttention(nn.Module):
             mask = torch.arange(s, device=h.device)[None, :] <= (past + torch.arange(t, device=h.device))[:, None]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                              dropout_p=self.dropout if self.training else 0.0)
-        out = rearrange(out, "b h t c -> b t (h c)")
-        if modulate is not None:
-            out = modulate("attn_out", out)
-        return self.c_proj(out)
+        return self.c_proj(rearrange(out, "b h t c -> b t (h c)"), modulate)
 
 
 class MLP(nn.Module):
     def __init__(self, d_in: int, d_hidden: int, d_out: int, bias: bool):
         super().__init__()
-        self.c_fc = nn.Linear(d_in, d_hidden, bias=bias)
-        self.c_proj = nn.Linear(d_hidden, d_out, bias=bias)
+        self.c_fc = SiteLinear(d_in, d_hidden, bias=bias)
+        self.c_proj = SiteLinear(d_hidden, d_out, bias=bias)
 
     def forward(self, h: torch.Tensor, modulate: Modulator = None) -> torch.Tensor:
-        if modulate is not None:
-            h = modulate("mlp_in", h)
-        h = F.gelu(self.c_fc(h))
-        if modulate is not None:
-            h = modulate("mlp_out", h)
-        return self.c_proj(h)
+        return self.c_proj(F.gelu(self.c_fc(h, modulate)), modulate)
 
 
 class Block(nn.Module):
@@ -116,12 +122,11 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(d, bias=bias)
         self.mlp = MLP(d, mlp_ratio * d, d, bias)
         self.drop = nn.Dropout(dropout)
+        for site in SITE_TABLE:   # the maps whose inputs are the template sites (sites.py)
+            self.get_submodule(site.gpt_map).site = site.name
 
     def forward(self, x: torch.Tensor, modulate: Modulator = None, cache: KVCache | None = None) -> torch.Tensor:
-        h = self.ln_1(x)
-        if modulate is not None:
-            h = modulate("attn_in", h)
-        x = x + self.drop(self.attn(h, modulate, cache))
+        x = x + self.drop(self.attn(self.ln_1(x), modulate, cache))
         x = x + self.drop(self.mlp(self.ln_2(x), modulate))
         return x
 
@@ -182,12 +187,7 @@ class SiteTemplates(nn.Module):
 
 
 # which nn.Linear inside a Block reads the input of each site
-SITE_WEIGHTS = {
-    "attn_in": "attn.c_attn",
-    "attn_out": "attn.c_proj",
-    "mlp_in": "mlp.c_fc",
-    "mlp_out": "mlp.c_proj",
-}
+SITE_WEIGHTS = {site.name: site.gpt_map for site in SITE_TABLE}
 
 
 def init_weights(module: nn.Module, n_layer: int) -> None:

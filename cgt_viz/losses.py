@@ -4,6 +4,9 @@ Shapes: b batch, t time, v output width (vocab or output_dim), m selected positi
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -76,21 +79,47 @@ def take_positions(seq: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     return seq.gather(1, src)
 
 
-def smoothness_penalty(kind: str, mu: torch.Tensor, sigma: torch.Tensor | None, tau: float) -> torch.Tensor:
-    """How much ȳ moves from token to token: mu (b, t, e) with t >= 2 (sigma (b, t, e) for "vae") -> scalar.
+def _step(mu: torch.Tensor) -> torch.Tensor:
+    return (mu[:, 1:] - mu[:, :-1]).pow(2)                                   # (b, t − 1, e)
 
-    "l2"        mean_t ‖ȳ_t − ȳ_{t−1}‖²
-    "relative"  the l2 step over twice the spread of ȳ across all tokens of the batch (≈ 1 − lag-1
-                autocorrelation): unlike l2 it cannot be met by a constant ȳ plus a small informative part, and
-                it rewards ȳ that differs between sequences while drifting slowly within one
-    "vae"       KL( N(μ_t, σ_t²) ‖ N(μ_{t−1}, τ²) ), summed over dims, mean over tokens
-    """
-    step = (mu[:, 1:] - mu[:, :-1]).pow(2)
-    if kind == "l2":
-        return step.sum(-1).mean()
-    if kind == "relative":
-        spread = (mu - mu.mean((0, 1), keepdim=True)).pow(2).sum(-1).mean()
-        return step.sum(-1).mean() / (2 * spread + 1e-6)
+
+def _l2(mu: torch.Tensor, sigma: torch.Tensor | None, tau: float) -> torch.Tensor:
+    return _step(mu).sum(-1).mean()
+
+
+def _relative(mu: torch.Tensor, sigma: torch.Tensor | None, tau: float) -> torch.Tensor:
+    spread = (mu - mu.mean((0, 1), keepdim=True)).pow(2).sum(-1).mean()
+    return _step(mu).sum(-1).mean() / (2 * spread + 1e-6)
+
+
+def _vae(mu: torch.Tensor, sigma: torch.Tensor | None, tau: float) -> torch.Tensor:
     tau2 = tau ** 2
     var = sigma[:, 1:].pow(2)
-    return (0.5 * (var / tau2 + step / tau2 - 1 - torch.log(var / tau2))).sum(-1).mean()
+    return (0.5 * (var / tau2 + _step(mu) / tau2 - 1 - torch.log(var / tau2))).sum(-1).mean()
+
+
+@dataclass(frozen=True)
+class Smoothness:
+    """One kind of smoothness term (config.smooth): its penalty (mu, sigma, tau) -> scalar, and whether ȳ is a
+    posterior N(μ, σ²) (then the model learns σ, samples ȳ in training and records "ybar_sigma"; a model
+    family with no σ refuses the kind)."""
+    penalty: Callable[[torch.Tensor, torch.Tensor | None, float], torch.Tensor]
+    posterior: bool
+    doc: str
+
+
+# the smoothness kinds, in the order config errors list them; adding one is a row here
+SMOOTHNESS: dict[str, Smoothness] = {
+    "l2": Smoothness(_l2, False, "mean_t ‖ȳ_t − ȳ_{t−1}‖²"),
+    "vae": Smoothness(_vae, True, "KL( N(μ_t, σ_t²) ‖ N(μ_{t−1}, τ²) ), summed over dims, mean over tokens"),
+    "relative": Smoothness(_relative, False, "the l2 step over twice the spread of ȳ across all tokens of the batch "
+                           "(≈ 1 − lag-1 autocorrelation): unlike l2 it cannot be met by a constant ȳ plus a small "
+                           "informative part, and it rewards ȳ that differs between sequences while drifting slowly "
+                           "within one"),
+}
+
+
+def smoothness_penalty(kind: str, mu: torch.Tensor, sigma: torch.Tensor | None, tau: float) -> torch.Tensor:
+    """How much ȳ moves from token to token: mu (b, t, e) with t >= 2 (sigma (b, t, e) for a posterior kind)
+    -> scalar, by the kind's entry in SMOOTHNESS (the one implementation both model families use)."""
+    return SMOOTHNESS[kind].penalty(mu, sigma, tau)

@@ -5,22 +5,19 @@ k templates (K), r template rank, v output width (vocab or output_dim), ν layer
 
 A CGT owns a complete GPT (`cgt.gpt`) for its x stream, so "x is computed exactly as in a plain
 Transformer" holds by construction; the y stream, the summary LayerNorm and the templates are extra
-modules that only ever *read* x below ℓ and *transform the inputs* of x's linear maps above ℓ.
+modules that only ever *read* x below ℓ and *transform the inputs* of x's linear maps above ℓ. What a
+model family supplies is the x-stream protocol of `streams.py` (`GPTStream` here; `hf.CGTLM` is this same
+CGT over a pretrained LM, `hf.stream.HFStream`); everything else is written once in `CGT`.
 
-Named outputs (`CGT.run_with_cache`; shapes for an input of b sequences of length t):
-    "x.0"              (b, t, d)  x after the embeddings;  "x.ν" after block ν, ν = 1..N
-    "y.0"              (b, t, e)  y after its embeddings;  "y.ν" after y block ν, ν = 1..ℓ
-    "ybar"             (b, t, e)  ȳ = LN(y_ℓ), the context summary at every token
-    "ybar_sigma"       (b, t, e)  posterior std of ȳ (smooth="vae" only)
-    "coeffs.ν.site"    (b, t, K)  template coefficients c^κ(ȳ_t) at layer ν = ℓ+1..N, site in cfg.sites
-    "logits"           (b, t, v)
+Named outputs (`CGT.run_with_cache`): `cgt_viz.outputs.OUTPUTS`, where each name is declared once.
 Input contracts (shapes, dtypes, devices, ranges) live in `contracts.py`; each entry point applies them once.
 """
 from __future__ import annotations
 
 import copy
+import itertools
 import math
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn as nn
@@ -32,8 +29,11 @@ from .contracts import (IGNORE_INDEX, cache_name_filter, check_ablate, check_inp
 from .generation import Generation
 from .io import PretrainedMixin, fold_affine_ln_y
 from .layers import SITE_WEIGHTS, Block, EMAReadout, SiteTemplates, TokenShift, YBlock, init_weights
+from .streams import GPTStream, _at
 from .distill import aux_objective
-from .losses import aux_length_groups, masked_loss, per_position_loss, smoothness_penalty, take_positions
+from .losses import SMOOTHNESS, aux_length_groups, masked_loss, per_position_loss, smoothness_penalty, take_positions
+from . import outputs
+from .outputs import COEFFS, LOGITS, Y, YBAR, YBAR_SIGMA
 
 
 class GPT(PretrainedMixin, Generation, nn.Module):
@@ -84,7 +84,12 @@ class GPT(PretrainedMixin, Generation, nn.Module):
 
 
 class CGT(PretrainedMixin, Generation, nn.Module):
-    """Contextually Guided Transformer: a GPT whose layers above ℓ are modulated by the context summary ȳ."""
+    """Contextually Guided Transformer: a GPT whose layers above ℓ are modulated by the context summary ȳ.
+
+    The x stream is a `streams.XStream`: here a from-scratch GPT (`self.gpt`); `hf.CGTLM` is the same model
+    over a pretrained LM."""
+
+    stream = GPTStream
 
     def __init__(self, config: CGTConfig):
         super().__init__()
@@ -102,7 +107,7 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         self.register_load_state_dict_pre_hook(fold_affine_ln_y)
         init_weights(nn.ModuleList([self.y_embed, self.y_blocks] + ([self.y_wpe] if self.y_wpe is not None else [])),
                      cfg.n_layer)
-        if cfg.smooth == "vae":  # log σ of the posterior N(μ_t, σ_t²) over ȳ_t
+        if SMOOTHNESS[cfg.smooth].posterior:  # log σ of the posterior N(μ_t, σ_t²) over ȳ_t
             self.y_logsigma = nn.Linear(cfg.d_y, cfg.d_y)
             nn.init.zeros_(self.y_logsigma.weight)
             nn.init.constant_(self.y_logsigma.bias, float(torch.tensor(cfg.vae_sigma).log()))
@@ -127,32 +132,53 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         return [(layer, site) for layer in self.modulated_layers for site in self.config.sites]
 
     def cache_names(self) -> list[str]:
-        cfg = self.config
-        names = [f"x.{n}" for n in range(cfg.n_layer + 1)] + [f"y.{n}" for n in range(cfg.y_layer + 1)] + ["ybar"]
-        if cfg.smooth == "vae":
-            names.append("ybar_sigma")
-        return names + [f"coeffs.{layer}.{site}" for layer, site in self.template_sites] + ["logits"]
+        """Every name run_with_cache can return (cgt_viz.outputs.OUTPUTS for this model)."""
+        return outputs.cache_names(self)
 
     # ------------------------------------------------------------------ the passes
-    def _lower(self, inp, cache=None, pos_offset=0, record=None):
-        """Layers 1..ℓ: the GPT's own blocks on x, y blocks beside them. Returns x_ℓ, μ = LN(y_ℓ), y_ℓ."""
-        cfg, gpt = self.config, self.gpt
-        x = gpt.embed_inputs(inp, pos_offset, cache)
-        y = self.y_embed(inp)
-        if self.y_wpe is not None:
-            y = y + self.y_wpe(torch.arange(pos_offset, pos_offset + inp.shape[1], device=inp.device))
-        if record is not None:
-            record["x.0"], record["y.0"] = x, y
-        for n in range(cfg.y_layer):
-            x_in = x
-            x = gpt.blocks[n](x, cache=None if cache is None else cache[n])
-            y = self.y_blocks[n](x if cfg.y_reads == "post" else x_in, y,
-                                 cache=None if cache is None else cache[cfg.n_layer + n])
+    def _y_stream(self, inp, cache=None, pos_offset=0, record=None, noise=False, ablate=None, stop=False):
+        """The y stream as the x stream's ystep(ν, x_ν), ν = 0..ℓ, and the dict it fills at ℓ: "x" (x_ℓ), "pre"
+        (the summary before its LayerNorm), "mu" (ȳ's mean), "sigma" (None unless the smoothness kind has a
+        posterior), "ybar" (sampled with noise). At ℓ it returns the coefficients (None with stop)."""
+        cfg, out = self.config, {}
+        posterior = SMOOTHNESS[cfg.smooth].posterior
+
+        def ystep(nu, x):
+            if nu == 0:
+                out["y"] = self.stream.y_input(self, inp, pos_offset)
+                if record is not None:
+                    record[Y(0)] = out["y"]
+            elif nu <= len(self.y_blocks):   # y block ν reads x_ν ("post") or x_{ν−1} ("pre"), writes y only
+                read = x if cfg.y_reads == "post" else out["x"]
+                out["y"] = self.y_blocks[nu - 1](read, out["y"], cache=_at(cache, cfg.n_layer + nu - 1))
+                if record is not None:
+                    record[Y(nu)] = out["y"]
+            out["x"] = x
+            if nu < cfg.y_layer:
+                return None
+            out["pre"] = pre = self.stream.readout(self, x, out["y"], cache)
+            out["mu"] = mu = self.ln_y(pre)
+            out["sigma"] = sigma = self.y_logsigma(pre).exp() if posterior else None
+            out["ybar"] = mu + sigma * torch.randn_like(mu) if (noise and sigma is not None) else mu
             if record is not None:
-                record[f"x.{n + 1}"], record[f"y.{n + 1}"] = x, y
-        if self.y_ema is not None:
-            y = self.y_ema(x, y, cache=None if cache is None else cache[cfg.n_layer + cfg.y_layer])
-        return x, self.ln_y(y), y
+                record[YBAR()] = mu
+                if sigma is not None:
+                    record[YBAR_SIGMA()] = sigma
+            if stop:
+                return None
+            coeffs = self._coefficients(out["ybar"], ablate)
+            if record is not None:
+                for layer, site in self.template_sites:
+                    record[COEFFS(layer, site)] = coeffs[f"{layer}.{site}"]
+            return coeffs
+
+        return ystep, out
+
+    def _lower(self, inp, cache=None, pos_offset=0, record=None):
+        """Layers 1..ℓ and the y stream only. Returns x_ℓ, μ = LN(summary), the summary before its LayerNorm."""
+        ystep, out = self._y_stream(inp, cache, pos_offset, record, stop=True)
+        self.stream.run(self, inp, ystep, cache=cache, pos_offset=pos_offset, record=record, stop=True)
+        return out["x"], out["mu"], out["pre"]
 
     def _coefficients(self, ybar, ablate=None) -> dict[str, torch.Tensor]:
         """c^κ(ȳ) at every site "ν.site": ybar (..., e) -> (..., K); the templates in `ablate` give 0."""
@@ -167,43 +193,43 @@ class CGT(PretrainedMixin, Generation, nn.Module):
             out[key] = coeffs
         return out
 
-    def _upper(self, x, coeffs, cache=None, record=None):
-        """Layers ℓ+1..N with T(ȳ) applied at each site; coeffs {"ν.site": (b, t|1, K)}."""
-        for layer in self.modulated_layers:
-            temps = self.templates[str(layer)]
+    def _fixed_coeffs(self, ybar_vec: torch.Tensor, ablate=None) -> dict:
+        """ȳ frozen per row: ybar_vec (b, e) -> {"ν.site": (b, 1, K)}."""
+        return {key: c[:, None, :] for key, c in self._coefficients(ybar_vec, ablate).items()}
 
-            def modulate(site, h, layer=layer, temps=temps):
-                key = f"{layer}.{site}"
-                return temps[site].apply(h, coeffs[key]) if key in coeffs else h
+    def _modulate(self, layer: int, site: str, h: torch.Tensor, coeffs: dict) -> torch.Tensor:
+        """The seam of every x stream: T(ȳ) h at one site, coeffs {"ν.site": (b, t|1, K)} (h as it is if absent).
+        Outside autocast the templates compute in their own dtype (a bf16 LM keeps float32 templates)."""
+        c = coeffs.get(f"{layer}.{site}")
+        if c is None:
+            return h
+        temp = self.templates[str(layer)][site]
+        if torch.is_autocast_enabled():
+            return temp.apply(h, c)
+        return temp.apply(h.to(temp.U.dtype), c.to(temp.U.dtype)).to(h.dtype)
 
-            x = self.gpt.blocks[layer - 1](x, modulate=modulate, cache=None if cache is None else cache[layer - 1])
-            if record is not None:
-                record[f"x.{layer}"] = x
-                for site in self.config.sites:
-                    record[f"coeffs.{layer}.{site}"] = coeffs[f"{layer}.{site}"]
-        return self.gpt.head(self.gpt.ln_f(x))
+    def _hidden(self, inp, coeffs=None, record=None, ablate=None, cache=None, pos_offset=0, noise=False):
+        """The x stream's final outputs (b, t, ·) and ȳ (None when coeffs are given: ȳ frozen)."""
+        ystep, out = self._y_stream(inp, cache, pos_offset, record, noise, ablate)
+        final = self.stream.run(self, inp, ystep, coeffs, cache, pos_offset, record)
+        return final, out.get("ybar")
+
+    def _logits(self, final: torch.Tensor) -> torch.Tensor:
+        return self.stream.final_logits(self, final)
 
     def _full(self, inp, cache=None, pos_offset=0, record=None, noise=False, ablate=None):
-        """Full ("not fixed") pass: every token uses its own ȳ_t. Returns logits, ȳ, μ, σ (σ None unless vae)."""
-        x, mu, y = self._lower(inp, cache, pos_offset, record)
-        sigma = self.y_logsigma(y).exp() if self.config.smooth == "vae" else None
-        ybar = mu + sigma * torch.randn_like(mu) if (noise and sigma is not None) else mu
+        """Full ("not fixed") pass: every token uses its own ȳ_t. Returns logits, ȳ, μ, σ (σ None unless the
+        smoothness kind has a posterior)."""
+        ystep, out = self._y_stream(inp, cache, pos_offset, record, noise, ablate)
+        logits = self._logits(self.stream.run(self, inp, ystep, None, cache, pos_offset, record))
         if record is not None:
-            record["ybar"] = mu
-            if sigma is not None:
-                record["ybar_sigma"] = sigma
-        logits = self._upper(x, self._coefficients(ybar, ablate), cache=cache, record=record)
-        if record is not None:
-            record["logits"] = logits
-        return logits, ybar, mu, sigma
+            record[LOGITS()] = logits
+        return logits, out["ybar"], out["mu"], out["sigma"]
 
     def _specialized(self, inp, ybar_vec, cache=None, pos_offset=0, ablate=None):
         """x-only pass with T(ȳ) frozen per row; ybar_vec (b, e). Positions start at pos_offset."""
-        x = self.gpt.embed_inputs(inp, pos_offset, cache)
-        for n in range(self.config.y_layer):
-            x = self.gpt.blocks[n](x, cache=None if cache is None else cache[n])
-        frozen = {key: c[:, None, :] for key, c in self._coefficients(ybar_vec, ablate).items()}  # (b, 1, K)
-        return self._upper(x, frozen, cache=cache)
+        return self._logits(self._hidden(inp, self._fixed_coeffs(ybar_vec, ablate), cache=cache,
+                                         pos_offset=pos_offset)[0])
 
     def _step(self, inp, cache, pos_offset):
         return self._full(inp, cache, pos_offset)[0]
@@ -216,18 +242,20 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         return self._full(idx, ablate=check_ablate(self, ablate))[0]
 
     def context(self, idx: torch.Tensor) -> torch.Tensor:
-        """ȳ at every token: idx (b, t) -> (b, t, e). Deterministic (the posterior mean under "vae")."""
+        """ȳ at every token: idx (b, t) -> (b, t, e). Deterministic (the posterior mean under "vae"); runs only
+        layers 1..ℓ."""
         return self._lower(check_inputs(self.config, idx, device=self.device))[1]
 
     def run_with_cache(self, idx: torch.Tensor, names: str | Sequence[str] | Callable[[str], bool] | None = None,
                        ablate: dict[str, Sequence[int]] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """logits (b, t, v) and the named activations (names and shapes in the module docstring).
+        """logits (b, t, v) and the named activations (names and shapes: cgt_viz.outputs), in cache_names order.
 
         names: None (all), a name or glob pattern ("coeffs.*"), a list of them, or a predicate name -> bool."""
         idx = check_inputs(self.config, idx, device=self.device)
-        record = _Record(cache_name_filter(self.cache_names(), names))
+        known = self.cache_names()
+        record = _Record(cache_name_filter(known, names))
         logits = self._full(idx, record=record, ablate=check_ablate(self, ablate))[0]
-        return logits, dict(record)
+        return logits, {name: record[name] for name in known if name in record}
 
     def forward_specialized(self, idx: torch.Tensor, ybar_vec: torch.Tensor,
                             ablate: dict[str, Sequence[int]] | None = None) -> torch.Tensor:
@@ -241,53 +269,64 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         return self._coefficients(check_summaries(self.config, ybar))
 
     def lora_factors(self, ybar_vec: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """Per modulated GPT weight name, (A, B) with W' = W + B @ A.
+        """Per modulated weight name of the x stream's module, (A, B) with W' = W + B @ A.
 
         ybar_vec (e,) -> A (K·r, i), B (o, K·r);  ybar_vec (b, e) -> A (b, K·r, i), B (b, o, K·r).
-        Names are GPT state-dict keys, e.g. "blocks.2.attn.c_attn.weight".
+        Names are state-dict keys of that module (a GPT: "blocks.2.attn.c_attn.weight"); the maps that read one
+        site share A. A GPT name of a site's map resolves in every family (see LoraFactors).
         """
         single = isinstance(ybar_vec, torch.Tensor) and ybar_vec.dim() == 1
         ybar_vec = check_summary(self.config, ybar_vec, self.device)
-        out = {}
+        base, out, aliases = self.stream.base(self), {}, {}
         for layer, site in self.template_sites:
-            name = f"blocks.{layer - 1}.{SITE_WEIGHTS[site]}.weight"
             temp = self.templates[str(layer)][site]
-            lora_a, lora_b = temp.factors(self.gpt.get_parameter(name), temp.coefficients(ybar_vec))
-            out[name] = (lora_a[0], lora_b[0]) if single else (lora_a, lora_b)
-        return out
+            coeffs = temp.coefficients(ybar_vec.to(temp.U.dtype))
+            names = self.stream.site_maps(self, layer, site)
+            aliases[f"blocks.{layer - 1}.{SITE_WEIGHTS[site]}.weight"] = names
+            for name in names:
+                lora_a, lora_b = temp.factors(base.get_parameter(name).to(temp.U.dtype), coeffs)
+                out[name] = (lora_a[0], lora_b[0]) if single else (lora_a, lora_b)
+        return LoraFactors(out, aliases)
 
-    def x_only(self) -> GPT:
-        """A GPT with the same x weights and T = I: the model with no context at all."""
-        return copy.deepcopy(self.gpt)
+    def x_only(self) -> nn.Module:
+        """The x stream with T = I: the model with no context at all (a copy of the GPT; the LM itself)."""
+        return self.stream.no_context(self)
 
     @checked(share_weights=Bool())
-    def merged_gpt(self, ybar_vec: torch.Tensor, share_weights: bool = False) -> GPT:
-        """The GPT whose weights are W + B @ A for one ȳ (e,): the specialized model from a summary.
+    def merged_gpt(self, ybar_vec: torch.Tensor, share_weights: bool = True) -> nn.Module:
+        """The x stream's model (a GPT, or the LM's own class) whose weights are W + B @ A for one ȳ (e,): the
+        specialized model from a summary.
 
-        share_weights=True: the weights no template touches are this CGT's own tensors, not copies, so N
-        specialized models cost N × the modulated weights only. It is for inference: training such a model
-        also changes the CGT (and its siblings)."""
+        share_weights=True (the default, in both families): the weights no template touches are this model's own
+        tensors, not copies, so N specialized models cost N × the modulated weights only (over a pretrained LM a
+        copy per prompt would cost the LM each time). It is for inference: training such a model, or moving it
+        to another device in place, also changes the CGT (and its siblings); share_weights=False copies
+        everything."""
         ybar_vec = check_summary(self.config, ybar_vec, self.device)
         if ybar_vec.shape[0] != 1:
             raise ValueError(f"ybar_vec must be one summary (d_y,) or (1, d_y) for merged_gpt, got shape "
                              f"{tuple(ybar_vec.shape)}; use specialize for a batch of prompts")
-        # the merged weights go straight into deepcopy's memo: x_only() would clone W only for it to be overwritten
-        memo: dict[int, nn.Parameter] = {id(p): p for p in self.gpt.parameters()} if share_weights else {}
+        base = self.stream.base(self)
+        # the merged weights go straight into deepcopy's memo: a full copy would clone W only for it to be overwritten
+        memo: dict[int, Any] = ({id(t): t for t in itertools.chain(base.parameters(), base.buffers())}
+                                if share_weights else {})
         with torch.no_grad():
             for name, (lora_a, lora_b) in self.lora_factors(ybar_vec[0]).items():
-                weight = self.gpt.get_parameter(name)
-                # W + (B @ A), not addmm: under autocast the sum keeps W's dtype
-                memo[id(weight)] = nn.Parameter(weight + lora_b @ lora_a, requires_grad=weight.requires_grad)
-        return copy.deepcopy(self.gpt, memo)
+                weight = base.get_parameter(name)
+                # W + (B @ A) in W's dtype, not addmm: under autocast the sum keeps W's dtype
+                memo[id(weight)] = nn.Parameter(weight + (lora_b @ lora_a).to(weight.dtype),
+                                                requires_grad=weight.requires_grad)
+        return self.stream.finish_merged(copy.deepcopy(base, memo))
 
     @torch.no_grad()
     @checked(share_weights=Bool())
-    def specialize(self, prompt: torch.Tensor | Sequence[torch.Tensor], share_weights: bool = False) -> GPT | list[GPT]:
-        """Compile a prompt into the weights: one forward pass, then W' = W + B @ A at every site.
+    def specialize(self, prompt: torch.Tensor | Sequence[torch.Tensor], share_weights: bool = True):
+        """Compile a prompt into the weights: one pass over it, then W' = W + B @ A at every site.
 
-        prompt (t,) or (1, t) -> GPT;  (b, t) with b > 1, or a list of prompts -> list of GPT.
-        In vectors mode a prompt is (t, input_dim), (b, t, input_dim) or a list of (t, input_dim).
-        share_weights: see merged_gpt (faster and smaller, for inference only).
+        prompt (t,) or (1, t) -> a model of the x stream's class (a GPT, or e.g. a LlamaForCausalLM);  (b, t) with
+        b > 1, or a list of prompts -> a list of them. In vectors mode a prompt is (t, input_dim),
+        (b, t, input_dim) or a list of (t, input_dim).
+        share_weights: see merged_gpt (True: for inference; False: an independent copy to train or move).
         """
         prompt, single = check_prompts(self.config, prompt, self.device)
         if isinstance(prompt, list):
@@ -295,6 +334,14 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         ybar = self._lower(prompt)[1][:, -1]  # (b, e): the summary after the last prompt token
         models = [self.merged_gpt(row, share_weights) for row in ybar]
         return models[0] if single else models
+
+    @torch.no_grad()
+    def prompt_summary(self, prompt: torch.Tensor) -> torch.Tensor:
+        """ȳ after the last token of one prompt (t,) or (1, t) -> (e,)."""
+        rows, single = check_prompts(self.config, prompt, self.device)
+        if not single:
+            raise ValueError(f"prompt must be one prompt (t,) or (1, t) here, got {describe(prompt)}")
+        return self._lower(rows)[1][0, -1]
 
     # ------------------------------------------------------------------ losses
     @checked(batch=Int(1))
@@ -319,8 +366,9 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         idx = check_inputs(cfg, idx, device=self.device)
         check_targets(cfg, idx, targets, loss_mask)
         b, t = idx.shape[:2]
-        logits, ybar, mu, sigma = self._full(idx, noise=self.training and cfg.smooth == "vae")
-        main = masked_loss(cfg, logits, targets, loss_mask)
+        ystep, out = self._y_stream(idx, noise=self.training and SMOOTHNESS[cfg.smooth].posterior)
+        final = self.stream.run(self, idx, ystep)
+        main = self._main_loss(final, targets, loss_mask)
 
         if cfg.w_aux > 0 or split is not None:
             if split is None:
@@ -328,19 +376,31 @@ class CGT(PretrainedMixin, Generation, nn.Module):
             s = self.sample_split(b, t, generator) if split is None else check_split(split, b, t)
             n_aux = max(1, math.ceil(cfg.aux_row_fraction * b)) if self.training else b
             keep = torch.randperm(b, generator=generator)[:n_aux] if n_aux < b else None   # a cheaper step
-            teacher = logits if cfg.aux_kl > 0 else None
-            aux = self._aux_loss(idx, targets, loss_mask, ybar, s, keep, teacher)
+            teacher = final if cfg.aux_kl > 0 and self.stream.self_teacher else None
+            aux = self._aux_loss(idx, targets, loss_mask, out["ybar"], s, keep, teacher)
         else:
             aux = main.new_zeros(())
 
-        smooth = smoothness_penalty(cfg.smooth, mu, sigma, cfg.vae_tau) if t >= 2 else main.new_zeros(())
+        smooth = smoothness_penalty(cfg.smooth, out["mu"], out["sigma"], cfg.vae_tau) if t >= 2 else main.new_zeros(())
         total = main + cfg.w_aux * aux + cfg.w_smooth * smooth
         return {"main": main, "aux": aux, "smooth": smooth, "total": total}
+
+    def _main_loss(self, final, targets, loss_mask):
+        """The main term from the full pass's final outputs: the masked mean of per_position_loss."""
+        return masked_loss(self.config, final, targets, loss_mask)
+
+    def _aux_scores(self, final, targets, mask, teacher, rows, src):
+        """The aux term per suffix position from the specialised pass's final outputs (n, m, ·) -> loss (n, m),
+        scored (n, m). teacher: this pass's full-mode outputs at the suffix (self_teacher families); rows (n, t)
+        and src (n, m) the kept rows and their suffix positions (a family that computes its own teacher)."""
+        loss, scored = per_position_loss(self.config.mode, final, targets, mask)
+        return aux_objective(self.config, loss, final, teacher), scored
 
     def _aux_loss(self, idx, targets, loss_mask, ybar, split, keep=None, teacher=None):
         """split: CPU LongTensor (b,) — its values set the shapes below; a device copy indexes the tensors.
         keep: CPU rows (n,) that run the pass (None: all); their loss sum × b/n over the scored positions of
-        every row is an unbiased estimate of the all-rows loss.
+        every row is an unbiased estimate of the all-rows loss (both families; a mean over the kept rows' own
+        positions would weigh a row by its share of those, and be biased).
         teacher: the full-mode outputs (b, t, v) of this pass (the model that saw the prefix), for the
         distillation part of the aux term (aux_kl > 0); detached, so it only pulls the specialised model."""
         b, t = idx.shape[:2]
@@ -357,23 +417,24 @@ class CGT(PretrainedMixin, Generation, nn.Module):
             mask = mask & (suffix_targets != IGNORE_INDEX)
         count = mask.sum().clamp_min(1).to(ybar.dtype)
         teacher = None if teacher is None else take_positions(teacher, src)     # (b, m, v): saw the prefix
+        rows = idx
         if keep is not None:
             k = keep.to(idx.device)
             split, suffix, suffix_targets, mask, ytilde = split[keep], suffix[k], suffix_targets[k], mask[k], ytilde[k]
             teacher = None if teacher is None else teacher[k]
+            rows, src = idx[k], src[k]
         n = suffix.shape[0]
         # Padding every row to the longest suffix wastes ~45 % of the pass for uniform splits: rows sorted by
         # suffix length run in up to losses.AUX_LENGTH_GROUPS groups, each only as long as its own longest suffix.
-        logits = None
+        final = None
         for group in aux_length_groups(split):
             m_group = min(m, t - int(split[group].min()))
             group = group.to(idx.device)
-            out = self._specialized(suffix[group, :m_group], ytilde[group])
-            if logits is None:
-                logits = out.new_zeros(n, m, out.shape[-1])
-            logits[group, :m_group] = out                            # the rest is padding, masked out
-        loss, scored = per_position_loss(self.config.mode, logits, suffix_targets, mask)
-        loss = aux_objective(self.config, loss, logits, teacher)
+            out = self._hidden(suffix[group, :m_group], self._fixed_coeffs(ytilde[group]))[0]
+            if final is None:
+                final = out.new_zeros(n, m, out.shape[-1])
+            final[group, :m_group] = out                             # the rest is padding, masked out
+        loss, scored = self._aux_scores(final, suffix_targets, mask, teacher, rows, src)
         return (loss * scored).sum() * (b / n) / count
 
     def aux_logits(self, idx: torch.Tensor, split: int | torch.Tensor) -> torch.Tensor:
@@ -386,6 +447,22 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         ytilde = self._lower(idx)[1][torch.arange(b, device=idx.device), split_dev - 1]   # (b, e)
         src = split_dev[:, None] + torch.arange(t - int(split.min()), device=idx.device)
         return self._specialized(take_positions(idx, src), ytilde)
+
+
+class LoraFactors(dict):
+    """{weight name: (A, B)}, iterated by those names only. A cgt_viz GPT name of a site's map
+    ("blocks.{ν−1}.attn.c_attn.weight", as the analysis functions ask) also resolves in every family: the maps
+    that read that site, stacked (A shared, B's output rows concatenated, like GPT's fused c_attn)."""
+
+    def __init__(self, items: dict, aliases: dict[str, list[str]]):
+        super().__init__(items)
+        self.aliases = aliases
+
+    def __missing__(self, key):
+        if key not in self.aliases:
+            raise KeyError(key)
+        names = self.aliases[key]
+        return self[names[0]][0], torch.cat([self[n][1] for n in names], dim=-2)
 
 
 class _Record(dict):

@@ -172,6 +172,9 @@ for _v, _shows in [(torch.zeros(0, dtype=torch.long), "(0,)"), (torch.full((4,),
                    ([torch.zeros(3, dtype=torch.long), torch.zeros(0, dtype=torch.long)], "(0,)"), ([], "[]"),
                    ("hello", "str"), (torch.zeros(2, 2, 2, dtype=torch.long), "(2, 2, 2)")]:
     case("CGT.specialize", "prompt", [_v], lambda v: CGT_T.specialize(v), shows=_shows)
+for _v, _shows in [(torch.zeros(2, 3, dtype=torch.long), "(2, 3)"), ("hello", "str"),
+                   ([torch.zeros(3, dtype=torch.long)] * 2, "list"), (torch.full((4,), 16), "16")]:
+    case("CGT.prompt_summary", "prompt", [_v], lambda v: CGT_T.prompt_summary(v), shows=_shows)
 for _v, _shows in [({"2.attn_in": [2]}, "2"), ({"9.attn_in": [0]}, "9.attn_in"), ({"2.attn_in": []}, "[]"),
                    ({"2.attn_in": [0.5]}, "0.5"), (["2.attn_in"], "list")]:
     case("CGT.forward", "ablate", [_v], lambda v: CGT_T(IDX, ablate=v), shows=_shows)
@@ -614,6 +617,7 @@ NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, a
                      "finish", "folder_artefacts", "check_artefact_folder", "with_added_fields"],
                     "an internal step of an audited view, save or load (its callers check the arguments; "
                     "tests/test_views_language.py, tests/test_faults3_files.py hold its behaviour)"),
+    "LoraFactors": "the dict lora_factors returns, built from checked arguments",
     "load_corpus": "via TextMixture(source=...)", "resolve_device": "via train(device=...)",
     "task_from_config": "reads a saved config (test_tasks)", "Explorer.export": "a file path, written by pandas",
 }

@@ -457,3 +457,46 @@ def test_pool_half_life_sets_the_read_out_and_round_trips(lm, tmp_path):
     for bad in (0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="pool_half_life"):
             hf.CGTLM(lm, y_layer=2, d_y=16, n_head_y=2, pool_half_life=bad)
+
+
+@pytest.mark.parametrize("smooth", [k for k, entry in __import__("cgt_viz.losses").losses.SMOOTHNESS.items()
+                                    if not entry.posterior])
+def test_smoothness_term_is_the_one_of_losses(lm, smooth):
+    """CGTLM's smoothness term is losses.smoothness_penalty on its own ȳ (the one implementation both families
+    use), and it moves with ȳ."""
+    from cgt_viz.losses import smoothness_penalty
+    torch.manual_seed(0)
+    model = _randomise_coeffs(hf.CGTLM(lm, y_layer=2, d_y=16, n_head_y=2, n_templates=2, w_smooth=0.5,
+                                       smooth=smooth))
+    idx = _idx(b=3, t=14)
+    got = model.loss(idx, idx.roll(-1, 1))["smooth"]
+    with torch.no_grad():
+        ybar = model.context(idx)
+    torch.testing.assert_close(got.detach(), smoothness_penalty(smooth, ybar, None, model.config.vae_tau))
+    assert got > 0
+
+
+def test_features_the_pretrained_stream_lacks_are_refused_by_name(model):
+    """No KV cache over the LM: generate runs without one by default and refuses one by name; the other
+    from-scratch-only features (vectors mode, token shift, smooth='vae') are not CGTLM settings at all."""
+    idx = _idx(b=1, t=6)
+    with torch.no_grad():
+        out = model.generate(idx, 3, temperature=0)
+        assert torch.equal(out[:, :6], idx) and out.shape == (1, 9)
+        assert torch.equal(model(out[:, :-1])[:, 5:].argmax(-1), out[:, 6:])     # greedy = argmax of full passes
+    with pytest.raises(ValueError, match="a KV cache is not available for a CGT over a pretrained LM"):
+        model.generate(idx, 3, use_cache=True)
+    with pytest.raises(ValueError, match="a KV cache"):
+        model._specialized(idx, model.context(idx)[:, -1], pos_offset=2)
+    import inspect
+    assert not {"input_dim", "token_shift"} & set(inspect.signature(hf.CGTLM).parameters)
+
+
+def test_ybar_from_given_states_is_the_context(model):
+    """_ybar_from (the y stream over layer states computed elsewhere, as benchmarks/hf_topic_knn.py uses it) gives
+    context()'s ȳ."""
+    idx = _idx(t=12)
+    rec = model.lower_cache(idx)
+    xs = [rec[f"x.{n}"] for n in range(1, model.config.y_layer + 1)]
+    with torch.no_grad():
+        torch.testing.assert_close(model._ybar_from(xs), model.context(idx), atol=0, rtol=0)

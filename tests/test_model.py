@@ -5,13 +5,16 @@ import pytest
 import torch
 
 from cgt_viz import CGT, GPT, CGTConfig
-from cgt_viz.layers import SITE_WEIGHTS
-from helpers import make_inputs, randomize_templates
+from families import (build, factor_names, hf_cfg, is_hf, logits, plain_states, reload, reload_specialised,
+                      trained_like, x_module, y_modules)
+from helpers import make_inputs
 
 ALL_SITES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
 
 
 def make_cfg(mode="tokens", **kw):
+    if mode == "hf":   # a CGT over a pretrained LM: the tiny Llama of tests/families.py
+        return hf_cfg(**kw)
     base = dict(block_size=24, n_layer=4, d_x=32, n_head=4, d_y=16, n_head_y=2, y_layer=2,
                 n_templates=3, template_rank=2)
     base.update({"vocab_size": 13} if mode == "tokens" else {"input_dim": 5, "output_dim": 3})
@@ -26,12 +29,6 @@ def make_targets(cfg, inp, seed=1):
     return torch.randn(*inp.shape[:2], cfg.out_dim, generator=g)
 
 
-def trained_like(cfg, seed=0):
-    """A CGT with random non-zero template coefficients (not T = I), in eval mode."""
-    torch.manual_seed(seed)
-    return randomize_templates(CGT(cfg).eval())
-
-
 # one parametrisation covering sites, K, r, ℓ and both input modes
 CASES = [
     dict(mode="tokens", sites=("attn_in", "mlp_in"), n_templates=3, template_rank=2, y_layer=2),
@@ -39,6 +36,9 @@ CASES = [
     dict(mode="tokens", sites=("attn_out", "mlp_out"), n_templates=4, template_rank=3, y_layer=3),
     dict(mode="vectors", sites=("attn_in", "mlp_out"), n_templates=2, template_rank=1, y_layer=2, token_shift="previous"),
     dict(mode="tokens", sites=("mlp_in",), n_templates=2, template_rank=2, y_layer=2, y_reads="pre", y_pos=False),
+    # the same invariants over a pretrained LM (hf.CGTLM on a tiny Llama)
+    dict(mode="hf", sites=("attn_in", "mlp_in"), n_templates=3, template_rank=2, y_layer=2),
+    dict(mode="hf", sites=ALL_SITES, n_templates=2, template_rank=1, y_layer=1, pool_half_life=4.0),
 ]
 IDS = [f"{c['mode']}-{'+'.join(c['sites'])}-K{c['n_templates']}-r{c['template_rank']}-l{c['y_layer']}"
        + (f"-{c['token_shift']}" if c.get("token_shift") else "") for c in CASES]
@@ -56,10 +56,10 @@ def test_merged_equals_unmerged_equals_aux_path(cfg):
     s = 6
     prompt, rest = seq[:, :s], seq[:, s:]
     ybar = model.context(prompt)[:, -1]
-    merged = model.specialize(prompt)(rest)
+    merged = logits(model.specialize(prompt), rest)
     unmerged = model.forward_specialized(rest, ybar)
     aux = model.aux_logits(seq, s)
-    assert isinstance(model.specialize(prompt), GPT)
+    assert isinstance(model.specialize(prompt), type(x_module(model)))   # a GPT, or the LM's own class
     torch.testing.assert_close(merged, unmerged, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(aux, unmerged, atol=1e-5, rtol=1e-4)
     # and the specialisation really does something: it differs from the no-context model
@@ -73,28 +73,29 @@ def test_batched_specialize_matches_single_prompts(cfg):
     specs = model.specialize(prompts)
     assert isinstance(specs, list) and len(specs) == 3
     for i, spec in enumerate(specs):
-        torch.testing.assert_close(spec(rest), model.specialize(prompts[i])(rest), atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(logits(spec, rest), logits(model.specialize(prompts[i]), rest), atol=1e-5, rtol=1e-4)
     # a list of prompts of different lengths
     specs = model.specialize([prompts[0, :3], prompts[1]])
-    torch.testing.assert_close(specs[0](rest), model.specialize(prompts[0:1, :3])(rest), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(logits(specs[0], rest), logits(model.specialize(prompts[0:1, :3]), rest),
+                               atol=1e-5, rtol=1e-4)
 
 
 def test_shared_weight_specialisation_equals_the_copy_and_shares_only_untouched_weights(cfg):
     model = trained_like(cfg)
     prompts, rest = make_inputs(cfg, b=2, t=7), make_inputs(cfg, b=1, t=5, seed=3)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    copies, shared = model.specialize(prompts), model.specialize(prompts, share_weights=True)
+    copies, shared = model.specialize(prompts, share_weights=False), model.specialize(prompts)
     modulated = set(model.lora_factors(model.context(prompts[:1])[0, -1]))
     for own, light in zip(copies, shared):
-        torch.testing.assert_close(light(rest), own(rest), atol=0, rtol=0)
+        torch.testing.assert_close(logits(light, rest), logits(own, rest), atol=0, rtol=0)
         for name, p in light.named_parameters():
-            cgt_p = model.gpt.get_parameter(name)
+            cgt_p = x_module(model).get_parameter(name)
             assert (p is cgt_p) == (name not in modulated), name     # shared exactly where no template acts
-            assert own.get_parameter(name) is not cgt_p                # the default copies everything
+            assert own.get_parameter(name) is not cgt_p                # share_weights=False copies everything
     assert shared[0].get_parameter(sorted(modulated)[0]) is not shared[1].get_parameter(sorted(modulated)[0])
     for k, v in model.state_dict().items():
         torch.testing.assert_close(v, before[k], atol=0, rtol=0)       # the CGT itself is untouched
-    with torch.no_grad():                                             # the default copy is independent
+    with torch.no_grad():                                             # the full copy is independent
         next(copies[0].parameters()).add_(1.0)
     torch.testing.assert_close(model.state_dict(), before, atol=0, rtol=0)
 
@@ -114,10 +115,10 @@ def test_lora_factors_reproduce_the_merged_weights(cfg):
     model = trained_like(cfg)
     ybar = torch.randn(2, cfg.d_y)
     factors = model.lora_factors(ybar)
-    assert set(factors) == {f"blocks.{l - 1}.{SITE_WEIGHTS[s]}.weight" for l, s in model.template_sites}
+    assert set(factors) == factor_names(model)
     spec = model.merged_gpt(ybar[1])
     for name, (a, b) in factors.items():
-        w = model.gpt.get_parameter(name)
+        w = x_module(model).get_parameter(name)
         assert a.shape[:2] == (2, cfg.n_templates * cfg.template_rank) and b.shape[0] == 2
         assert torch.linalg.matrix_rank(b[1] @ a[1]) <= cfg.n_templates * cfg.template_rank
         torch.testing.assert_close(spec.get_parameter(name), w + b[1] @ a[1])
@@ -131,7 +132,7 @@ def test_x_below_ell_does_not_see_y(cfg):
     inp = make_inputs(cfg)
     _, before = model.run_with_cache(inp)
     with torch.no_grad():  # perturb every y parameter (and the templates' inputs come from y)
-        for mod in [model.y_embed, model.y_blocks, model.ln_y] + ([model.y_wpe] if model.y_wpe is not None else []):
+        for mod in y_modules(model):
             for p in mod.parameters():
                 p.add_(torch.randn_like(p))
     _, after = model.run_with_cache(inp)
@@ -139,20 +140,17 @@ def test_x_below_ell_does_not_see_y(cfg):
         assert torch.equal(before[f"x.{n}"], after[f"x.{n}"]), f"x.{n} changed when y changed"
     assert not torch.allclose(before["ybar"], after["ybar"])
     assert not torch.allclose(before[f"x.{cfg.n_layer}"], after[f"x.{cfg.n_layer}"])
-    # and x below ℓ is bit-identical to the plain GPT's
-    gpt = model.x_only()
-    x = gpt.embed_inputs(inp)
-    for n in range(cfg.y_layer):
-        x = gpt.blocks[n](x)
+    # and x below ℓ is bit-identical to the plain GPT's (the plain LM's)
+    for n, x in enumerate(plain_states(model, inp)):
         assert torch.equal(x, after[f"x.{n + 1}"])
 
 
 def test_init_is_identity(cfg):
     torch.manual_seed(0)
-    model = CGT(cfg).eval()
+    model = build(cfg).eval()
     inp = make_inputs(cfg)
     torch.testing.assert_close(model(inp), model.x_only()(inp), atol=0, rtol=0)
-    torch.testing.assert_close(model.specialize(inp[0])(inp), model.x_only()(inp), atol=0, rtol=0)
+    torch.testing.assert_close(logits(model.specialize(inp[0]), inp), model.x_only()(inp), atol=0, rtol=0)
 
 
 def test_causality(cfg):
@@ -191,13 +189,15 @@ def test_save_load_round_trip(cfg, tmp_path):
     model = trained_like(cfg)
     inp = make_inputs(cfg)
     model.save_pretrained(tmp_path / "cgt")
-    loaded = CGT.from_pretrained(tmp_path / "cgt").eval()
+    loaded = reload(model, tmp_path / "cgt").eval()
     assert loaded.config == model.config
     torch.testing.assert_close(loaded(inp), model(inp), atol=0, rtol=0)
     spec = model.specialize(inp[0, :5])
     spec.save_pretrained(tmp_path / "spec")
-    spec2 = GPT.from_pretrained(tmp_path / "spec").eval()
-    torch.testing.assert_close(spec2(inp), spec(inp), atol=0, rtol=0)
+    spec2 = reload_specialised(spec, tmp_path / "spec").eval()
+    torch.testing.assert_close(logits(spec2, inp), logits(spec, inp), atol=0, rtol=0)
+    if is_hf(cfg):
+        return   # the folder holds a transformers model; CGT.from_pretrained's refusal of a GPT is the rest
     with pytest.raises(ValueError, match="holds a GPT"):
         CGT.from_pretrained(tmp_path / "spec")
 
@@ -222,8 +222,9 @@ def test_losses(cfg):
     assert model.templates[str(layer)][site].coeff.weight.grad.abs().sum() > 0
 
 
-def test_aux_loss_matches_specialised_model_by_hand():
-    cfg = make_cfg(w_aux=1.0)
+@pytest.mark.parametrize("family", ["tokens", "hf"])
+def test_aux_loss_matches_specialised_model_by_hand(family):
+    cfg = make_cfg(family, w_aux=1.0)
     model = trained_like(cfg)
     inp = make_inputs(cfg, b=2, t=10)
     tgt = make_targets(cfg, inp)
@@ -231,14 +232,15 @@ def test_aux_loss_matches_specialised_model_by_hand():
     aux = model.loss(inp, tgt, split=splits)["aux"]
     total, count = 0.0, 0
     for i, s in enumerate(splits.tolist()):
-        logits = model.specialize(inp[i, :s])(inp[i:i + 1, s:])
-        total += torch.nn.functional.cross_entropy(logits[0], tgt[i, s:], reduction="sum").item()
+        out = logits(model.specialize(inp[i, :s]), inp[i:i + 1, s:])
+        total += torch.nn.functional.cross_entropy(out[0], tgt[i, s:], reduction="sum").item()
         count += 10 - s
     assert abs(aux.item() - total / count) < 1e-4
 
 
-def test_loss_mask_changes_main_loss():
-    cfg = make_cfg()
+@pytest.mark.parametrize("family", ["tokens", "hf"])
+def test_loss_mask_changes_main_loss(family):
+    cfg = make_cfg(family)
     model = trained_like(cfg)
     inp = make_inputs(cfg)
     tgt = make_targets(cfg, inp)
@@ -252,9 +254,12 @@ def test_loss_mask_changes_main_loss():
     assert not torch.allclose(full, last)
 
 
+@pytest.mark.parametrize("family", ["tokens", "hf"])
 @pytest.mark.parametrize("smooth", ["l2", "vae", "relative"])
-def test_smoothness_term(smooth):
-    cfg = make_cfg(smooth=smooth, w_smooth=0.5)
+def test_smoothness_term(smooth, family):
+    if family == "hf" and smooth == "vae":
+        pytest.skip("a CGT over a pretrained LM learns no posterior over ȳ: smooth='vae' is refused there (test_hf)")
+    cfg = make_cfg(family, smooth=smooth, w_smooth=0.5)
     model = trained_like(cfg).train()
     inp = make_inputs(cfg)
     tgt = make_targets(cfg, inp)
@@ -277,7 +282,8 @@ def test_smoothness_term(smooth):
         assert cache["ybar_sigma"].shape == cache["ybar"].shape and (cache["ybar_sigma"] > 0).all()
 
 
-def test_relative_smoothness_ignores_offset_and_scale():
+@pytest.mark.parametrize("family", ["tokens", "hf"])
+def test_relative_smoothness_ignores_offset_and_scale(family):
     """A constant offset or a rescaling of ȳ (the ways the l2 penalty can be met without smoothing) leaves the
     relative penalty unchanged, and a ȳ constant within each sequence but different across them scores 0."""
     def relative(mu):  # CGT.loss's formula, restated on plain tensors
@@ -289,7 +295,7 @@ def test_relative_smoothness_ignores_offset_and_scale():
     torch.testing.assert_close(relative(0.01 * mu), relative(mu), rtol=1e-3, atol=1e-4)
     per_sequence = torch.randn(4, 1, 6, generator=g).expand(4, 10, 6)
     assert relative(per_sequence) == 0 and relative(mu) > 0.5
-    model = trained_like(make_cfg(smooth="relative", w_smooth=1.0)).train()
+    model = trained_like(make_cfg(family, smooth="relative", w_smooth=1.0)).train()
     inp = make_inputs(model.config)
     torch.testing.assert_close(model.loss(inp, make_targets(model.config, inp))["smooth"], relative(model.context(inp)))
 
@@ -439,12 +445,14 @@ def test_the_summary_has_a_fixed_scale():
                                                                            + 1e-5).sqrt(), atol=1e-5, rtol=1e-4)
 
 
-def test_aux_on_a_share_of_the_rows_is_an_unbiased_estimate_of_the_full_aux():
+@pytest.mark.parametrize("family", ["tokens", "hf"])
+def test_aux_on_a_share_of_the_rows_is_an_unbiased_estimate_of_the_full_aux(family):
+    """Both families: the weighted sum (kept rows' loss × b/n over every row's scored positions) is unbiased."""
     import itertools
-    cfg = CGTConfig(vocab_size=32, block_size=16, n_layer=3, d_x=32, n_head=2, d_y=16, n_head_y=2, y_layer=1,
-                    aux_row_fraction=0.5)
+    cfg = (CGTConfig(vocab_size=32, block_size=16, n_layer=3, d_x=32, n_head=2, d_y=16, n_head_y=2, y_layer=1,
+                     aux_row_fraction=0.5) if family == "tokens" else make_cfg("hf", y_layer=1, aux_row_fraction=0.5))
     torch.manual_seed(0)
-    model = CGT(cfg)
+    model = build(cfg)
     with torch.no_grad():
         for layer, site in model.template_sites:
             model.templates[str(layer)][site].coeff.weight.normal_(0, 0.5)
@@ -546,3 +554,17 @@ def test_token_shift_pair_needs_tokens_and_hashes_a_large_vocabulary():
     other[:, 3] = (other[:, 3] + 1) % 300
     moved = (big.embed_inputs(idx) - big.embed_inputs(other)).abs().sum(-1) > 0
     assert moved[:, [3, 4]].all() and not moved[:, [0, 1, 2, 5, 6, 7, 8]].any()
+
+
+def test_named_outputs_are_declared_once_and_documented():
+    """run_with_cache records exactly the names cache_names() enumerates from outputs.OUTPUTS (a posterior
+    smoothness kind included), and docs/CGT.md's named-outputs section mentions every declared output."""
+    from pathlib import Path
+    from cgt_viz.outputs import OUTPUTS
+    model = trained_like(make_cfg(smooth="vae", w_smooth=0.5))
+    _, cache = model.run_with_cache(make_inputs(model.config, b=2, t=6))
+    assert sorted(cache) == sorted(model.cache_names()) and "ybar_sigma" in cache
+    doc = Path(__file__).parents[1].joinpath("docs", "CGT.md").read_text()
+    section = doc[doc.index("## Named outputs"):].split("\n## ")[0]
+    for out in OUTPUTS:
+        assert f"`{out.pattern.split('{')[0]}" in section, out.pattern

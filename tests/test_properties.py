@@ -4,7 +4,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cgt_viz import CGT, SITES, CGTConfig
+from cgt_viz import SITES, CGTConfig
+from families import build, hf_cfg, logits
 from helpers import make_inputs
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -29,11 +30,32 @@ def configs(draw):
         smooth=draw(st.sampled_from(["l2", "vae"])))
 
 
+@st.composite
+def hf_configs(draw):
+    """Configs of a CGT over a pretrained LM (hf.CGTLM on the tiny 4-layer Llama of tests/families.py)."""
+    n_head_y = draw(st.sampled_from([1, 2]))
+    return hf_cfg(y_layer=draw(st.integers(1, 3)), n_head_y=n_head_y, d_y=n_head_y * draw(st.sampled_from([2, 4])),
+                  n_templates=draw(st.integers(1, 5)), template_rank=draw(st.integers(1, 3)),
+                  sites=tuple(draw(st.lists(st.sampled_from(SITES), min_size=1, max_size=4, unique=True))),
+                  smooth=draw(st.sampled_from(["l2", "relative"])), pooled_only=draw(st.booleans()),
+                  y_mlp_ratio=draw(st.integers(1, 4)))
+
+
 @SETTINGS
 @given(cfg=configs(), seed=st.integers(0, 10_000), split=st.integers(1, 11))
 def test_invariants_hold_for_random_configs(cfg, seed, split):
+    invariants_hold(cfg, seed, split)
+
+
+@settings(SETTINGS, max_examples=10)   # each example builds two models over the LM: the CI budget
+@given(cfg=st.deferred(hf_configs), seed=st.integers(0, 10_000), split=st.integers(1, 11))
+def test_invariants_hold_for_random_configs_over_a_pretrained_lm(cfg, seed, split):
+    invariants_hold(cfg, seed, split)
+
+
+def invariants_hold(cfg, seed, split):
     torch.manual_seed(seed)
-    model = CGT(cfg).eval()
+    model = build(cfg).eval()
     seq = make_inputs(cfg, 2, 12, seed)
     # T = I at initialisation
     torch.testing.assert_close(model(seq), model.x_only()(seq), atol=0, rtol=0)
@@ -44,7 +66,8 @@ def test_invariants_hold_for_random_configs(cfg, seed, split):
     # merged = unmerged = auxiliary path
     ybar = model.context(seq[:1, :split])[:, -1]
     unmerged = model.forward_specialized(seq[:1, split:], ybar)
-    torch.testing.assert_close(model.specialize(seq[0, :split])(seq[:1, split:]), unmerged, atol=2e-5, rtol=1e-4)
+    merged = logits(model.specialize(seq[0, :split]), seq[:1, split:])
+    torch.testing.assert_close(merged, unmerged, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(model.aux_logits(seq[:1], split), unmerged, atol=2e-5, rtol=1e-4)
     # causality of the full pass
     changed = seq.clone()

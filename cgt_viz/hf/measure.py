@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from .._checks import check_int
+from ..comparison import comparison_logits
+from ..sequences import eval_mode
 
 
 @torch.no_grad()
@@ -16,13 +18,9 @@ def excerpt_summaries(model, task, length: int = 64, per_topic: int | None = 80,
     """ȳ after the last token of one excerpt per document -> features (n, e) numpy, topics (n,), doc ids (n,)."""
     check_int("batch_size", batch_size, 1)
     tokens, topics, docs = task.excerpts(length, per_topic=per_topic, part=part, seed=seed)
-    was = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         feats = torch.cat([model.context(tokens[i:i + batch_size].to(model.device))[:, -1].float().cpu()
                            for i in range(0, len(tokens), batch_size)])
-    finally:
-        model.train(was)
     return feats.numpy(), topics.numpy(), docs.numpy()
 
 
@@ -50,20 +48,15 @@ def continuation_losses(model, task, k: int = 64, n_batches: int = 4, batch_size
     gen = torch.Generator().manual_seed(seed)
     sums = dict.fromkeys(("prompted", "compiled", "control", "no_context"), 0.0)
     count, no_context = 0, model.x_only()
-    was = model.training
-    model.eval()
-    try:
+    names = {"prompted": "prompted", "specialized": "compiled", "other_row": "control", "no_context": "no_context"}
+    with eval_mode(model):
         for _ in range(n_batches):
             b = task.eval_batch(k, batch_size, generator=gen, device=model.device)
-            query, tgt = b.inputs[:, k:], b.targets[:, k:]
-            ybar = model.context(b.inputs[:, :k])[:, -1]                       # (b, e)
-            outs = {"prompted": model(b.inputs)[:, k:], "compiled": model.forward_specialized(query, ybar),
-                    "control": model.forward_specialized(query, ybar.roll(1, 0)), "no_context": no_context(query)}
-            for name, logits in outs.items():
-                sums[name] += float(F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten(), reduction="sum"))
+            tgt = b.targets[:, k:]
+            for mode, logits in comparison_logits(model, b.inputs, k, no_context, other_row=True).items():
+                ce = F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten(), reduction="sum")
+                sums[names[mode]] += float(ce)
             count += tgt.numel()
-    finally:
-        model.train(was)
     res: dict[str, Any] = {f"loss_{m}": v / count for m, v in sums.items()}
     denom = res["loss_no_context"] - res["loss_prompted"]
     for name in ("compiled", "control"):
@@ -105,10 +98,8 @@ def window_losses(model, tokens: torch.Tensor, prefix_len: int, topics: torch.Te
             pool = [j for j in range(n) if ok(i, j)]
             choice.append(pool[int(torch.randint(len(pool), (1,), generator=gen))] if pool else -1)
         pick[name] = torch.tensor(choice)
-    was = model.training
-    model.eval()
     out = {c: torch.full((n,), float("nan")) for c in CONDITIONS + (("full_mode",) if full_mode else ())}
-    try:
+    with eval_mode(model):
         ybar, suffix_x = [], []
         for i in range(0, n, batch_size):
             w = tokens[i:i + batch_size].to(model.device)
@@ -137,8 +128,6 @@ def window_losses(model, tokens: torch.Tensor, prefix_len: int, topics: torch.Te
                 else:
                     coeffs = model._fixed_coeffs(summary[i:i + len(x)])
                 out[name][i:i + len(x)] = _ce(model._logits(model._upper_hidden(x, coeffs)), tgt)
-    finally:
-        model.train(was)
     return out
 
 

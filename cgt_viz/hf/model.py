@@ -3,45 +3,29 @@
 Notation (einops letters): b batch, t time, d width of the LM (x), e width of y (d_y), k templates (K),
 r template rank, i input width of a modulated map, o its output width, v vocabulary, ν layer (1-based).
 
-Nothing inside the LM is edited. During a call, hooks (registered for that call only, so `lm` stays a
-plain model between calls) do three things:
+The CGT (`cgt_viz.model.CGT`: y stream, ȳ, templates, loss, named outputs, specialize, ablation) over the
+x stream `hf.stream.HFStream`, which runs the LM with hooks for one call at a time. What is this family's own:
 
-* layers 1..ℓ run unchanged; their outputs x_1..x_ℓ feed the y stream (`YBlock`s reading [x_ν; y],
-  writing y only). The LM's parameters never require gradients and the lower layers see no tensor that
-  does, so autograd records nothing there.
+* the y stream reads the outputs x_1..x_ℓ of decoder layers 1..ℓ (`YBlock`s reading [x_ν; y], writing y only)
+  and starts at y.0 = 0;
 * ȳ = LN(y_ℓ + P (mean_{1≤s≤t} LN(x_ℓ,s) − μ)): the y blocks' output projections start at zero, so at
   initialisation ȳ is a projected causal running mean of the layer-ℓ states (position 0, the attention
   sink with a norm many times the others, is left out of the mean once t > 0). The summary pools over
   the whole prefix from the first step instead of reading one token (or, with `pool_half_life`, an
   exponential mean that forgets what came long before). P starts as a random projection and μ at 0;
   `calibrate_pool(tokens)` sets them to the principal directions and mean of a sample.
-* above ℓ, the input of each modulated linear map is transformed by T(ȳ) = I + Σ_k c_k(ȳ) U_k V_kᵀ
-  (`cgt_viz.layers.SiteTemplates`, c = A ȳ + b starting at 0, so the untrained CGTLM is the LM):
-
-      site       where T acts                             the maps that read it (merged by specialize)
-      attn_in    output of input_layernorm                q_proj, k_proj, v_proj
-      attn_out   input of o_proj                          o_proj
-      mlp_in     output of post_attention_layernorm       gate_proj, up_proj
-      mlp_out    input of down_proj                       down_proj
+* above ℓ, each site's input is transformed by T(ȳ) (c = A ȳ + b starts at 0, so the untrained CGTLM is the
+  LM) by one hook on the module `cgt_viz.sites.SITE_TABLE` names for it, merged into the maps it lists.
 
 Because every map reading a site is linear, W T(ȳ) = W + (W U diag c) Vᵀ exactly: `specialize` merges
-that product into copies of the modulated weights only (every other tensor is shared with `lm`) and hands
-back a model of lm's own class; `export_peft` writes the same product as a PEFT LoRA adapter
-(rank K·r, alpha = rank, so scale 1) for the untouched base.
+that product into copies of the modulated weights only (every other tensor is shared with `lm`; with
+share_weights=False into a copy of lm) and hands back a model of lm's own class; `export_peft` writes the
+same product as a PEFT LoRA adapter (rank K·r, alpha = rank, so scale 1) for the untouched base.
 
-Named outputs (`run_with_cache`), as in cgt_viz.model.CGT:
-    "x.0"            (b, t, d)  the token embeddings;  "x.ν" output of decoder layer ν, ν = 1..N
-    "y.0"            (b, t, e)  zeros;                 "y.ν" after y block ν, ν = 1..ℓ
-    "ybar"           (b, t, e)  ȳ at every token
-    "coeffs.ν.site"  (b, t, K)  c(ȳ_t) at layer ν = ℓ+1..N
-    "logits"         (b, t, v)
+Named outputs (`run_with_cache`): `cgt_viz.outputs.OUTPUTS`, as for a CGT (y.0 is zeros here, no ybar_sigma).
 """
 from __future__ import annotations
 
-import contextlib
-import copy
-import itertools
-import math
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -52,30 +36,24 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .._checks import check_bool, check_float, check_int, describe
-from ..config import SITES, CGTConfig
-from ..io import CONFIG_NAME, WEIGHTS_NAME, load_tensors, model_folder, read_json, save_tensors, write_json
-from ..layers import SITE_WEIGHTS, SiteTemplates, YBlock
-from ..contracts import (IGNORE_INDEX, cache_name_filter, check_ablate, check_aux_length, check_inputs, check_split,
-                         check_summary, check_targets)
+from ..config import CGTConfig
+from ..contracts import IGNORE_INDEX, check_inputs
 from ..distill import aux_objective
-from ..generation import sample_next
-from ..losses import take_positions
+from ..io import CONFIG_NAME, WEIGHTS_NAME, load_tensors, model_folder, read_json, save_tensors, write_json
+from ..layers import SiteTemplates, YBlock
+from ..losses import SMOOTHNESS, take_positions
 from ..model import CGT
-from .source import require, strip_remote_code
+from ..outputs import X
+from ..sites import SITE_TABLE, site_width
+from .source import require
+from .stream import HFStream, StopAfterY, hooks
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")   # the decoder layout below; tested: llama
-# site -> (module inside a decoder layer whose output (True) or input (False) T acts on, the maps that read it)
+# site -> (module inside a decoder layer whose output (True) or input (False) T acts on, the maps that read it),
+# a view of sites.SITE_TABLE
 SITE_MODULES: dict[str, tuple[str, bool, tuple[str, ...]]] = {
-    "attn_in": ("input_layernorm", True, ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
-    "attn_out": ("self_attn.o_proj", False, ("self_attn.o_proj",)),
-    "mlp_in": ("post_attention_layernorm", True, ("mlp.gate_proj", "mlp.up_proj")),
-    "mlp_out": ("mlp.down_proj", False, ("mlp.down_proj",)),
-}
+    site.name: (site.hf_at, site.hf_output, site.hf_maps) for site in SITE_TABLE}
 VOCAB_CHUNK = 8192   # the loss computes logits this many vocabulary entries at a time
-
-
-class _StopAfterY(Exception):
-    """Raised by the layer-ℓ hook when only ȳ is wanted: the layers above ℓ are not run."""
 
 
 def check_lm(lm: Any, name: str = "lm") -> None:
@@ -154,33 +132,6 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     return total - target_logit
 
 
-class LoraFactors(dict):
-    """{lm weight name: (A, B)}, iterated by those names only. A cgt_viz GPT name of a site's map
-    ("blocks.{ν−1}.attn.c_attn.weight", as the analysis functions ask) also resolves: the maps that read that
-    site, stacked (A shared, B's output rows concatenated, like GPT's fused c_attn)."""
-
-    def __init__(self, items: dict, aliases: dict[str, list[str]]):
-        super().__init__(items)
-        self.aliases = aliases
-
-    def __missing__(self, key):
-        if key not in self.aliases:
-            raise KeyError(key)
-        names = self.aliases[key]
-        return self[names[0]][0], torch.cat([self[n][1] for n in names], dim=-2)
-
-
-class _NoContext(nn.Module):
-    """The LM alone (T = I), called like a cgt_viz GPT: idx (b, t) -> logits (b, t, v)."""
-
-    def __init__(self, lm: nn.Module):
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.lm(input_ids=idx, use_cache=False).logits
-
-
 class CGTLM(CGT):
     """A CGT over a frozen transformers causal LM: y heads read layers 1..ℓ, templates modulate ℓ+1..N.
 
@@ -189,8 +140,8 @@ class CGTLM(CGT):
     d_y, n_head_y   width and heads of y (d_y divisible by n_head_y)
     n_templates     K templates per site, template_rank r each
     sites           subset of ("attn_in", "attn_out", "mlp_in", "mlp_out")
-    w_aux, w_smooth, smooth ("l2" or "relative"), aux_min_prefix, aux_min_suffix, aux_suffix_len, aux_row_fraction:
-                    the loss terms, as in CGTConfig
+    w_aux, w_smooth, smooth, aux_min_prefix, aux_min_suffix, aux_suffix_len, aux_row_fraction:
+                    the loss terms, as in CGTConfig (smooth: a kind of losses.SMOOTHNESS without a posterior)
     block_size      longest input (default: the LM's max_position_embeddings)
     y_mlp_ratio     hidden width of a y block's MLP = y_mlp_ratio · d_y
     pool_half_life  None: the pooled read-out is the causal mean over the whole prefix; a number h: an
@@ -207,6 +158,8 @@ class CGTLM(CGT):
     take it), but `specialize` returns a model of lm's own class and `x_only` the LM itself.
     """
 
+    stream = HFStream
+
     def __init__(self, lm, y_layer: int = 8, d_y: int = 64, n_head_y: int = 4, n_templates: int = 8,
                  template_rank: int = 2, sites: Sequence[str] = ("attn_in", "mlp_in"), *, w_aux: float = 1.0,
                  w_smooth: float = 0.0, smooth: str = "l2", aux_min_prefix: int = 1, aux_min_suffix: int = 1,
@@ -217,16 +170,12 @@ class CGTLM(CGT):
         check_lm(lm)
         c = lm.config
         n_layer = c.num_hidden_layers
-        if isinstance(sites, str) or not isinstance(sites, (tuple, list)):
-            raise TypeError(f"sites must be a tuple of site names from {SITES}, got {describe(sites)}")
-        for s in sites:
-            if s not in SITES:
-                raise ValueError(f"sites must be names from {SITES}; unknown site {s!r} in sites={tuple(sites)}")
         check_int("y_layer", y_layer, 1, n_layer - 1,
                   hint=f" (1..num_hidden_layers-1 = 1..{n_layer - 1}: {type(lm).__name__} has {n_layer} layers)")
-        if smooth not in ("l2", "relative"):
-            raise ValueError(f"smooth must be 'l2' or 'relative' for a CGTLM ('vae' is not implemented here), "
-                             f"got {smooth!r}")
+        plain = [kind for kind, entry in SMOOTHNESS.items() if not entry.posterior]
+        if smooth not in plain:   # a posterior kind needs σ of ȳ, which this y stream does not learn
+            raise ValueError(f"smooth must be {' or '.join(map(repr, plain))} for a CGTLM (a kind with a posterior "
+                             f"over ȳ is not implemented here), got {smooth!r}")
         max_pos = int(getattr(c, "max_position_embeddings", 2048))
         block_size = max_pos if block_size is None else block_size
         check_int("block_size", block_size, 2, max_pos, hint=f" (the LM's max_position_embeddings is {max_pos})")
@@ -239,7 +188,7 @@ class CGTLM(CGT):
         self.config = cfg = CGTConfig(
             vocab_size=c.vocab_size, block_size=block_size, n_layer=n_layer, d_x=c.hidden_size,
             n_head=c.num_attention_heads, mlp_ratio=y_mlp_ratio, bias=True, d_y=d_y, n_head_y=n_head_y,
-            y_layer=y_layer, y_pos=False, n_templates=n_templates, template_rank=template_rank, sites=tuple(sites),
+            y_layer=y_layer, y_pos=False, n_templates=n_templates, template_rank=template_rank, sites=sites,
             w_aux=w_aux, w_smooth=w_smooth, smooth=smooth, aux_min_prefix=aux_min_prefix,
             aux_min_suffix=aux_min_suffix, aux_suffix_len=aux_suffix_len, aux_row_fraction=aux_row_fraction,
             aux_ce=aux_ce, aux_kl=aux_kl, aux_kl_top_k=aux_kl_top_k,
@@ -265,10 +214,11 @@ class CGTLM(CGT):
         nn.init.normal_(self.pool.weight, 0.0, d ** -0.5)
         self.pool_center = nn.Parameter(torch.zeros(d))             # μ, subtracted before P (see calibrate_pool)
         self.ln_y = nn.LayerNorm(e, elementwise_affine=False)
-        width = {"attn_in": d, "attn_out": c.num_attention_heads * getattr(c, "head_dim", d // c.num_attention_heads),
-                 "mlp_in": d, "mlp_out": c.intermediate_size}
+        widths = {"model": d, "attn": c.num_attention_heads * getattr(c, "head_dim", d // c.num_attention_heads),
+                  "mlp": c.intermediate_size}
         self.templates = nn.ModuleDict({
-            str(layer): nn.ModuleDict({s: SiteTemplates(width[s], e, n_templates, template_rank) for s in cfg.sites})
+            str(layer): nn.ModuleDict({s: SiteTemplates(site_width(s, widths), e, n_templates, template_rank)
+                                       for s in cfg.sites})
             for layer in self.modulated_layers})
         self._n_attention = n_layer + y_layer
 
@@ -300,29 +250,21 @@ class CGTLM(CGT):
     def device(self) -> torch.device:
         return self.pool.weight.device
 
-    def cache_names(self) -> list[str]:
-        cfg = self.config
-        return ([f"x.{n}" for n in range(cfg.n_layer + 1)] + [f"y.{n}" for n in range(len(self.y_blocks) + 1)] + ["ybar"]
-                + [f"coeffs.{layer}.{site}" for layer, site in self.template_sites] + ["logits"])
-
     # ------------------------------------------------------------------ the pass
-    def _ybar_from(self, xs: list[torch.Tensor], record: dict | None) -> torch.Tensor:
-        """y stream over x_1..x_ℓ (each (b, t, d)) -> ȳ (b, t, e)."""
-        dtype = self.pool.weight.dtype
-        xs = [x.to(dtype) if not torch.is_autocast_enabled() else x for x in xs]
-        y = xs[0].new_zeros(*xs[0].shape[:2], self.config.d_y, dtype=dtype)
-        if record is not None:
-            record["y.0"] = y
-        for n, block in enumerate(self.y_blocks):
-            y = block(xs[n], y)
-            if record is not None:
-                record[f"y.{n + 1}"] = y
-        return self._summary(self._pooled(self.ln_x(xs[-1])), y)
+    def _read(self, pooled: torch.Tensor) -> torch.Tensor:
+        """P (pooled − μ): pooled (..., d) read-out of LN(x_ℓ) -> (..., e), in the y stream's dtype."""
+        return self.pool(pooled.to(self.pool.weight.dtype) - self.pool_center)
 
-    def _summary(self, pooled: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
-        """ȳ = LN(P (pooled − μ) + y): pooled (..., d) read-out of LN(x_ℓ), y (..., e) or None -> (..., e)."""
-        read = self.pool(pooled.to(self.pool.weight.dtype) - self.pool_center)
-        return self.ln_y(read if y is None else read + y)
+    def _summary(self, pooled: torch.Tensor) -> torch.Tensor:
+        """ȳ of a pooled-only head (no y blocks) from a pooled read-out (..., d) -> (..., e): LN(P (pooled − μ))."""
+        return self.ln_y(self._read(pooled))
+
+    def _ybar_from(self, xs: list[torch.Tensor], record: dict | None = None) -> torch.Tensor:
+        """ȳ (b, t, e) from layer states x_1..x_ℓ already computed (each (b, t, d)): the y stream alone."""
+        ystep, out = self._y_stream(xs[0][..., 0], record=record, stop=True)
+        for nu, x in enumerate([None, *xs]):
+            ystep(nu, x if x is None or torch.is_autocast_enabled() else x.to(self.pool.weight.dtype))
+        return out["mu"]
 
     @torch.no_grad()
     def pooled_readout(self, idx: torch.Tensor) -> torch.Tensor:
@@ -356,12 +298,12 @@ class CGTLM(CGT):
 
         def grab(module, args, output):
             out["x"] = output[0] if isinstance(output, tuple) else output
-            raise _StopAfterY
+            raise StopAfterY
 
         handle = self.lm.model.layers[layer - 1].register_forward_hook(grab)
         try:
             self.lm.model(input_ids=idx, use_cache=False)
-        except _StopAfterY:
+        except StopAfterY:
             pass
         finally:
             handle.remove()
@@ -373,8 +315,7 @@ class CGTLM(CGT):
         step: nothing below ℓ + 1 runs, so autograd records only the modulated layers."""
         model, ell = self.lm.model, self.config.y_layer
         full = model.layers
-        state = {"coeffs": coeffs, "record": None}
-        with self._hooks(state):
+        with hooks(self, coeffs):
             model.layers = nn.ModuleList(list(full)[ell:])   # the LM's own loop over a shorter list, for this call
             try:
                 return model(inputs_embeds=x_ell.to(self.lm.dtype), use_cache=False).last_hidden_state
@@ -400,8 +341,9 @@ class CGTLM(CGT):
             raise ValueError(f"idx must have at least 2 positions per row to calibrate, got shape {tuple(idx.shape)}")
         pooled = []
         for rows in idx.split(batch_size):
-            record = self._lower_only(rows, record={})["record"]
-            x = record[f"x.{self.config.y_layer}"].to(self.pool.weight.dtype)
+            record: dict[str, torch.Tensor] = {}
+            self._lower(rows, record=record)
+            x = record[X(self.config.y_layer)].to(self.pool.weight.dtype)
             pooled.append(self._pooled(self.ln_x(x))[:, 1:].flatten(0, 1))   # (b·(t−1), d)
         return self.calibrate_pool_from(torch.cat(pooled))
 
@@ -421,224 +363,22 @@ class CGTLM(CGT):
         self.pool.weight.copy_(v[:self.config.d_y])
         return self
 
-    @contextlib.contextmanager
-    def _hooks(self, state: dict):
-        """Hooks for one call. state: "coeffs" {"ν.site": (b, t|1, K)} or None (computed from ȳ at layer ℓ),
-        "record" dict or None, "ablate", "stop" (only ȳ wanted); the hooks put "ybar" into state."""
-        layers, ell = self.lm.model.layers, self.config.y_layer
-        record, xs, handles = state.get("record"), [], []
-        need_y = state.get("coeffs") is None
-
-        def layer_out(n):
-            def hook(module, args, out):
-                h = out[0] if isinstance(out, tuple) else out
-                if record is not None:
-                    record[f"x.{n + 1}"] = h
-                if n < ell and need_y:
-                    xs.append(h)
-                if n == ell - 1 and need_y:
-                    ybar = self._ybar_from(xs, record)
-                    state["ybar"] = ybar
-                    if state.get("stop"):
-                        raise _StopAfterY
-                    state["coeffs"] = self._coefficients(ybar, state.get("ablate"))
-            return hook
-
-        def modulate(layer, site, on_output):
-            temp = self.templates[str(layer)][site]
-
-            def transform(h):
-                c = state["coeffs"][f"{layer}.{site}"]
-                if record is not None:
-                    record.setdefault(f"coeffs.{layer}.{site}", c if c.shape[1] == h.shape[1] else c.expand(-1, h.shape[1], -1))
-                if torch.is_autocast_enabled():
-                    return temp.apply(h, c)
-                return temp.apply(h.to(temp.U.dtype), c.to(temp.U.dtype)).to(h.dtype)
-
-            if on_output:
-                return lambda module, args, out: transform(out)
-            return lambda module, args: (transform(args[0]), *args[1:])
-
-        try:
-            if record is not None:
-                handles.append(self.lm.model.embed_tokens.register_forward_hook(
-                    lambda module, args, out: record.__setitem__("x.0", out)))
-            for n, layer in enumerate(layers):
-                if record is not None or (n < ell and need_y):
-                    handles.append(layer.register_forward_hook(layer_out(n)))
-            if not state.get("stop"):
-                for layer_no, site in self.template_sites:
-                    where, on_output, _ = SITE_MODULES[site]
-                    module = layers[layer_no - 1].get_submodule(where)
-                    handles.append(module.register_forward_hook(modulate(layer_no, site, True)) if on_output
-                                   else module.register_forward_pre_hook(modulate(layer_no, site, False)))
-            yield state
-        finally:
-            for h in handles:
-                h.remove()
-
-    def _hidden(self, idx: torch.Tensor, coeffs=None, record=None, ablate=None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Final (normed) hidden states (b, t, d) and ȳ (b, t, e) (None when coeffs are given)."""
-        state = {"coeffs": coeffs, "record": record, "ablate": ablate}
-        with self._hooks(state):
-            hidden = self.lm.model(input_ids=idx, use_cache=False).last_hidden_state
-        return hidden, state.get("ybar")
-
-    def _fixed_coeffs(self, ybar_vec: torch.Tensor, ablate=None) -> dict:
-        """ȳ frozen per row: ybar_vec (b, e) -> {"ν.site": (b, 1, K)}."""
-        return {key: c[:, None, :] for key, c in self._coefficients(ybar_vec, ablate).items()}
-
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm.lm_head(hidden)
-
-    def _specialized(self, inp: torch.Tensor, ybar_vec: torch.Tensor, cache=None, pos_offset: int = 0,
-                     ablate=None) -> torch.Tensor:
-        """x-only pass with T(ȳ) frozen per row (ybar_vec (b, e)), positions from 0 -> logits (b, t, v)."""
-        if cache is not None or pos_offset:
-            raise NotImplementedError("CGTLM runs the specialised pass without a KV cache, from position 0")
-        return self._logits(self._hidden(inp, self._fixed_coeffs(ybar_vec, ablate))[0])
-
-    # ------------------------------------------------------------------ public API
-    def forward(self, idx: torch.Tensor, ablate: dict[str, Sequence[int]] | None = None) -> torch.Tensor:
-        """Full mode: every token uses its own ȳ_t. idx (b, t) -> logits (b, t, v); ablate as in CGT.forward."""
-        idx = check_inputs(self.config, idx, device=self.device)
-        return self._logits(self._hidden(idx, ablate=check_ablate(self, ablate))[0])
-
-    def context(self, idx: torch.Tensor) -> torch.Tensor:
-        """ȳ at every token: idx (b, t) -> (b, t, e). Runs only layers 1..ℓ of the LM."""
-        idx = check_inputs(self.config, idx, device=self.device)
-        return self._lower_only(idx)["ybar"]
-
     def lower_cache(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
         """The activations of layers 0..ℓ only, from a pass that stops after ℓ (as context() does):
         idx (b, t) -> {"x.0".."x.ℓ": (b, t, d), "y.0".."y.ℓ": (b, t, e), "ybar": (b, t, e)}, the same tensors
         run_with_cache gives under those names, for a fraction of the cost on a deep LM."""
-        idx = check_inputs(self.config, idx, device=self.device)
-        state = self._lower_only(idx, record={})
-        return {**state["record"], "ybar": state["ybar"]}
-
-    def _lower_only(self, idx: torch.Tensor, record: dict | None = None) -> dict:
-        """Run the LM's layers 1..ℓ and the y stream only (the hooks stop the pass after ℓ); the hooks' state."""
-        state = {"coeffs": None, "record": record, "stop": True}
-        with self._hooks(state):
-            try:
-                self.lm.model(input_ids=idx, use_cache=False)
-            except _StopAfterY:
-                pass
-        return state
-
-    def run_with_cache(self, idx: torch.Tensor, names=None,
-                       ablate: dict[str, Sequence[int]] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """logits (b, t, v) and the named activations (module docstring); names as in CGT.run_with_cache."""
-        idx = check_inputs(self.config, idx, device=self.device)
-        keep = cache_name_filter(self.cache_names(), names)
         record: dict[str, torch.Tensor] = {}
-        hidden, ybar = self._hidden(idx, record=record, ablate=check_ablate(self, ablate))
-        record["ybar"] = ybar
-        record["logits"] = logits = self._logits(hidden)
-        return logits, {name: record[name] for name in self.cache_names() if name in record and keep(name)}
+        self._lower(check_inputs(self.config, idx, device=self.device), record=record)
+        return record
 
-    @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, use_cache: bool = False) -> torch.Tensor:
-        """Extend idx (b, t) by max_new_tokens in full mode (ȳ per token; recomputed each step, no KV cache)."""
-        idx = check_inputs(self.config, idx, device=self.device)
-        check_int("max_new_tokens", max_new_tokens, 1, max(self.config.block_size - idx.shape[1], 1),
-                  hint=f" (block_size {self.config.block_size} - prompt length {idx.shape[1]})")
-        check_float("temperature", temperature, 0.0, hint=" (0 = greedy)")
-        check_int("top_k", top_k, 1, allow_none=True)
-        for _ in range(max_new_tokens):
-            idx = torch.cat([idx, sample_next(self(idx)[:, -1], temperature, top_k)], dim=1)
-        return idx
+        """As CGT.generate, in full mode with ȳ recomputed each step: the pretrained stream has no KV cache."""
+        return super().generate(idx, max_new_tokens, temperature, top_k, use_cache)
 
-    def aux_logits(self, idx: torch.Tensor, split: int | torch.Tensor) -> torch.Tensor:
-        """Logits of the auxiliary path for an explicit split: (b, t − min(split), v), suffixes left-aligned."""
-        idx = check_inputs(self.config, idx, device=self.device)
-        b, t = idx.shape
-        split = check_split(split, b, t).to(idx.device)
-        ytilde = self.context(idx)[torch.arange(b, device=idx.device), split - 1]
-        src = (split[:, None] + torch.arange(t - int(split.min()), device=idx.device)).clamp(max=t - 1)
-        return self._specialized(idx.gather(1, src), ytilde)
-
-    # ------------------------------------------------------------------ compiling a prompt
-    def lora_factors(self, ybar_vec: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """Per modulated LM weight name, (A, B) with W' = W + B @ A.
-
-        ybar_vec (e,) -> A (K·r, i), B (o, K·r);  (b, e) -> A (b, K·r, i), B (b, o, K·r).
-        Names are lm state-dict keys, e.g. "model.layers.8.self_attn.q_proj.weight"; the maps that read one
-        site (q, k, v for attn_in) share A. GPT-style names resolve too (see LoraFactors)."""
-        single = isinstance(ybar_vec, torch.Tensor) and ybar_vec.dim() == 1
-        ybar_vec = check_summary(self.config, ybar_vec, self.device)
-        out, aliases = {}, {}
-        for layer, site in self.template_sites:
-            temp = self.templates[str(layer)][site]
-            coeffs = temp.coefficients(ybar_vec.to(temp.U.dtype))
-            names = [f"model.layers.{layer - 1}.{linear}.weight" for linear in SITE_MODULES[site][2]]
-            aliases[f"blocks.{layer - 1}.{SITE_WEIGHTS[site]}.weight"] = names
-            for name in names:
-                weight = self.lm.get_parameter(name)
-                lora_a, lora_b = temp.factors(weight.to(temp.U.dtype), coeffs)
-                out[name] = (lora_a[0], lora_b[0]) if single else (lora_a, lora_b)
-        return LoraFactors(out, aliases)
-
-    def x_only(self) -> nn.Module:
-        """The LM with T = I (no context), called like a GPT: idx (b, t) -> logits. It *is* `lm`, not a copy."""
-        return _NoContext(self.lm)
-
-    def merged_lm(self, ybar_vec: torch.Tensor):
-        """A model of lm's class whose modulated weights are W + B @ A for one ȳ (e,); every other tensor
-        (embeddings, norms, unmodulated maps, buffers) is lm's own, shared. For inference: training it
-        would also change lm."""
-        ybar_vec = check_summary(self.config, ybar_vec, self.device)
-        if ybar_vec.shape[0] != 1:
-            raise ValueError(f"ybar_vec must be one summary (d_y,) or (1, d_y), got shape {tuple(ybar_vec.shape)}; "
-                             f"use specialize for a batch of prompts")
-        memo: dict[int, Any] = {id(t): t for t in itertools.chain(self.lm.parameters(), self.lm.buffers())}
-        with torch.no_grad():
-            for name, (lora_a, lora_b) in self.lora_factors(ybar_vec[0]).items():
-                weight = self.lm.get_parameter(name)
-                memo[id(weight)] = nn.Parameter((weight + (lora_b @ lora_a).to(weight.dtype)), requires_grad=False)
-        merged = copy.deepcopy(self.lm, memo).eval()
-        strip_remote_code(merged.config)   # a compiled model never carries the base LM's custom-code pointer
-        return merged
-
-    def merged_gpt(self, ybar_vec: torch.Tensor, share_weights: bool = True):
-        """merged_lm (the name CGT uses); the unmodulated weights are always shared."""
-        return self.merged_lm(ybar_vec)
-
-    def _prompt_rows(self, prompt) -> tuple[torch.Tensor, bool]:
-        if isinstance(prompt, (list, tuple)):
-            if not prompt or not all(isinstance(p, torch.Tensor) and p.dim() == 1 for p in prompt):
-                raise ValueError(f"prompt must be a tensor (t,) / (b, t) or a non-empty list of (t,) tensors, got "
-                                 f"{[tuple(p.shape) if isinstance(p, torch.Tensor) else type(p).__name__ for p in prompt]}")
-            return prompt, False
-        if not isinstance(prompt, torch.Tensor):
-            raise TypeError(f"prompt must be a tensor of token ids (t,) or (b, t), or a list of them, got {describe(prompt)}")
-        if prompt.dim() == 1:
-            return [prompt], True
-        if prompt.dim() != 2:
-            raise ValueError(f"prompt must have shape (t,) or (b, t), got shape {tuple(prompt.shape)}")
-        return list(prompt), prompt.shape[0] == 1
-
-    @torch.no_grad()
-    def prompt_summary(self, prompt: torch.Tensor) -> torch.Tensor:
-        """ȳ after the last token of one prompt (t,) or (1, t) -> (e,)."""
-        rows, _ = self._prompt_rows(prompt)
-        if len(rows) != 1:
-            raise ValueError(f"prompt must be one prompt (t,) or (1, t) here, got {len(rows)}")
-        return self.context(rows[0][None])[0, -1]
-
-    @torch.no_grad()
-    def specialize(self, prompt, share_weights: bool = True):
-        """Compile a prompt into the weights: ȳ after its last token, then W' = W + B @ A at every site.
-
-        prompt (t,) or (1, t) -> a model of lm's class (e.g. LlamaForCausalLM) that `save_pretrained` writes and
-        `AutoModelForCausalLM.from_pretrained` loads; (b, t) with b > 1 or a list of (t,) -> a list of them.
-        Only the modulated weights are new tensors; the rest is shared with lm (`share_weights` is always on)."""
-        check_bool("share_weights", share_weights)
-        rows, single = self._prompt_rows(prompt)
-        models = [self.merged_lm(self.prompt_summary(row)) for row in rows]
-        return models[0] if single else models
+    def merged_lm(self, ybar_vec: torch.Tensor, share_weights: bool = True):
+        """merged_gpt under the LM's name: a model of lm's class whose modulated weights are W + B @ A."""
+        return self.merged_gpt(ybar_vec, share_weights)
 
     def peft_config(self):
         """The peft.LoraConfig of `export_peft`: rank K·r, alpha = rank (scale 1), the layers above ℓ."""
@@ -674,83 +414,60 @@ class CGTLM(CGT):
         self.peft_config().save_pretrained(str(path))
         return path
 
-    # ------------------------------------------------------------------ losses
-    def loss(self, idx: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor | None = None,
-             split: int | torch.Tensor | None = None, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-        """main + w_aux·aux + w_smooth·smooth (scalar tensors), as CGT.loss; cross-entropy in vocabulary chunks.
+    # ------------------------------------------------------------------ CGT.loss's scoring, in vocabulary chunks
+    def _main_loss(self, final, targets, loss_mask):
+        return self._masked_ce(final, targets, None if loss_mask is None else loss_mask.bool())
 
-        aux: ỹ = ȳ at token s−1 (gradients flowing), the x-only specialised LM on the suffix alone."""
-        cfg = self.config
-        idx = check_inputs(cfg, idx, device=self.device)
-        check_targets(cfg, idx, targets, loss_mask)
-        b, t = idx.shape
-        hidden, ybar = self._hidden(idx)
-        main = self._masked_ce(hidden, targets, None if loss_mask is None else loss_mask.bool())
-        if cfg.w_aux > 0 or split is not None:
-            if split is None:
-                check_aux_length(cfg, idx)
-            s = self.sample_split(b, t, generator) if split is None else check_split(split, b, t)
-            rows = torch.arange(b)
-            n_aux = max(1, math.ceil(cfg.aux_row_fraction * b)) if self.training else b
-            if n_aux < b:   # a cheaper step: the aux pass on a random share of the rows (mean over their tokens)
-                rows = torch.randperm(b, generator=generator)[:n_aux].sort().values
-                s = s[rows]
-            rows, s_dev = rows.to(idx.device), s.to(idx.device)
-            ytilde = ybar[rows, s_dev - 1]                                          # (n_aux, e)
-            m = t - int(s.min())
-            if cfg.aux_suffix_len is not None:
-                m = min(m, cfg.aux_suffix_len)
-            src = s_dev[:, None] + torch.arange(m, device=idx.device)              # (b, m) source positions
-            valid = src < t
-            src = src.clamp(max=t - 1)
-            mask = valid if loss_mask is None else valid & loss_mask.bool()[rows].gather(1, src)
-            aux_hidden = self._hidden(idx[rows].gather(1, src), self._fixed_coeffs(ytilde))[0]
-            aux_targets = targets[rows].gather(1, src)
-            if cfg.aux_kl > 0:
-                aux = self._distill_aux(idx[rows], src, aux_hidden, aux_targets, mask)
-            else:
-                aux = self._masked_ce(aux_hidden, aux_targets, mask)
-        else:
-            aux = main.new_zeros(())
-        if t < 2:
-            smooth = main.new_zeros(())
-        else:
-            step = (ybar[:, 1:] - ybar[:, :-1]).pow(2).sum(-1).mean()
-            if cfg.smooth == "relative":
-                step = step / (2 * (ybar - ybar.mean((0, 1), keepdim=True)).pow(2).sum(-1).mean() + 1e-6)
-            smooth = step
-        total = main + cfg.w_aux * aux + cfg.w_smooth * smooth
-        return {"main": main, "aux": aux, "smooth": smooth, "total": total}
-
-    def _distill_aux(self, idx: torch.Tensor, src: torch.Tensor, hidden: torch.Tensor, targets: torch.Tensor,
-                     mask: torch.Tensor) -> torch.Tensor:
-        """The aux term with context distillation, mean over scored positions. idx (n, t) the rows, src (n, m)
-        their suffix positions, hidden (n, m, d) the specialised model on the suffix alone, targets (n, m).
-        Teacher: the LM itself (T = I) with the whole row in context, read at the suffix positions."""
-        with torch.no_grad():
-            teacher_hidden = self.teacher_pass(idx, 1)[0]                                          # (n, t, d)
-            teacher = self._logits(take_positions(teacher_hidden, src))                           # (n, m, v)
+    def _aux_scores(self, final, targets, mask, teacher, rows, src):
+        """CGT._aux_scores from the specialised LM's final hidden states (n, m, d): the logits only at scored
+        positions. Distillation teacher: the LM itself (T = I) with the whole row in context."""
         valid = mask & (targets != IGNORE_INDEX)
         if not valid.any():
-            return hidden.sum() * 0.0
-        student = self._logits(hidden[valid])                                                     # (p, v)
-        ce = F.cross_entropy(student.float(), targets[valid], reduction="none")
-        return aux_objective(self.config, ce, student, teacher[valid]).mean()
+            return final.sum(-1) * 0.0, valid
+        if self.config.aux_kl > 0:
+            with torch.no_grad():
+                teacher = self._logits(take_positions(self.teacher_pass(rows, 1)[0], src)[valid])      # (p, v)
+            student = self._logits(final[valid])                                                       # (p, v)
+            ce = F.cross_entropy(student.float(), targets[valid], reduction="none")
+        else:
+            student, ce = None, self._chunked_ce(final[valid], targets[valid])
+        per = aux_objective(self.config, ce, student, teacher)
+        return torch.zeros(valid.shape, dtype=per.dtype, device=per.device).masked_scatter(valid, per), valid
 
     def _masked_ce(self, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Mean cross-entropy over positions with targets ≠ −100 (and mask true); hidden (b, t, d)."""
         valid = targets != IGNORE_INDEX
         if mask is not None:
             valid = valid & mask
-        head = self.lm.lm_head
         h = hidden[valid]                                                         # (n, d)
         if h.shape[0] == 0:
             return hidden.sum() * 0.0
-        if head.bias is not None:
+        return self._chunked_ce(h, targets[valid]).mean()
+
+    def _chunked_ce(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Per-position cross-entropy of the LM head on hidden states h (n, d), targets (n,) -> (n,) float32."""
+        if self.lm.lm_head.bias is not None:
             raise NotImplementedError("an lm_head with a bias is not supported by the chunked loss")
-        return chunked_cross_entropy(h, head.weight, targets[valid]).mean()
+        return chunked_cross_entropy(h, self.lm.lm_head.weight, targets)
 
     # ------------------------------------------------------------------ persistence
+    @staticmethod
+    def _settings(cfg: CGTConfig, **hf_settings) -> dict:
+        """The constructor's keywords that a CGTLM's config holds (hf_settings: the ones read elsewhere)."""
+        names = ("y_layer", "d_y", "n_head_y", "n_templates", "template_rank", "sites", "w_aux", "w_smooth", "smooth",
+                 "aux_min_prefix", "aux_min_suffix", "aux_suffix_len", "aux_row_fraction", "aux_ce", "aux_kl",
+                 "aux_kl_top_k", "block_size")
+        return {**{name: getattr(cfg, name) for name in names}, **hf_settings}
+
+    @classmethod
+    def from_config(cls, config: CGTConfig, lm) -> "CGTLM":
+        """A fresh CGTLM on lm with the settings of another CGTLM's config (`model.config`)."""
+        saved = config.extra.get("hf") if isinstance(config, CGTConfig) else None
+        if not isinstance(saved, dict):
+            raise TypeError(f"config must be the CGTConfig of a CGTLM (with extra['hf']), got {describe(config)}")
+        return cls(lm, **cls._settings(config, y_mlp_ratio=config.mlp_ratio, pool_half_life=saved.get("pool_half_life"),
+                                       pooled_only=saved.get("pooled_only", False)))
+
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """A folder with config.json + model.safetensors holding the y stream and templates only (not the LM)."""
         path = model_folder(path, "cgt_viz:CGTLM", "CGTLM.save_pretrained", "a cgt_viz CGTLM model (the y heads)")
@@ -815,13 +532,7 @@ class CGTLM(CGT):
                 raise ValueError(f"lm does not match the LM these heads were trained on: {key} is "
                                  f"{getattr(now, key)!r}, the folder says {saved.get(key)!r} "
                                  f"({saved.get('name_or_path')!r})")
-        kwargs = dict(y_layer=cfg.y_layer, d_y=cfg.d_y, n_head_y=cfg.n_head_y, n_templates=cfg.n_templates,
-                      template_rank=cfg.template_rank, sites=tuple(cfg.sites), w_aux=cfg.w_aux, w_smooth=cfg.w_smooth,
-                      smooth=cfg.smooth, aux_min_prefix=cfg.aux_min_prefix, aux_min_suffix=cfg.aux_min_suffix,
-                      aux_suffix_len=cfg.aux_suffix_len, aux_row_fraction=cfg.aux_row_fraction,
-                      aux_ce=cfg.aux_ce, aux_kl=cfg.aux_kl, aux_kl_top_k=cfg.aux_kl_top_k,
-                      block_size=cfg.block_size, y_mlp_ratio=y_mlp_ratio, pool_half_life=pool_half_life,
-                      pooled_only=pooled_only)
+        kwargs = cls._settings(cfg, y_mlp_ratio=y_mlp_ratio, pool_half_life=pool_half_life, pooled_only=pooled_only)
         # the shapes the config builds, on the meta device (no memory, no time), against the file's header
         header = _safetensors_header(path / WEIGHTS_NAME)
         try:

@@ -1,0 +1,129 @@
+"""The x stream of a CGT over a frozen Hugging Face causal LM (Llama layout): `streams.XStream` by hooks.
+
+Nothing inside the LM is edited. During a pass, hooks registered for that pass only (so `lm` stays a plain
+model between calls) hand the outputs of decoder layers 1..ℓ to the y stream and transform each template
+site's input above ℓ at the module `sites.SITE_TABLE` names for it (hf_at). The LM's parameters never
+require gradients and the lower layers see no tensor that does, so autograd records nothing there.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn as nn
+
+from ..outputs import X
+from ..sites import SITE
+from ..streams import XStream
+from .source import strip_remote_code
+
+
+class StopAfterY(Exception):
+    """Raised by the layer-ℓ hook when only ȳ is wanted: the layers above ℓ are not run."""
+
+
+class NoContext(nn.Module):
+    """The LM alone (T = I), called like a cgt_viz GPT: idx (b, t) -> logits (b, t, v)."""
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.lm(input_ids=idx, use_cache=False).logits
+
+
+@contextlib.contextmanager
+def hooks(model, coeffs: dict | None, ystep=None, record: dict | None = None, stop: bool = False):
+    """The hooks of one pass over model.lm. ystep(ν, x_ν) gets layers 1..ℓ's outputs (in the y stream's dtype
+    outside autocast) and returns the coefficients at ℓ, which the site hooks then read; with coeffs given
+    (ȳ frozen) ystep is None. stop: raise StopAfterY after layer ℓ. Yields the dict holding "coeffs"."""
+    layers, ell = model.lm.model.layers, model.config.y_layer
+    state, handles = {"coeffs": coeffs}, []
+    dtype = model.pool.weight.dtype
+
+    def layer_out(n):
+        def hook(module, args, out):
+            h = out[0] if isinstance(out, tuple) else out
+            if record is not None:
+                record[X(n + 1)] = h
+            if n < ell and ystep is not None:
+                c = ystep(n + 1, h if torch.is_autocast_enabled() else h.to(dtype))
+                if n == ell - 1:
+                    if stop:
+                        raise StopAfterY
+                    state["coeffs"] = c
+        return hook
+
+    def seam(layer, site, on_output):
+        if on_output:
+            return lambda module, args, out: model._modulate(layer, site, out, state["coeffs"])
+        return lambda module, args: (model._modulate(layer, site, args[0], state["coeffs"]), *args[1:])
+
+    try:
+        if record is not None:
+            handles.append(model.lm.model.embed_tokens.register_forward_hook(
+                lambda module, args, out: record.__setitem__(X(0), out)))
+        for n, layer in enumerate(layers):
+            if record is not None or (n < ell and ystep is not None):
+                handles.append(layer.register_forward_hook(layer_out(n)))
+        if not stop:
+            for layer_no, site in model.template_sites:
+                where = SITE[site]
+                module = layers[layer_no - 1].get_submodule(where.hf_at)
+                handles.append(module.register_forward_hook(seam(layer_no, site, True)) if where.hf_output
+                               else module.register_forward_pre_hook(seam(layer_no, site, False)))
+        yield state
+    finally:
+        for h in handles:
+            h.remove()
+
+
+class HFStream(XStream):
+    """A frozen pretrained causal LM (`model.lm`); y starts at zero and ȳ reads a pooled mean of LN(x_ℓ)."""
+
+    family = "a pretrained LM (cgt_viz.hf.CGTLM)"
+    refuses = {"a KV cache": "the pretrained stream runs every pass from position 0 without one"}
+    self_teacher = False   # the distillation teacher is the LM with the prefix in context (CGTLM._aux_scores)
+
+    @staticmethod
+    def run(model, inp, ystep, coeffs=None, cache=None, pos_offset=0, record=None, stop=False):
+        if cache is not None or pos_offset:
+            HFStream.refuse("a KV cache")
+        if coeffs is None:
+            ystep(0, None)
+        with hooks(model, coeffs, ystep if coeffs is None else None, record, stop):
+            try:
+                return model.lm.model(input_ids=inp, use_cache=False).last_hidden_state
+            except StopAfterY:
+                return None
+
+    @staticmethod
+    def final_logits(model, final):
+        return model.lm.lm_head(final)
+
+    @staticmethod
+    def y_input(model, inp, pos_offset):
+        return torch.zeros(*inp.shape[:2], model.config.d_y, dtype=model.pool.weight.dtype, device=inp.device)
+
+    @staticmethod
+    def readout(model, x_ell, y, cache):
+        return model._read(model._pooled(model.ln_x(x_ell))) + y
+
+    @staticmethod
+    def site_maps(model, layer, site):
+        return [f"model.layers.{layer - 1}.{linear}.weight" for linear in SITE[site].hf_maps]
+
+    @staticmethod
+    def base(model) -> nn.Module:
+        return model.lm
+
+    @staticmethod
+    def finish_merged(merged):
+        strip_remote_code(merged.config)   # a compiled model never carries the base LM's custom-code pointer
+        return merged.eval()
+
+    @staticmethod
+    def no_context(model) -> nn.Module:
+        return NoContext(model.lm)
+
