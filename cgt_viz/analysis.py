@@ -301,8 +301,8 @@ class Projector:
         elif self.method == "umap":
             import umap
             self._check_params(umap.UMAP, n)
-            # PCA init and fewer optimisation epochs than UMAP's defaults (200-500): ~4 s instead of ~20-50 s
-            # for 20k points on one thread, with the same clusters; override through params
+            # PCA init and fewer optimisation epochs than UMAP's defaults: several times faster with the same
+            # clusters (benchmarks/bench_explorer.py times the fits); override through params
             kw = dict(n_neighbors=min(15, n - 1), min_dist=0.1, random_state=self.seed, n_jobs=1,
                       init="pca" if n > 16 else "random", n_epochs=200 if n <= 10_000 else 100,
                       negative_sample_rate=3)

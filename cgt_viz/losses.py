@@ -21,7 +21,7 @@ def aux_length_groups(split: torch.Tensor) -> list[torch.Tensor]:
     """The auxiliary pass's row groups for a CPU split (b,): rows sorted by suffix length (longest first), cut
     into min(b, AUX_LENGTH_GROUPS) contiguous groups, each padded to its own longest suffix, where the padded
     positions Σ_g |g| · max suffix_g are fewest (exactly, by dynamic programming over the cut points; equal-size
-    chunks padded ~4 % more for uniform splits at b = 8). Above MAX_CUT_ROWS rows (the search holds a b × b
+    chunks pad more: benchmarks/bench_aux_layouts.py). Above MAX_CUT_ROWS rows (the search holds a b × b
     table) the groups are equal-size chunks."""
     order = torch.argsort(split, stable=True)
     n, inf = len(order), float("inf")

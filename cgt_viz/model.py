@@ -424,7 +424,7 @@ class CGT(PretrainedMixin, Generation, nn.Module):
             teacher = None if teacher is None else teacher[k]
             rows, src = idx[k], src[k]
         n = suffix.shape[0]
-        # Padding every row to the longest suffix wastes ~45 % of the pass for uniform splits: rows sorted by
+        # Padding every row to the longest suffix wastes much of the pass (benchmarks/bench_aux_layouts.py): rows sorted by
         # suffix length run in up to losses.AUX_LENGTH_GROUPS groups, each only as long as its own longest suffix.
         final = None
         for group in aux_length_groups(split):

@@ -19,8 +19,8 @@ from ..sequences import model_device
 
 
 def batch_size(model, seqs: A.Sequences) -> int:
-    """Sequences per forward pass when collecting ȳ: about 8k tokens on a CPU (faster there than bigger
-    batches: they fit the cache), collect_ybar's default elsewhere."""
+    """Sequences per forward pass when collecting ȳ: 8192 tokens on a CPU (faster there than
+    bigger batches: they fit the cache; benchmarks/bench_explorer.py), collect_ybar's default elsewhere."""
     if model_device(model).type != "cpu":
         return 64
     return max(1, 8192 // max(int(seqs.t), 1))

@@ -11,7 +11,7 @@ bundle also holds `image/png` of the view's main figure (the first of `static_fi
                                           (see cgt_viz.widgets.export; the kernel needs no setting)
 
 It is off by default because it is slow: the PNG is drawn by kaleido (>= 1.5) in a headless Chromium,
-seconds to start and about a second per figure after that (README: "A saved notebook on GitHub"). One
+slow to start and slow per figure (docs/guides/views.md says how to turn it on). One
 kaleido session (one Chromium) serves every figure of the process; it starts on the first PNG and ends
 with the process or `static_png(False)`. The page kaleido renders in loads only local files: plotly.js
 from the installed plotly package and no MathJax, and Chromium gets a proxy that does not exist, so

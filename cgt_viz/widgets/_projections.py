@@ -163,7 +163,7 @@ class Projecting:
         thread = self._set.new_fit(key, self._fit_done)
         if thread is None:                         # fitted, or fitting already
             return
-        hint = (" (the first UMAP in a process also compiles numba: ~20–60 s on a small CPU)"
+        hint = (" (the first UMAP in a process also compiles numba, which takes a while on a small CPU)"
                 if key.startswith("umap") else "")
         self._set_status(f"{method_name(key)}: fitting in the background on {len(self._set.points):,} points{hint}…",
                          "busy")

@@ -10,7 +10,7 @@ A view's display is three outputs, one after the other:
                                        untrusted notebooks, e.g. one executed by nbclient / nbconvert)
        text/html                       every figure of the view, drawn by plotly.js (nbconvert HTML, nbviewer,
                                        VS Code, any HTML frontend); plotly.js itself (from the installed plotly
-                                       package, never a CDN; gzip + base64, 1.9 MB) is embedded in the first
+                                       package, never a CDN; gzip + base64) is embedded in the first
                                        view of every cell run, so an export draws whatever outputs survived
                                        re-runs (the `StaticViews` preprocessor keeps one copy per export)
        text/plain                      one line saying what the view is
@@ -45,7 +45,7 @@ turns the static form off (see `mode`).
 GitHub's notebook preview runs no JavaScript and shows only images and text. Opt in and the bundle also holds
 
     image/png                        the view's main figure, drawn by kaleido in a headless system Chromium
-                                     (offline: local plotly.js, no MathJax); about a second per figure, so
+                                     (offline: local plotly.js, no MathJax); slow per figure, so
                                      off by default: `cgt_viz.widgets.static_png(True)`, CGT_STATIC_PNG=1,
                                      `view.show_static(png=True)`, or `--StaticViews.png=True` on the
                                      preprocessor (which draws it from the stored plotly JSON); see `_png`
@@ -129,7 +129,7 @@ def _plotly_js_gzip_b64() -> str:
 
 
 def plotly_js_html() -> str:
-    """plotly.js from the installed plotly package (gzip + base64, 1.9 MB instead of 4.8) as one inline
+    """plotly.js from the installed plotly package (gzip + base64, well under half its size) as one inline
     <script>: the browser inflates it (DecompressionStream), runs it unless window.Plotly is there already
     (also on pages with an AMD loader), then tells every static view waiting for it. Every cell that shows a
     view carries one, so an export draws whichever outputs survive re-runs; `StaticViews` keeps one."""

@@ -89,8 +89,8 @@ def explore(model, data, labels=None, *, positions: Any = "all", projection: str
 class Explorer(MapSelection, Projecting, Controls, StaticForm, W.VBox):
     """ipywidgets layout around a FigureWidget of ȳ points; see `explore` for the arguments.
 
-    Collecting ȳ of more than 2 × `preview_tokens` tokens (CPU: ~3 s per 100k tokens on one thread for a
-    small model) first paints a preview: the PCA of about `preview_tokens` tokens from sequences stratified
+    Collecting ȳ of more than 2 × `preview_tokens` tokens (benchmarks/bench_explorer.py times the collection)
+    first paints a preview: the PCA of about `preview_tokens` tokens from sequences stratified
     by label, while a background thread collects the rest and then draws every point. Python never sees
     the preview: every method and attribute waits for the full set (`wait()` does only that).
     `Explorer.preview_tokens = None` turns the preview off.

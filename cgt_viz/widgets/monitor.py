@@ -108,7 +108,7 @@ class TrainingMonitor(StaticForm, W.VBox):
                     xs, ys = target.setdefault(key, ([], []))
                     xs.append(record["step"])
                     ys.append(float(value))
-        # at most every min_interval, and never more than ~10 % of the time on drawing (long runs)
+        # at most every min_interval, and never more than a tenth of the time on drawing (min_interval ≥ 10 × the last draw's cost)
         if kind != "step" or now - self._last_draw >= max(self.min_interval, 10 * self._draw_cost):
             self.redraw(final=kind == "end")
 
