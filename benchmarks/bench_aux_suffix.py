@@ -6,7 +6,7 @@
         --vocab 4096 --aux-min 32                               # the reference text model's size
 
 `aux_suffix_len` changes the objective (the aux pass scores only the first L tokens of each row's suffix);
-what it does to quality is measured by training, not here (README, issue 16's trade-off table). Every
+what it does to quality is measured by training, not here (docs/notes.md, issue 16's trade-off table). Every
 setting runs the same splits and tokens in each repeat; the ratio is of process CPU time per full step
 (forward, backward, AdamW; wall time on a GPU), median over repeats, the per-repeat spread beside it.
 """

@@ -1,4 +1,4 @@
-"""The results tables of the README: each recipe trained on held-out seeds, with intervals.
+"""The synthetic results tables (docs/results.md, written by benchmarks/results_pages.py from the JSON): each recipe trained on held-out seeds, with intervals.
 
     python benchmarks/tasks_results.py                                  # every synthetic recipe, seeds 101 102 103
     python benchmarks/tasks_results.py --runs icl-value-shift --seeds 101 --steps 200    # a quick look

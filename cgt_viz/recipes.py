@@ -1,5 +1,5 @@
 """The recipe of each built-in task: what its notebook trains, and what `python -m cgt_viz train --task NAME`
-uses by default (flags override any of it). The README's Results section measures these recipes.
+uses by default (flags override any of it). docs/results.md measures these recipes.
 
     task    task constructor arguments          model   CGTConfig fields (beside the task's own)
     train   TrainConfig fields                  curriculum  updates over which regression's live dimensions grow

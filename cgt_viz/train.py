@@ -338,7 +338,7 @@ def train(model: nn.Module, task: Task, config: TrainConfig | None = None, *,
 
     aux_delay, aux_ramp  weight the auxiliary loss by 0 for the first aux_delay updates, then ramp it linearly
                     to w_aux over aux_ramp updates (the aux term is still computed and logged; "total" is what
-                    is optimised); the README measures what this does on SyntheticICL
+                    is optimised); docs/notes.md measures what this does on SyntheticICL
 
     Ctrl-C stops after the step in flight, checkpoints it and returns normally with history.interrupted = True.
     NaN/inf raises TrainingDiverged before the bad update (see the module docstring).

@@ -20,7 +20,7 @@ positions, even indices), so the model is scored only where the hidden function 
 
 `Batch.split` (the auxiliary split, a prefix length) falls on a pair boundary, so the specialized model's
 suffix starts with a query pair (u, A); with `cfg.aux_suffix_len = 2` (set by `config_kwargs`) the
-auxiliary pass sees exactly that one pair (the README records the calibration).
+auxiliary pass sees exactly that one pair (docs/notes.md records the calibration).
 
 Small P makes copying easy: a query u that already occurred earlier in the sequence can be answered by
 look-up. `info["novel"]` marks query positions whose u is new, and `eval_batch` builds prompts whose
@@ -31,7 +31,7 @@ can infer f. A plain Transformer has to grow a previous-token attention head for
 can sit on the ln P plateau (uniform over the P answers) for thousands of steps first. `config_kwargs()`
 therefore sets the model's `token_shift="pair"` for value answers (x.0_t also gets an embedding of the token
 pair (t−1, t)), so every answer position already holds its whole demonstration (u, f(u)). "pair" answers carry the whole
-demonstration in one token and need neither. The README's Results section measures both formats.
+demonstration in one token and need neither. docs/results.md measures both formats.
 
     task = SyntheticICL()                                 # affine, P = 7, 20 pairs, pair answers
     cfg = CGTConfig(d_x=64, n_layer=4, n_head=4, d_y=32, n_head_y=2, y_layer=2, n_templates=16,

@@ -18,7 +18,7 @@ queries, each seeing the suffix before it); `info["w"]` (b, dim) is the hidden v
 Why "pair": with "split" the model must first pair y_i with x_i through a previous-token head; with "pair"
 one attention layer suffices (query x_q, keys x_j, values y_j). The recipe below (templates at all four
 sites, a delayed auxiliary loss, a curriculum over the active dimension) and what each part changed are
-measured in the README.
+measured in docs/results.md.
 
     task = LinearRegression(dim=4, n_points=16)
     cfg = CGTConfig(d_x=64, n_layer=4, n_head=4, d_y=32, n_head_y=2, y_layer=2, n_templates=16,
@@ -50,7 +50,7 @@ class LinearRegression(Task):
     layout           "pair" (default): the y position carries the whole example [x_i ; y_i]; "split": it
                      carries [0…0 ; y_i] only (the model must first learn a previous-token head to pair y_i
                      with x_i; `token_shift="previous"` hands it the previous position instead, untried on
-                     this task; the README measures the two layouts)
+                     this task; docs/notes.md measures the two layouts)
     """
 
     name = "regression"
