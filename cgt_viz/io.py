@@ -291,12 +291,18 @@ class PretrainedMixin:
         if missing or unexpected:
             raise ValueError(f"weights in {str(path)!r} do not match the config: missing {missing[:5]}, "
                              f"unexpected {unexpected[:5]}")
-        bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
-        if bad:
-            warnings.warn(f"the weights in {str(path / WEIGHTS_NAME)!r} hold NaN/inf in {len(bad)} tensors "
-                          f"({', '.join(bad[:4])}{', ...' if len(bad) > 4 else ''}): they were saved after the training "
-                          f"diverged, and the model's outputs will be NaN", RuntimeWarning, stacklevel=2)
+        warn_non_finite(state, path / WEIGHTS_NAME)
         return model.to(device)
+
+
+def warn_non_finite(state: dict, file: Path) -> None:
+    """A RuntimeWarning naming the tensors of a loaded state dict that hold NaN/inf (a run saved after it
+    diverged): loading goes on, since the file is what the user asked for."""
+    bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        warnings.warn(f"the weights in {str(file)!r} hold NaN/inf in {len(bad)} tensors "
+                      f"({', '.join(bad[:4])}{', ...' if len(bad) > 4 else ''}): they were saved after the training "
+                      f"diverged, and the model's outputs will be NaN", RuntimeWarning, stacklevel=3)
 
 
 def fold_affine_ln_y(module, state_dict, prefix, *args) -> None:

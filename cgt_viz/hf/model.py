@@ -39,7 +39,7 @@ from .._checks import check_bool, check_float, check_int, describe
 from ..config import CGTConfig
 from ..contracts import IGNORE_INDEX, check_inputs
 from ..distill import aux_objective
-from ..io import CONFIG_NAME, WEIGHTS_NAME, load_tensors, model_folder, read_json, save_tensors, write_json
+from ..io import CONFIG_NAME, WEIGHTS_NAME, load_tensors, model_folder, read_json, save_tensors, warn_non_finite, write_json
 from ..layers import SiteTemplates, YBlock
 from ..losses import SMOOTHNESS, take_positions
 from ..model import CGT
@@ -558,9 +558,5 @@ class CGTLM(CGT):
         model = cls(lm, **kwargs)
         state = load_tensors(path / WEIGHTS_NAME, device="cpu")
         model.load_state_dict(state)
-        bad = [k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
-        if bad:
-            warnings.warn(f"the weights in {str(path / WEIGHTS_NAME)!r} hold NaN/inf in {len(bad)} tensors "
-                          f"({', '.join(bad[:4])}{', ...' if len(bad) > 4 else ''}): they were saved after the training "
-                          f"diverged, and the model's outputs will be NaN", RuntimeWarning, stacklevel=2)
+        warn_non_finite(state, path / WEIGHTS_NAME)
         return model.to(device)
