@@ -87,8 +87,6 @@ def test_strip_remote_code_drops_auto_map_from_a_config(lm, tmp_path):
     assert "auto_map" not in json.loads((tmp_path / "config.json").read_text())
 
 
-@pytest.mark.xfail(reason="needs the one-line call `strip_remote_code(merged.config)` in CGTLM.merged_lm "
-                          "(cgt_viz/hf/model.py, owned by the lead)", strict=False)
 def test_a_compiled_model_of_an_lm_with_auto_map_saves_no_auto_map(lm, tmp_path):
     import copy
 
@@ -586,8 +584,6 @@ def test_loss_on_a_one_token_sequence_names_idx():
     assert torch.isfinite(model.loss(idx, idx)["total"])        # no auxiliary loss: one token is fine
 
 
-@pytest.mark.xfail(reason="needs `if split is None: check_aux_length(cfg, idx)` in CGTLM.loss (cgt_viz/hf/model.py, "
-                          "owned by the lead)", strict=False)
 def test_cgtlm_loss_on_a_one_token_sequence_names_idx(lm):
     idx = torch.zeros(2, 1, dtype=torch.long)
     with pytest.raises(ValueError, match=r"idx must have at least"):
