@@ -91,6 +91,16 @@ def train_icl(path: Path | None, steps: int | None, smoke: bool) -> tuple[CGT, d
     return model.eval(), info
 
 
+@torch.no_grad()
+def random_coefficients(model):
+    """Random non-zero template coefficients (an untrained CGT has c = 0, T = I: the compile would do nothing)."""
+    for layer in model.templates.values():
+        for site in layer.values():
+            site.coeff.weight.normal_(0, 0.5)
+            site.coeff.bias.normal_(0, 0.5)
+    return model
+
+
 def smoke_text() -> tuple[CGT, object]:
     """A tiny byte-level text mixture on a throwaway corpus and an untrained tiny CGT (random template
     coefficients): the text path end to end, in seconds; its numbers mean nothing."""
@@ -105,12 +115,7 @@ def smoke_text() -> tuple[CGT, object]:
     torch.manual_seed(0)
     model = CGT(CGTConfig(**task.config_kwargs(), n_layer=2, d_x=32, n_head=2, d_y=16, n_head_y=2, y_layer=1,
                           n_templates=4, template_rank=1))
-    with torch.no_grad():
-        for layer in model.templates.values():
-            for site in layer.values():
-                site.coeff.weight.normal_(0, 0.5)
-                site.coeff.bias.normal_(0, 0.5)
-    return model.eval(), task
+    return random_coefficients(model).eval(), task
 
 
 def make_cases(name: str, model: CGT, task, args) -> list[lb.PromptCase]:
@@ -226,12 +231,7 @@ def load_smollm2(args):
                             test_fraction=0.25)
         torch.manual_seed(0)
         model = hf.CGTLM(lm, y_layer=2, d_y=16, n_head_y=2, n_templates=3, template_rank=2, aux_kl_top_k=16)
-        with torch.no_grad():
-            for layer in model.templates.values():
-                for site in layer.values():
-                    site.coeff.weight.normal_(0, 0.5)
-                    site.coeff.bias.normal_(0, 0.5)
-        return model.eval(), task, None, {"source": "smoke: tiny random Llama, random CGT head"}
+        return random_coefficients(model).eval(), task, None, {"source": "smoke: tiny random Llama, random CGT head"}
     lm, tok = hf.smollm2()
     head = Path(args.head)
     metrics = read_json(head / "metrics.json")
@@ -321,6 +321,12 @@ def markdown(out: dict) -> str:
         lines.append(f"- {name}: {env['device']}, {env['threads']} thread(s), torch {env['torch']}, load "
                      f"{env.get('load_average_1_5_15')} → {run.get('load_average_end')}; {run['finished_utc']}; "
                      f"command: `{run['command']}`")
+    for res in out["tasks"].values():      # rows of runs before G median was recorded: from their loss sums
+        for r in res["summary"]:
+            key = r["method"] if r["steps"] is None else f"{r['method']}@{r['steps']}"
+            if "G_median" not in r and key in res.get("per_prompt", [{}])[0].get("methods", {}) and \
+                    "loss_sum" in res["per_prompt"][0]["methods"][key]:
+                r["G_median"] = lb.median_gap(res["per_prompt"], key)
     lines += ["", lb.results_table(out["tasks"]), ""]
     for name, res in out["tasks"].items():
         c = res["config"]
@@ -412,8 +418,7 @@ def main(argv=None) -> dict:
         run = {k: out[k] for k in ("command", "args", "environment", "load_average_end", "wall_seconds", "finished_utc")}
         for res in out["tasks"].values():
             res["run"] = run
-        merged = {**kept_tasks(out_dir / "lora_vs_compile.json", args.tasks), **out["tasks"]}
-        out["tasks"] = {k: merged[k] for k in sorted(merged, key=lambda k: TASKS.index(k) if k in TASKS else len(TASKS))}
+        out["tasks"] = {**kept_tasks(out_dir / "lora_vs_compile.json", args.tasks), **out["tasks"]}
         out["notes"] = [
             "update ms: median over prompts of wall time. compile = specialize(prompt) (median of --timing-repeats); "
             "LoRA = building its training data (teacher pass; text: sampling continuations from the prompted model) "
@@ -434,6 +439,8 @@ def main(argv=None) -> dict:
             "and wrapping the LM, the steps and the merge).",
         ]
         common.write_json(out_dir / "lora_vs_compile.json", out)
+    # the JSON's keys come back sorted: the table and the figure go in TASKS order
+    out["tasks"] = {k: out["tasks"][k] for k in sorted(out["tasks"], key=lambda k: TASKS.index(k) if k in TASKS else len(TASKS))}
     table = markdown(out)
     print(table)
     atomic_write(out_dir / "lora_vs_compile.md", lambda tmp: Path(tmp).write_text(table + "\n"))

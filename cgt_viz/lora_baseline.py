@@ -395,6 +395,12 @@ def _median(values: Sequence[float]) -> float:
     return vals[len(vals) // 2] if vals else float("nan")
 
 
+def median_gap(per_prompt: Sequence[dict], key: str) -> float:
+    """The median over prompts of each prompt's G for one method key (from `run_case`'s loss sums)."""
+    return _median([_gap(*(p["methods"][k]["loss_sum"] / p["methods"][k]["n"] for k in ("no_context", key, "prompted")))
+                    for p in per_prompt])
+
+
 def summarize(model, per_prompt: Sequence[dict]) -> list[dict[str, Any]]:
     """Pool every prompt's sums (as evaluate does over rows): one row per method key with loss, acc, G (on loss),
     G_acc, median update seconds over prompts, and update bytes (0 for prompting and no context)."""
@@ -420,8 +426,7 @@ def summarize(model, per_prompt: Sequence[dict]) -> list[dict[str, Any]]:
                "update_bytes": nbytes if method in ("compile", "lora", "lora_from_compile") else 0}
         if "train_kl" in per[0]:
             row["train_kl"] = _median([x["train_kl"] for x in per])
-        row["G_median"] = _median([_gap(*(p["methods"][k]["loss_sum"] / p["methods"][k]["n"]
-                                          for k in ("no_context", key, "prompted"))) for p in per_prompt])
+        row["G_median"] = median_gap(per_prompt, key)
         rows.append(row)
     return rows
 
