@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import html
 import math
 import time
 from dataclasses import dataclass, field
@@ -489,7 +490,9 @@ def lora_compile_figure(results: dict[str, dict], title: str | None = None):
     from plotly.subplots import make_subplots
 
     names = list(results)
-    fig = make_subplots(rows=1, cols=len(names), subplot_titles=names, shared_yaxes=True)
+    # task names and the title are the caller's text: escaped as the views escape user text (plotly reads tags)
+    fig = make_subplots(rows=1, cols=len(names), subplot_titles=[html.escape(str(n), quote=False) for n in names],
+                        shared_yaxes=True)
     shown = set()
     for col, task in enumerate(names, start=1):
         rows = results[task]["summary"]
@@ -516,7 +519,8 @@ def lora_compile_figure(results: dict[str, dict], title: str | None = None):
                                      textposition="top center", marker_size=9, **kw), row=1, col=col)
         fig.update_xaxes(type="log", title_text="update latency per prompt (ms, log)", row=1, col=col)
     fig.update_yaxes(title_text="gap closed G (loss)", row=1, col=1)
-    fig.update_layout(title=title or "Compiling a prompt vs training a LoRA for it: quality against update time",
+    fig.update_layout(title=html.escape(title, quote=False) if title else
+                      "Compiling a prompt vs training a LoRA for it: quality against update time",
                       height=480, width=520 * len(names) + 200)
     return fig
 

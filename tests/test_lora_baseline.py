@@ -311,6 +311,8 @@ def test_compile_compare_view_draws_the_lora_comparison_under_its_losses():
     lora_trace = next(t for t in fig.data if t.name == lb.METHOD_LABELS["lora"])
     want = [r["G"] for r in res["summary"] if r["method"] == "lora"]
     assert list(lora_trace.y) == pytest.approx(want, nan_ok=True)
+    escaped = lb.lora_compile_figure({"<b>mine</b>": res}, title="a & b")
+    assert escaped.layout.annotations[0].text == "&lt;b&gt;mine&lt;/b&gt;" and escaped.layout.title.text == "a &amp; b"
     with pytest.raises(TypeError, match="lora must be a dict"):
         cgt_viz.CompileCompare(model, rows, split=8, lora=[res])
     with pytest.raises(ValueError, match="lora must hold results"):
