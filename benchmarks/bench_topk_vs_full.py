@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import environment, fmt, parser, positive_int_list, replace_readme_section, write_json  # noqa: E402
+from common import (environment, fmt, parser, positive_int_list, replace_readme_section, summarize,  # noqa: E402
+                    time_interleaved, write_json)
 
 from cgt_viz.distill import teacher_topk  # noqa: E402
 from cgt_viz.hf import distill as hfd  # noqa: E402
@@ -61,7 +62,7 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=48)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--timing-steps", type=int, default=3, help="steps timed for the on-the-fly and uncached paths")
+    p.add_argument("--timing-steps", type=int, default=5, help="timed steps of each path (interleaved)")
     p.add_argument("--no-ce-reference", action="store_true", help="leave out the cross-entropy-only head")
     args = p.parse_args(argv)
     args.top_ks = positive_int_list("--top-ks", args.top_ks)
@@ -163,21 +164,6 @@ def _full_kl(model, val_full) -> float:
         _set_objective(model, *saved)
 
 
-def _time_steps(model, step, n: int) -> float:
-    """Median seconds of n optimizer steps of `step()` (a loss), after one untimed."""
-    opt = torch.optim.AdamW(hfd.trainable_parameters(model), lr=1e-9)
-    times = []
-    for i in range(n + 1):
-        t0 = time.perf_counter()
-        loss = step()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if i:
-            times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
-
-
 def _comparison(model, val, prefix, topic_means, seed) -> dict:
     from cgt_viz.hf.measure import summarize_comparison, window_losses
     tokens, topics, docs = val
@@ -206,25 +192,32 @@ def main(argv=None) -> dict:
     # ---------------------------------------------------------------- cost
     per_window = {names[k]: _bytes_per_window(c) for k, c in caches.items()}
     rows = torch.arange(args.batch)
-    step_seconds = {}
-    for key, cache in caches.items():
-        _set_objective(model, None if key == "full" else key)
-        batch = cache.batch(rows)
-        step_seconds[f"{names[key]}, cached"] = _time_steps(model, lambda: hfd.cached_loss(model, batch)["aux"],
-                                                            args.timing_steps)
-    _set_objective(model, None)
     w = train[0][:args.batch]
-    base = caches["full"].batch(rows)
+    opt = torch.optim.AdamW(hfd.trainable_parameters(model), lr=1e-9)     # the step's work, not its effect
 
-    def on_the_fly():              # the teacher's LM pass in the step; the pooled read-out and x_ℓ cached
+    def step(loss, top_k):
+        def run():
+            _set_objective(model, top_k)
+            out = loss()
+            opt.zero_grad(set_to_none=True)
+            out.backward()
+            opt.step()
+        return run
+
+    def on_the_fly(base=caches["full"].batch(rows)):   # the teacher's LM pass in the step; ȳ's input and x_ℓ cached
         with torch.no_grad():
             hidden = model.teacher_pass(w[:, :args.prefix + args.suffix], args.prefix)[0]
             teacher = model._logits(hidden[:, args.prefix:]).float().log_softmax(-1)
         return hfd.cached_loss(model, {**base, "teacher": teacher})["aux"]
 
-    step_seconds["full, teacher on the fly"] = _time_steps(model, on_the_fly, args.timing_steps)
-    step_seconds["full, nothing cached (uncached_loss)"] = _time_steps(
-        model, lambda: hfd.uncached_loss(model, w, args.prefix, top_k=None)["aux"], args.timing_steps)
+    fns = {f"{names[k]}, cached": step(lambda b=c.batch(rows): hfd.cached_loss(model, b)["aux"],
+                                       None if k == "full" else k) for k, c in caches.items()}
+    fns["full, teacher on the fly"] = step(on_the_fly, None)
+    fns["full, nothing cached (uncached_loss)"] = step(
+        lambda: hfd.uncached_loss(model, w, args.prefix, top_k=None)["aux"], None)
+    # alternated every repeat, so that a change of the shared machine's load hits every path alike
+    times = {k: summarize(v) for k, v in time_interleaved(fns, torch.device("cpu"), args.timing_steps).items()}
+    step_seconds = {k: v["median"] for k, v in times.items()}
     model.load_state_dict(init)
 
     # ---------------------------------------------------------------- quality
@@ -254,7 +247,7 @@ def main(argv=None) -> dict:
            "cost": {"bytes_per_window": per_window, "train_documents": n_train_docs,
                     "cache_bytes_all_train_documents": {k: v["total"] * n_train_docs for k, v in per_window.items()},
                     "teacher_pass_seconds_per_window": teacher_seconds / len(train[0]),
-                    "step_seconds": step_seconds, "step_windows": args.batch},
+                    "step_seconds": step_seconds, "step_seconds_spread": times, "step_windows": args.batch},
            "quality": quality, "seconds": time.perf_counter() - t_start}
     write_json(Path(args.out), res)
     if args.write_doc:
