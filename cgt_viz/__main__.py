@@ -5,11 +5,14 @@
     python -m cgt_viz evaluate runs/shift                       # prompted / specialised / no-context table
     python -m cgt_viz report runs/shift                         # runs/shift/report.html, works offline
     python -m cgt_viz train-head --out runs/head                # a CGT head over the frozen SmolLM2 (cgt_viz.hf)
+    python -m cgt_viz train --task smollm2-bbc --out runs/head --task-arg minutes=25   # the same, from train
     torchrun --nproc_per_node 2 -m cgt_viz train ...            # the same, data-parallel (DDP)
     python -m cgt_viz train --out runs/mine --resume --task mymod:MyTask   # your own Task: typed again
 
 A run folder is data: run.json names its task, and only registered names (icl, regression, text) are
-built from it. A "module:Class" task of your own is imported only when typed on the command line.
+built from it. A pretrained-LM task (smollm2-bbc: a CGT head over the frozen SmolLM2 on BBC) is trained by
+train-head's pipeline (cgt_viz/hf/head_run.py): train's flags that mean the same there are translated, the
+head's own settings are --task-arg key=value, and `train --out OUT --resume` continues it like any run. A "module:Class" task of your own is imported only when typed on the command line.
 
 A run folder holds run.json (the command's settings, written first), ckpt/ (checkpoints, see
 cgt_viz.checkpoint), and at the end model/ (save_pretrained) and history.json.
@@ -34,6 +37,7 @@ from .train_config import TrainConfig, settings_help
 
 RUN_FILE = "run.json"
 TASK_NAMES = ("icl", "regression", "text")
+PRETRAINED_TASKS = ("smollm2-bbc",)   # trained by cgt_viz.hf.head_run (a head over a frozen LM)
 
 # What defines a run besides the TrainConfig fields (whose flags are generated from the dataclass) and the
 # model flags: None means "the task's recipe (cgt_viz.recipes), else the library default".
@@ -55,7 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train a CGT (or a GPT baseline) on a task; checkpoints into OUT/ckpt")
-    t.add_argument("--task", help=f"one of {', '.join(TASK_NAMES)}, or module:Class for your own Task subclass")
+    t.add_argument("--task", help=f"one of {', '.join(TASK_NAMES)}, or module:Class for your own Task subclass; "
+                                  f"{', '.join(PRETRAINED_TASKS)}: a CGT head over a frozen pretrained LM "
+                                  f"(train-head's pipeline; its settings as --task-arg)")
     t.add_argument("--out", required=True, help="run folder, e.g. runs/NAME")
     t.add_argument("--model", choices=("cgt", "gpt"), help="cgt (default) or the plain gpt baseline")
     for name, text in settings_help().items():   # one flag per TrainConfig field
@@ -281,6 +287,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     if out.is_symlink() and not out.exists():
         raise CLIError(f"--out {str(out)!r} is a dangling symbolic link to {os.readlink(out)!r} (nothing is there); "
                        f"create that folder, remove the link, or choose another --out")
+    pretrained = _pretrained_task(args, out)
+    if pretrained is not None:
+        from .hf.head_run import train_route
+        given = {k: getattr(args, k) for k in (*RUN_DEFAULTS, *TRAIN_FIELDS, *MODEL_FLAGS, "threads")
+                 if k not in ("task", "task_arg") and getattr(args, k) is not None}
+        given.update({k: v for k, v in (("device", args.device), ("compile", args.compile),
+                                        ("no_progress", args.no_progress)) if v not in ("auto", False)})
+        return train_route(pretrained, out, given, _task_kwargs(args.task_arg), args.resume)
     _settings(args, out)            # a bad flag is refused before anything is created or written
     if out.exists() and not out.is_dir():
         raise CLIError(f"--out must be a run folder (or not exist yet), got the file {str(out)!r}")
@@ -288,6 +302,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     # one writer per run folder: a second trainer (a second --resume) is refused while this one runs
     with RunLock(out, "--out") if is_main else contextlib.nullcontext():
         return _train_locked(args, out, is_main)
+
+
+def _pretrained_task(args: argparse.Namespace, out: Path) -> str | None:
+    """The pretrained-LM task of this command: typed with --task, or (on --resume) named in OUT/run.json."""
+    if args.task is not None:
+        return args.task if args.task in PRETRAINED_TASKS else None
+    if args.resume and (out / RUN_FILE).is_file():
+        from .io import read_json
+        try:
+            task = read_json(out / RUN_FILE)["settings"]["task"]
+        except (ValueError, KeyError, TypeError):
+            return None                     # _settings names what is wrong with the file
+        return task if task in PRETRAINED_TASKS else None
+    return None
 
 
 def _train_locked(args: argparse.Namespace, out: Path, is_main: bool) -> int:
@@ -378,6 +406,10 @@ def load_run(run: str | os.PathLike, device: str = "cpu", task: Any = None):
 
     run = Path(run)
     info = _read_run(run)
+    if info["settings"]["task"] in PRETRAINED_TASKS:
+        raise CLIError(f"{str(run)!r} holds a CGT head over a frozen pretrained LM ({info['settings']['task']}): its "
+                       f"measurement is {str(run / 'metrics.json')!r}; measure it again with python -m cgt_viz "
+                       f"train-head --out {run} --measure-only")
     cls = GPT if info.get("model_class") == "GPT" else CGT
     if (run / "model" / "config.json").is_file():
         model = cls.from_pretrained(run / "model", device=device)
@@ -511,7 +543,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:   # disk full, permissions, a path of the wrong kind: what and where, no traceback
         return _report_error(err, _os_error(err), 3)
     except KeyboardInterrupt as err:   # Ctrl-C outside training (which stops cleanly by itself): one line, 130
-        return _report_error(err, f"interrupted (Ctrl-C) during {args.command}", 130)
+        # (the head pipeline's says after which step and how to resume)
+        return _report_error(err, str(err) or f"interrupted (Ctrl-C) during {args.command}", 130)
 
 
 def _report_error(err: BaseException, message: str, code: int) -> int:

@@ -31,6 +31,7 @@ CUDA). Choices worth knowing:
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import math
 import os
@@ -360,6 +361,22 @@ def train(model: nn.Module, task: Task, config: TrainConfig | None = None, *,
     if resume and checkpoint_dir is None:
         raise ValueError("resume=True needs checkpoint_dir (the folder to resume from); checkpoint_dir must be set")
     # ---------------------------------------------------------------- processes and device
+    with _process_group(device) as (dev, distributed, rank, world):
+        # everything is validated: hand the config, the arguments and dev, rank, world to the loop
+        # one writer per checkpoint folder (rank 0 writes; the others never touch it)
+        with (RunLock(checkpoint_dir, "checkpoint_dir") if checkpoint_dir is not None and rank == 0
+              else contextlib.nullcontext()):
+            return _run(cfg, model=model, task=task, eval_fn=eval_fn, callbacks=callbacks, amp=amp, compile=compile,
+                        checkpoint_dir=checkpoint_dir, resume=resume, progress=progress, dev=dev,
+                        distributed=distributed, rank=rank, world=world)
+
+
+@contextlib.contextmanager
+def _process_group(device: str | torch.device, timeout_minutes: float | None = None):
+    """(dev, distributed, rank, world) of this process. Under torchrun (WORLD_SIZE > 1) a process group is
+    started (nccl on CUDA, one GPU per rank; gloo on CPU) and destroyed on leaving; a group the caller set up is
+    used as it is. Also the head trainer's (cgt_viz.hf.distill), whose rank 0 may build a feature cache for
+    longer than torch's default collective timeout while the others wait: hence timeout_minutes."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     own_group = False
     if world > 1 and not dist.is_initialized():
@@ -368,7 +385,8 @@ def train(model: nn.Module, task: Task, config: TrainConfig | None = None, *,
         if dev.type == "cuda":
             dev = torch.device("cuda", local_rank)
             torch.cuda.set_device(dev)
-        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+        extra = {} if timeout_minutes is None else {"timeout": datetime.timedelta(minutes=timeout_minutes)}
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", **extra)
         own_group = True
     else:
         dev = resolve_device(device)
@@ -377,13 +395,8 @@ def train(model: nn.Module, task: Task, config: TrainConfig | None = None, *,
     if distributed and dev.type == "cuda" and dev.index is None:  # a group the caller set up: one GPU per rank
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(dev)
-    try:  # everything is validated: hand the config, the arguments and dev, rank, world to the loop
-        # one writer per checkpoint folder (rank 0 writes; the others never touch it)
-        with (RunLock(checkpoint_dir, "checkpoint_dir") if checkpoint_dir is not None and rank == 0
-              else contextlib.nullcontext()):
-            return _run(cfg, model=model, task=task, eval_fn=eval_fn, callbacks=callbacks, amp=amp, compile=compile,
-                        checkpoint_dir=checkpoint_dir, resume=resume, progress=progress, dev=dev,
-                        distributed=distributed, rank=rank, world=world)
+    try:
+        yield dev, distributed, rank, world
     finally:
         if own_group and dist.is_initialized():
             dist.destroy_process_group()

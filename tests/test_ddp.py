@@ -100,3 +100,93 @@ def test_batch_size_must_split_evenly_over_ranks(monkeypatch):
     task = TinyTask()
     with pytest.raises(ValueError, match=r"batch_size must be divisible by the number of ranks \(3\), got 8"):
         train(CGT(tiny_config(task)), task, steps=2, batch_size=8, **QUIET)
+
+
+# ------------------------------------------------------------------ the pretrained-LM head (cgt_viz.hf.distill)
+HEAD_SCRIPT = """
+import json, os, signal, sys
+from cgt_viz.hf import distill as hfd
+from cgt_viz.io import save_tensors
+from cgt_viz.train import _process_group
+from test_ddp import HEAD_STEPS, head_and_cache
+
+out, resume = sys.argv[1], sys.argv[2] == "resume"
+built = []
+compute = hfd.compute_features
+hfd.compute_features = lambda *a, **k: built.append(1) or compute(*a, **k)
+
+def interrupt_at_3(step, loss):      # a Ctrl-C on rank 0 alone, as a terminal sends it to one process
+    if step == 3 and not resume:
+        os.kill(os.getpid(), signal.SIGINT)
+
+with _process_group("cpu") as (dev, distributed, rank, world):
+    model, cache = head_and_cache(os.path.join(out, "cache"))
+    hist = hfd.train_head(model, cache, steps=HEAD_STEPS, batch_size=8, lr=1e-2, warmup=2, progress=False,
+                          checkpoint_dir=os.path.join(out, "ckpt"), checkpoint_every=100, resume=resume,
+                          callback=interrupt_at_3)
+    tag = f"{'resumed' if resume else 'first'}-rank{rank}"
+    save_tensors(os.path.join(out, tag + ".safetensors"), model.state_dict())
+    with open(os.path.join(out, tag + ".json"), "w") as f:
+        json.dump({"steps": hist["steps"], "interrupted": hist["interrupted"], "aux": hist["aux"], "built": len(built),
+                   "world": world}, f)
+"""
+HEAD_STEPS = 6
+
+
+def head_and_cache(root, **head):
+    """A seeded pooled-only head over the tiny Llama (templates drawn, read-out calibrated) and its feature cache
+    of 16 seeded windows."""
+    from cgt_viz import hf
+    from cgt_viz.hf import distill as hfd
+    from helpers import randomize_templates
+    torch.manual_seed(0)
+    model = randomize_templates(hf.CGTLM(hf.tiny_llama(seed=0), y_layer=2, d_y=8, n_head_y=2, n_templates=3,
+                                         template_rank=2, pooled_only=True, aux_ce=1.0, aux_kl=1.0, aux_kl_top_k=7))
+    tokens = torch.randint(0, 96, (16, 6 + 8 + 1), generator=torch.Generator().manual_seed(0))
+    cache = hfd.build_feature_cache(model, tokens, 6, top_k=7, root=root, store_dtype="float32", progress=False)
+    return model.calibrate_pool_from(cache.tensors["pooled"]), cache
+
+
+def _torchrun(script: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script), *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_train_the_head_as_one_process_and_resume_after_a_ctrl_c(tmp_path):
+    pytest.importorskip("transformers")
+    from cgt_viz.hf import distill as hfd
+    script = tmp_path / "ddp_head.py"
+    script.write_text(textwrap.dedent(HEAD_SCRIPT))
+    proc = _torchrun(script, str(tmp_path), "first")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    r0, r1 = (json.loads((tmp_path / f"first-rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["world"] == 2 and r0["built"] == 1 and r1["built"] == 0      # rank 0 built the cache, rank 1 loaded it
+    assert len(list((tmp_path / "cache" / "features").iterdir())) == 1
+    # the Ctrl-C reached rank 0 alone during step 3; both ranks stopped together after the next step
+    assert r0["interrupted"] and r1["interrupted"] and r0["steps"] == r1["steps"] == 4
+    assert json.loads((tmp_path / "ckpt" / hfd.HEAD_STATE_JSON).read_text())["step"] == 4   # rank 0's checkpoint
+
+    proc = _torchrun(script, str(tmp_path), "resume")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    w0, w1 = (load_tensors(tmp_path / f"resumed-rank{r}.safetensors") for r in (0, 1))
+    assert all(torch.equal(w0[k], w1[k]) for k in w0)                      # the ranks agree exactly
+    resumed = json.loads((tmp_path / "resumed-rank0.json").read_text())
+    assert resumed["steps"] == HEAD_STEPS and not resumed["interrupted"]
+
+    # one process, the same global batch of 8: the same losses and the same head, to float tolerance
+    model, cache = head_and_cache(tmp_path / "single")
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    hist = hfd.train_head(model, cache, steps=HEAD_STEPS, batch_size=8, lr=1e-2, warmup=2, progress=False)
+    assert resumed["aux"] == pytest.approx(hist["aux"], rel=1e-5)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(w0[k], v, rtol=1e-4, atol=1e-6, msg=k)
+    moved = sum(float((model.state_dict()[k] - start[k]).norm()) for k in start)
+    assert moved > 1e-3
+    # ... and not the head one process trains on one rank's share (4 windows a step): the ranks did average
+    half, half_cache = head_and_cache(tmp_path / "single")
+    hfd.train_head(half, half_cache, steps=HEAD_STEPS, batch_size=4, lr=1e-2, warmup=2, progress=False)
+    assert max(float((half.state_dict()[k] - w0[k]).abs().max()) for k in w0) > 1e-3

@@ -151,6 +151,26 @@ def test_training_from_the_cache_and_without_it_give_the_same_gradients(lm, tmp_
                                                                params))
 
 
+def test_a_whole_vocabulary_cache_stores_no_ids_and_gives_the_full_kl_gradients(lm, tmp_path):
+    model = _head(lm, aux_kl_top_k=None)
+    tokens = _windows()
+    cache = hfd.build_feature_cache(model, tokens, 6, top_k=None, root=tmp_path, store_dtype="float32", progress=False)
+    assert cache.tensors["teacher_ids"].shape == (6, 8, 0) and cache.tensors["teacher_logp"].shape == (6, 8, 97)
+    params = hfd.trainable_parameters(model)
+    cached = hfd.cached_loss(model, cache.batch(torch.arange(len(tokens))))["aux"]
+    direct = hfd.uncached_loss(model, tokens, 6, top_k=None)["aux"]           # top-k with k = v: arange ids
+    torch.testing.assert_close(cached, direct, rtol=1e-5, atol=1e-6)
+    for g_c, g_d in zip(torch.autograd.grad(cached, params), torch.autograd.grad(direct, params)):
+        torch.testing.assert_close(g_c, g_d, rtol=1e-4, atol=1e-6)
+    # the model's config decides the objective: a top-7 head reads the whole-vocabulary cache as its top 7
+    top7 = _head(lm)
+    torch.testing.assert_close(hfd.cached_loss(top7, cache.batch(torch.arange(6)))["aux"],
+                               hfd.uncached_loss(top7, tokens, 6, top_k=7)["aux"], rtol=1e-5, atol=1e-6)
+    with torch.no_grad():    # the same head (seeded): the top-7 objective is a lower bound of the full one
+        assert float(hfd.cached_loss(top7, cache.batch(torch.arange(6)))["aux"]) < float(
+            hfd.cached_loss(_head(lm, aux_kl_top_k=None), cache.batch(torch.arange(6)))["aux"])
+
+
 def test_cgtlm_loss_distils_to_the_lm_with_the_prefix_in_context(lm):
     """CGTLM.loss's aux term with aux_kl: the same objective as the cache path's, on the same split."""
     model = _head(lm, aux_ce=1.0, aux_kl=1.0, aux_kl_top_k=None, aux_min_prefix=6)

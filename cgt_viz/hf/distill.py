@@ -9,7 +9,8 @@ on the head's parameters can be computed once:
     suffix_x       (n, m, d)       x_ℓ of the suffix alone (positions from 0): where the short pass starts
     tokens         (n, p + m + 1)  the window (the suffix's targets are its last m tokens)
     teacher_ids    (n, m, k)       the teacher's top-k next tokens at each suffix position ...
-    teacher_logp   (n, m, k + 1)   ... their log-probabilities and the rest bucket (cgt_viz.distill)
+    teacher_logp   (n, m, k + 1)   ... their log-probabilities and the rest bucket (cgt_viz.distill);
+                                   top_k None: ids (n, m, 0) and the whole vocabulary's log-probs (n, m, v + 1)
     topic, doc     (n,)            where each window comes from
 
 The teacher is the frozen LM with the prefix in context. A training step then runs only the modulated layers
@@ -23,6 +24,11 @@ The cache lives in `<cache_root>/features/<key>/` (features.safetensors + manife
 LM's weights, the windows' tokens and every setting, so a change of any of them builds a new cache; the
 manifest holds the file's sha256 and size, checked on every load, so a damaged file is refused by name.
 Nothing in it is code: safetensors and JSON only.
+
+Under torchrun (DDP) rank 0 builds the cache while the other ranks wait at a barrier, then load it; in
+`train_head` every rank draws the same global batch and trains on its own contiguous share of its rows, the
+gradients are averaged over the ranks (one all-reduce per step), and only rank 0 evaluates, logs and writes
+checkpoints. The process group is the from-scratch trainer's (`cgt_viz.train`): gloo on CPU, nccl on CUDA.
 """
 from __future__ import annotations
 
@@ -37,17 +43,22 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from .._checks import check_bool, check_float, check_int, describe
 from ..distill import aux_objective, teacher_topk
 from ..io import load_tensors, read_json, save_tensors, sha256_file, write_json
+from ..train import _process_group, _StopFlag
 from .source import cache_root
 
 CACHE_FORMAT = "cgt_viz.feature_cache/1"
 FEATURES_NAME = "features.safetensors"
 MANIFEST_NAME = "manifest.json"
 STORE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+# a rank waiting for rank 0's feature cache (26 minutes for SmolLM2 on BBC at one thread) outlives torch's
+# default collective timeout; a dead rank 0 still ends the wait, via torchrun
+GROUP_TIMEOUT_MINUTES = 6 * 60
 
 
 def _hash_tensor(h, t: torch.Tensor) -> None:
@@ -99,9 +110,11 @@ class FeatureCache:
     def batch(self, rows: torch.Tensor, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
         p = self.prefix_len
         t = self.tensors
-        return {"pooled": t["pooled"][rows].float().to(device), "suffix_x": t["suffix_x"][rows].float().to(device),
-                "targets": t["tokens"][rows, p + 1:].long().to(device),
-                "teacher_ids": t["teacher_ids"][rows].long().to(device),
+        out = {"pooled": t["pooled"][rows].float().to(device), "suffix_x": t["suffix_x"][rows].float().to(device),
+               "targets": t["tokens"][rows, p + 1:].long().to(device)}
+        if t["teacher_ids"].shape[-1] == 0:      # the whole vocabulary: the teacher as log-probs, no rest bucket
+            return {**out, "teacher": t["teacher_logp"][rows, :, :-1].float().to(device)}
+        return {**out, "teacher_ids": t["teacher_ids"][rows].long().to(device),
                 "teacher_logp": t["teacher_logp"][rows].float().to(device)}
 
 
@@ -130,7 +143,10 @@ def compute_features(model, tokens: torch.Tensor, prefix_len: int, top_k: int | 
         w = tokens[i:i + batch_size].to(model.device)
         hidden, pooled = model.teacher_pass(w[:, :prefix_len + m], prefix_len)   # the LM with the prefix in context
         out["pooled"].append(pooled.float().cpu())
-        ids, logp = teacher_topk(model._logits(hidden[:, prefix_len:]), top_k)
+        logits = model._logits(hidden[:, prefix_len:])
+        ids, logp = teacher_topk(logits, top_k)
+        if top_k is None or top_k >= logits.shape[-1]:     # every token, in order: the ids say nothing
+            ids = ids[..., :0]
         out["teacher_ids"].append(ids.to(torch.int32).cpu())
         out["teacher_logp"].append(logp.to(dtype).cpu())
         out["suffix_x"].append(model.x_at_layer(w[:, prefix_len:prefix_len + m]).to(dtype).cpu())
@@ -148,7 +164,9 @@ def build_feature_cache(model, tokens: torch.Tensor, prefix_len: int, *, top_k: 
 
     top_k        the teacher's kept tokens (None: the whole vocabulary, v + 1 numbers per position)
     root         the cache root (default `cgt_viz.hf.cache_root()`); the cache goes to root/features/<key>/
-    store_dtype  "float16" (default), "bfloat16" or "float32" for the suffix states and teacher log-probs"""
+    store_dtype  "float16" (default), "bfloat16" or "float32" for the suffix states and teacher log-probs
+
+    In a process group (torchrun) rank 0 builds the cache; the other ranks wait at a barrier, then load it."""
     _require_pooled_only(model)
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
         raise TypeError(f"tokens must be an integer tensor of windows (n, prefix_len + suffix_len + 1), "
@@ -170,6 +188,19 @@ def build_feature_cache(model, tokens: torch.Tensor, prefix_len: int, *, top_k: 
     weights_sha256 = weights_sha256 or lm_fingerprint(model.lm)
     key = cache_key(model, tokens, settings, weights_sha256)
     folder = cache_root(root) / "features" / key
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        if dist.get_rank() == 0:
+            cache = _load_or_build(model, tokens, prefix_len, top_k, topics, docs, batch_size, store_dtype, progress,
+                                   settings, weights_sha256, key, folder)
+        dist.barrier()
+        return cache if dist.get_rank() == 0 else load_feature_cache(folder)
+    return _load_or_build(model, tokens, prefix_len, top_k, topics, docs, batch_size, store_dtype, progress,
+                          settings, weights_sha256, key, folder)
+
+
+def _load_or_build(model, tokens, prefix_len, top_k, topics, docs, batch_size, store_dtype, progress, settings,
+                   weights_sha256, key, folder) -> FeatureCache:
+    n = tokens.shape[0]
     if (folder / MANIFEST_NAME).exists():
         return load_feature_cache(folder)
     t0 = time.perf_counter()
@@ -220,10 +251,12 @@ def load_feature_cache(path: str | os.PathLike) -> FeatureCache:
 
 # ---------------------------------------------------------------------------------------------- the objective
 def _scored(model, ybar: torch.Tensor, student_hidden: torch.Tensor, targets: torch.Tensor,
-            teacher_ids: torch.Tensor, teacher_logp: torch.Tensor) -> dict[str, torch.Tensor]:
+            teacher_ids: torch.Tensor | None, teacher_logp: torch.Tensor | None,
+            teacher: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     student = model._logits(student_hidden)                                                  # (b, m, v)
     ce = F.cross_entropy(student.flatten(0, 1).float(), targets.flatten(), reduction="none").view(targets.shape)
-    aux = aux_objective(model.config, ce, student, teacher_ids=teacher_ids, teacher_logprobs=teacher_logp)
+    aux = aux_objective(model.config, ce, student, teacher=teacher, teacher_ids=teacher_ids,
+                        teacher_logprobs=teacher_logp)
     return {"aux": aux.mean(), "ce": ce.mean().detach(), "ybar": ybar}
 
 
@@ -232,7 +265,8 @@ def cached_loss(model, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     `FeatureCache.batch`: ȳ from the pooled read-out, layers ℓ+1..N over the cached suffix states."""
     ybar = model._summary(batch["pooled"])                                                    # (b, e)
     hidden = model._upper_hidden(batch["suffix_x"], model._fixed_coeffs(ybar))               # (b, m, d)
-    return _scored(model, ybar, hidden, batch["targets"], batch["teacher_ids"], batch["teacher_logp"])
+    return _scored(model, ybar, hidden, batch["targets"], batch.get("teacher_ids"), batch.get("teacher_logp"),
+                   batch.get("teacher"))
 
 
 def uncached_loss(model, tokens: torch.Tensor, prefix_len: int, top_k: int | None = 64) -> dict[str, torch.Tensor]:
@@ -293,12 +327,15 @@ def train_head(model, cache: FeatureCache, *, steps: int | None = None, minutes:
     """Train the head of a `CGTLM(pooled_only=True)` on a feature cache (AdamW, linear warmup, cosine decay to
     a tenth of lr over `steps`; with only `minutes` the schedule assumes the step rate of the first 10 steps).
 
+    batch_size      the global batch: windows per update over all ranks (under torchrun each rank trains on
+                    batch_size // world of them and the gradients are averaged: the same update as one process)
     checkpoint_dir  write the head, optimizer, data order and random stream there every checkpoint_every steps,
                     at the end and on Ctrl-C / an exception; resume=True continues from it (the same steps give
                     the same weights as an uninterrupted run; minutes count again from the resume)
-    callback        called as callback(step, out) after each update (out: the step's loss dict)
+    callback        called as callback(step, out) after each update (out: the step's loss dict; rank 0 only)
+    Ctrl-C (SIGINT, SIGTERM) stops after the step in flight, on every rank, with a checkpoint.
     -> history {"step", "aux", "ce", "val_step", "val_aux", "val_ce", "seconds", "tokens_per_second", "steps",
-    "interrupted"}."""
+    "interrupted"} (aux and ce of the global batch)."""
     _require_pooled_only(model)
     if steps is None and minutes is None:
         raise ValueError("give steps, minutes or both (training stops at whichever comes first)")
@@ -311,72 +348,102 @@ def train_head(model, cache: FeatureCache, *, steps: int | None = None, minutes:
     folder = None if checkpoint_dir is None else Path(checkpoint_dir)
     if resume and folder is None:
         raise ValueError("resume=True needs checkpoint_dir, the folder a previous train_head wrote")
+    with _process_group(model.device, GROUP_TIMEOUT_MINUTES) as (dev, distributed, rank, world):
+        if batch_size % world:
+            raise ValueError(f"batch_size must be divisible by the number of ranks ({world}), got {batch_size}")
+        model.to(dev)
+        return _train_head(model, cache, steps, minutes, batch_size, lr, weight_decay, warmup, seed, val_cache,
+                           eval_every, eval_windows, folder, checkpoint_every, resume, callback, progress, log,
+                           distributed, rank, world)
+
+
+def _train_head(model, cache, steps, minutes, batch_size, lr, weight_decay, warmup, seed, val_cache, eval_every,
+                eval_windows, folder, checkpoint_every, resume, callback, progress, log, distributed, rank,
+                world) -> dict[str, Any]:
+    dev = model.device
+    is_main = rank == 0
+    lo, hi = rank * (batch_size // world), (rank + 1) * (batch_size // world)
     gen = torch.Generator().manual_seed(seed)
     params = trainable_parameters(model)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     hist: dict[str, Any] = {"step": [], "aux": [], "ce": [], "val_step": [], "val_aux": [], "val_ce": []}
     planned, step, order = steps, 0, torch.empty(0, dtype=torch.long)
     if resume and (folder / HEAD_STATE_JSON).exists():
-        order, info = _load_head_state(folder, model, opt, gen)
+        order, info = _load_head_state(folder, model, opt, gen)     # every rank reads rank 0's state
         step, planned, hist = info["step"], info.get("planned", steps), info["history"]
-        if log:
+        if log and is_main:
             log(f"resumed at step {step} from {str(folder)!r}")
+    if distributed:       # the ranks start from rank 0's head, as DDP would (its calibration and init)
+        for value in model.state_dict().values():
+            dist.broadcast(value, 0)
     deadline = None if minutes is None else time.perf_counter() + 60 * minutes
     t0, first = time.perf_counter(), step
     m = cache.tensors["suffix_x"].shape[1]
 
     def checkpoint():
-        if folder is not None:
+        if folder is not None and is_main:
             _save_head_state(folder, model, opt, gen, order, {"step": step, "planned": planned, "history": hist})
 
     bar = None
-    if progress:
+    if progress and is_main:
         from tqdm.auto import tqdm
         bar = tqdm(total=steps, initial=step, desc="train head", unit="step")
     model.train()
     interrupted = False
     try:
-        while True:
-            if steps is not None and step >= steps:
-                break
-            if deadline is not None and time.perf_counter() >= deadline:
-                break
-            if len(order) < batch_size:                      # epochs of a fresh permutation
-                order = torch.cat([order, torch.randperm(len(cache), generator=gen)])
-            rows = order[:batch_size]
-            if step - first == 10 and planned is None:        # minutes only: plan the schedule from the measured rate
-                planned = step + max(1, int(10 * 60 * minutes / (time.perf_counter() - t0)))
-            horizon = planned or 10 ** 9
-            scale = (min(1.0, (step + 1) / warmup)
-                     * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / horizon)))))
-            for g in opt.param_groups:
-                g["lr"] = lr * scale
-            out = cached_loss(model, cache.batch(rows, model.device))
-            opt.zero_grad(set_to_none=True)
-            out["aux"].backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            order = order[batch_size:]
-            step += 1
-            hist["step"].append(step)
-            hist["aux"].append(out["aux"].item())
-            hist["ce"].append(float(out["ce"]))
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(aux=f"{hist['aux'][-1]:.3f}")
-            if val_cache is not None and eval_every and step % eval_every == 0:
-                val = evaluate_cache(model, val_cache, windows=eval_windows)
-                hist["val_step"].append(step)
-                hist["val_aux"].append(val["aux"])
-                hist["val_ce"].append(val["ce"])
-                if log:
-                    log(f"step {step}: train aux {np.mean(hist['aux'][-eval_every:]):.4f} | val aux {val['aux']:.4f} "
-                        f"ce {val['ce']:.4f}")
-                model.train()
-            if step % checkpoint_every == 0:
-                checkpoint()
-            if callback is not None:
-                callback(step, out)
+        with _StopFlag() as stop:
+            while steps is None or step < steps:
+                if len(order) < batch_size:                      # epochs of a fresh permutation
+                    order = torch.cat([order, torch.randperm(len(cache), generator=gen)])
+                rows = order[:batch_size]
+                if step - first == 10 and planned is None:        # minutes only: plan the schedule from the rate
+                    planned = step + max(1, int(10 * 60 * minutes / (time.perf_counter() - t0)))
+                    if distributed:                               # rank 0's plan, so that the ranks' lr agree
+                        plan = torch.tensor([planned], device=dev)
+                        dist.broadcast(plan, 0)
+                        planned = int(plan)
+                horizon = planned or 10 ** 9
+                scale = (min(1.0, (step + 1) / warmup)
+                         * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / horizon)))))
+                for g in opt.param_groups:
+                    g["lr"] = lr * scale
+                out = cached_loss(model, cache.batch(rows[lo:hi], dev))
+                opt.zero_grad(set_to_none=True)
+                out["aux"].backward()
+                late = deadline is not None and time.perf_counter() >= deadline
+                # one all-reduce: the gradients, the global batch's losses and whether any rank must stop
+                aux, ce, stop_now, timed_out = _sync_step(params, [out["aux"].detach(), out["ce"], stop.requested,
+                                                                    late], distributed, world)
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                opt.step()
+                order = order[batch_size:]
+                step += 1
+                hist["step"].append(step)
+                hist["aux"].append(aux)
+                hist["ce"].append(ce)
+                if is_main:
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(aux=f"{aux:.3f}")
+                    if val_cache is not None and eval_every and step % eval_every == 0:
+                        val = evaluate_cache(model, val_cache, windows=eval_windows)
+                        hist["val_step"].append(step)
+                        hist["val_aux"].append(val["aux"])
+                        hist["val_ce"].append(val["ce"])
+                        if log:
+                            log(f"step {step}: train aux {np.mean(hist['aux'][-eval_every:]):.4f} | val aux "
+                                f"{val['aux']:.4f} ce {val['ce']:.4f}")
+                        model.train()
+                    if step % checkpoint_every == 0:
+                        checkpoint()
+                    if callback is not None:
+                        callback(step, out)
+                # one process: also a Ctrl-C that came during this step's evaluation or callback
+                if stop_now or (not distributed and stop.requested):
+                    interrupted = True
+                    break
+                if timed_out:
+                    break
     except KeyboardInterrupt:
         interrupted = True             # the finished steps are kept: resume=True continues from here
     finally:
@@ -388,6 +455,28 @@ def train_head(model, cache: FeatureCache, *, steps: int | None = None, minutes:
     hist.update(steps=step, seconds=seconds, interrupted=interrupted,
                 tokens_per_second=(step - first) * batch_size * m / max(seconds, 1e-9))
     return hist
+
+
+def _sync_step(params: list[torch.Tensor], report: list, distributed: bool, world: int) -> list:
+    """Average the gradients over the ranks and reduce a step's report [aux, ce, stop flags...] in one
+    all-reduce: the losses averaged, each flag true when any rank's is. -> [aux, ce, flag, ...] as Python values.
+
+    (By hand rather than DistributedDataParallel: DDP would broadcast the frozen LM's weights at wrapping and
+    needs a forward() that is this loss; the head's gradients are one small buffer.)"""
+    values = [float(v) for v in report]
+    if not distributed:
+        return values[:2] + [bool(v) for v in values[2:]]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.flatten().float() for g in grads] + [torch.tensor(values, device=grads[0].device)])
+    dist.all_reduce(flat)
+    n = flat.numel() - len(values)
+    flat[:n] /= world
+    offset = 0
+    for p, g in zip(params, grads):
+        p.grad = flat[offset:offset + g.numel()].view_as(g).to(g.dtype)
+        offset += g.numel()
+    tail = flat[n:].tolist()
+    return [tail[0] / world, tail[1] / world] + [v > 0 for v in tail[2:]]
 
 
 @torch.no_grad()

