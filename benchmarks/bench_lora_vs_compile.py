@@ -237,9 +237,10 @@ def load_smollm2(args):
     metrics = read_json(head / "metrics.json")
     settings = metrics["settings"]
     # the head's own task (its block size decides which documents are kept, and so the parts): test stays test
-    block = max(list(settings["eval_prompts"]) + [settings["prefix"], args.lm_prompt]) + settings["suffix"] + 1
-    task = hf.BBCTokens(tok, block_size=block, val_fraction=settings["val_fraction"],
-                        test_fraction=settings["test_fraction"])
+    task = hf.BBCTokens.for_head(tok, settings)
+    if args.lm_prompt + args.lm_suffix + 1 > task.block_size + 1:
+        raise SystemExit(f"--lm-prompt + --lm-suffix must be at most {task.block_size} (the head's task's block "
+                         f"size), got {args.lm_prompt} + {args.lm_suffix}")
     model = hf.CGTLM.from_pretrained(head, lm).eval()
     topic_means = torch.tensor(read_json(head / "topic_means.json")["ybar"])
     from cgt_viz.hf import distill

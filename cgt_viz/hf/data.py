@@ -69,6 +69,22 @@ class BBCTokens(Task):
         self._docs = {p: [torch.nonzero((self.doc_topic == ti) & in_part[p]).flatten() for ti in range(len(self.topics))]
                       for p in self.parts}
 
+    @classmethod
+    def for_head(cls, tokenizer, settings: dict, source: str | os.PathLike = "bbc") -> "BBCTokens":
+        """The task a head was trained and measured on, from the settings in its metrics.json. The block size
+        decides which documents are long enough to keep, and the parts are drawn among the kept ones: a task
+        built with another block size moves documents between train, val and test, so a "test" document
+        could be one the head trained on."""
+        if not isinstance(settings, dict):
+            raise TypeError(f"settings must be the dict of a head's metrics.json 'settings', got {describe(settings)}")
+        need = ("eval_prompts", "prefix", "suffix", "val_fraction", "test_fraction")
+        missing = [k for k in need if k not in settings]
+        if missing:
+            raise ValueError(f"settings lacks {missing}: pass the 'settings' of a head's metrics.json "
+                             f"(written by train-head), which has {list(need)}")
+        return cls(tokenizer, block_size=head_block_size(settings), source=source,
+                   val_fraction=settings["val_fraction"], test_fraction=settings["test_fraction"])
+
     def config_kwargs(self) -> dict[str, Any]:
         return {"vocab_size": self.vocab_size, "block_size": self.block_size}
 
@@ -177,6 +193,12 @@ class BBCTokens(Task):
 
     def text(self, tokens) -> str:
         return self.tokenizer.decode([int(t) for t in tokens])
+
+
+def head_block_size(settings: dict) -> int:
+    """The block size of a head's task: its longest prompt (training prefix or measured prompt), its suffix and
+    the shifted target."""
+    return max(list(settings["eval_prompts"]) + [settings["prefix"]]) + settings["suffix"] + 1
 
 
 def document_parts(topic: str, names: list[str], val_fraction: float, test_fraction: float = 0.0) -> list[str]:

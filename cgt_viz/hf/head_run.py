@@ -153,8 +153,7 @@ def run(args, out: Path, dev: torch.device | str = "cpu", distributed: bool = Fa
     if rank != 0:
         lm, tok = smollm2()
     weights_sha = distill.lm_fingerprint(lm)
-    block = max(args.eval_prompts + [args.prefix]) + args.suffix + 1
-    task = BBCTokens(tok, block_size=block, val_fraction=args.val_fraction, test_fraction=args.test_fraction)
+    task = BBCTokens.for_head(tok, vars(args))
     say(f"SmolLM2 loaded ({weights_sha[:12]}); {task}")
     speeds = {}
     if args.measure_only and rank != 0:
