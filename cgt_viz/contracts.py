@@ -3,7 +3,16 @@
 The model (`model.py`), the views (`analysis`, `figures`, widgets), `evaluate`, `train` and the tasks all
 call these, in one line each, at their boundary; the algorithm behind the boundary takes valid tensors.
 Scalar checks (ints, floats, choices, devices) live in `_checks`. Every message names the argument,
-shows the value (or its shape and dtype) and says what is allowed.
+shows the value (or its shape and dtype) and says what is allowed (`_checks.refuse` writes it).
+
+The contracts a public function's arguments need are also constraints for `@checked` declarations, beside
+`Int`, `Float`, `Choice`: `Model()` (a CGT with weights) and `Inputs("model")` (a batch of inputs for that
+model's config), e.g.
+
+    @checked(model=Model(), inputs=Inputs("model"), batch_size=Int(1))
+    def collect_ybar(model, inputs, batch_size=64): ...
+
+A public function checks; the private passes it calls (`_collect_ybar`, `CGT._context`, ...) do not again.
 
 Notation: b batch, t time, e width of ȳ (d_y), v output width.
 """
@@ -15,7 +24,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ._checks import check_array, describe, is_int
+from ._checks import Constraint, check_array, describe, is_int, refuse
 
 IGNORE_INDEX = -100  # token targets equal to this are not scored (PyTorch's convention)
 
@@ -32,34 +41,94 @@ def _finite(name: str, tensor: torch.Tensor) -> None:
         raise ValueError(f"{name} must be finite, got {int((~torch.isfinite(tensor)).sum())} NaN or inf value(s)")
 
 
+def require_cgt(model: Any, name: str = "model") -> None:
+    """TypeError unless `model` has a y stream (a CGT): a plain GPT has no ȳ to look at."""
+    if not (isinstance(model, torch.nn.Module) and callable(getattr(model, "context", None))
+            and callable(getattr(model, "run_with_cache", None)) and hasattr(model, "templates")):
+        raise refuse(name, "a CGT (a model with a y stream and a context summary ȳ)", type(model).__name__,
+                     TypeError, "a plain GPT has no ȳ to show — train or load a CGT")
+
+
+def require_weights(model: torch.nn.Module, name: str = "model") -> torch.device:
+    """The device of a model that holds weights (a view computes with them) -> that device."""
+    device = next(model.parameters()).device
+    if device.type == "meta":
+        raise refuse(name, "a model that holds weights to be viewed", "parameters on the meta device (shapes only)",
+                     hint=f"move it with {name}.to('cpu') / {name}.to('cuda') after loading weights")
+    return device
+
+
+class Model(Constraint):
+    """A CGT (`require_cgt`); with weights=True (the default: views compute with them) not on the meta device."""
+
+    def __init__(self, *, weights: bool = True, none: bool = False):
+        self.weights, self.none = weights, none
+
+    def check(self, name, value, args=None):
+        if value is None and self.none:
+            return None
+        require_cgt(value, name)
+        if self.weights:
+            require_weights(value, name)
+        return value
+
+    def bad_values(self):
+        return ["m", 5, torch.nn.Linear(2, 2)] + ([] if self.none else [None])
+
+    def shown(self, value):
+        return type(value).__name__
+
+
+class Inputs(Constraint):
+    """A batch of inputs for the config of the model passed as argument `of` ("self" in a method):
+    `check_inputs`; on that model's device too when on_device=True."""
+
+    def __init__(self, of: str = "model", *, on_device: bool = False):
+        self.of, self.on_device = of, on_device
+
+    def check(self, name, value, args=None):
+        model = args[self.of]
+        return check_inputs(model.config, value, name, device=model.device if self.on_device else None)
+
+    def bad_values(self):   # refused by any tokens-mode config (the audit's models)
+        return ["text", torch.zeros(2, 4), torch.full((2, 4), 10 ** 6), torch.zeros(2, 0, dtype=torch.long),
+                torch.zeros(4, dtype=torch.long)]
+
+    def shown(self, value):
+        if not isinstance(value, torch.Tensor):
+            return type(value).__name__
+        if value.is_floating_point():
+            return str(value.dtype).removeprefix("torch.")
+        return str(tuple(value.shape)) if value.dim() != 2 or 0 in value.shape else str(int(value.max()))
+
+
 def check_inputs(cfg, inp: Any, name: str = "idx", device: torch.device | None = None) -> torch.Tensor:
     """A batch of inputs for the config: (b, t) integer tokens or (b, t, input_dim) floats, t <= block_size."""
+    tokens = cfg.mode == "tokens"
+    shape = "(batch, time)" if tokens else f"(batch, time, input_dim={cfg.input_dim})"
     if not isinstance(inp, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {describe(inp)}")
+        raise refuse(name, "a torch.Tensor", describe(inp), TypeError)
     _on_device(name, inp, device)
-    if cfg.mode == "tokens":
-        if inp.dtype in (torch.bool,) or inp.is_floating_point() or inp.is_complex():
-            raise TypeError(f"{name} must hold integer token ids (torch.long), got dtype {inp.dtype}")
-        if inp.dim() != 2:
-            raise ValueError(f"{name} must have shape (batch, time), got shape {tuple(inp.shape)}")
-    else:
-        if not inp.is_floating_point():
-            raise TypeError(f"{name} must be a float tensor in vectors mode, got dtype {inp.dtype}")
-        if inp.dim() != 3 or inp.shape[-1] != cfg.input_dim:
-            raise ValueError(f"{name} must have shape (batch, time, input_dim={cfg.input_dim}), "
-                             f"got shape {tuple(inp.shape)}")
+    if tokens and (inp.dtype == torch.bool or inp.is_floating_point() or inp.is_complex()):
+        raise refuse(name, "integer token ids (torch.long)", f"dtype {inp.dtype}", TypeError, verb="hold")
+    if not tokens and not inp.is_floating_point():
+        raise refuse(name, "a float tensor in vectors mode", f"dtype {inp.dtype}", TypeError)
+    if inp.dim() != (2 if tokens else 3) or (not tokens and inp.shape[-1] != cfg.input_dim):
+        raise refuse(name, f"shape {shape}", f"shape {tuple(inp.shape)}", verb="have")
     b, t = inp.shape[:2]
     if b == 0 or t == 0:
-        raise ValueError(f"{name} must hold at least one sequence of at least one position, got shape {tuple(inp.shape)}")
+        raise refuse(name, f"shape {shape} with at least one sequence of at least one position",
+                     f"shape {tuple(inp.shape)}", verb="have")
     if t > cfg.block_size:
-        raise ValueError(f"{name} has {t} positions but block_size is {cfg.block_size}; "
-                         f"pass at most {cfg.block_size} (nothing is clipped silently)")
+        raise refuse(name, f"at most block_size = {cfg.block_size} positions", f"{t} positions",
+                     hint="nothing is clipped silently", verb="have")
     if inp.device.type == "meta":  # shapes only: a meta tensor has no values to check
-        return inp.long() if cfg.mode == "tokens" else inp
-    if cfg.mode == "tokens":
+        return inp.long() if tokens else inp
+    if tokens:
         lo, hi = int(inp.min()), int(inp.max())
         if lo < 0 or hi >= cfg.vocab_size:
-            raise ValueError(f"{name} holds token ids in [{lo}, {hi}], allowed are 0..vocab_size-1 = 0..{cfg.vocab_size - 1}")
+            raise refuse(name, f"token ids in 0..vocab_size-1 = 0..{cfg.vocab_size - 1}",
+                         f"token ids in [{lo}, {hi}]", verb="hold")
         return inp.long()
     _finite(name, inp)
     return inp

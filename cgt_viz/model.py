@@ -244,7 +244,11 @@ class CGT(PretrainedMixin, Generation, nn.Module):
     def context(self, idx: torch.Tensor) -> torch.Tensor:
         """ȳ at every token: idx (b, t) -> (b, t, e). Deterministic (the posterior mean under "vae"); runs only
         layers 1..ℓ."""
-        return self._lower(check_inputs(self.config, idx, device=self.device))[1]
+        return self._context(check_inputs(self.config, idx, device=self.device))
+
+    def _context(self, idx: torch.Tensor) -> torch.Tensor:
+        """context for ids its caller checked (`analysis.collect_ybar`): nothing is checked again."""
+        return self._lower(idx)[1]
 
     def run_with_cache(self, idx: torch.Tensor, names: str | Sequence[str] | Callable[[str], bool] | None = None,
                        ablate: dict[str, Sequence[int]] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -360,7 +360,7 @@ case("color_spec", "kind", ["nonsense"], lambda v: F.color_spec([1, 2], kind=v))
 _DATA = torch.randint(0, 16, (3, 10), generator=torch.Generator().manual_seed(2))
 
 
-explorer_case = lambda **kw: W.explore(CGT_T, _DATA, **{"background": None, **kw})  # noqa: E731
+explorer_case = lambda **kw: W.explore(**{"model": CGT_T, "data": _DATA, "background": None, **kw})  # noqa: E731
 EXPLORER = functools.lru_cache(None)(explorer_case)   # EXPLORER(): one explorer for the method cases (each refused)
 case("explore", "model", [GPT_T, "m", None], lambda v: W.explore(v, _DATA), shows="")
 case("explore", "data", [5, torch.full((2, 4), 99), torch.zeros(2, 4), None],
@@ -506,8 +506,8 @@ DECLARED = {
     "step_window_means": lambda **kw: E.step_window_means(**{"steps": np.ones(20), "boundary": 8, "window": 4, **kw}),
     "text_step_profile": lambda **kw: E.text_step_profile(TEXT_CGT(), TEXT(), **{"n_batches": 1, "batch_size": 2,
                                                                                  "window": 4, "part": "train", **kw}),
-    "collect_ybar": lambda **kw: A.collect_ybar(CGT_T, IDX, **kw),
-    "collect_cache": lambda **kw: A.collect_cache(CGT_T, IDX, ["ybar"], **kw),
+    "collect_ybar": lambda **kw: A.collect_ybar(**{"model": CGT_T, "inputs": IDX, **kw}),
+    "collect_cache": lambda **kw: A.collect_cache(**{"model": CGT_T, "inputs": IDX, "names": ["ybar"], **kw}),
     "Projector": A.Projector,
     "stratified_subsample": lambda **kw: A.stratified_subsample(np.arange(10), **{"cap": 5, **kw}),
     "color_kind": lambda **kw: F.color_kind([1, 2], **kw),
@@ -519,7 +519,7 @@ DECLARED = {
     "compare_figure": lambda **kw: F.compare_figure({"position": [1], "prompted": [1.0]}, **kw),
     "training_curves_figure": lambda **kw: F.training_curves_figure({"step": [1], "main": [1.0]}, **kw),
     "explore": explorer_case,
-    "Explorer": lambda **kw: W.Explorer(CGT_T, A.prepare_sequences(CGT_T, _DATA), **kw),
+    "Explorer": lambda **kw: W.Explorer(**{"model": CGT_T, "sequences": A.prepare_sequences(CGT_T, _DATA), **kw}),
     "Explorer.set_projection": lambda **kw: EXPLORER().set_projection(**{"method": "pca", **kw}),
     "Explorer.search": lambda **kw: EXPLORER().search("a", **kw),
     "SmoothnessStrip": strip_case,
@@ -543,7 +543,8 @@ def _declared(entry: str):
 
 for _entry, _call in DECLARED.items():
     for _arg, _constraint in _declared(_entry).__contracts__.items():
-        case(_entry, _arg, _constraint.bad_values(), lambda v, a=_arg, c=_call: c(**{a: v}))
+        for _v in _constraint.bad_values():
+            case(_entry, _arg, [_v], lambda v, a=_arg, c=_call: c(**{a: v}), shows=_constraint.shown(_v))
 
 
 def test_allowed_words_need_a_message_that_says_what_is_allowed():
@@ -610,7 +611,7 @@ NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, a
                     "an internal step, fed arguments its audited caller has checked (or a checker itself)"),
     **dict.fromkeys(["evaluate", "save"], "train's evaluation and checkpoint write, fed the settings train() checked"),
     **dict.fromkeys(["atomic_write", "write_json", "read_json", "save_tensors", "load_tensors", "model_folder",
-                     "sha256_file"],
+                     "sha256_file", "warn_non_finite"],
                     "internal I/O under save_pretrained/from_pretrained (tamper and fault cases: test_checkpoint)"),
     **dict.fromkeys(["colorbar", "ema", "heat_colors", "plotly_scale", "plural", "robust_range", "short_token",
                      "total_of", "format_seconds", "highlight_trace", "run_info", "TrainingMonitor.status_text",
