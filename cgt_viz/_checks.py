@@ -200,6 +200,8 @@ class Constraint:
     """One argument's contract: `check(name, value, args)` returns the clean value or raises (the message from
     `refuse`); `bad_values()` lists values it must refuse, `shown(value)` what of one the message shows."""
 
+    normalizes = False   # True: the clean value differs from what came (its default is converted too)
+
     def check(self, name: str, value: Any, args: dict | None = None) -> Any:
         raise NotImplementedError
 
@@ -326,6 +328,8 @@ def checked(**constraints: Constraint):
             for name, constraint in constraints.items():
                 if name in bound.arguments:
                     bound.arguments[name] = constraint.check(name, bound.arguments[name], bound.arguments)
+                elif constraint.normalizes:   # the body reads the normal form, of a default too
+                    bound.arguments[name] = constraint.check(name, sig.parameters[name].default, bound.arguments)
             return fn(*bound.args, **bound.kwargs)
 
         wrapper.__contracts__ = dict(constraints)

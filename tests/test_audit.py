@@ -496,6 +496,10 @@ DECLARED = {
     "CGT.specialize": lambda **kw: CGT_T.specialize(IDX[0], **kw),
     "CGT.merged_gpt": lambda **kw: CGT_T.merged_gpt(YBAR[0], **kw),
     "CGT.sample_split": lambda **kw: CGT_T.sample_split(**{"batch": 2, "length": 8, **kw}),
+    "CGT.context": lambda **kw: CGT_T.context(**{"idx": IDX, **kw}),
+    "CGT.run_with_cache": lambda **kw: CGT_T.run_with_cache(**{"idx": IDX, **kw}),
+    "CGT.forward_specialized": lambda **kw: CGT_T.forward_specialized(**{"idx": IDX, "ybar_vec": YBAR, **kw}),
+    "CGT.coefficients": lambda **kw: CGT_T.coefficients(**{"ybar": YBAR, **kw}),
     "CGT.generate": lambda **kw: CGT_T.generate(IDX[:, :2], 1, **kw),
     "evaluate_specialization": evaluate_case,
     "mean_ci": lambda **kw: E.mean_ci([1.0, 2.0], **kw),
@@ -545,6 +549,15 @@ for _entry, _call in DECLARED.items():
     for _arg, _constraint in _declared(_entry).__contracts__.items():
         for _v in _constraint.bad_values():
             case(_entry, _arg, [_v], lambda v, a=_arg, c=_call: c(**{a: v}), shows=_constraint.shown(_v))
+
+
+def test_every_declaration_names_parameters_of_its_function():
+    """A declared constraint checks an argument the function takes (`checked` refuses others when it decorates;
+    this holds the audit's view of the signature to the same)."""
+    for entry in DECLARED:
+        fn = _declared(entry)
+        params = inspect.signature(fn).parameters
+        assert fn.__contracts__ and set(fn.__contracts__) <= set(params), (entry, sorted(fn.__contracts__), list(params))
 
 
 def test_allowed_words_need_a_message_that_says_what_is_allowed():

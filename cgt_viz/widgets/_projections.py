@@ -28,6 +28,7 @@ METHOD_NAMES = {"pca": "PCA", "umap": "UMAP", "tsne": "t-SNE"}
 class ProjectionParams(Constraint):
     """projection_params: None or {method: dict of keyword arguments} -> a dict for every method."""
 
+    normalizes = True
     want = f"None or a dict {{method: dict of keyword arguments}} with methods in {A.PROJECTIONS}"
 
     def check(self, name, value, args=None):

@@ -124,7 +124,7 @@ class Explorer(MapSelection, Projecting, Controls, StaticForm, W.VBox):
 
     def _build(self, model, sequences, ybar, *, positions, projection, background, color_by, max_points, seed,
                linked, projection_params, height, dims) -> None:
-        params = ProjectionParams().check("projection_params", projection_params)   # the default None: every method
+        params = projection_params
         seq, pos = A.select_positions(sequences.lengths, positions, sequences.boundary)
         if len(seq) < 2:
             raise ValueError(f"data with positions={positions!r} gives {len(seq)} token; the explorer needs at "
