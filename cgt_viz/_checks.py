@@ -302,6 +302,29 @@ class Instance(Constraint):
         return type(value).__name__
 
 
+class Ints(Constraint):
+    """An int >= lo, or a non-empty list of them -> a tuple of ints."""
+
+    def __init__(self, lo: int = 1):
+        self.lo = lo
+
+    def check(self, name, value, args=None):
+        want = f"an int >= {self.lo} or a non-empty list of ints >= {self.lo}"
+        many = (value,) if is_int(value) else value
+        if isinstance(many, (str, bytes)) or not isinstance(many, Iterable) or not all(is_int(k) for k in many):
+            raise refuse(name, want, describe(value), TypeError)
+        many = tuple(int(k) for k in many)
+        if not many or min(many) < self.lo:
+            raise refuse(name, want, str(list(many)))
+        return many
+
+    def bad_values(self):
+        return [self.lo - 1, [], [self.lo, self.lo - 1], "4", 2.5]
+
+    def shown(self, value):
+        return {str: "str", float: "float"}.get(type(value)) or str(value if isinstance(value, list) else [value])
+
+
 class Generator(Constraint):
     """None or a torch.Generator (seeded by the caller)."""
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ._checks import Choice, Int, checked, describe, is_int
+from ._checks import Choice, Constraint, Int, checked, describe, is_int, refuse
 from .contracts import IGNORE_INDEX, Model, check_inputs, check_targets, require_cgt, require_weights  # noqa: F401
 from .model import GPT
 from .tasks.base import check_task_fits
@@ -21,16 +21,30 @@ from .tasks.tokenizer import ByteTokenizer
 
 
 # ---------------------------------------------------------------------------------------------- checks
+class TextTask(Constraint):
+    """A text task: one whose get_batch takes `boundary` (e.g. TextMixture)."""
+
+    def check(self, name, value, args=None):
+        get_batch = getattr(value, "get_batch", None)
+        try:
+            takes = callable(get_batch) and "boundary" in inspect.signature(get_batch).parameters
+        except (TypeError, ValueError):
+            takes = False
+        if not takes:
+            raise refuse(name, "a text task (one whose get_batch takes boundary, e.g. TextMixture)", describe(value),
+                         TypeError)
+        return value
+
+    def bad_values(self):
+        return [5, "text", None]
+
+    def shown(self, value):
+        return type(value).__name__
+
+
 def require_text_task(task: Any, name: str = "task") -> None:
-    """TypeError unless `task` is a text task: one whose get_batch takes `boundary` (e.g. TextMixture)."""
-    get_batch = getattr(task, "get_batch", None)
-    try:
-        takes = callable(get_batch) and "boundary" in inspect.signature(get_batch).parameters
-    except (TypeError, ValueError):
-        takes = False
-    if not takes:
-        raise TypeError(f"{name} must be a text task (one whose get_batch takes boundary, e.g. TextMixture), "
-                        f"got {describe(task)}")
+    """TypeError unless `task` is a text task (`TextTask`)."""
+    TextTask().check(name, task)
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
