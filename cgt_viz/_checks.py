@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import os
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -323,6 +325,28 @@ class Ints(Constraint):
 
     def shown(self, value):
         return {str: "str", float: "float"}.get(type(value)) or str(value if isinstance(value, list) else [value])
+
+
+class Folder(Constraint):
+    """A folder path (str or os.PathLike) -> a Path; new=True (a folder to write into) also refuses an existing
+    file there. Whether a folder to read exists is the reader's question (FileNotFoundError, not a bad argument)."""
+
+    def __init__(self, *, new: bool = False):
+        self.new = new
+
+    def check(self, name, value, args=None):
+        if not isinstance(value, (str, os.PathLike)):
+            raise refuse(name, "a str or os.PathLike folder", describe(value), TypeError)
+        path = Path(value)
+        if self.new and path.exists() and not path.is_dir():
+            raise refuse(name, "a directory (or not exist yet)", f"the file {str(path)!r}")
+        return path
+
+    def bad_values(self):
+        return [5, None]
+
+    def shown(self, value):
+        return type(value).__name__
 
 
 class Generator(Constraint):

@@ -28,6 +28,7 @@ import torch
 
 from cgt_viz import CGT, GPT, CGTConfig
 from cgt_viz.config import FIELD_CONSTRAINTS
+from cgt_viz.io import PretrainedMixin
 from cgt_viz.train_config import TrainConfig
 from cgt_viz import analysis as A
 from cgt_viz import evaluate as E
@@ -496,6 +497,8 @@ DECLARED = {
     "CGT.specialize": lambda **kw: CGT_T.specialize(IDX[0], **kw),
     "CGT.merged_gpt": lambda **kw: CGT_T.merged_gpt(YBAR[0], **kw),
     "CGT.sample_split": lambda **kw: CGT_T.sample_split(**{"batch": 2, "length": 8, **kw}),
+    "PretrainedMixin.save_pretrained": lambda **kw: CGT_T.save_pretrained(**kw),   # refused before it writes
+    "PretrainedMixin.from_pretrained": lambda **kw: CGT.from_pretrained(**{"path": "/nonexistent/run", **kw}),
     "CGT.context": lambda **kw: CGT_T.context(**{"idx": IDX, **kw}),
     "CGT.run_with_cache": lambda **kw: CGT_T.run_with_cache(**{"idx": IDX, **kw}),
     "CGT.forward_specialized": lambda **kw: CGT_T.forward_specialized(**{"idx": IDX, "ybar_vec": YBAR, **kw}),
