@@ -349,6 +349,41 @@ class Folder(Constraint):
         return type(value).__name__
 
 
+class Tokens(Constraint):
+    """A non-empty list of token strings (one per position): any sized sequence but a str/bytes -> a list."""
+
+    def check(self, name, value, args=None):
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+            raise refuse(name, "a non-empty list of strings (one per position)", describe(value), TypeError)
+        if not len(value):
+            raise refuse(name, "a non-empty list of strings (one per position)", "an empty list")
+        return list(value)
+
+    def bad_values(self):
+        return ["abc", 5, []]
+
+    def shown(self, value):
+        return "an empty list" if isinstance(value, list) else type(value).__name__
+
+
+class Pair(Constraint):
+    """A range (lo, hi) of two finite numbers, in either order -> (min, max)."""
+
+    def check(self, name, value, args=None):
+        pair = (not isinstance(value, (str, bytes)) and hasattr(value, "__len__") and len(value) == 2
+                and all(is_number(v) for v in value))
+        if not pair or not all(math.isfinite(float(v)) for v in value):
+            raise refuse(name, "a pair (lo, hi) of finite numbers", describe(value), TypeError if not pair else ValueError)
+        lo, hi = (float(v) for v in value)
+        return min(lo, hi), max(lo, hi)
+
+    def bad_values(self):
+        return [(1,), "ab", (math.nan, 1)]
+
+    def shown(self, value):
+        return describe(value)
+
+
 class Generator(Constraint):
     """None or a torch.Generator (seeded by the caller)."""
 

@@ -18,7 +18,7 @@ import torch
 from ._checks import Choice, Int, check_array, check_choice, check_float, check_int, checked, describe, is_int
 from .layers import SITE_WEIGHTS
 from .comparison import comparison_logits
-from .contracts import Inputs, Model, check_inputs, check_ybar_array
+from .contracts import Inputs, Model, check_ybar_array
 from .geometry import PCA
 from .losses import LOSS_TERMS, per_position_loss
 from .sequences import (IGNORE_INDEX, ByteTokenizer, Sequences, as_model_input, model_device, concat_sequences, eval_mode,  # noqa: F401

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ._checks import Bool, Choice, Float, Instance, Int, Ints, check_array, check_float, check_int, checked, describe, is_int, is_number
+from ._checks import Bool, Choice, Float, Instance, Int, Ints, check_array, check_float, check_int, checked, describe, is_number
 from .comparison import MODES, comparison_logits
 from .losses import per_position_loss
 from .model import CGT, GPT

@@ -17,7 +17,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ._checks import Device, Folder, check_device, checked, describe
+from ._checks import Device, Folder, checked, describe
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
