@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn as nn
 
-from ._checks import Bool, Int, check_int, checked, describe
+from ._checks import Bool, Instance, Int, check_int, checked, describe
 from .config import CGTConfig
 from .contracts import (IGNORE_INDEX, Ablate, CacheNames, Inputs, Summaries, Summary, check_ablate, check_inputs,
                         check_prompts, check_split, check_summary, check_targets, check_aux_length)
@@ -39,10 +39,9 @@ from .outputs import COEFFS, LOGITS, Y, YBAR, YBAR_SIGMA
 class GPT(PretrainedMixin, Generation, nn.Module):
     """A plain pre-LN decoder-only Transformer: the x stream of a CGT, and the baseline."""
 
+    @checked(config=Instance(CGTConfig, "a CGTConfig"))
     def __init__(self, config: CGTConfig):
         super().__init__()
-        if not isinstance(config, CGTConfig):
-            raise TypeError(f"config must be a CGTConfig, got {describe(config)}")
         self.config = cfg = config
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_x) if cfg.mode == "tokens" else nn.Linear(cfg.input_dim, cfg.d_x)
         self.wpe = nn.Embedding(cfg.block_size, cfg.d_x)
@@ -91,10 +90,9 @@ class CGT(PretrainedMixin, Generation, nn.Module):
 
     stream = GPTStream
 
+    @checked(config=Instance(CGTConfig, "a CGTConfig"))
     def __init__(self, config: CGTConfig):
         super().__init__()
-        if not isinstance(config, CGTConfig):
-            raise TypeError(f"config must be a CGTConfig, got {describe(config)}")
         self.config = cfg = config
         self.gpt = GPT(cfg)
         self.y_embed = nn.Embedding(cfg.vocab_size, cfg.d_y) if cfg.mode == "tokens" else nn.Linear(cfg.input_dim, cfg.d_y)

@@ -494,6 +494,8 @@ DECLARED = {
     "LinearRegression.get_batch": lambda **kw: REG.get_batch(**{"batch_size": 2, **kw}),
     "LinearRegression.eval_batch": lambda **kw: REG.eval_batch(**{"k": 1, "batch_size": 2, **kw}),
     "LinearRegression.curriculum": lambda **kw: REG.curriculum(**{"steps": 10, **kw}),
+    "GPT": lambda **kw: GPT(**{"config": tok_cfg(), **kw}),
+    "CGT": lambda **kw: CGT(**{"config": tok_cfg(), **kw}),
     "CGT.specialize": lambda **kw: CGT_T.specialize(IDX[0], **kw),
     "CGT.merged_gpt": lambda **kw: CGT_T.merged_gpt(YBAR[0], **kw),
     "CGT.sample_split": lambda **kw: CGT_T.sample_split(**{"batch": 2, "length": 8, **kw}),
