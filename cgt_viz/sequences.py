@@ -42,11 +42,6 @@ class TextTask(Constraint):
         return type(value).__name__
 
 
-def require_text_task(task: Any, name: str = "task") -> None:
-    """TypeError unless `task` is a text task (`TextTask`)."""
-    TextTask().check(name, task)
-
-
 def model_device(model: torch.nn.Module) -> torch.device:
     """Where the model is now (asked on every call: a model may move between views); refused on the meta device."""
     return require_weights(model)
