@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import os
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -29,6 +31,13 @@ def describe(value: Any, limit: int = 60) -> str:
     if len(text) > limit:
         text = text[:limit - 3] + "..."
     return f"{type(value).__name__} {text}"
+
+
+def refuse(name: str, want: str, got: str, error: type[Exception] = ValueError, hint: str = "",
+           verb: str = "be") -> Exception:
+    """The one message form of every argument check and contract: "<name> must <verb> <what is allowed>, got
+    <what came>" (and, after a semicolon, how to fix it). Returns the exception; the caller raises it."""
+    return error(f"{name} must {verb} {want}, got {got}" + (f"; {hint}" if hint else ""))
 
 
 def is_int(value: Any) -> bool:
@@ -48,9 +57,9 @@ def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = Non
            else f" <= {hi}" if hi is not None else "")
     want = f"{'None or ' if allow_none else ''}an int{rng}{hint}"
     if not is_int(value):
-        raise TypeError(f"{name} must be {want}, got {describe(value)}")
+        raise refuse(name, want, describe(value), TypeError)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise ValueError(f"{name} must be {want}, got {value}")
+        raise refuse(name, want, str(value))
     return int(value)
 
 
@@ -66,20 +75,20 @@ def check_float(name: str, value: Any, lo: float | None = None, hi: float | None
         parts.append(f"{'<' if hi_open else '<='} {hi}")
     want = f"{'None or ' if allow_none else ''}a finite number{' ' + ' and '.join(parts) if parts else ''}{hint}"
     if not is_number(value):
-        raise TypeError(f"{name} must be {want}, got {describe(value)}")
+        raise refuse(name, want, describe(value), TypeError)
     v = float(value)
     if not math.isfinite(v):
-        raise ValueError(f"{name} must be {want}, got {v}")
+        raise refuse(name, want, str(v))
     if lo is not None and (v <= lo if lo_open else v < lo):
-        raise ValueError(f"{name} must be {want}, got {v}")
+        raise refuse(name, want, str(v))
     if hi is not None and (v >= hi if hi_open else v > hi):
-        raise ValueError(f"{name} must be {want}, got {v}")
+        raise refuse(name, want, str(v))
     return v
 
 
 def check_bool(name: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {describe(value)}")
+        raise refuse(name, "True or False", describe(value), TypeError)
     return bool(value)
 
 
@@ -93,20 +102,20 @@ def check_choice(name: str, value: Any, choices: Iterable[Any], *, allow_none: b
         ok = False
     if not ok:
         extra = " or None" if allow_none else ""
-        raise ValueError(f"{name} must be one of {choices}{extra}, got {describe(value)}")
+        raise refuse(name, f"one of {choices}{extra}", describe(value))
     return value
 
 
 def check_dict(name: str, value: Any, what: str) -> dict:
     """A dict (`what` says which, e.g. "a dict of TrainConfig fields"), else a TypeError."""
     if not isinstance(value, dict):
-        raise TypeError(f"{name} must be {what}, got {describe(value)}")
+        raise refuse(name, what, describe(value), TypeError)
     return value
 
 
 def check_callable(name: str, value: Any, what: str = "a callable") -> Any:
     if not callable(value):
-        raise TypeError(f"{name} must be {what}, got {describe(value)}")
+        raise refuse(name, what, describe(value), TypeError)
     return value
 
 
@@ -124,21 +133,21 @@ def check_device(name: str, device: Any, *, allow_auto: bool = False) -> torch.d
         try:
             dev = torch.device(device)
         except (RuntimeError, ValueError):
-            raise ValueError(f"{name} must be {want}, got {describe(device)}") from None
+            raise refuse(name, want, describe(device)) from None
     else:
-        raise TypeError(f"{name} must be {want} or a torch.device, got {describe(device)}")
+        raise refuse(name, want + " or a torch.device", describe(device), TypeError)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"{name} is {str(dev)!r} but CUDA is not available here; it must be {want}")
+            raise refuse(name, want, f"{str(dev)!r}, but CUDA is not available here")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"{name} is {str(dev)!r} but this machine has {torch.cuda.device_count()} CUDA "
-                             f"device(s); it must be {want}")
+            raise refuse(name, want, f"{str(dev)!r}, but this machine has {torch.cuda.device_count()} CUDA "
+                                     f"device(s)")
     elif dev.type == "mps":
         mps = getattr(torch.backends, "mps", None)
         if mps is None or not mps.is_available():
-            raise ValueError(f"{name} is 'mps' but MPS is not available here; it must be {want}")
+            raise refuse(name, want, "'mps', but MPS is not available here")
     elif dev.type not in ("cpu", "meta"):
-        raise ValueError(f"{name} must be {want}, got {describe(device)}")
+        raise refuse(name, want, describe(device))
     return dev
 
 
@@ -153,22 +162,21 @@ def check_array(name: str, value: Any, ndim: int | Sequence[int], *, finite: boo
     dims = (ndim,) if isinstance(ndim, int) else tuple(ndim)
     shape_word = what or " or ".join(f"{d}-D" for d in dims)
     if isinstance(value, (str, bytes)) or value is None:
-        raise TypeError(f"{name} must be a {shape_word} array of numbers, got {describe(value)}")
+        raise refuse(name, f"a {shape_word} array of numbers", describe(value), TypeError)
     if isinstance(value, torch.Tensor):
         value = value.detach().cpu().numpy()
     try:
         arr = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a {shape_word} array of numbers, got {describe(value)}") from None
+        raise refuse(name, f"a {shape_word} array of numbers", describe(value), TypeError) from None
     if arr.ndim not in dims:
-        raise ValueError(f"{name} must be a {shape_word} array, got shape {arr.shape}")
+        raise refuse(name, f"a {shape_word} array", f"shape {arr.shape}")
     if cols is not None and arr.ndim >= 2 and arr.shape[-1] != cols:
-        raise ValueError(f"{name} must have {cols} columns (last dimension), got shape {arr.shape}")
+        raise refuse(name, f"{cols} columns (last dimension)", f"shape {arr.shape}", verb="have")
     if arr.ndim >= 1 and arr.shape[0] < min_rows:
-        raise ValueError(f"{name} must have at least {min_rows} rows, got shape {arr.shape}")
+        raise refuse(name, f"at least {min_rows} rows", f"shape {arr.shape}", verb="have")
     if finite and arr.size and not np.isfinite(arr).all():
-        raise ValueError(f"{name} must be finite, got {int((~np.isfinite(arr)).sum())} NaN or inf value(s) "
-                         f"in shape {arr.shape}")
+        raise refuse(name, "finite", f"{int((~np.isfinite(arr)).sum())} NaN or inf value(s) in shape {arr.shape}")
     return arr
 
 
@@ -186,21 +194,32 @@ def check_index(name: str, value: Any, n: int) -> int:
 # The decorator applies each constraint to the bound argument before the body runs (the body reads clean
 # values), and keeps the declarations on `fn.__contracts__`, from which `tests/test_audit.py` generates its
 # bad-argument cases: each constraint knows the values that must be refused.
+#
+# The tensor contracts (`contracts.Model`, `Inputs`, `Split`, `Prompt`, ...) are constraints too; one that
+# depends on another argument (token ids need the model's vocabulary) reads it from `args`, the arguments
+# bound so far, each already checked (they are checked in declaration order: declare `model` first).
 class Constraint:
-    """One argument's contract: `check(name, value)` returns the clean value or raises; `bad_values()`."""
+    """One argument's contract: `check(name, value, args)` returns the clean value or raises (the message from
+    `refuse`); `bad_values()` lists values it must refuse, `shown(value)` what of one the message shows."""
 
-    def check(self, name: str, value: Any) -> Any:
+    normalizes = False   # True: the clean value differs from what came (its default is converted too)
+
+    def check(self, name: str, value: Any, args: dict | None = None) -> Any:
         raise NotImplementedError
 
     def bad_values(self) -> list[Any]:
         raise NotImplementedError
+
+    def shown(self, value: Any) -> str | None:
+        """What of a bad value the message must show (None: its str/repr, as the audit's default)."""
+        return None
 
 
 class Int(Constraint):
     def __init__(self, lo: int | None = None, hi: int | None = None, *, none: bool = False, hint: str = ""):
         self.lo, self.hi, self.none, self.hint = lo, hi, none, hint
 
-    def check(self, name, value):
+    def check(self, name, value, args=None):
         return check_int(name, value, self.lo, self.hi, allow_none=self.none, hint=self.hint)
 
     def bad_values(self):
@@ -224,7 +243,7 @@ class Float(Constraint):
                  hi_open: bool = False, none: bool = False, hint: str = ""):
         self.lo, self.hi, self.lo_open, self.hi_open, self.none, self.hint = lo, hi, lo_open, hi_open, none, hint
 
-    def check(self, name, value):
+    def check(self, name, value, args=None):
         return check_float(name, value, self.lo, self.hi, lo_open=self.lo_open, hi_open=self.hi_open,
                            allow_none=self.none, hint=self.hint)
 
@@ -241,7 +260,7 @@ class Choice(Constraint):
     def __init__(self, *choices: Any, none: bool = False):
         self.choices, self.none = choices, none
 
-    def check(self, name, value):
+    def check(self, name, value, args=None):
         return check_choice(name, value, self.choices, allow_none=self.none)
 
     def bad_values(self):
@@ -249,7 +268,7 @@ class Choice(Constraint):
 
 
 class Bool(Constraint):
-    def check(self, name, value):
+    def check(self, name, value, args=None):
         return check_bool(name, value)
 
     def bad_values(self):
@@ -260,19 +279,117 @@ class Device(Constraint):
     def __init__(self, *, auto: bool = False):
         self.auto = auto
 
-    def check(self, name, value):
+    def check(self, name, value, args=None):
         return check_device(name, value, allow_auto=self.auto)
 
     def bad_values(self):
         return ["nonsense", 5]
 
 
+class Instance(Constraint):
+    """An instance of `cls` (None too when none=True); `what` names it in the message."""
+
+    def __init__(self, cls: type | tuple[type, ...], what: str, *, none: bool = False):
+        self.cls, self.what, self.none = cls, what, none
+
+    def check(self, name, value, args=None):
+        if not (isinstance(value, self.cls) or (self.none and value is None)):
+            raise refuse(name, ("None or " if self.none else "") + self.what, describe(value), TypeError)
+        return value
+
+    def bad_values(self):
+        return [5, "x"] + ([] if self.none else [None])
+
+    def shown(self, value):
+        return type(value).__name__
+
+
+class Ints(Constraint):
+    """An int >= lo, or a non-empty list of them -> a tuple of ints."""
+
+    def __init__(self, lo: int = 1):
+        self.lo = lo
+
+    def check(self, name, value, args=None):
+        want = f"an int >= {self.lo} or a non-empty list of ints >= {self.lo}"
+        many = (value,) if is_int(value) else value
+        if isinstance(many, (str, bytes)) or not isinstance(many, Iterable) or not all(is_int(k) for k in many):
+            raise refuse(name, want, describe(value), TypeError)
+        many = tuple(int(k) for k in many)
+        if not many or min(many) < self.lo:
+            raise refuse(name, want, str(list(many)))
+        return many
+
+    def bad_values(self):
+        return [self.lo - 1, [], [self.lo, self.lo - 1], "4", 2.5]
+
+    def shown(self, value):
+        return {str: "str", float: "float"}.get(type(value)) or str(value if isinstance(value, list) else [value])
+
+
+class Folder(Constraint):
+    """A folder path (str or os.PathLike) -> a Path; new=True (a folder to write into) also refuses an existing
+    file there. Whether a folder to read exists is the reader's question (FileNotFoundError, not a bad argument)."""
+
+    def __init__(self, *, new: bool = False):
+        self.new = new
+
+    def check(self, name, value, args=None):
+        if not isinstance(value, (str, os.PathLike)):
+            raise refuse(name, "a str or os.PathLike folder", describe(value), TypeError)
+        path = Path(value)
+        if self.new and path.exists() and not path.is_dir():
+            raise refuse(name, "a directory (or not exist yet)", f"the file {str(path)!r}")
+        return path
+
+    def bad_values(self):
+        return [5, None]
+
+    def shown(self, value):
+        return type(value).__name__
+
+
+class Tokens(Constraint):
+    """A non-empty list of token strings (one per position): any sized sequence but a str/bytes -> a list."""
+
+    def check(self, name, value, args=None):
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+            raise refuse(name, "a non-empty list of strings (one per position)", describe(value), TypeError)
+        if not len(value):
+            raise refuse(name, "a non-empty list of strings (one per position)", "an empty list")
+        return list(value)
+
+    def bad_values(self):
+        return ["abc", 5, []]
+
+    def shown(self, value):
+        return "an empty list" if isinstance(value, list) else type(value).__name__
+
+
+class Pair(Constraint):
+    """A range (lo, hi) of two finite numbers, in either order -> (min, max)."""
+
+    def check(self, name, value, args=None):
+        pair = (not isinstance(value, (str, bytes)) and hasattr(value, "__len__") and len(value) == 2
+                and all(is_number(v) for v in value))
+        if not pair or not all(math.isfinite(float(v)) for v in value):
+            raise refuse(name, "a pair (lo, hi) of finite numbers", describe(value), TypeError if not pair else ValueError)
+        lo, hi = (float(v) for v in value)
+        return min(lo, hi), max(lo, hi)
+
+    def bad_values(self):
+        return [(1,), "ab", (math.nan, 1)]
+
+    def shown(self, value):
+        return describe(value)
+
+
 class Generator(Constraint):
     """None or a torch.Generator (seeded by the caller)."""
 
-    def check(self, name, value):
+    def check(self, name, value, args=None):
         if value is not None and not isinstance(value, torch.Generator):
-            raise TypeError(f"{name} must be None or a torch.Generator, got {describe(value)}")
+            raise refuse(name, "None or a torch.Generator", describe(value), TypeError)
         return value
 
     def bad_values(self):
@@ -292,7 +409,9 @@ def checked(**constraints: Constraint):
             bound = sig.bind(*args, **kwargs)
             for name, constraint in constraints.items():
                 if name in bound.arguments:
-                    bound.arguments[name] = constraint.check(name, bound.arguments[name])
+                    bound.arguments[name] = constraint.check(name, bound.arguments[name], bound.arguments)
+                elif constraint.normalizes:   # the body reads the normal form, of a default too
+                    bound.arguments[name] = constraint.check(name, sig.parameters[name].default, bound.arguments)
             return fn(*bound.args, **bound.kwargs)
 
         wrapper.__contracts__ = dict(constraints)

@@ -18,7 +18,7 @@ import torch
 from ._checks import Choice, Int, check_array, check_choice, check_float, check_int, checked, describe, is_int
 from .layers import SITE_WEIGHTS
 from .comparison import comparison_logits
-from .contracts import check_inputs, check_ybar_array
+from .contracts import Inputs, Model, check_ybar_array
 from .geometry import PCA
 from .losses import LOSS_TERMS, per_position_loss
 from .sequences import (IGNORE_INDEX, ByteTokenizer, Sequences, as_model_input, model_device, concat_sequences, eval_mode,  # noqa: F401
@@ -29,32 +29,34 @@ PROJECTIONS = ("pca", "umap", "tsne")
 
 
 # ---------------------------------------------------------------------------------------------- ȳ
-@torch.no_grad()
-@checked(batch_size=Int(1))
+@checked(model=Model(), inputs=Inputs("model"), batch_size=Int(1))
 def collect_ybar(model, inputs: torch.Tensor, batch_size: int = 64) -> np.ndarray:
     """ȳ at every position: inputs (n, t) -> (n, t, e) float32, in chunks of batch_size sequences."""
-    require_cgt(model)
-    inputs = check_inputs(model.config, inputs, "inputs")
-    dev = model_device(model)
+    return _collect_ybar(model, inputs, batch_size)
+
+
+@torch.no_grad()
+def _collect_ybar(model, inputs: torch.Tensor, batch_size: int) -> np.ndarray:
+    """collect_ybar for arguments its caller checked: nothing is checked again (a range check of the ids
+    per chunk would be a host sync per chunk on a GPU)."""
+    dev = next(model.parameters()).device
     with eval_mode(model):
-        chunks = [model.context(inputs[i:i + batch_size].to(dev)).float().cpu()
+        chunks = [model._context(inputs[i:i + batch_size].to(dev)).float().cpu()
                   for i in range(0, inputs.shape[0], batch_size)]
     return torch.cat(chunks).numpy()
 
 
 @torch.no_grad()
-@checked(batch_size=Int(1))
+@checked(model=Model(), inputs=Inputs("model"), batch_size=Int(1))
 def collect_cache(model, inputs: torch.Tensor, names: Sequence[str], batch_size: int = 64) -> dict[str, np.ndarray]:
     """The named outputs of `run_with_cache` (e.g. "ybar", "coeffs.3.attn_in"): {name: (n, t, ...)}."""
-    require_cgt(model)
-    inputs = check_inputs(model.config, inputs, "inputs")
     allowed = model.cache_names()
     if isinstance(names, (str, bytes)) or not isinstance(names, (list, tuple)) or not names:
         raise TypeError(f"names must be a non-empty list of cache names (e.g. ['ybar']), got {describe(names)}")
     unknown = [nm for nm in names if not isinstance(nm, str) or nm not in allowed]
     if unknown:
         raise ValueError(f"names must be cache names of this model, got {unknown}; allowed: {allowed}")
-    dev = model_device(model)
+    dev = next(model.parameters()).device
     out: dict[str, list[torch.Tensor]] = {nm: [] for nm in names}
     with eval_mode(model):
         for i in range(0, inputs.shape[0], batch_size):

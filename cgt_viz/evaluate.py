@@ -31,12 +31,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ._checks import Bool, Choice, Float, Int, check_array, check_float, check_int, checked, describe, is_int, is_number
+from ._checks import Bool, Choice, Float, Instance, Int, Ints, check_array, check_float, check_int, checked, describe, is_number
 from .comparison import MODES, comparison_logits
 from .losses import per_position_loss
 from .model import CGT, GPT
 from .tasks.base import check_task_fits
-from .sequences import model_device, check_baseline, eval_mode, require_text_task
+from .sequences import TextTask, model_device, check_baseline, eval_mode
 
 
 
@@ -81,18 +81,8 @@ def _per_position(cfg, out: torch.Tensor, targets: torch.Tensor) -> tuple[torch.
     return loss, (out.argmax(-1) == targets) if cfg.mode == "tokens" else None
 
 
-def _check_k_values(k_values: Any, task) -> tuple[int, ...]:
-    """An int >= 1 or a non-empty sequence of them, each a prompt size the task can build."""
-    want = "an int >= 1 or a non-empty list of ints >= 1"
-    if is_int(k_values):
-        k_values = (k_values,)
-    if isinstance(k_values, (str, bytes)) or not isinstance(k_values, Iterable):
-        raise TypeError(f"k_values must be {want}, got {describe(k_values)}")
-    ks = tuple(k_values)
-    if not all(is_int(k) for k in ks):
-        raise TypeError(f"k_values must be {want}, got {describe(k_values)}")
-    if not ks or min(ks) < 1:
-        raise ValueError(f"k_values must be {want}, got {list(ks)}")
+def _check_k_values(ks: tuple[int, ...], task) -> tuple[int, ...]:
+    """Prompt sizes (declared `Ints(1)`) the task can build."""
     for k in ks:   # one row per k: the task says whether k demonstrations fit its sequences
         try:
             task.eval_batch(int(k), 1, generator=torch.Generator().manual_seed(0))
@@ -102,8 +92,13 @@ def _check_k_values(k_values: Any, task) -> tuple[int, ...]:
 
 
 # ---------------------------------------------------------------------------- the comparison
+_MODEL = Instance(CGT, "a CGT")
+_TEXT_CALL = dict(model=_MODEL, task=TextTask(), n_batches=Int(1), batch_size=Int(1), seed=Int(0),
+                  part=Choice("train", "val"))
+
+
 @torch.no_grad()
-@checked(n_batches=Int(1), batch_size=Int(1), seed=Int(0), check_merged=Bool())
+@checked(model=_MODEL, k_values=Ints(1), n_batches=Int(1), batch_size=Int(1), seed=Int(0), check_merged=Bool())
 def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4, 8, 16), n_batches: int = 4,
                             batch_size: int = 64, baseline: GPT | None = None, seed: int = 0,
                             check_merged: bool = True) -> list[dict[str, Any]]:
@@ -120,8 +115,6 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
     GAP_NOISE_FLOOR = 0.01, which also warns), and spec_merge_max_diff (max |logit difference| of the
     merged check, NaN if skipped).
     """
-    if not isinstance(model, CGT):
-        raise TypeError(f"model must be a CGT, got {describe(model)}")
     if baseline is not None:
         check_baseline(model, baseline)
         check_task_fits(baseline, task, "task", needs="eval_batch")
@@ -232,15 +225,13 @@ def seeds_summary(runs: Sequence[Sequence[dict]], by: str = "k", level: float = 
 
 # ---------------------------------------------------------------------------- what ȳ encodes
 @torch.no_grad()
-@checked(k=Int(1), n_batches=Int(1), batch_size=Int(1), seed=Int(0))
+@checked(model=_MODEL, k=Int(1), n_batches=Int(1), batch_size=Int(1), seed=Int(0))
 def collect_summaries(model: CGT, task, k: int = 8, n_batches: int = 4, batch_size: int = 128,
                       seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """ȳ at the last token of a k-demonstration prompt and the hidden numbers it should encode.
 
     Returns features (n, d_y) and targets: task_params (n, 2) for icl, w (n, dim) for regression.
     """
-    if not isinstance(model, CGT):
-        raise TypeError(f"model must be a CGT, got {describe(model)}")
     check_task_fits(model, task, needs="eval_batch")
     device, gen = model_device(model), torch.Generator().manual_seed(seed)
     feats, targets = [], []
@@ -334,17 +325,8 @@ def _labels_array(name: str, values: Any, ndim: int | tuple[int, ...]) -> np.nda
 
 
 # ---------------------------------------------------------------------------- text
-def _check_text_call(model, task, n_batches, batch_size, seed) -> None:
-    if not isinstance(model, CGT):
-        raise TypeError(f"model must be a CGT, got {describe(model)}")
-    require_text_task(task)
-    check_task_fits(model, task)
-    check_int("n_batches", n_batches, 1)
-    check_int("batch_size", batch_size, 1)
-    check_int("seed", seed, 0)
-
-
 @torch.no_grad()
+@checked(**_TEXT_CALL)
 def text_position_curves(model: CGT, task, split: int | None = None, boundary: int | None = None,
                          n_batches: int = 4, batch_size: int = 32, seed: int = 0, part: str = "val") -> dict[str, Any]:
     """Per-position loss on mixture rows with a fixed topic boundary, ȳ frozen at the split.
@@ -357,7 +339,7 @@ def text_position_curves(model: CGT, task, split: int | None = None, boundary: i
     diff_specialized_no_context and sem_specialized_no_context (m,) (its mean and standard error over rows),
     diff_rows_before / diff_rows_after (n_rows,) (each row's mean difference before / from the boundary).
     """
-    _check_text_call(model, task, n_batches, batch_size, seed)
+    check_task_fits(model, task)
     t = task.block_size
     boundary = t // 2 if boundary is None else check_int("boundary", boundary, 1, t - 1)
     split = boundary // 2 if split is None else split
@@ -390,7 +372,7 @@ def text_position_curves(model: CGT, task, split: int | None = None, boundary: i
 
 
 @torch.no_grad()
-@checked(window=Int(1), n_batches=Int(1), batch_size=Int(1), seed=Int(0), part=Choice("train", "val"))
+@checked(**_TEXT_CALL, window=Int(1))
 def text_step_profile(model: CGT, task, boundary: int | None = None, window: int = 16, n_batches: int = 4,
                       batch_size: int = 32, seed: int = 0, part: str = "val") -> dict[str, Any]:
     """Does ȳ move more just after the topic switch? Mean ‖ȳ_p − ȳ_p−1‖ over rows, per position p = 1..t−1,
@@ -400,7 +382,7 @@ def text_step_profile(model: CGT, task, boundary: int | None = None, window: int
     Returns positions (t−1,), step_switch and step_no_switch (t−1,), and ratio / ratio_no_switch: the mean
     step over the `window` positions from the boundary on over that elsewhere (positions ≥ window, where the
     prefix is no longer short). A ratio above its control's is movement that the switch causes."""
-    _check_text_call(model, task, n_batches, batch_size, seed)
+    check_task_fits(model, task)
     t = task.block_size
     boundary = t // 2 if boundary is None else check_int("boundary", boundary, 1, t - 1)
     if boundary + window > t or boundary <= window:
@@ -440,12 +422,13 @@ def step_window_means(steps, boundary: int, window: int) -> tuple[float, float]:
 
 
 @torch.no_grad()
+@checked(**_TEXT_CALL)
 def collect_excerpt_ends(model: CGT, task, n_batches: int = 8, batch_size: int = 32, seed: int = 0,
                          part: str = "val") -> tuple[np.ndarray, np.ndarray]:
     """ȳ at the last token of each excerpt (boundary − 1 with topic A, t − 1 with topic B).
 
     Returns features (2n, d_y) and topic labels (2n,)."""
-    _check_text_call(model, task, n_batches, batch_size, seed)
+    check_task_fits(model, task)
     device, gen = model_device(model), torch.Generator().manual_seed(seed)
     feats, labels = [], []
     with eval_mode(model):

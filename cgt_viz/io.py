@@ -17,7 +17,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ._checks import check_device, describe
+from ._checks import Device, Folder, checked, describe
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -219,14 +219,9 @@ def check_artefact_folder(path: Path, kind: str, writer: str, writes: str) -> No
                          f"folder (or remove those files first). One folder holds one kind of artefact")
 
 
-def model_folder(path: Any, kind: str | None = None, writer: str = "save_pretrained", writes: str = "a model") -> Path:
-    """The folder `save_pretrained` writes into: a str or PathLike that is a directory or does not exist yet,
-    holding no artefact of another kind than `kind` (see check_artefact_folder)."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or os.PathLike folder, got {describe(path)}")
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"path must be a directory (or not exist yet), got the file {str(path)!r}")
+def model_folder(path: Path, kind: str | None = None, writer: str = "save_pretrained", writes: str = "a model") -> Path:
+    """The folder `save_pretrained` writes into (a path its caller declared `Folder(new=True)`), holding no
+    artefact of another kind than `kind` (see check_artefact_folder)."""
     if kind is not None:
         check_artefact_folder(path, kind, writer, writes)
     path.mkdir(parents=True, exist_ok=True)
@@ -238,6 +233,7 @@ class PretrainedMixin:
 
     config: Any
 
+    @checked(path=Folder(new=True))
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         name = type(self).__name__
         path = model_folder(path, f"cgt_viz:{name}", f"{name}.save_pretrained", f"a cgt_viz {name} model")
@@ -247,14 +243,11 @@ class PretrainedMixin:
         return path
 
     @classmethod
+    @checked(path=Folder(), device=Device())
     def from_pretrained(cls, path: str | os.PathLike, device: str | torch.device = "cpu"):
         """Load a folder written by save_pretrained. config.json is checked against the safetensors header
         (shapes, and sizes no file this large could hold) before anything is built or allocated; a config
         lacking fields is refused; NaN/inf weights load with a RuntimeWarning naming them."""
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"path must be a str or os.PathLike folder, got {describe(path)}")
-        device = check_device("device", device)
-        path = Path(path)
         if not path.is_dir():
             raise FileNotFoundError(f"path must be a folder written by save_pretrained, got {str(path)!r}")
         meta = read_json(path / CONFIG_NAME)

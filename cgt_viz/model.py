@@ -22,10 +22,10 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn as nn
 
-from ._checks import Bool, Int, check_int, checked, describe
+from ._checks import Bool, Instance, Int, check_int, checked, describe
 from .config import CGTConfig
-from .contracts import (IGNORE_INDEX, cache_name_filter, check_ablate, check_inputs, check_prompts, check_split,
-                        check_summaries, check_summary, check_targets, check_aux_length)
+from .contracts import (IGNORE_INDEX, Ablate, CacheNames, Inputs, Summaries, Summary, check_ablate, check_inputs,
+                        check_prompts, check_split, check_summary, check_targets, check_aux_length)
 from .generation import Generation
 from .io import PretrainedMixin, fold_affine_ln_y
 from .layers import SITE_WEIGHTS, Block, EMAReadout, SiteTemplates, TokenShift, YBlock, init_weights
@@ -39,10 +39,9 @@ from .outputs import COEFFS, LOGITS, Y, YBAR, YBAR_SIGMA
 class GPT(PretrainedMixin, Generation, nn.Module):
     """A plain pre-LN decoder-only Transformer: the x stream of a CGT, and the baseline."""
 
+    @checked(config=Instance(CGTConfig, "a CGTConfig"))
     def __init__(self, config: CGTConfig):
         super().__init__()
-        if not isinstance(config, CGTConfig):
-            raise TypeError(f"config must be a CGTConfig, got {describe(config)}")
         self.config = cfg = config
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_x) if cfg.mode == "tokens" else nn.Linear(cfg.input_dim, cfg.d_x)
         self.wpe = nn.Embedding(cfg.block_size, cfg.d_x)
@@ -91,10 +90,9 @@ class CGT(PretrainedMixin, Generation, nn.Module):
 
     stream = GPTStream
 
+    @checked(config=Instance(CGTConfig, "a CGTConfig"))
     def __init__(self, config: CGTConfig):
         super().__init__()
-        if not isinstance(config, CGTConfig):
-            raise TypeError(f"config must be a CGTConfig, got {describe(config)}")
         self.config = cfg = config
         self.gpt = GPT(cfg)
         self.y_embed = nn.Embedding(cfg.vocab_size, cfg.d_y) if cfg.mode == "tokens" else nn.Linear(cfg.input_dim, cfg.d_y)
@@ -241,32 +239,37 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         idx = check_inputs(self.config, idx, device=self.device)
         return self._full(idx, ablate=check_ablate(self, ablate))[0]
 
+    @checked(idx=Inputs("self", on_device=True))
     def context(self, idx: torch.Tensor) -> torch.Tensor:
         """ȳ at every token: idx (b, t) -> (b, t, e). Deterministic (the posterior mean under "vae"); runs only
         layers 1..ℓ."""
-        return self._lower(check_inputs(self.config, idx, device=self.device))[1]
+        return self._context(idx)
 
+    def _context(self, idx: torch.Tensor) -> torch.Tensor:
+        """context for ids its caller checked (`analysis.collect_ybar`): nothing is checked again."""
+        return self._lower(idx)[1]
+
+    @checked(idx=Inputs("self", on_device=True), names=CacheNames(), ablate=Ablate())
     def run_with_cache(self, idx: torch.Tensor, names: str | Sequence[str] | Callable[[str], bool] | None = None,
                        ablate: dict[str, Sequence[int]] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """logits (b, t, v) and the named activations (names and shapes: cgt_viz.outputs), in cache_names order.
 
         names: None (all), a name or glob pattern ("coeffs.*"), a list of them, or a predicate name -> bool."""
-        idx = check_inputs(self.config, idx, device=self.device)
         known = self.cache_names()
-        record = _Record(cache_name_filter(known, names))
-        logits = self._full(idx, record=record, ablate=check_ablate(self, ablate))[0]
+        record = _Record(names)
+        logits = self._full(idx, record=record, ablate=ablate)[0]
         return logits, {name: record[name] for name in known if name in record}
 
+    @checked(idx=Inputs("self", on_device=True), ybar_vec=Summary(rows_of="idx"), ablate=Ablate())
     def forward_specialized(self, idx: torch.Tensor, ybar_vec: torch.Tensor,
                             ablate: dict[str, Sequence[int]] | None = None) -> torch.Tensor:
         """The specialized model, unmerged: x-only pass over idx (b, t) with T(ȳ) frozen at ybar_vec (b, e)."""
-        idx = check_inputs(self.config, idx, device=self.device)
-        ybar_vec = check_summary(self.config, ybar_vec, self.device, idx.shape[0])
-        return self._specialized(idx, ybar_vec.expand(idx.shape[0], -1), ablate=check_ablate(self, ablate))
+        return self._specialized(idx, ybar_vec.expand(idx.shape[0], -1), ablate=ablate)
 
+    @checked(ybar=Summaries())
     def coefficients(self, ybar: torch.Tensor) -> dict[str, torch.Tensor]:
         """c^κ(ȳ) for every site: ybar (..., e) -> {"ν.site": (..., K)}."""
-        return self._coefficients(check_summaries(self.config, ybar))
+        return self._coefficients(ybar)
 
     def lora_factors(self, ybar_vec: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Per modulated weight name of the x stream's module, (A, B) with W' = W + B @ A.

@@ -13,41 +13,38 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ._checks import describe, is_int
-from .contracts import IGNORE_INDEX, check_inputs, check_targets
+from ._checks import Choice, Constraint, Int, checked, describe, is_int, refuse
+from .contracts import IGNORE_INDEX, Model, check_inputs, check_targets, require_cgt, require_weights  # noqa: F401
 from .model import GPT
 from .tasks.base import check_task_fits
 from .tasks.tokenizer import ByteTokenizer
 
 
 # ---------------------------------------------------------------------------------------------- checks
-def require_cgt(model: Any, name: str = "model") -> None:
-    """TypeError unless `model` has a y stream (a CGT): a plain GPT has no ȳ to look at."""
-    if not (isinstance(model, torch.nn.Module) and callable(getattr(model, "context", None))
-            and callable(getattr(model, "run_with_cache", None)) and hasattr(model, "templates")):
-        raise TypeError(f"{name} must be a CGT (a model with a y stream and a context summary ȳ), got "
-                        f"{type(model).__name__}; a plain GPT has no ȳ to show — train or load a CGT")
+class TextTask(Constraint):
+    """A text task: one whose get_batch takes `boundary` (e.g. TextMixture)."""
 
+    def check(self, name, value, args=None):
+        get_batch = getattr(value, "get_batch", None)
+        try:
+            takes = callable(get_batch) and "boundary" in inspect.signature(get_batch).parameters
+        except (TypeError, ValueError):
+            takes = False
+        if not takes:
+            raise refuse(name, "a text task (one whose get_batch takes boundary, e.g. TextMixture)", describe(value),
+                         TypeError)
+        return value
 
-def require_text_task(task: Any, name: str = "task") -> None:
-    """TypeError unless `task` is a text task: one whose get_batch takes `boundary` (e.g. TextMixture)."""
-    get_batch = getattr(task, "get_batch", None)
-    try:
-        takes = callable(get_batch) and "boundary" in inspect.signature(get_batch).parameters
-    except (TypeError, ValueError):
-        takes = False
-    if not takes:
-        raise TypeError(f"{name} must be a text task (one whose get_batch takes boundary, e.g. TextMixture), "
-                        f"got {describe(task)}")
+    def bad_values(self):
+        return [5, "text", None]
+
+    def shown(self, value):
+        return type(value).__name__
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
-    """Where the model is now (asked on every call: a model may move between views)."""
-    device = next(model.parameters()).device
-    if device.type == "meta":
-        raise ValueError("model must hold weights to be viewed, but its parameters are on the meta device (shapes "
-                         "only); move it with model.to('cpu') / model.to('cuda') after loading weights")
-    return device
+    """Where the model is now (asked on every call: a model may move between views); refused on the meta device."""
+    return require_weights(model)
 
 
 def as_model_input(model: torch.nn.Module, array: np.ndarray) -> torch.Tensor:
@@ -290,6 +287,7 @@ def _check_boundary(boundary: Any, lengths: np.ndarray) -> np.ndarray | None:
     return b
 
 
+@checked(model=Model(weights=False), n_batches=Int(1), batch_size=Int(1), seed=Int(0), part=Choice("train", "val"))
 def prepare_sequences(model, data, labels=None, boundary=None, *, n_batches: int = 4, batch_size: int = 32,
                       seed: int = 0, part: str = "val") -> Sequences:
     """Normalise `data` into `Sequences`.
@@ -300,7 +298,13 @@ def prepare_sequences(model, data, labels=None, boundary=None, *, n_batches: int
     `info["boundary"]` the excerpt boundary).
     labels: None, one per sequence, or one per token. boundary: None, an int, or one int per sequence.
     """
-    require_cgt(model)
+    return _prepare_sequences(model, data, labels, boundary, n_batches, batch_size, seed, part)
+
+
+def _prepare_sequences(model, data, labels, boundary, n_batches: int, batch_size: int, seed: int,
+                       part: str) -> Sequences:
+    """prepare_sequences for a model its caller checked; `data` (the one argument not declared: it takes many
+    forms) is checked here, its token ids once (`check_inputs`, on the host)."""
     from .tasks.base import Batch, Task
     cfg = model.config
     task = model_task(model)
@@ -351,22 +355,12 @@ def prepare_sequences(model, data, labels=None, boundary=None, *, n_batches: int
         inputs = torch.zeros(len(encoded), int(lengths.max()), dtype=torch.long)
         for i, ids in enumerate(encoded):
             inputs[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+        inputs = check_inputs(cfg, inputs, "data")   # a tokenizer's ids against the model's vocabulary
     elif isinstance(data, torch.Tensor):
         inputs = data.detach().cpu()
-        want = "(n, t) token ids" if cfg.mode == "tokens" else f"(n, t, input_dim={cfg.input_dim}) floats"
         if inputs.dim() == (1 if cfg.mode == "tokens" else 2):
             inputs = inputs[None]
-        if inputs.dim() != (2 if cfg.mode == "tokens" else 3) or inputs.shape[0] == 0 or inputs.shape[1] == 0:
-            raise ValueError(f"data must have shape {want} with n, t >= 1, got shape {tuple(data.shape)}")
-        if cfg.mode == "tokens" and inputs.is_floating_point():
-            raise TypeError(f"data must hold integer token ids for a tokens-mode model, got dtype {inputs.dtype}")
-        if inputs.shape[1] > cfg.block_size:
-            raise ValueError(f"data has {inputs.shape[1]} positions but block_size is {cfg.block_size}")
-        if cfg.mode == "tokens":
-            inputs = inputs.long()
-            lo, hi = int(inputs.min()), int(inputs.max())
-            if lo < 0 or hi >= cfg.vocab_size:
-                raise ValueError(f"data holds token ids in [{lo}, {hi}]; allowed are 0..{cfg.vocab_size - 1}")
+        inputs = check_inputs(cfg, inputs, "data")   # once, on the host
         lengths = np.full(inputs.shape[0], inputs.shape[1], dtype=np.int64)
     else:
         raise TypeError(f"data must be a LongTensor (n, t), a list of strings, a Batch or a Task, "

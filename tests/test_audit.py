@@ -28,6 +28,7 @@ import torch
 
 from cgt_viz import CGT, GPT, CGTConfig
 from cgt_viz.config import FIELD_CONSTRAINTS
+from cgt_viz.io import PretrainedMixin
 from cgt_viz.train_config import TrainConfig
 from cgt_viz import analysis as A
 from cgt_viz import evaluate as E
@@ -360,7 +361,7 @@ case("color_spec", "kind", ["nonsense"], lambda v: F.color_spec([1, 2], kind=v))
 _DATA = torch.randint(0, 16, (3, 10), generator=torch.Generator().manual_seed(2))
 
 
-explorer_case = lambda **kw: W.explore(CGT_T, _DATA, **{"background": None, **kw})  # noqa: E731
+explorer_case = lambda **kw: W.explore(**{"model": CGT_T, "data": _DATA, "background": None, **kw})  # noqa: E731
 EXPLORER = functools.lru_cache(None)(explorer_case)   # EXPLORER(): one explorer for the method cases (each refused)
 case("explore", "model", [GPT_T, "m", None], lambda v: W.explore(v, _DATA), shows="")
 case("explore", "data", [5, torch.full((2, 4), 99), torch.zeros(2, 4), None],
@@ -493,35 +494,50 @@ DECLARED = {
     "LinearRegression.get_batch": lambda **kw: REG.get_batch(**{"batch_size": 2, **kw}),
     "LinearRegression.eval_batch": lambda **kw: REG.eval_batch(**{"k": 1, "batch_size": 2, **kw}),
     "LinearRegression.curriculum": lambda **kw: REG.curriculum(**{"steps": 10, **kw}),
+    "GPT": lambda **kw: GPT(**{"config": tok_cfg(), **kw}),
+    "CGT": lambda **kw: CGT(**{"config": tok_cfg(), **kw}),
     "CGT.specialize": lambda **kw: CGT_T.specialize(IDX[0], **kw),
     "CGT.merged_gpt": lambda **kw: CGT_T.merged_gpt(YBAR[0], **kw),
     "CGT.sample_split": lambda **kw: CGT_T.sample_split(**{"batch": 2, "length": 8, **kw}),
+    "PretrainedMixin.save_pretrained": lambda **kw: CGT_T.save_pretrained(**kw),   # refused before it writes
+    "PretrainedMixin.from_pretrained": lambda **kw: CGT.from_pretrained(**{"path": "/nonexistent/run", **kw}),
+    "CGT.context": lambda **kw: CGT_T.context(**{"idx": IDX, **kw}),
+    "CGT.run_with_cache": lambda **kw: CGT_T.run_with_cache(**{"idx": IDX, **kw}),
+    "CGT.forward_specialized": lambda **kw: CGT_T.forward_specialized(**{"idx": IDX, "ybar_vec": YBAR, **kw}),
+    "CGT.coefficients": lambda **kw: CGT_T.coefficients(**{"ybar": YBAR, **kw}),
     "CGT.generate": lambda **kw: CGT_T.generate(IDX[:, :2], 1, **kw),
     "evaluate_specialization": evaluate_case,
     "mean_ci": lambda **kw: E.mean_ci([1.0, 2.0], **kw),
     "seeds_summary": lambda **kw: E.seeds_summary([[{"k": 2, "loss": 1.0}]], **kw),
-    "collect_summaries": lambda **kw: E.collect_summaries(CGT_ICL, ICL, **{"n_batches": 1, "batch_size": 2, **kw}),
+    "collect_summaries": lambda **kw: E.collect_summaries(**{"model": CGT_ICL, "task": ICL, "n_batches": 1,
+                                                             "batch_size": 2, **kw}),
     "linear_probe": lambda **kw: E.linear_probe(_X, _Y, **kw),
     "knn_topic_accuracy": lambda **kw: E.knn_topic_accuracy(_X, _Y, **kw),
     "step_window_means": lambda **kw: E.step_window_means(**{"steps": np.ones(20), "boundary": 8, "window": 4, **kw}),
-    "text_step_profile": lambda **kw: E.text_step_profile(TEXT_CGT(), TEXT(), **{"n_batches": 1, "batch_size": 2,
-                                                                                 "window": 4, "part": "train", **kw}),
-    "collect_ybar": lambda **kw: A.collect_ybar(CGT_T, IDX, **kw),
-    "collect_cache": lambda **kw: A.collect_cache(CGT_T, IDX, ["ybar"], **kw),
+    "text_step_profile": lambda **kw: E.text_step_profile(**{"model": TEXT_CGT(), "task": TEXT(), "n_batches": 1,
+                                                             "batch_size": 2, "window": 4, "part": "train", **kw}),
+    "text_position_curves": lambda **kw: E.text_position_curves(**{"model": TEXT_CGT(), "task": TEXT(), "n_batches": 1,
+                                                                   "batch_size": 2, "part": "train", **kw}),
+    "collect_excerpt_ends": lambda **kw: E.collect_excerpt_ends(**{"model": TEXT_CGT(), "task": TEXT(), "n_batches": 1,
+                                                                   "batch_size": 2, "part": "train", **kw}),
+    "collect_ybar": lambda **kw: A.collect_ybar(**{"model": CGT_T, "inputs": IDX, **kw}),
+    "collect_cache": lambda **kw: A.collect_cache(**{"model": CGT_T, "inputs": IDX, "names": ["ybar"], **kw}),
     "Projector": A.Projector,
     "stratified_subsample": lambda **kw: A.stratified_subsample(np.arange(10), **{"cap": 5, **kw}),
     "color_kind": lambda **kw: F.color_kind([1, 2], **kw),
     "ybar_map_figure": lambda **kw: F.ybar_map_figure(_C2, [1, 2, 3, 4], **kw),
     "smoothness_figure": lambda **kw: F.smoothness_figure(_YB, **kw),
     "step_profile_figure": lambda **kw: F.step_profile_figure({"m": STEP_PROFILE}, **kw),
-    "token_text_figure": lambda **kw: F.token_text_figure(["a"], [1.0], **kw),
+    "token_text_figure": lambda **kw: F.token_text_figure(**{"tokens": ["a"], "values": [1.0], **kw}),
+    "colored_tokens_html": lambda **kw: F.colored_tokens_html(**{"tokens": ["a"], "values": [1.0], **kw}),
     "template_figure": lambda **kw: F.template_figure(np.zeros((6, 2)), **kw),
     "compare_figure": lambda **kw: F.compare_figure({"position": [1], "prompted": [1.0]}, **kw),
     "training_curves_figure": lambda **kw: F.training_curves_figure({"step": [1], "main": [1.0]}, **kw),
     "explore": explorer_case,
-    "Explorer": lambda **kw: W.Explorer(CGT_T, A.prepare_sequences(CGT_T, _DATA), **kw),
+    "Explorer": lambda **kw: W.Explorer(**{"model": CGT_T, "sequences": A.prepare_sequences(CGT_T, _DATA), **kw}),
     "Explorer.set_projection": lambda **kw: EXPLORER().set_projection(**{"method": "pca", **kw}),
     "Explorer.search": lambda **kw: EXPLORER().search("a", **kw),
+    "Explorer.select_box": lambda **kw: EXPLORER().select_box(**{"x": (0, 1), "y": (0, 1), **kw}),
     "SmoothnessStrip": strip_case,
     "TemplateInspector": inspector_case,
     "CompileCompare": compare_case,
@@ -543,7 +559,17 @@ def _declared(entry: str):
 
 for _entry, _call in DECLARED.items():
     for _arg, _constraint in _declared(_entry).__contracts__.items():
-        case(_entry, _arg, _constraint.bad_values(), lambda v, a=_arg, c=_call: c(**{a: v}))
+        for _v in _constraint.bad_values():
+            case(_entry, _arg, [_v], lambda v, a=_arg, c=_call: c(**{a: v}), shows=_constraint.shown(_v))
+
+
+def test_every_declaration_names_parameters_of_its_function():
+    """A declared constraint checks an argument the function takes (`checked` refuses others when it decorates;
+    this holds the audit's view of the signature to the same)."""
+    for entry in DECLARED:
+        fn = _declared(entry)
+        params = inspect.signature(fn).parameters
+        assert fn.__contracts__ and set(fn.__contracts__) <= set(params), (entry, sorted(fn.__contracts__), list(params))
 
 
 def test_allowed_words_need_a_message_that_says_what_is_allowed():

@@ -9,7 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .._checks import Height, Int, check_array, check_int, checked, describe
+from .._checks import Height, Int, Tokens, check_array, check_int, checked, describe
 from ..analysis import token_smoothness
 from ._style import (MODEL_COLORS, NEGATIVE_COLOR, NEUTRAL_COLOR, POSITIVE_COLOR, _check_1d, _check_position,
                      _check_shape, _tokens_axis, _vline, colorbar, finish, heat_colors, hover_escape, plural,
@@ -123,7 +123,7 @@ def _token_colors(values: np.ndarray, signed: bool | None = None) -> tuple[str, 
     return c["colorscale"], c["zmid"], c["zmin"], c["zmax"]
 
 
-@checked(per_row=Int(1, hint=" (tokens per line)"), start=Int(0))
+@checked(tokens=Tokens(), per_row=Int(1, hint=" (tokens per line)"), start=Int(0))
 def token_text_figure(tokens: Sequence[str], values: Any, *, value_name: str = "value", title: str | None = None,
                       per_row: int = 24, highlight: int | None = None, start: int = 0, height: int | None = None,
                       signed: bool | None = None) -> go.Figure:
@@ -133,11 +133,7 @@ def token_text_figure(tokens: Sequence[str], values: Any, *, value_name: str = "
     colour, e.g. ‖ȳ_t − ȳ_{t−1}‖ at t = 0); start: the position of tokens[0] (for the hover);
     highlight: one position (outlined); signed: the quantity is signed (a difference, a coefficient: the
     diverging scale even when every value has one sign), False: a magnitude, None: guess from the values."""
-    if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__len__"):
-        raise TypeError(f"tokens must be a list of strings (one per position), got {describe(tokens)}")
     t = len(tokens)
-    if t == 0:
-        raise ValueError("tokens must hold at least one token, got an empty list")
     values = _check_1d("values", values, t).astype(np.float64)
     highlight = check_int("highlight", highlight, start, start + t - 1, allow_none=True,
                           hint=" (a position of these tokens)")
@@ -177,10 +173,9 @@ def _rgb(hex_color: str) -> str:
     return ",".join(str(int(hex_color[i:i + 2], 16)) for i in (1, 3, 5))
 
 
+@checked(tokens=Tokens())
 def colored_tokens_html(tokens: Sequence[str], values: Any, *, value_name: str = "value") -> str:
     """The same as HTML spans (no plotly needed; each token escaped once, its value in the tooltip)."""
-    if isinstance(tokens, (str, bytes)) or not hasattr(tokens, "__len__") or not len(tokens):
-        raise TypeError(f"tokens must be a non-empty list of strings, got {describe(tokens)}")
     values = _check_1d("values", values, len(tokens)).astype(np.float64)
     _, _, zmin, zmax = _token_colors(values)
     lim = max(abs(zmin), abs(zmax)) or 1.0

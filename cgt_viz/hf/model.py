@@ -35,7 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .._checks import check_bool, check_float, check_int, describe
+from .._checks import Device, Folder, check_bool, check_float, check_int, checked, describe
 from ..config import CGTConfig
 from ..contracts import IGNORE_INDEX, check_inputs
 from ..distill import aux_objective
@@ -392,15 +392,11 @@ class CGTLM(CGT):
                                base_model_name_or_path=cfg.extra["hf"].get("name_or_path") or None)
 
     @torch.no_grad()
+    @checked(path=Folder(new=True))
     def export_peft(self, prompt: torch.Tensor, path: str | os.PathLike) -> Path:
         """Write the compiled prompt as a PEFT LoRA adapter folder (adapter_config.json +
         adapter_model.safetensors); `PeftModel.from_pretrained(base, path)` on an untouched copy of the LM
         then gives specialize(prompt)'s logits. lm itself is not modified. Returns the folder."""
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"path must be a folder path (str or os.PathLike), got {describe(path)}")
-        path = Path(path)
-        if path.exists() and not path.is_dir():
-            raise ValueError(f"path must be a directory (or not exist yet), got the file {str(path)!r}")
         from ..io import check_artefact_folder   # a folder holding a model is never changed by an adapter
         check_artefact_folder(path, "peft", "export_peft", "a PEFT adapter")
         ybar = self.prompt_summary(prompt)
@@ -468,6 +464,7 @@ class CGTLM(CGT):
         return cls(lm, **cls._settings(config, y_mlp_ratio=config.mlp_ratio, pool_half_life=saved.get("pool_half_life"),
                                        pooled_only=saved.get("pooled_only", False)))
 
+    @checked(path=Folder(new=True))
     def save_pretrained(self, path: str | os.PathLike) -> Path:
         """A folder with config.json + model.safetensors holding the y stream and templates only (not the LM)."""
         path = model_folder(path, "cgt_viz:CGTLM", "CGTLM.save_pretrained", "a cgt_viz CGTLM model (the y heads)")
@@ -478,6 +475,7 @@ class CGTLM(CGT):
         return path
 
     @classmethod
+    @checked(path=Folder(), device=Device())
     def from_pretrained(cls, path: str | os.PathLike, lm=None, device: str | torch.device = "cpu") -> "CGTLM":
         """Rebuild a saved CGTLM on `lm` (the same LM it was trained on: architecture and sizes are checked).
 
@@ -486,15 +484,10 @@ class CGTLM(CGT):
         anything is built; NaN/inf weights load with a RuntimeWarning naming them."""
         import warnings
 
-        from .._checks import check_device
         from ..io import _check_memory, _checked_config, _safetensors_header
         if lm is None:
             raise TypeError("CGTLM.from_pretrained(path, lm) needs lm, the frozen LM the heads were trained on "
                             "(e.g. cgt_viz.hf.smollm2()[0]); the folder holds only the y stream and templates")
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"path must be a str or os.PathLike folder, got {describe(path)}")
-        device = check_device("device", device)
-        path = Path(path)
         if not path.is_dir():
             raise FileNotFoundError(f"path must be a folder written by CGTLM.save_pretrained, got {str(path)!r}")
         file = path / CONFIG_NAME

@@ -23,7 +23,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .._checks import Int, check_int, checked, describe, is_int
+from .._checks import Int, check_int, checked, describe, is_int, refuse
 
 # how the invisible bytes print in hover text
 _VISIBLE = {9: "⇥", 10: "↵", 13: "␍", 32: "·"}
@@ -37,11 +37,11 @@ BPE_VOCAB = Int(257, 65536, hint=" (256 bytes + at least one merge, at most 6553
 
 def _check_ids(ids, vocab_size: int) -> list[int]:
     if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
-        raise TypeError(f"ids must be an iterable of ints in 0..{vocab_size - 1}, got {describe(ids)}")
+        raise refuse("ids", f"an iterable of ints in 0..{vocab_size - 1}", describe(ids), TypeError)
     ids = list(ids.tolist() if hasattr(ids, "tolist") else ids)
     bad = [i for i in ids if not is_int(i) or not 0 <= i < vocab_size]
     if bad:
-        raise ValueError(f"ids must be ints in 0..{vocab_size - 1} (vocab_size {vocab_size}), got {bad[:5]}")
+        raise refuse("ids", f"ints in 0..{vocab_size - 1} (vocab_size {vocab_size})", str(bad[:5]))
     return [int(i) for i in ids]
 
 
@@ -79,13 +79,7 @@ class ByteTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Token ids -> text; byte sequences that are not valid UTF-8 (a cut character) become '�'."""
-        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
-            raise TypeError(f"ids must be an iterable of ints in 0..255, got {describe(ids)}")
-        ids = list(ids.tolist() if hasattr(ids, "tolist") else ids)
-        bad = [i for i in ids if not is_int(i) or not 0 <= i < 256]
-        if bad:
-            raise ValueError(f"ids must be ints in 0..255 (bytes), got {bad[:5]}")
-        return bytes(ids).decode("utf-8", errors="replace")
+        return bytes(_check_ids(ids, 256)).decode("utf-8", errors="replace")
 
     def token_str(self, token: int) -> str:
         """One token as a short printable label: 'a', '·' for a space, '↵' for a newline, '\\xe2' otherwise."""

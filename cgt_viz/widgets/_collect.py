@@ -15,13 +15,12 @@ from typing import Callable
 import numpy as np
 
 from .. import analysis as A
-from ..sequences import model_device
 
 
 def batch_size(model, seqs: A.Sequences) -> int:
     """Sequences per forward pass when collecting ȳ: 8192 tokens on a CPU (faster there than
     bigger batches: they fit the cache; benchmarks/bench_explorer.py), collect_ybar's default elsewhere."""
-    if model_device(model).type != "cpu":
+    if next(model.parameters()).device.type != "cpu":
         return 64
     return max(1, 8192 // max(int(seqs.t), 1))
 
@@ -40,18 +39,19 @@ def preview_rows(seqs: A.Sequences, seq: np.ndarray, preview_tokens: int | None,
 
 
 def first_ybar(model, seqs: A.Sequences, rows: np.ndarray | None) -> np.ndarray:
-    """ȳ (n, t, d_y) of every row (rows None), or of `rows` only (zeros elsewhere, for the background)."""
+    """ȳ (n, t, d_y) of every row (rows None), or of `rows` only (zeros elsewhere, for the background).
+    The explorer checked the model and the sequences when it opened: nothing here checks them again."""
     if rows is None:
-        return A.collect_ybar(model, seqs.inputs, batch_size=batch_size(model, seqs))
+        return A._collect_ybar(model, seqs.inputs, batch_size(model, seqs))
     ybar = np.zeros((seqs.n, seqs.t, model.config.d_y), np.float32)
-    ybar[rows] = A.collect_ybar(model, seqs.inputs[rows], batch_size=batch_size(model, seqs))
+    ybar[rows] = A._collect_ybar(model, seqs.inputs[rows], batch_size(model, seqs))
     return ybar
 
 
 def rest_of_ybar(model, seqs: A.Sequences, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(the rows a preview of `rows` left out, their ȳ): the background thread's work."""
     rest = np.setdiff1d(np.arange(seqs.n), rows)
-    return rest, A.collect_ybar(model, seqs.inputs[rest], batch_size=batch_size(model, seqs))
+    return rest, A._collect_ybar(model, seqs.inputs[rest], batch_size(model, seqs))
 
 
 class FullLock:

@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from .. import analysis as A
-from .._checks import Bool, Choice, Int, check_int, checked, describe
+from .._checks import Bool, Choice, Constraint, Int, check_int, checked, describe, refuse
 from ..geometry import PCA
 
 MAX_PCS = 5          # principal components offered by the PC picker
@@ -25,17 +25,26 @@ AXIS_NAMES = {"pca": ("PC 1", "PC 2", "PC 3"), "umap": ("UMAP 1", "UMAP 2", "UMA
 METHOD_NAMES = {"pca": "PCA", "umap": "UMAP", "tsne": "t-SNE"}
 
 
-def check_projection_params(projection_params) -> dict:
-    """projection_params (checked before any ȳ is collected) -> projection_params for every method."""
+class ProjectionParams(Constraint):
+    """projection_params: None or {method: dict of keyword arguments} -> a dict for every method."""
+
+    normalizes = True
     want = f"None or a dict {{method: dict of keyword arguments}} with methods in {A.PROJECTIONS}"
-    if projection_params is None:
-        projection_params = {}
-    if not isinstance(projection_params, dict):
-        raise TypeError(f"projection_params must be {want}, got {describe(projection_params)}")
-    for method, kwargs in projection_params.items():
-        if method not in A.PROJECTIONS or not isinstance(kwargs, dict):
-            raise ValueError(f"projection_params must be {want}, got {{{method!r}: {describe(kwargs)}}}")
-    return {m: dict(projection_params.get(m, {})) for m in A.PROJECTIONS}
+
+    def check(self, name, value, args=None):
+        params = {} if value is None else value
+        if not isinstance(params, dict):
+            raise refuse(name, self.want, describe(params), TypeError)
+        for method, kwargs in params.items():
+            if method not in A.PROJECTIONS or not isinstance(kwargs, dict):
+                raise refuse(name, self.want, f"{{{method!r}: {describe(kwargs)}}}")
+        return {m: dict(params.get(m, {})) for m in A.PROJECTIONS}
+
+    def bad_values(self):
+        return [{"isomap": {}}, {"umap": 5}, 5]
+
+    def shown(self, value):   # the offending method or value
+        return "isomap" if value == {"isomap": {}} else "int 5"
 
 
 def key_of(method: str, dims: int) -> str:

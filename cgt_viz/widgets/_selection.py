@@ -10,12 +10,11 @@ point), `_set` (the current point set), `dims`, `color_by`, the text lines `sele
 from __future__ import annotations
 
 import html
-import math
 import time
 
 import numpy as np
 
-from .._checks import Choice, check_array, check_index, check_int, checked, describe, is_number
+from .._checks import Choice, Pair, check_array, check_index, check_int, checked, describe
 from ..figures import highlight_trace, plural
 from ..geometry import cosine_neighbours, in_box, in_polygon
 from ._base import html_status
@@ -24,19 +23,6 @@ from ._tables import csv_safe, neighbours_html, selection_text
 NEIGHBOURS_SHOWN = 8  # neighbours listed under the map after a click
 # how long after we remove a box/lasso outline its answering deselect may still arrive (a loaded machine is slow)
 _OWN_DESELECT_S = 10.0
-
-
-def _check_pair(name: str, value) -> tuple[float, float]:
-    """A range (lo, hi) of two finite numbers, in either order."""
-    want = f"{name} must be a pair (lo, hi) of finite numbers, got {describe(value)}"
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
-        raise TypeError(want)
-    if not all(is_number(v) for v in value):
-        raise TypeError(want)
-    lo, hi = (float(v) for v in value)
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        raise ValueError(want)
-    return min(lo, hi), max(lo, hi)
 
 
 def unmarked() -> tuple[np.ndarray, list, str]:
@@ -277,9 +263,9 @@ class MapSelection:
                 mask[rows] = False
         return mask
 
+    @checked(x=Pair(), y=Pair())
     def select_box(self, x: tuple[float, float], y: tuple[float, float]) -> None:
         """Select the visible drawn points inside a rectangle of the current projection; x, y: (lo, hi)."""
-        x, y = _check_pair("x", x), _check_pair("y", y)
         self._need_2d("select_box")
         self.select(np.nonzero(in_box(self.coords, x, y) & self._visible_mask())[0])
 

@@ -35,11 +35,13 @@ import ipywidgets as W
 import numpy as np
 
 from .. import analysis as A
-from .._checks import Bool, Choice, Height, Int, check_choice, check_index, check_int, checked
+from .._checks import Bool, Choice, Height, Instance, Int, check_choice, check_index, check_int, checked
+from ..contracts import Model, check_inputs
+from ..sequences import _prepare_sequences
 from ..figures import map_groups, plural, ybar_map_figure
 from ._base import Controls, check_view_ybar, figure_widget, html_status, replace_figure
 from ._collect import Collection, WaitsForEveryPoint, first_ybar, preview_rows, rest_of_ybar
-from ._projections import (MAX_PCS, METHOD_NAMES, PointSet, Projecting, check_projection_params, import_for_threads,
+from ._projections import (MAX_PCS, METHOD_NAMES, PointSet, Projecting, ProjectionParams, import_for_threads,
                            key_of, method_name)
 from ._selection import MapSelection, unmarked
 from ._static import STATIC_MAX_POINTS, StaticForm
@@ -47,7 +49,8 @@ from ._static import STATIC_MAX_POINTS, StaticForm
 TOKEN_COLOURS = 12   # colour by token: the most frequent tokens get a colour each, the rest are "other"
 
 # the explorer's own options, declared for explore() and Explorer()
-_VIEW_ARGS = dict(projection=Choice(*A.PROJECTIONS), background=Choice(*A.PROJECTIONS, none=True),
+_VIEW_ARGS = dict(model=Model(), projection=Choice(*A.PROJECTIONS), background=Choice(*A.PROJECTIONS, none=True),
+                  projection_params=ProjectionParams(),
                   max_points=Int(2, hint=" (points drawn)"), linked=Bool(), height=Height(),
                   dims=Int(2, 3, hint=" (a 2-D or 3-D map)"))
 
@@ -77,13 +80,14 @@ def explore(model, data, labels=None, *, positions: Any = "all", projection: str
     background a projection to fit in a background thread right away (None: only when picked)
     max_points cap on drawn points; beyond it a stratified subsample (by label, else by sequence) is drawn
     projection_params  {method: keyword arguments for its reducer}, e.g. {"umap": {"n_neighbors": 30}}
+
+    The model and every argument are checked here, once (the declarations above; `data` in
+    `prepare_sequences`' private pass, its token ids once on the host); nothing below checks them again.
     """
-    A.require_cgt(model)
-    check_projection_params(projection_params)   # before the work
-    seqs = A.prepare_sequences(model, data, labels, boundary, n_batches=n_batches, batch_size=batch_size, seed=seed)
-    return Explorer(model, seqs, positions=positions, projection=projection, background=background,
-                    color_by=color_by, max_points=max_points, seed=seed, linked=linked,
-                    projection_params=projection_params, height=height, dims=dims)
+    seqs = _prepare_sequences(model, data, labels, boundary, n_batches, batch_size, seed, "val")
+    return Explorer._open(model, seqs, None, positions=positions, projection=projection, background=background,
+                          color_by=color_by, max_points=max_points, seed=seed, linked=linked,
+                          projection_params=projection_params, height=height, dims=dims)
 
 
 class Explorer(MapSelection, Projecting, Controls, StaticForm, W.VBox):
@@ -101,16 +105,26 @@ class Explorer(MapSelection, Projecting, Controls, StaticForm, W.VBox):
 
     preview_tokens: int | None = 16_384
 
-    @checked(**_VIEW_ARGS)
+    @checked(**_VIEW_ARGS, sequences=Instance(A.Sequences, "an analysis.Sequences (use cgt_viz.explore for raw data)"))
     def __init__(self, model, sequences: A.Sequences, ybar: np.ndarray | None = None, *, positions: Any = "all",
                  projection: str = "pca", background: str | None = "umap", color_by: str | None = None,
                  max_points: int = 100_000, seed: int = 0, linked: bool = True,
                  projection_params: dict | None = None, height: int = 520, dims: int = 2):
-        A.require_cgt(model)
-        if not isinstance(sequences, A.Sequences):
-            raise TypeError(f"sequences must be an analysis.Sequences (use cgt_viz.explore for raw data), "
-                            f"got {type(sequences).__name__}")
-        params = check_projection_params(projection_params)
+        check_inputs(model.config, sequences.inputs, "sequences.inputs")   # built for this model?
+        self._build(model, sequences, ybar, positions=positions, projection=projection, background=background,
+                    color_by=color_by, max_points=max_points, seed=seed, linked=linked,
+                    projection_params=projection_params, height=height, dims=dims)
+
+    @classmethod
+    def _open(cls, model, sequences: A.Sequences, ybar, **view) -> "Explorer":
+        """An explorer of arguments its caller checked (`explore`): built without checking them again."""
+        self = cls.__new__(cls)
+        self._build(model, sequences, ybar, **view)
+        return self
+
+    def _build(self, model, sequences, ybar, *, positions, projection, background, color_by, max_points, seed,
+               linked, projection_params, height, dims) -> None:
+        params = projection_params
         seq, pos = A.select_positions(sequences.lengths, positions, sequences.boundary)
         if len(seq) < 2:
             raise ValueError(f"data with positions={positions!r} gives {len(seq)} token; the explorer needs at "
@@ -480,10 +494,10 @@ class Explorer(MapSelection, Projecting, Controls, StaticForm, W.VBox):
         Returns the number of points added."""
         if self._stack:
             raise ValueError("add needs every point shown: call show_all() first (the explorer is isolated)")
-        new = A.prepare_sequences(self.model, data, labels, boundary)
+        new = _prepare_sequences(self.model, data, labels, boundary, 4, 32, 0, "val")   # the model: checked at open
         self._collection.wait()
         self._set.join()                   # a fit in flight must finish before the point set grows
-        ybar_new = A.collect_ybar(self.model, new.inputs)
+        ybar_new = A._collect_ybar(self.model, new.inputs, 64)
         seq, pos = A.select_positions(new.lengths, self.positions, new.boundary)
         pts = A.points_at(new, ybar_new, seq, pos, seq_offset=self.seqs.n)
         with self._lock:
