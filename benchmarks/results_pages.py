@@ -95,6 +95,11 @@ def table_cell(table: str, run: str, column: str) -> str | None:
     return None
 
 
+def task_command(data: dict, task: str) -> str:
+    """The command of the run that measured this task (the benchmark merges runs of single tasks into one file)."""
+    return data["tasks"].get(task, {}).get("run", {}).get("command") or data["command"]
+
+
 def lora_row(data: dict, task: str, method: str, steps=None) -> dict | None:
     for row in data["tasks"].get(task, {}).get("summary", []):
         if row["method"] == method and row.get("steps") == steps:
@@ -134,7 +139,7 @@ def glance(root: Path = ROOT) -> str:
                          "python benchmarks/train_smollm2_head.py", HEAD_METRICS))
     lora = load(LORA, root)
     if lora:
-        for task, label in (("icl", "ICL"), ("text", "text")):
+        for task, label in (("icl", "ICL"), ("text", "text"), ("smollm2", "SmolLM2 head")):
             comp = lora_row(lora, task, "compile")
             steps = max((r["steps"] for r in lora["tasks"].get(task, {}).get("summary", [])
                          if r["method"] == "lora" and r.get("steps")), default=None)
@@ -142,7 +147,7 @@ def glance(root: Path = ROOT) -> str:
             if comp and tuned:
                 rows.append((f"{label}: compiling a prompt vs a per-prompt LoRA ({steps} steps): G, update time",
                              f"{f3(comp['G'])} in {seconds(comp['update_seconds'])} vs "
-                             f"{f3(tuned['G'])} in {seconds(tuned['update_seconds'])}", lora["command"], LORA))
+                             f"{f3(tuned['G'])} in {seconds(tuned['update_seconds'])}", task_command(lora, task), LORA))
     lines = ["| measured | value | command | file |", "|---|---|---|---|"]
     lines += [f"| {what} | {value or '—'} | `{cmd}` | [`{src}`]({src}) |" for what, value, cmd, src in rows]
     return "\n".join(lines)
@@ -233,9 +238,12 @@ def page(root: Path = ROOT) -> str:
     lora = load(LORA, root)
     if lora:
         out += ["## Compiling against a per-prompt LoRA", "",
-                provenance(lora["command"], LORA, lora.get("environment")), "",
-                "The method is in [Why not just train a LoRA?](LORA_VS_COMPILE.md).", "",
-                "| task | method | steps | G | update time (median) | break-even vs KV-cache prompting (tokens) |",
+                "The method is in [Why not just train a LoRA?](LORA_VS_COMPILE.md). Each task was measured by its own "
+                "run:", ""]
+        for task, block in lora["tasks"].items():
+            run = block.get("run", {})
+            out += [f"**{task}**: " + provenance(task_command(lora, task), LORA, run.get("environment", lora.get("environment"))), ""]
+        out += ["| task | method | steps | G | update time (median) | break-even vs KV-cache prompting (tokens) |",
                 "|---|---|---|---|---|---|"]
         for task, block in lora["tasks"].items():
             for r in block.get("summary", []):
