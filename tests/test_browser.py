@@ -188,14 +188,7 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 1000})
             page.on("console", lambda msg: console.append(f"{msg.type}: {msg.text}"[:300]))
-            page.goto(url + "lab/tree/widgets.ipynb", wait_until="domcontentloaded", timeout=60_000)
-            page.wait_for_function("window.jupyterapp && document.querySelector('.jp-Notebook .jp-Cell')",
-                                   timeout=60_000)
-            page.wait_for_function("""() => {
-                const w = window.jupyterapp.shell.currentWidget;
-                return w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel &&
-                       w.sessionContext.session.kernel.status === 'idle'; }""", timeout=60_000)
-            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")   # no await
+            open_and_run_all(page, url, "widgets.ipynb")
             page.locator(".jp-OutputArea-output", has_text="CELLS-DONE").first.wait_for(timeout=60_000)
 
             # the last cell feeds a TrainingMonitor in a busy loop: its plot must update while the kernel is busy
@@ -597,6 +590,16 @@ RUN_CELL_JS = """async (i) => { const app = window.jupyterapp, panel = app.shell
     panel.content.activeCellIndex = i; await app.commands.execute('notebook:run-cell'); }"""
 
 
+def open_and_run_all(page, url: str, notebook: str, hide_left: bool = False) -> None:
+    """Open a notebook of the lab's folder, wait for its kernel, and start 'run all' without awaiting it (the
+    caller waits for what the cells print)."""
+    page.goto(url + "lab/tree/" + notebook, wait_until="domcontentloaded", timeout=60_000)
+    page.wait_for_function(WAIT_IDLE_JS, timeout=60_000)
+    if hide_left:
+        page.evaluate("() => window.jupyterapp.commands.execute('application:toggle-left-area')")
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")   # no await
+
+
 def _views_at_latest(page, where: str, latest: dict, label: str, timeout: float = 60_000) -> None:
     """Wait until every view's main figure is drawn at its latest state (`where`: live / static / any)."""
     deadline = time.monotonic() + timeout / 1000
@@ -638,9 +641,7 @@ def test_views_show_their_latest_state_after_reload_restart_shutdown_and_export(
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         page = browser.new_page(viewport={"width": 1280, "height": 1000})
         try:
-            page.goto(url + "lab/tree/state.ipynb", wait_until="domcontentloaded", timeout=60_000)
-            page.wait_for_function(WAIT_IDLE_JS, timeout=60_000)
-            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+            open_and_run_all(page, url, "state.ipynb")
             page.locator(".jp-OutputArea-output", has_text="CHANGED").first.wait_for(timeout=60_000)
             page.wait_for_function(WAIT_IDLE_JS, timeout=60_000)
             for i in (1, 5):              # re-run the cell of the first view (in a session's first output

@@ -73,17 +73,11 @@ def shoot(url: str, out: Path) -> None:
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=T.CHROMIUM, args=T.CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1080, "height": 900})
-        page.goto(url + "lab/tree/shots.ipynb", wait_until="domcontentloaded", timeout=60_000)
         try:
-            page.wait_for_function("window.jupyterapp && document.querySelector('.jp-Notebook .jp-Cell')", timeout=60_000)
+            T.open_and_run_all(page, url, "shots.ipynb", hide_left=True)
         except Exception:
             page.screenshot(path=str(out / "failure.png"))
             raise
-        page.wait_for_function("""() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
-            return w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel &&
-                   w.sessionContext.session.kernel.status === 'idle'; }""", timeout=60_000)
-        page.evaluate("() => { window.jupyterapp.commands.execute('application:toggle-left-area'); "
-                      "window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
         page.locator(".jp-OutputArea-output", has_text="CELLS-DONE").first.wait_for(timeout=600_000)
         page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 3", timeout=60_000)
         page.wait_for_timeout(1500)
