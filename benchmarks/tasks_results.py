@@ -50,7 +50,54 @@ RUNS = {
     "regression-dim8-kl": ("regression", dict(dim=8), dict(aux_kl=1.0), (2, 4, 8, 12)),
     "regression-dim16-kl": ("regression", dict(dim=16, n_points=32), dict(aux_kl=1.0), (4, 8, 16, 24)),
 }
-SYNTHETIC = [name for name in RUNS if name != "text" and not name.endswith(("noshift", "-kl"))]
+# issue 29's levers (benchmarks/results/tasks_levers.json): run name -> the recipe's training changes. Each
+# lever run also records G at its largest k along training (LEVER_CURVE) so a curve says why a lever fails.
+_DIM16, _WIDE = dict(dim=16, n_points=32), dict(d_y=128, n_head_y=4, n_templates=32, template_rank=2)
+_AFFINE = dict(answer_tokens="value", family="affine")
+RUNS.update({
+    "regression-dim16-base": ("regression", _DIM16, {}, (16,)),
+    "regression-dim16-distill": ("regression", _DIM16, dict(aux_kl=1.0, aux_ce=0.0), (16,)),
+    "regression-dim16-wide": ("regression", _DIM16, _WIDE, (16,)),
+    "regression-dim16-long-curriculum": ("regression", _DIM16, {}, (16,)),
+    "regression-dim16-wide-distill": ("regression", _DIM16, dict(_WIDE, aux_kl=1.0, aux_ce=0.0), (16,)),
+    "icl-value-affine-base": ("icl", _AFFINE, {}, (8,)),
+    "icl-value-affine-from-shift": ("icl", _AFFINE, {}, (8,)),
+    "icl-value-affine-mixed": ("icl", dict(_AFFINE, shift_fraction=0.3), {}, (8,)),
+    "icl-value-affine-distill": ("icl", _AFFINE, dict(aux_kl=1.0, aux_ce=0.0), (8,)),
+    "icl-value-affine-wide": ("icl", _AFFINE, _WIDE, (8,)),
+})
+# training changes beside a run's recipe: TrainConfig fields, "curriculum" (regression's dimension grows over
+# that many updates) and "shift_curriculum" (icl: the share of pure shifts falls from 1 to 0 over that many)
+LEVER_TRAIN = {
+    "regression-dim16-long-curriculum": {"curriculum": 2500},
+    "icl-value-affine-from-shift": {"shift_curriculum": 1500},
+}
+LEVER_CURVE = {name for name in RUNS if name.startswith(("regression-dim16-", "icl-value-affine-"))
+               and name not in ("regression-dim16-kl", "icl-value-affine-kl", "icl-value-affine-noshift")}
+
+
+def shift_curriculum(task, steps: int):
+    """A `train` callback: the share of pure shifts (a = 1) among training rows falls linearly from 1 to 0 over
+    `steps` updates, so the model first learns the one-number family it compiles, then the two-number one."""
+    task.shift_fraction = 1.0
+
+    def fall(event: dict) -> None:
+        if event.get("kind") == "step":
+            task.shift_fraction = max(0.0, 1.0 - event["step"] / steps)
+    return fall
+
+
+def gap_curve(task, k: int, seed: int):
+    """An `eval_fn` for `train`: G (and the prompted / specialised scores) at k on two fixed held-out batches."""
+    def measure(model, step: int) -> dict:
+        row = evaluate_specialization(model, task, k_values=(k,), n_batches=2, batch_size=64, seed=7000 + seed,
+                                      check_merged=False)[0]
+        model.train()
+        return {key: float(v) for key, v in row.items() if key.startswith(("loss_", "acc_", "gap_closed"))
+                and isinstance(v, float) and np.isfinite(v)}
+    return measure
+SYNTHETIC = [name for name in RUNS if name != "text" and not name.endswith(("noshift", "-kl"))
+             and name not in LEVER_CURVE]
 TUNING_SEEDS = (0, 1, 2, 11, 12, 21, 22)   # seeds the recipes and README paragraphs were found or checked on
 DEFAULT_SEEDS = (101, 102, 103)            # held out: none of them is a tuning seed
 TEXT_W_SMOOTH = 0.05
@@ -74,15 +121,30 @@ def run_one(name: str, seed: int, steps: int | None, eval_batches: int) -> dict:
     model = CGT(CGTConfig(**model_fields))
     steps = steps or recipe["train"]["steps"]
     t0 = time.perf_counter()
-    callbacks = [task.curriculum(min(recipe["curriculum"], steps))] if "curriculum" in recipe else []
-    model, history = train(model, task, **{**recipe["train"], "steps": steps}, seed=seed, progress=False,
-                           callbacks=callbacks)
+    lever = LEVER_TRAIN.get(name, {})
+    curriculum = lever.get("curriculum", recipe.get("curriculum"))
+    callbacks = [task.curriculum(min(curriculum, steps))] if curriculum else []
+    if "shift_curriculum" in lever:
+        callbacks.append(shift_curriculum(task, min(lever["shift_curriculum"], steps)))
+    train_fields = {**recipe["train"], **{k: v for k, v in lever.items() if k not in ("curriculum", "shift_curriculum")},
+                    "steps": steps}
+    eval_fn = gap_curve(task, max(ks), seed) if name in LEVER_CURVE else None
+    model, history = train(model, task, **train_fields, seed=seed, progress=False, callbacks=callbacks,
+                           eval_fn=eval_fn)
+    if "shift_curriculum" in lever:
+        task.shift_fraction = 0.0
     _refuse_interrupted(history, f"{name} seed {seed}", steps)
     out = {"run": name, "task": recipe_name, "seed": seed, "steps": steps, "train_seconds": time.perf_counter() - t0,
            "task_args": task.kwargs() if hasattr(task, "kwargs") else {}, "model_changes": model_changes,
            "token_shift": model_fields.get("token_shift", "none"),
            "plateau_warning": history.warnings[0]["step"] if history.warnings else None,
-           "main_curve": [round(v, 4) for v in history.main[99::100]]}
+           "main_curve": [round(v, 4) for v in history.main[99::100]], "lever": lever,
+           "aux_curve": [round(v, 4) for v in history.aux[99::100]]}
+    if eval_fn is not None:
+        out["gap_curve"] = [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in e.items()
+                             if k in ("step", "gap_closed", "gap_closed_acc", "loss_prompted", "loss_specialized",
+                                      "loss_no_context", "acc_prompted", "acc_specialized", "acc_no_context")}
+                            for e in history.evals]
     rows = evaluate_specialization(model, task, k_values=ks, n_batches=eval_batches, batch_size=64, seed=1000 + seed)
     out["by_k"] = [{k: v for k, v in row.items() if isinstance(v, (int, float))} for row in rows]
     out.update({k: v for k, v in rows[-1].items() if isinstance(v, (int, float))})
