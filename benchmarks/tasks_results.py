@@ -65,12 +65,21 @@ RUNS.update({
     "icl-value-affine-mixed": ("icl", dict(_AFFINE, shift_fraction=0.3), {}, (8,)),
     "icl-value-affine-distill": ("icl", _AFFINE, dict(aux_kl=1.0, aux_ce=0.0), (8,)),
     "icl-value-affine-wide": ("icl", _AFFINE, _WIDE, (8,)),
+    "icl-value-affine-from-shift-min4": ("icl", dict(_AFFINE, aux_min_pairs=4), {}, (8,)),
+    "icl-value-affine-from-shift-long": ("icl", _AFFINE, {}, (8,)),
+    "icl-value-affine-from-shift-novel": ("icl", dict(_AFFINE, novel_split=True), {}, (8,)),
+    "regression-dim16-min8": ("regression", dict(_DIM16, aux_min_points=8), {}, (16,)),
+    "regression-dim16-early-aux": ("regression", _DIM16, {}, (16,)),
 })
 # training changes beside a run's recipe: TrainConfig fields, "curriculum" (regression's dimension grows over
 # that many updates) and "shift_curriculum" (icl: the share of pure shifts falls from 1 to 0 over that many)
 LEVER_TRAIN = {
     "regression-dim16-long-curriculum": {"curriculum": 2500},
+    "regression-dim16-early-aux": {"curriculum": 2500, "aux_delay": 0, "aux_ramp": 250},
     "icl-value-affine-from-shift": {"shift_curriculum": 1500},
+    "icl-value-affine-from-shift-min4": {"shift_curriculum": 1500},
+    "icl-value-affine-from-shift-novel": {"shift_curriculum": 1500},
+    "icl-value-affine-from-shift-long": {"shift_curriculum": 3000, "steps": 4000},
 }
 LEVER_CURVE = {name for name in RUNS if name.startswith(("regression-dim16-", "icl-value-affine-"))
                and name not in ("regression-dim16-kl", "icl-value-affine-kl", "icl-value-affine-noshift")}
@@ -119,7 +128,7 @@ def run_one(name: str, seed: int, steps: int | None, eval_batches: int) -> dict:
         task.eval_batch(k, 1, generator=torch.Generator().manual_seed(0))
     torch.manual_seed(seed)
     model = CGT(CGTConfig(**model_fields))
-    steps = steps or recipe["train"]["steps"]
+    steps = steps or LEVER_TRAIN.get(name, {}).get("steps") or recipe["train"]["steps"]
     t0 = time.perf_counter()
     lever = LEVER_TRAIN.get(name, {})
     curriculum = lever.get("curriculum", recipe.get("curriculum"))
