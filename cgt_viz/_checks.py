@@ -417,3 +417,122 @@ def checked(**constraints: Constraint):
         wrapper.__contracts__ = dict(constraints)
         return wrapper
     return decorate
+
+
+# --- constraints added for data (tasks, training, checkpoints, the Hugging Face side)
+def check_divisible(name: str, value: int, by: int, what: str) -> None:
+    """A check relating two arguments: value a multiple of `by` (`what` says what `by` is)."""
+    if value % by:
+        raise refuse(name, f"divisible by {what} ({by})", str(value))
+
+
+def check_keys(name: str, value: dict, need: Sequence[str], hint: str = "") -> None:
+    """A dict holding every key in `need` (a ValueError listing those it lacks)."""
+    missing = [k for k in need if k not in value]
+    if missing:
+        raise refuse(name, f"hold the keys {list(need)}", f"a dict that lacks {missing}", hint=hint)
+
+
+class PathArg(Constraint):
+    """A path (str or os.PathLike) -> a Path with ~ expanded (None too when none=True); `what` says which.
+    Whether it exists is the reader's question (FileNotFoundError, not a bad argument)."""
+
+    normalizes = True
+
+    def __init__(self, what: str = "a path", *, none: bool = False):
+        self.what, self.none = what, none
+
+    def check(self, name, value, args=None):
+        if value is None and self.none:
+            return None
+        if not isinstance(value, (str, os.PathLike)):
+            raise refuse(name, ("None or " if self.none else "") + f"{self.what} (str or os.PathLike)",
+                         describe(value), TypeError)
+        return Path(value).expanduser()
+
+    def bad_values(self):
+        return [5] + ([] if self.none else [None])
+
+    def shown(self, value):
+        return type(value).__name__
+
+
+class Has(Constraint):
+    """An object with the named methods (duck-typed: a tokenizer, a task); `what` names it in the message."""
+
+    def __init__(self, *methods: str, what: str):
+        self.methods, self.what = methods, what
+
+    def check(self, name, value, args=None):
+        if not all(callable(getattr(value, m, None)) for m in self.methods):
+            raise refuse(name, self.what, describe(value), TypeError)
+        return value
+
+    def bad_values(self):
+        return [5, "x", None]
+
+    def shown(self, value):
+        return type(value).__name__
+
+
+class StepCounts(Constraint):
+    """A non-empty collection of step counts (ints >= 0) -> a sorted list without repeats."""
+
+    def check(self, name, value, args=None):
+        want = "a non-empty list of non-negative step counts (ints >= 0)"
+        if isinstance(value, (str, bytes)) or not isinstance(value, Iterable) or not all(is_int(s) for s in value):
+            raise refuse(name, want, describe(value), TypeError)
+        steps = sorted({int(s) for s in value})
+        if not steps or steps[0] < 0:
+            raise refuse(name, want, str(steps))
+        return steps
+
+    def bad_values(self):
+        return [[], [-1, 2], "10", 2.5]
+
+    def shown(self, value):
+        return describe(value) if isinstance(value, (str, float)) else str(sorted(set(value)))
+
+
+class Names(Constraint):
+    """A non-empty tuple (or list) of distinct names from `choices` -> a tuple."""
+
+    normalizes = True
+
+    def __init__(self, *choices: str):
+        self.choices = choices
+
+    def check(self, name, value, args=None):
+        want = f"names from {self.choices}, a non-empty tuple without repeats"
+        if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
+            raise refuse(name, want, describe(value), TypeError)
+        value = tuple(value)
+        unknown = [v for v in value if v not in self.choices]
+        if not value or unknown or len(set(value)) != len(value):
+            got = (f"unknown {unknown[0]!r} in {value}" if unknown else f"{value} (a name repeats)" if value
+                   else "an empty tuple ()")
+            raise refuse(name, want, got)
+        return value
+
+    def bad_values(self):
+        return [("nonsense",), "x", (), 5]
+
+
+class Seq(Constraint):
+    """Exactly n values, each held to `item` (named name[i] in its messages) -> a tuple; `what` says it all."""
+
+    normalizes = True
+
+    def __init__(self, item: Constraint, n: int, what: str):
+        self.item, self.n, self.what = item, n, what
+
+    def check(self, name, value, args=None):
+        if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)) or len(value) != self.n:
+            raise refuse(name, self.what, describe(value), TypeError)
+        return tuple(self.item.check(f"{name}[{i}]", v, args) for i, v in enumerate(value))
+
+    def bad_values(self):
+        return ["ab", [1.0] * (self.n + 1)]
+
+    def shown(self, value):
+        return describe(value)
