@@ -536,3 +536,9 @@ class Seq(Constraint):
 
     def shown(self, value):
         return describe(value)
+
+
+def missing_package(what: str, package: str, hint: str = "") -> ValueError:
+    """The error for an optional package that is not installed: "<what> needs the package <package> (pip install
+    <package>)" and how else to go on. Returns the exception; the caller raises it (from None)."""
+    return ValueError(f"{what} needs the package {package} (pip install {package})" + (f"; {hint}" if hint else ""))
