@@ -426,13 +426,6 @@ def check_divisible(name: str, value: int, by: int, what: str) -> None:
         raise refuse(name, f"divisible by {what} ({by})", str(value))
 
 
-def check_keys(name: str, value: dict, need: Sequence[str], hint: str = "") -> None:
-    """A dict holding every key in `need` (a ValueError listing those it lacks)."""
-    missing = [k for k in need if k not in value]
-    if missing:
-        raise refuse(name, f"hold the keys {list(need)}", f"a dict that lacks {missing}", hint=hint)
-
-
 class PathArg(Constraint):
     """A path (str or os.PathLike) -> a Path with ~ expanded (None too when none=True); `what` says which.
     Whether it exists is the reader's question (FileNotFoundError, not a bad argument)."""
@@ -480,9 +473,10 @@ class StepCounts(Constraint):
 
     def check(self, name, value, args=None):
         want = "a non-empty list of non-negative step counts (ints >= 0)"
-        if isinstance(value, (str, bytes)) or not isinstance(value, Iterable) or not all(is_int(s) for s in value):
+        many = list(value) if isinstance(value, Iterable) and not isinstance(value, (str, bytes)) else None
+        if many is None or not all(is_int(s) for s in many):
             raise refuse(name, want, describe(value), TypeError)
-        steps = sorted({int(s) for s in value})
+        steps = sorted({int(s) for s in many})
         if not steps or steps[0] < 0:
             raise refuse(name, want, str(steps))
         return steps
