@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ._checks import (Choice, Constraint, Int, Names, check_array, check_choice, check_float, check_indices, check_int,
+from ._checks import (Choice, Int, Names, check_array, check_choice, check_float, check_indices, check_int,
                       checked, describe, is_int, refuse)
 from .layers import SITE_WEIGHTS
 from .comparison import comparison_logits
