@@ -433,8 +433,9 @@ class Names(Constraint):
             raise refuse(name, f"a non-empty list of {self.what}{self.example}", describe(value), TypeError)
         allowed = list(self.allowed(args) if callable(self.allowed) else self.allowed)
         unknown = [v for v in value if not isinstance(v, str) or v not in allowed]
-        if unknown:
-            raise refuse(name, f"{self.what} of this model", str(unknown), hint=f"allowed: {allowed}")
+        if unknown:   # a set read from another argument is that model's ("cache names of this model")
+            where = " of this model" if callable(self.allowed) else ""
+            raise refuse(name, f"{self.what}{where}", str(unknown), hint=f"allowed: {allowed}")
         return list(value)
 
     def bad_values(self):
@@ -461,27 +462,20 @@ class Strings(Constraint):
 
 class Array(Constraint):
     """A numeric array-like with one of the given numbers of dimensions (`check_array`) -> float64; `what` names
-    the shape in the message, e.g. "(t, e) or (n, t, e)"; min_len: at least that many entries along `axis`."""
+    the shape in the message, e.g. "1-D (t − 1,)"."""
 
-    normalizes = False
-
-    def __init__(self, ndim, what: str = "", *, finite: bool = True, min_len: int = 0, axis: int = 0):
-        self.ndim, self.what, self.finite, self.min_len, self.axis = ndim, what, finite, min_len, axis
+    def __init__(self, ndim, what: str = "", *, finite: bool = True):
+        self.ndim, self.what, self.finite = ndim, what, finite
 
     def check(self, name, value, args=None):
-        arr = check_array(name, value, self.ndim, finite=self.finite, what=self.what)
-        if arr.ndim and arr.shape[self.axis] < self.min_len:
-            raise refuse(name, f"shape {self.what or arr.ndim} with at least {self.min_len} entries along axis "
-                               f"{self.axis}", f"shape {arr.shape}", verb="have")
-        return arr
+        return check_array(name, value, self.ndim, finite=self.finite, what=self.what)
 
     def bad_values(self):
         dims = (self.ndim,) if isinstance(self.ndim, int) else tuple(self.ndim)
-        out = ["x", np.zeros((2,) * (max(dims) + 1))]
-        return out + ([np.full((2,) * max(dims), np.nan)] if self.finite else [])
+        return ["x", np.zeros((2,) * (max(dims) + 1))] + ([np.full((2,) * max(dims), np.nan)] if self.finite else [])
 
     def shown(self, value):
-        return "" if not isinstance(value, str) else "str"
+        return "str" if isinstance(value, str) else ""
 
 
 def check_indices(name: str, value: Any, n: int, *, flatten: bool = False) -> np.ndarray:
@@ -502,8 +496,3 @@ def check_indices(name: str, value: Any, n: int, *, flatten: bool = False) -> np
                                                       f"{int(bad[0])})")
     return idx.astype(np.int64)
 
-
-def check_same_length(names: str, lengths: Sequence[int], want: str) -> None:
-    """Arguments that must have one entry per one thing (one label per point, ...): `names` names them all."""
-    if len(set(lengths)) > 1:
-        raise refuse(names, want, " and ".join(str(n) for n in lengths), verb="have")

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ._checks import (Bool, Choice, Float, Instance, Int, Ints, check_array, check_float, check_int, checked, describe,
+from ._checks import (Array, Bool, Choice, Float, Instance, Int, Ints, check_array, check_float, check_int, checked, describe,
                       is_number, refuse)
 from .comparison import MODES, comparison_logits
 from .losses import per_position_loss
@@ -411,11 +411,10 @@ def text_step_profile(model: CGT, task, boundary: int | None = None, window: int
             "boundary": boundary, "window": window, "n_rows": n_batches * batch_size}
 
 
-@checked(boundary=Int(1), window=Int(1))
+@checked(steps=Array(1, "1-D (t − 1,)"), boundary=Int(1), window=Int(1))
 def step_window_means(steps, boundary: int, window: int) -> tuple[float, float]:
     """steps (t−1,): the mean step into positions p = 1..t−1 -> (its mean over the `window` positions from the
     boundary on, its mean elsewhere from position `window` on, where the prefix is no longer short)."""
-    steps = check_array("steps", steps, 1, what="1-D (t − 1,)")
     pos = np.arange(1, len(steps) + 1)
     after = (pos >= boundary) & (pos < boundary + window)
     elsewhere = ~after & (pos >= window)

@@ -148,3 +148,11 @@ def test_moving_the_compare_slider_checks_nothing_again(model, calls):
     for split in (2, 3, 5):
         cmp.show(split=split)
     assert calls == {"model": 0, "inputs": 0} and len(cmp._cache) == 4
+
+
+def test_the_strip_refuses_a_second_model_too_short_for_the_data(model):
+    """Its ȳ is collected unchecked behind the door, so the door compares it with the data: a block shorter
+    than the rows is refused there, naming what differs (before any ȳ is collected)."""
+    short = CGT(model.config.replace(block_size=8)).eval()
+    with pytest.raises(ValueError, match=r"other must read the same inputs as model .*block_size 8"):
+        W.SmoothnessStrip(model, _rows(10), other=short)

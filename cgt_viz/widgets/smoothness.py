@@ -57,12 +57,12 @@ class SmoothnessStrip(Controls, StaticForm, W.VBox):
         if other is None:
             return
         theirs = other.config
-        if (theirs.mode, theirs.vocab_size, theirs.input_dim) != (mine.mode, mine.vocab_size, mine.input_dim) \
-                or theirs.block_size < seqs.t:
+        differ = [f"{f} {getattr(theirs, f)!r} vs {getattr(mine, f)!r}" for f in ("mode", "vocab_size", "input_dim")
+                  if getattr(theirs, f) != getattr(mine, f)]
+        differ += [f"block_size {theirs.block_size}"] if theirs.block_size < seqs.t else []
+        if differ:
             raise refuse("other", f"the same inputs as model (same mode, vocab_size and input_dim; block_size >= "
-                                  f"{seqs.t}, the data's length)",
-                         f"vocab_size {theirs.vocab_size} vs {mine.vocab_size}, input_dim {theirs.input_dim} vs "
-                         f"{mine.input_dim}, block_size {theirs.block_size}", verb="read")
+                                  f"{seqs.t}, the data's length)", ", ".join(differ), verb="read")
 
     def _check_highlight(self, highlight, sequence: int) -> int | None:
         """None or a token position of `sequence`."""
