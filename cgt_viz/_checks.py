@@ -488,7 +488,7 @@ class StepCounts(Constraint):
         return describe(value) if isinstance(value, (str, float)) else str(sorted(set(value)))
 
 
-class Names(Constraint):
+class DistinctNames(Constraint):
     """A non-empty tuple (or list) of distinct names from `choices` -> a tuple."""
 
     normalizes = True
@@ -536,3 +536,82 @@ def missing_package(what: str, package: str, hint: str = "") -> ValueError:
     """The error for an optional package that is not installed: "<what> needs the package <package> (pip install
     <package>)" and how else to go on. Returns the exception; the caller raises it (from None)."""
     return ValueError(f"{what} needs the package {package} (pip install {package})" + (f"; {hint}" if hint else ""))
+
+
+# --- constraints added for views
+# Patterns the views (analysis, evaluate, figures, widgets) check at many doors, declared once here.
+class Names(Constraint):
+    """A non-empty list of names, each from an allowed set -> a list. `allowed` is a tuple, or a function of the
+    arguments bound so far when the set depends on one (a model's cache names)."""
+
+    def __init__(self, allowed, what: str = "names", example: str = ""):
+        self.allowed, self.what, self.example = allowed, what, example
+
+    def check(self, name, value, args=None):
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
+            raise refuse(name, f"a non-empty list of {self.what}{self.example}", describe(value), TypeError)
+        allowed = list(self.allowed(args) if callable(self.allowed) else self.allowed)
+        unknown = [v for v in value if not isinstance(v, str) or v not in allowed]
+        if unknown:   # a set read from another argument is that model's ("cache names of this model")
+            where = " of this model" if callable(self.allowed) else ""
+            raise refuse(name, f"{self.what}{where}", str(unknown), hint=f"allowed: {allowed}")
+        return list(value)
+
+    def bad_values(self):
+        return ["nonsense", [], ["nonsense"], [5]]
+
+    def shown(self, value):
+        return "list" if value == [] else None
+
+
+class Strings(Constraint):
+    """Exactly n strings (a list or tuple) -> a tuple; `what` says what each is, e.g. "(model, other)"."""
+
+    def __init__(self, n: int, what: str = ""):
+        self.n, self.what = n, what
+
+    def check(self, name, value, args=None):
+        if not (isinstance(value, (tuple, list)) and len(value) == self.n and all(isinstance(s, str) for s in value)):
+            raise refuse(name, f"{self.n} strings {self.what}".rstrip(), repr(value))
+        return tuple(value)
+
+    def bad_values(self):
+        return ["ab", ("a",), ("a", 5)]
+
+
+class Array(Constraint):
+    """A numeric array-like with one of the given numbers of dimensions (`check_array`) -> float64; `what` names
+    the shape in the message, e.g. "1-D (t − 1,)"."""
+
+    def __init__(self, ndim, what: str = "", *, finite: bool = True):
+        self.ndim, self.what, self.finite = ndim, what, finite
+
+    def check(self, name, value, args=None):
+        return check_array(name, value, self.ndim, finite=self.finite, what=self.what)
+
+    def bad_values(self):
+        dims = (self.ndim,) if isinstance(self.ndim, int) else tuple(self.ndim)
+        return ["x", np.zeros((2,) * (max(dims) + 1))] + ([np.full((2,) * max(dims), np.nan)] if self.finite else [])
+
+    def shown(self, value):
+        return "str" if isinstance(value, str) else ""
+
+
+def check_indices(name: str, value: Any, n: int, *, flatten: bool = False) -> np.ndarray:
+    """A list or 1-D array of int positions in 0..n-1 (points, rows) -> (m,) int64 ([] too); flatten=True
+    takes any shape of them."""
+    want = f"a list of indices (ints in 0..{n - 1})"
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__"):
+        raise refuse(name, want, describe(value), TypeError)
+    idx = np.asarray(value.detach().cpu() if isinstance(value, torch.Tensor) else value)
+    idx = idx.reshape(-1) if flatten else idx
+    if idx.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
+        raise refuse(name, want, describe(value), TypeError)
+    bad = idx[(idx < 0) | (idx >= n)]
+    if bad.size:
+        raise refuse(name, f"indices in 0..{n - 1}", f"{describe(value)} ({bad.size} out of range, e.g. "
+                                                      f"{int(bad[0])})")
+    return idx.astype(np.int64)
+

@@ -9,7 +9,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
-from ._checks import Bool, Choice, Float, Instance, Int, Names, check_dict, check_divisible, check_int, refuse
+from ._checks import Bool, Choice, Float, Instance, Int, DistinctNames, check_dict, check_divisible, check_int, refuse
 from .losses import SMOOTHNESS
 from .sites import SITES, site_width
 
@@ -43,7 +43,7 @@ FIELD_CONSTRAINTS = {
     "aux_min_prefix": Int(1), "aux_min_suffix": Int(1), "aux_suffix_len": Int(1, none=True),
     "aux_row_fraction": Float(0.0, 1.0, lo_open=True),
     "aux_ce": Float(0.0), "aux_kl": Float(0.0), "aux_kl_top_k": Int(1, none=True, hint=" (None: the whole vocabulary)"),
-    "sites": Names(*SITES), "extra": Instance(dict, "a dict (free-form metadata)"),
+    "sites": DistinctNames(*SITES), "extra": Instance(dict, "a dict (free-form metadata)"),
 }
 
 

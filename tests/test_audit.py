@@ -548,6 +548,14 @@ DECLARED = {
     "TextMixture.eval_batch": lambda **kw: TEXT().eval_batch(**{"k": 2, "batch_size": 2, **kw}),
     "CorpusBPE.train": lambda **kw: CorpusBPE.train(["a b c"], **kw),
 }
+# declared for views (issue 24, item 3): analysis entry points that now check once at their door
+DECLARED.update({
+    "template_ablation": lambda **kw: A.template_ablation(**{"model": CGT_T, "inputs": IDX, "targets": IDX,
+                                                             "site": "2.attn_in", **kw}),
+    "compare_losses": lambda **kw: A.compare_losses(**{"model": CGT_T, "inputs": IDX, "targets": IDX, "split": 3, **kw}),
+    # the views now declare their model: their rows take it as a keyword too
+    **{name: (lambda c: lambda **kw: c(**{"model": CGT_T, "data": _DATA, **kw}))(cls) for name, cls in VIEWS.items()},
+})
 
 
 def _declared(entry: str):
