@@ -468,13 +468,13 @@ case("cli report", "run", ["/nonexistent/run"], lambda v: InTmp(lambda tmp: ["re
 # tests/test_tasks.py
 case("SyntheticICL", "answer_tokens", ["text"], lambda v: SyntheticICL(answer_tokens=v))
 case("SyntheticICL", "shift_fraction", [1.5], lambda v: SyntheticICL(shift_fraction=v))
+case("SyntheticICL", "family", ["cube"], lambda v: SyntheticICL(family=v))
 case("SyntheticICL.eval_batch", "k", [16], lambda v: SyntheticICL("affine", P=7, n_pairs=16).eval_batch(v, 4))
 case("SyntheticICL.get_batch", "part", ["test"], lambda v: ICL.get_batch(2, part=v))
 case("LinearRegression", "layout", ["interleaved"], lambda v: LinearRegression(layout=v), says=r"\('pair', 'split'\)")
 case("LinearRegression.eval_batch", "k", [6], lambda v: LinearRegression(dim=4, n_points=6).eval_batch(v, 2))
 REG4 = LinearRegression(dim=4, n_points=6)
 case("LinearRegression.set_active_dims", "n", [5], lambda v: REG4.set_active_dims(v), says=r"1\.\.4")
-case("LinearRegression.curriculum", "steps", [0], lambda v: REG4.curriculum(v))
 TEXT64 = functools.lru_cache(None)(lambda: text_case(block_size=64))   # the excerpt bounds of a 64-token block
 TEXT64_CGT = functools.lru_cache(None)(lambda: CGT(tok_cfg(**TEXT64().config_kwargs())).eval())
 case("TextMixture", "topics", [["sport", "zebra"]], lambda v: text_case(topics=v), shows="'zebra'")
@@ -491,7 +491,7 @@ case("prepare_sequences", "data", [["text needs bytes"]], lambda v: A.prepare_se
 case("select_positions", "positions", ["some", 0, [], True], lambda v: A.select_positions(_LENGTHS, v))
 case("select_positions", "positions", [[10]], lambda v: A.select_positions(_LENGTHS, v), says="selects no token")
 case("Projector", "method", ["mds"], lambda v: A.Projector(v))
-case("Projector.fit_transform", "X", [np.zeros((1, 4)), np.full((3, 4), np.nan)],
+case("Projector.fit_transform", "X", [np.full((3, 4), np.nan)],
      lambda v: A.Projector("pca").fit_transform(v), shows="")
 case("Projector.fit_transform", "X", [np.zeros((1, 4))], lambda v: A.Projector("pca").fit_transform(v),
      shows="got 1")
@@ -500,9 +500,23 @@ case("parse_site", "site", ["1.attn_in", "3.attn_out", "x.y", 3], lambda v: A.pa
 _COEFFS = np.zeros((7, 4))
 case("mean_abs_by_label", "labels", [np.array(["a"])], lambda v: A.mean_abs_by_label(_COEFFS, v), shows="1")
 case("training_series", "history", [3], lambda v: A.training_series(v), shows="int")
+for _v, _shows in [(torch.zeros(0, 5, dtype=torch.long), "(0, 5)"), ([], "empty list"), ([1, 2], "list"),
+                   (torch.rand(2, 5), "float32"), (torch.full((2, 5), 300), "300"),
+                   (torch.zeros(2, 60, dtype=torch.long), "60"), ({"x": 1}, "dict")]:
+    case("prepare_sequences", "data", [_v], lambda v: A.prepare_sequences(CGT_T, v), shows=_shows)
+_ROWS = torch.zeros(2, 5, dtype=torch.long)
+for _v, _shows in [(["a"], "1"), ([["a"] * 3, ["b"] * 5], "3"), ("ab", "str")]:
+    case("prepare_sequences", "labels", [_v], lambda v: A.prepare_sequences(CGT_T, _ROWS, v), shows=_shows)
 
 # tests/test_widgets.py
 case("Explorer.set_color", "by", ["nope"], lambda v: EXPLORER().set_color(v))
+for _v, _shows in [(torch.zeros(0, 4, dtype=torch.long), "(0, 4)"), ([], "empty list"),
+                   (torch.zeros(1, 1, dtype=torch.long), "1 token")]:
+    case("explore", "data", [_v], lambda v: explorer_case(data=v), shows=_shows)
+case("explore", "labels", [["a", "b"]], lambda v: explorer_case(labels=v), shows="2")
+case("explore", "projection", ["mds"], lambda v: explorer_case(projection=v))
+case("explore", "color_by", ["label"], lambda v: explorer_case(color_by=v))   # no labels were given
+case("explore", "positions", ["last"], lambda v: explorer_case(positions=v))
 case("Explorer.select", "points", [[30]], lambda v: EXPLORER().select(v), says=r"0\.\.29")  # 3 × 10 points
 case("Explorer", "sequences", [_DATA], lambda v: W.Explorer(CGT_T, v), shows="(3, 10)")
 case("SmoothnessStrip", "other", [CGT(tok_cfg(vocab_size=20))], lambda v: strip_case(other=v), shows="",
@@ -514,14 +528,13 @@ case("CompileCompare", "data", [torch.randn(2, 8, 3)], lambda v: W.CompileCompar
 case("TrainingMonitor.__call__", "record", [{"kind": "stop", "step": 1}, [1, 2]], lambda v: W.TrainingMonitor()(v),
      shows="")
 case("Explorer.set_components", "b", [1], lambda v: EXPLORER().set_components(1, v), says="two different")
-case("Explorer.set_projection", "dims", [4], lambda v: EXPLORER().set_projection("pca", dims=v))
-case("explore", "dims", [1], lambda v: explorer_case(dims=v))
 
 # tests/test_model.py
 case("CGTConfig", "d_y", [15], lambda v: tok_cfg(d_y=v, n_head_y=2))
 case("CGTConfig", "d_x", [30], lambda v: tok_cfg(d_x=v, n_head=4))
 case("CGTConfig", "site", [("attn_in", "bogus")], lambda v: tok_cfg(sites=v), shows="bogus")
 case("CGTConfig", "smooth", ["gauss"], lambda v: tok_cfg(smooth=v))
+case("CGTConfig", "template_rank", [1.5], lambda v: tok_cfg(template_rank=v))
 case("CGTConfig", "y_reads", ["both"], lambda v: tok_cfg(y_reads=v))
 case("CGTConfig", "vocab_size", [None], lambda v: tok_cfg(vocab_size=v))
 case("CGT.forward_specialized", "ybar_vec", [torch.zeros(3, 7)], lambda v: CGT_T.forward_specialized(IDX, v),
@@ -568,6 +581,11 @@ case("compare_figure", "losses", [{"pos": np.arange(3), "prompted": np.ones(3)}]
 
 # tests/test_train.py
 case("resolve_device", "device", ["tpu"], lambda v: resolve_device(v))
+# the message opens with the argument's name and ends with the value it got (as given: 0 -> "0.0" for a float)
+for _arg, _v, _shows in [("steps", -3, "-3"), ("batch_size", -1, "-1"), ("lr", -1e-3, "-0.001"),
+                         ("min_lr_ratio", 1.5, "1.5"), ("grad_clip", 0, "0.0"), ("device", "tpu", "'tpu'"),
+                         ("callbacks", [42], "42")]:
+    case("train", _arg, [_v], lambda v, a=_arg: train_case(**{a: v}), shows=_shows, says=rf"^{_arg} must .+, got ")
 case("train", "model", [torch.nn.Linear(2, 2)], lambda v: train(v, ICL, steps=1, batch_size=2, progress=False),
      shows="Linear")
 case("train", "stepz", [3], lambda v: train_case(stepz=v), shows="stepz", says="TrainConfig fields")
