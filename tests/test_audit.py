@@ -566,7 +566,7 @@ case("CGT.loss", "idx", [torch.zeros(2, 1, dtype=torch.long)], lambda v: CGT_T.l
 
 # tests/test_figures.py
 case("color_spec", "values", [np.zeros((2, 2))], lambda v: F.color_spec(v), shows="", says="1-D")
-case("ybar_map_figure", "coords", [np.zeros((0, 2))], lambda v: F.ybar_map_figure(v), shows="")
+case("ybar_map_figure", "coords", [np.zeros((5, 4)), np.zeros((0, 2))], lambda v: F.ybar_map_figure(v), shows="")
 case("ybar_map_figure", "color", [np.zeros(4)], lambda v: F.ybar_map_figure(np.zeros((5, 2)), v), shows="4",
      says=r"\(5,\)")
 case("smoothness_figure", "overlay", [{"x": _YB[:5]}], lambda v: F.smoothness_figure(_YB, overlay=v), shows="")
@@ -575,8 +575,9 @@ case("template_figure", "mean_abs", [np.ones((2, 3))],
      says=r"\(labels=2, K=4\)")
 case("template_figure", "ablation", [np.zeros(3)], lambda v: F.template_figure(np.zeros((6, 4)), ablation=v),
      shows="(3,)", says=r"\(4,\)")
-case("compare_figure", "losses", [[1, 2], {"position": np.arange(5), "prompted": np.ones(4)}],
-     lambda v: F.compare_figure(v), shows="")
+case("compare_figure", "losses", [[1, 2]], lambda v: F.compare_figure(v), shows="list")
+case("compare_figure", "losses", [{"position": np.arange(5), "prompted": np.ones(4)}], lambda v: F.compare_figure(v),
+     shows="(4,)", says=r"losses\['prompted'\] must have shape \(5,\)")
 case("compare_figure", "losses", [{"pos": np.arange(3), "prompted": np.ones(3)}], lambda v: F.compare_figure(v),
      shows="['pos', 'prompted']")
 
