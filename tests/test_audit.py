@@ -253,8 +253,8 @@ TRAIN_ARGS = {   # each TrainConfig field's declared contract, plus train()'s ow
     "betas": [(0.9,), "0.9"], "callbacks": [5, "print"], "eval_fn": [5, "evaluate"],
     "device": ["nonsense", 5] + (["cuda:99"] if not torch.cuda.is_available() else []),  # not a device here
 }
-for _arg, _values in TRAIN_ARGS.items():
-    case("train", _arg, _values, lambda v, a=_arg: train_case(**{a: v}))
+for _arg, _values in TRAIN_ARGS.items():   # the message opens with the argument's name: "steps must be ..., got 0"
+    case("train", _arg, _values, lambda v, a=_arg: train_case(**{a: v}), says=rf"^{_arg} must .+, got ")
 for _v, _shows in [((1.5, 0.9), "1.5"), ((0.9, -0.1), "-0.1")]:  # the message shows the bad element
     case("train", "betas", [_v], lambda v: train_case(betas=v), shows=_shows)
 case("train", "callbacks", [[print, 5]], lambda v: train_case(callbacks=v), shows="5")
@@ -594,7 +594,8 @@ case("train", "stepz", [3], lambda v: train_case(stepz=v), shows="stepz", says="
 
 # tests/test_evaluate.py
 case("seeds_summary", "by", ["seed"], lambda v: E.seeds_summary([[{"k": 2, "loss": 1.0}]], by=v))
-case("evaluate_specialization", "k_values", [(), (6,)], lambda v: evaluate_case(k_values=v), shows="")
+case("evaluate_specialization", "k_values", [()], lambda v: evaluate_case(k_values=v), shows="()")
+case("evaluate_specialization", "k_values", [(6,)], lambda v: evaluate_case(k_values=v), shows="6", says="k=6")
 case("text_position_curves", "split", [40], lambda v: E.text_position_curves(TEXT_CGT(), TEXT(), split=v,
                                                                              n_batches=1, batch_size=2, part="train"))
 

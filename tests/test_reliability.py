@@ -50,8 +50,6 @@ def test_empty_and_single_point_selections():
     assert len(ex.selection) == 0 and list(ex.selection.columns)[:3] == ["point", "sequence", "position"]
     ex.select([5])
     assert len(ex.selection) == 1 and int(ex.selection["point"][0]) == 5
-    with pytest.raises(ValueError, match="points must be indices"):
-        ex.select([10_000])
 
 
 def test_same_seed_same_loss_curve_twice():
