@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cgt_viz import CGT, GPT, CGTConfig
+from cgt_viz import CGT, CGTConfig
 from cgt_viz import analysis as A
 from cgt_viz.tasks.base import Batch, Task
 from helpers import randomize_templates

@@ -594,7 +594,7 @@ case("train", "stepz", [3], lambda v: train_case(stepz=v), shows="stepz", says="
 
 # tests/test_evaluate.py
 case("seeds_summary", "by", ["seed"], lambda v: E.seeds_summary([[{"k": 2, "loss": 1.0}]], by=v))
-case("evaluate_specialization", "k_values", [()], lambda v: evaluate_case(k_values=v), shows="()")
+case("evaluate_specialization", "k_values", [()], lambda v: evaluate_case(k_values=v), shows="[]")   # shown as a list
 case("evaluate_specialization", "k_values", [(6,)], lambda v: evaluate_case(k_values=v), shows="6", says="k=6")
 case("text_position_curves", "split", [40], lambda v: E.text_position_curves(TEXT_CGT(), TEXT(), split=v,
                                                                              n_batches=1, batch_size=2, part="train"))
@@ -851,16 +851,16 @@ AUDITED_MODULES = ["cgt_viz.config", "cgt_viz.model", "cgt_viz.io", "cgt_viz.tra
 NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, and why
     **dict.fromkeys(["ByteTokenizer.token_str", "SyntheticICL.decode", "LinearRegression.decode", "TextMixture.decode",
                      "TextMixture.text", "hover_escape", "natural_key"], "a display helper: any token or value"),
-    **dict.fromkeys(["CompileCompare.figure_for", "CompileCompare.show", "CompileCompare.token_figure_for",
+    **dict.fromkeys(["CompileCompare.figure_for", "CompileCompare.token_figure_for",
                      "SmoothnessStrip.figure_for", "SmoothnessStrip.token_figure_for", "TemplateInspector.figure_for",
-                     "TemplateInspector.show", "TemplateInspector.token_figure_for", "TemplateInspector.set_data",
+                     "TemplateInspector.token_figure_for", "TemplateInspector.set_data",
                      "SmoothnessStrip.set_data", "Explorer.static_figures",
                      "Explorer.figure_static", "TrainingMonitor.redraw"],
                     "the arguments of the view's audited constructor and methods (show, losses)"),
     **dict.fromkeys(["GPT.embed_inputs", "SyntheticICL.answer_token", "SyntheticICL.answer_value", "SyntheticICL.apply",
                      "SyntheticICL.novel_positions", "SyntheticICL.sample_params", "aux_length_groups", "lr_at",
                      "aux_weight_scale", "param_groups", "config_differences", "drawn_series", "gap_note",
-                     "collect_points", "points_at", "mean_abs_by_label", "thin", "Points", "Points.concat",
+                     "collect_points", "points_at", "thin", "Points", "Points.concat",
                      "Points.frame", "ByteTokenizer.encode_array", "is_validation_document", "fold_affine_ln_y",
                      "check_batch_size", "check_eval_size", "check_part", "TrainHistory", "PCA", "PCA.fit_transform",
                      "PCA.transform", "in_box", "in_polygon", "cosine_neighbours"],
@@ -875,7 +875,7 @@ NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, a
                     "an internal step of an audited view, save or load (its callers check the arguments; "
                     "tests/test_views_language.py, tests/test_faults3_files.py hold its behaviour)"),
     "LoraFactors": "the dict lora_factors returns, built from checked arguments",
-    "load_corpus": "via TextMixture(source=...)", "resolve_device": "via train(device=...)",
+    "load_corpus": "via TextMixture(source=...)",
     "task_from_config": "reads a saved config (test_tasks)", "Explorer.export": "a file path, written by pandas",
 }
 

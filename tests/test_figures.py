@@ -5,7 +5,6 @@ import json
 
 import numpy as np
 import plotly.graph_objects as go
-import pytest
 
 from cgt_viz import analysis as A
 from cgt_viz import figures as Fg

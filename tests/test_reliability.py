@@ -3,7 +3,6 @@ left in training mode, a very large point cloud, empty and single-point selectio
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 from cgt_viz import CGT, CGTConfig, explore

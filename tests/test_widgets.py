@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from cgt_viz import CGT, GPT, CGTConfig, explore
+from cgt_viz import CGT, CGTConfig, explore
 from cgt_viz import analysis as A
 from cgt_viz.widgets import CompileCompare, Explorer, SmoothnessStrip, TemplateInspector, TrainingMonitor
 from cgt_viz.widgets import _base
