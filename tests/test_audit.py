@@ -492,8 +492,8 @@ case("prepare_sequences", "data", [["text needs bytes"]], lambda v: A.prepare_se
 case("select_positions", "positions", ["some", 0, [], True], lambda v: A.select_positions(_LENGTHS, v))
 case("select_positions", "positions", [[10]], lambda v: A.select_positions(_LENGTHS, v), says="selects no token")
 case("Projector", "method", ["mds"], lambda v: A.Projector(v))
-case("Projector.fit_transform", "X", [np.full((3, 4), np.nan)],
-     lambda v: A.Projector("pca").fit_transform(v), shows="")
+case("Projector.fit_transform", "X", [np.full((3, 4), np.nan)], lambda v: A.Projector("pca").fit_transform(v),
+     shows="NaN")
 case("Projector.fit_transform", "X", [np.zeros((1, 4))], lambda v: A.Projector("pca").fit_transform(v),
      shows="got 1")
 case("token_smoothness", "ybar", [np.zeros(3)], lambda v: A.token_smoothness(v), shows="(3,)")
@@ -520,14 +520,15 @@ case("explore", "color_by", ["label"], lambda v: explorer_case(color_by=v))   # 
 case("explore", "positions", ["last"], lambda v: explorer_case(positions=v))
 case("Explorer.select", "points", [[30]], lambda v: EXPLORER().select(v), says=r"0\.\.29")  # 3 × 10 points
 case("Explorer", "sequences", [_DATA], lambda v: W.Explorer(CGT_T, v), shows="(3, 10)")
-case("SmoothnessStrip", "other", [CGT(tok_cfg(vocab_size=20))], lambda v: strip_case(other=v), shows="",
-     says="the same inputs")
+case("SmoothnessStrip", "other", [CGT(tok_cfg(vocab_size=20))], lambda v: strip_case(other=v),
+     shows="vocab_size 20", says="the same inputs")
 case("TemplateInspector.show", "site", ["1.attn_in"], lambda v: inspector_case().show(site=v))
 case("CompileCompare.show", "split", [10], lambda v: compare_case().show(split=v), says=r"1\.\.9")
 case("CompileCompare", "data", [torch.randn(2, 8, 3)], lambda v: W.CompileCompare(CGT_V, v), shows="",
      says="carry no targets")
-case("TrainingMonitor.__call__", "record", [{"kind": "stop", "step": 1}, [1, 2]], lambda v: W.TrainingMonitor()(v),
-     shows="")
+case("TrainingMonitor.__call__", "record", [{"kind": "stop", "step": 1}], lambda v: W.TrainingMonitor()(v),
+     shows="'stop'")
+case("TrainingMonitor.__call__", "record", [[1, 2]], lambda v: W.TrainingMonitor()(v), shows="list")
 case("Explorer.set_components", "b", [1], lambda v: EXPLORER().set_components(1, v), says="two different")
 
 # tests/test_model.py
@@ -553,23 +554,24 @@ case("text_step_profile", "window", [30], lambda v: E.text_step_profile(TEXT64_C
                                                                         n_batches=1, batch_size=2, part="train"))
 case("step_window_means", "window", [3], lambda v: E.step_window_means(np.ones(10), boundary=10, window=v))
 case("step_profile_figure", "profiles", [{"m": {"positions": np.arange(3)}}], lambda v: F.step_profile_figure(v),
-     shows="", says="text_step_profile")
+     shows="['positions']", says="text_step_profile")
 
 # tests/test_faults.py, tests/test_faults3_files.py
 case("train", "model", ["float16"], lambda v: train_case(icl_model().half()), shows="float16", says="AdamW's eps")
 case("train", "model", ["float64"], lambda v: train_case(CGT(CGTConfig(**REG.config_kwargs(), n_layer=2, d_x=16,
      n_head=2, d_y=8, n_head_y=1, y_layer=1)).double(), REG), shows="float64", says="float32")
-case("Projector.fit_transform", "X", [np.full((50, 4), 0.5, np.float32)], lambda v: A.Projector("umap").fit_transform(v),
-     shows="1 distinct", says="at least 4 distinct points")
+case("Projector.fit_transform", "X", [np.full((50, 4), 0.5, np.float32)],
+     lambda v: A.Projector("umap").fit_transform(v), shows="1 distinct", says="at least 4 distinct points")
 case("CGT.loss", "idx", [torch.zeros(2, 1, dtype=torch.long)], lambda v: CGT_T.loss(v, v), shows="(2, 1)",
      says=r"aux_min_prefix \+ aux_min_suffix = 2")
 
 # tests/test_figures.py
-case("color_spec", "values", [np.zeros((2, 2))], lambda v: F.color_spec(v), shows="", says="1-D")
-case("ybar_map_figure", "coords", [np.zeros((5, 4)), np.zeros((0, 2))], lambda v: F.ybar_map_figure(v), shows="")
+case("color_spec", "values", [np.zeros((2, 2))], lambda v: F.color_spec(v), shows="(2, 2)", says="1-D")
+for _v in [np.zeros((5, 4)), np.zeros((0, 2))]:
+    case("ybar_map_figure", "coords", [_v], lambda v: F.ybar_map_figure(v), shows=str(_v.shape))
 case("ybar_map_figure", "color", [np.zeros(4)], lambda v: F.ybar_map_figure(np.zeros((5, 2)), v), shows="4",
      says=r"\(5,\)")
-case("smoothness_figure", "overlay", [{"x": _YB[:5]}], lambda v: F.smoothness_figure(_YB, overlay=v), shows="")
+case("smoothness_figure", "overlay", [{"x": _YB[:5]}], lambda v: F.smoothness_figure(_YB, overlay=v), shows="(5, 4)")
 case("template_figure", "mean_abs", [np.ones((2, 3))],
      lambda v: F.template_figure(np.zeros((6, 4)), label_names=["x", "y"], mean_abs=v), shows="3",
      says=r"\(labels=2, K=4\)")
@@ -608,7 +610,8 @@ _META_IDX = torch.zeros(2, 6, dtype=torch.long, device="meta")
 for _entry, _arg, _call in [
         ("CGT.forward", "idx", lambda v: CGT_META(v)), ("CGT.context", "idx", lambda v: CGT_META.context(v)),
         ("CGT.run_with_cache", "idx", lambda v: CGT_META.run_with_cache(v)),
-        ("CGT.loss", "idx", lambda v: CGT_META.loss(v, v)), ("CGT.aux_logits", "idx", lambda v: CGT_META.aux_logits(v, 2)),
+        ("CGT.loss", "idx", lambda v: CGT_META.loss(v, v)),
+        ("CGT.aux_logits", "idx", lambda v: CGT_META.aux_logits(v, 2)),
         ("CGT.specialize", "prompt", lambda v: CGT_META.specialize(v[0])),
         ("CGT.generate", "idx", lambda v: CGT_META.generate(v, 1)),
         ("CGT.forward_specialized", "idx", lambda v: CGT_META.forward_specialized(v, torch.zeros(8))),
@@ -622,7 +625,8 @@ case("CGT.loss", "targets", [torch.zeros(2, 6, dtype=torch.long)], lambda v: CGT
      shows="cpu", says="device of idx")
 
 # tests/test_lora_baseline.py
-case("CompileCompare", "lora", [["results"], {"icl": {"rows": []}}], lambda v: compare_case(lora=v), shows="")
+case("CompileCompare", "lora", [["results"]], lambda v: compare_case(lora=v), shows="list")
+case("CompileCompare", "lora", [{"icl": {"rows": []}}], lambda v: compare_case(lora=v), shows="['icl']")
 
 # tests/test_hf.py (a CGT over a pretrained LM; skipped where transformers is not installed)
 @functools.lru_cache(None)
