@@ -4,7 +4,9 @@ Each case calls one entry point with exactly one bad argument (everything else v
   * it raises ValueError or TypeError (FileNotFoundError for a missing path) — not an IndexError,
     RuntimeError, AttributeError or a crash deep inside torch/numpy/plotly, and not silent acceptance;
   * the message names the argument, shows the received value (or its shape/dtype), and says what is
-    allowed ("must", "one of", ...).
+    allowed ("must", "one of", ...); where a row gives `says`, the message also matches that pattern.
+This is the one place that tests bad arguments: other test files keep only errors about file contents,
+state, relations between arguments and behaviour around an error.
 The table is the audit: `docs/RELIABILITY.md` lists its counts and what broke before it was fixed.
 `test_every_public_entry_point_is_audited` fails when a new public function or method is added without
 cases here (or an explicit reason in NOT_AUDITED).
