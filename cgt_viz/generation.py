@@ -39,8 +39,9 @@ class Generation:
         cfg = self.config
         if cfg.mode != "tokens":
             raise ValueError("generate needs a tokens-mode model (vocab_size set); this one is in vectors mode")
-        if use_cache and hasattr(self, "stream"):
-            self.stream.refuse("a KV cache", "; pass use_cache=False")
+        if use_cache and "a KV cache" in getattr(getattr(self, "stream", None), "refuses", {}):
+            raise refuse("use_cache", "False", "True", hint=f"a KV cache is not available for a CGT over "
+                         f"{self.stream.family}: {self.stream.refuses['a KV cache']}")
         idx = check_inputs(cfg, idx, device=self.device)
         room = cfg.block_size - idx.shape[1]
         check_int("max_new_tokens", max_new_tokens, 1, max(room, 1),

@@ -666,6 +666,13 @@ case("CGTLM.calibrate_pool", "idx", [_HF_IDX[:, :1]], lambda v: CGTLM_().calibra
      says="at least 2 positions")
 case("CGTLM.forward", "ablate", [{"9.attn_in": [0]}], lambda v: CGTLM_()(_HF_IDX, ablate=v), shows="9.attn_in")
 case("CGTLM.loss", "idx", [torch.zeros(2, 1, dtype=torch.long)], lambda v: CGTLM_().loss(v, v), shows="(2, 1)")
+case("CGTLM.generate", "use_cache", [True], lambda v: CGTLM_().generate(_HF_IDX, 2, use_cache=v),
+     says="a KV cache is not available for a CGT over a pretrained LM")
+case("CGTLM.from_pretrained", "lm", [None], lambda v: _hf().CGTLM.from_pretrained("somewhere", v),
+     says=r"CGTLM.from_pretrained\(path, lm\) needs lm")
+case("CGTConfig", "token_shift", ["pair"], lambda v: CGTConfig(input_dim=3, token_shift=v),
+     says="token_shift='pair' embeds token pairs and needs tokens mode")
+case("static_png", "on", ["yes"], lambda v: W.static_png(v), says="True, False or nothing")
 
 # tests/test_distill.py (the feature cache of a pooled-only head; BBCTokens.for_head)
 _SETTINGS = {"eval_prompts": [16], "prefix": 8, "suffix": 8, "val_fraction": 0.2, "test_fraction": 0.2}

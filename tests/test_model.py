@@ -469,9 +469,7 @@ def test_aux_length_groups_pad_least_and_do_not_change_the_aux_loss(monkeypatch)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_token_shift_pair_needs_tokens_and_hashes_a_large_vocabulary():
-    with pytest.raises(ValueError, match=r"token_shift='pair' embeds token pairs and needs tokens mode"):
-        make_cfg("vectors", token_shift="pair")
+def test_token_shift_pair_hashes_a_large_vocabulary():
     small = GPT(make_cfg(token_shift="pair"))
     assert small.shift.embed.num_embeddings == 14 * 13                # every (previous or start, current) pair
     big = GPT(make_cfg(token_shift="pair", vocab_size=300)).eval()
