@@ -320,7 +320,7 @@ case("template_ablation", "templates", [[5], [-1], "all"],
 case("template_ablation", "targets", [IDX[:, :3]], lambda v: A.template_ablation(CGT_T, IDX, v, "2.attn_in"),
      shows="(2, 3)")
 case("compare_losses", "split", [0, 8, 2.5, -1], lambda v: A.compare_losses(CGT_T, IDX, IDX, v))
-case("compare_losses", "baseline", ["gpt", CGT_V], lambda v: A.compare_losses(CGT_T, IDX, IDX, 3, baseline=v), shows="")
+case("compare_losses", "no_context", ["gpt", CGT_V], lambda v: A.compare_losses(CGT_T, IDX, IDX, 3, no_context=v), shows="")
 case("training_series", "history", [5, "h", {"step": [1, 2], "main": [1.0]}], lambda v: A.training_series(v), shows="")
 
 # ------------------------------------------------------------------------------------------ figures
