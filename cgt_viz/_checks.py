@@ -417,3 +417,201 @@ def checked(**constraints: Constraint):
         wrapper.__contracts__ = dict(constraints)
         return wrapper
     return decorate
+
+
+# --- constraints added for data (tasks, training, checkpoints, the Hugging Face side)
+def check_divisible(name: str, value: int, by: int, what: str) -> None:
+    """A check relating two arguments: value a multiple of `by` (`what` says what `by` is)."""
+    if value % by:
+        raise refuse(name, f"divisible by {what} ({by})", str(value))
+
+
+class PathArg(Constraint):
+    """A path (str or os.PathLike) -> a Path with ~ expanded (None too when none=True); `what` says which.
+    Whether it exists is the reader's question (FileNotFoundError, not a bad argument)."""
+
+    normalizes = True
+
+    def __init__(self, what: str = "a path", *, none: bool = False):
+        self.what, self.none = what, none
+
+    def check(self, name, value, args=None):
+        if value is None and self.none:
+            return None
+        if not isinstance(value, (str, os.PathLike)):
+            raise refuse(name, ("None or " if self.none else "") + f"{self.what} (str or os.PathLike)",
+                         describe(value), TypeError)
+        return Path(value).expanduser()
+
+    def bad_values(self):
+        return [5] + ([] if self.none else [None])
+
+    def shown(self, value):
+        return type(value).__name__
+
+
+class Has(Constraint):
+    """An object with the named methods (duck-typed: a tokenizer, a task); `what` names it in the message."""
+
+    def __init__(self, *methods: str, what: str):
+        self.methods, self.what = methods, what
+
+    def check(self, name, value, args=None):
+        if not all(callable(getattr(value, m, None)) for m in self.methods):
+            raise refuse(name, self.what, describe(value), TypeError)
+        return value
+
+    def bad_values(self):
+        return [5, "x", None]
+
+    def shown(self, value):
+        return type(value).__name__
+
+
+class StepCounts(Constraint):
+    """A non-empty collection of step counts (ints >= 0) -> a sorted list without repeats."""
+
+    def check(self, name, value, args=None):
+        want = "a non-empty list of non-negative step counts (ints >= 0)"
+        many = list(value) if isinstance(value, Iterable) and not isinstance(value, (str, bytes)) else None
+        if many is None or not all(is_int(s) for s in many):
+            raise refuse(name, want, describe(value), TypeError)
+        steps = sorted({int(s) for s in many})
+        if not steps or steps[0] < 0:
+            raise refuse(name, want, str(steps))
+        return steps
+
+    def bad_values(self):
+        return [[], [-1, 2], "10", 2.5]
+
+    def shown(self, value):
+        return describe(value) if isinstance(value, (str, float)) else str(sorted(set(value)))
+
+
+class DistinctNames(Constraint):
+    """A non-empty tuple (or list) of distinct names from `choices` -> a tuple."""
+
+    normalizes = True
+
+    def __init__(self, *choices: str):
+        self.choices = choices
+
+    def check(self, name, value, args=None):
+        want = f"names from {self.choices}, a non-empty tuple without repeats"
+        if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
+            raise refuse(name, want, describe(value), TypeError)
+        value = tuple(value)
+        unknown = [v for v in value if v not in self.choices]
+        if not value or unknown or len(set(value)) != len(value):
+            got = (f"unknown {unknown[0]!r} in {value}" if unknown else f"{value} (a name repeats)" if value
+                   else "an empty tuple ()")
+            raise refuse(name, want, got)
+        return value
+
+    def bad_values(self):
+        return [("nonsense",), "x", (), 5]
+
+
+class Seq(Constraint):
+    """Exactly n values, each held to `item` (named name[i] in its messages) -> a tuple; `what` says it all."""
+
+    normalizes = True
+
+    def __init__(self, item: Constraint, n: int, what: str):
+        self.item, self.n, self.what = item, n, what
+
+    def check(self, name, value, args=None):
+        if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)) or len(value) != self.n:
+            raise refuse(name, self.what, describe(value), TypeError)
+        return tuple(self.item.check(f"{name}[{i}]", v, args) for i, v in enumerate(value))
+
+    def bad_values(self):
+        return ["ab", [1.0] * (self.n + 1)]
+
+    def shown(self, value):
+        return describe(value)
+
+
+def missing_package(what: str, package: str, hint: str = "") -> ValueError:
+    """The error for an optional package that is not installed: "<what> needs the package <package> (pip install
+    <package>)" and how else to go on. Returns the exception; the caller raises it (from None)."""
+    return ValueError(f"{what} needs the package {package} (pip install {package})" + (f"; {hint}" if hint else ""))
+
+
+# --- constraints added for views
+# Patterns the views (analysis, evaluate, figures, widgets) check at many doors, declared once here.
+class Names(Constraint):
+    """A non-empty list of names, each from an allowed set -> a list. `allowed` is a tuple, or a function of the
+    arguments bound so far when the set depends on one (a model's cache names)."""
+
+    def __init__(self, allowed, what: str = "names", example: str = ""):
+        self.allowed, self.what, self.example = allowed, what, example
+
+    def check(self, name, value, args=None):
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
+            raise refuse(name, f"a non-empty list of {self.what}{self.example}", describe(value), TypeError)
+        allowed = list(self.allowed(args) if callable(self.allowed) else self.allowed)
+        unknown = [v for v in value if not isinstance(v, str) or v not in allowed]
+        if unknown:   # a set read from another argument is that model's ("cache names of this model")
+            where = " of this model" if callable(self.allowed) else ""
+            raise refuse(name, f"{self.what}{where}", str(unknown), hint=f"allowed: {allowed}")
+        return list(value)
+
+    def bad_values(self):
+        return ["nonsense", [], ["nonsense"], [5]]
+
+    def shown(self, value):
+        return "list" if value == [] else None
+
+
+class Strings(Constraint):
+    """Exactly n strings (a list or tuple) -> a tuple; `what` says what each is, e.g. "(model, other)"."""
+
+    def __init__(self, n: int, what: str = ""):
+        self.n, self.what = n, what
+
+    def check(self, name, value, args=None):
+        if not (isinstance(value, (tuple, list)) and len(value) == self.n and all(isinstance(s, str) for s in value)):
+            raise refuse(name, f"{self.n} strings {self.what}".rstrip(), repr(value))
+        return tuple(value)
+
+    def bad_values(self):
+        return ["ab", ("a",), ("a", 5)]
+
+
+class Array(Constraint):
+    """A numeric array-like with one of the given numbers of dimensions (`check_array`) -> float64; `what` names
+    the shape in the message, e.g. "1-D (t − 1,)"."""
+
+    def __init__(self, ndim, what: str = "", *, finite: bool = True):
+        self.ndim, self.what, self.finite = ndim, what, finite
+
+    def check(self, name, value, args=None):
+        return check_array(name, value, self.ndim, finite=self.finite, what=self.what)
+
+    def bad_values(self):
+        dims = (self.ndim,) if isinstance(self.ndim, int) else tuple(self.ndim)
+        return ["x", np.zeros((2,) * (max(dims) + 1))] + ([np.full((2,) * max(dims), np.nan)] if self.finite else [])
+
+    def shown(self, value):
+        return "str" if isinstance(value, str) else ""
+
+
+def check_indices(name: str, value: Any, n: int, *, flatten: bool = False) -> np.ndarray:
+    """A list or 1-D array of int positions in 0..n-1 (points, rows) -> (m,) int64 ([] too); flatten=True
+    takes any shape of them."""
+    want = f"a list of indices (ints in 0..{n - 1})"
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__len__"):
+        raise refuse(name, want, describe(value), TypeError)
+    idx = np.asarray(value.detach().cpu() if isinstance(value, torch.Tensor) else value)
+    idx = idx.reshape(-1) if flatten else idx
+    if idx.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer):
+        raise refuse(name, want, describe(value), TypeError)
+    bad = idx[(idx < 0) | (idx >= n)]
+    if bad.size:
+        raise refuse(name, f"indices in 0..{n - 1}", f"{describe(value)} ({bad.size} out of range, e.g. "
+                                                      f"{int(bad[0])})")
+    return idx.astype(np.int64)
+

@@ -15,7 +15,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ._checks import Choice, Int, check_array, check_choice, check_float, check_int, checked, describe, is_int
+from ._checks import (Choice, Int, Names, check_array, check_choice, check_float, check_indices, check_int,
+                      checked, describe, is_int, refuse)
 from .layers import SITE_WEIGHTS
 from .comparison import comparison_logits
 from .contracts import Inputs, Model, check_ybar_array
@@ -23,7 +24,7 @@ from .geometry import PCA
 from .losses import LOSS_TERMS, per_position_loss
 from .sequences import (IGNORE_INDEX, ByteTokenizer, Sequences, as_model_input, model_device, concat_sequences, eval_mode,  # noqa: F401
                         label_boundary, model_task, prepare_sequences, require_cgt, token_strings,
-                        check_baseline, check_lengths, check_scored, check_templates)
+                        Baseline, Site, _parse_site, check_lengths, check_scored, check_templates)
 
 PROJECTIONS = ("pca", "umap", "tsne")
 
@@ -36,7 +37,7 @@ def collect_ybar(model, inputs: torch.Tensor, batch_size: int = 64) -> np.ndarra
 
 
 @torch.no_grad()
-def _collect_ybar(model, inputs: torch.Tensor, batch_size: int) -> np.ndarray:
+def _collect_ybar(model, inputs: torch.Tensor, batch_size: int = 64) -> np.ndarray:
     """collect_ybar for arguments its caller checked: nothing is checked again (a range check of the ids
     per chunk would be a host sync per chunk on a GPU)."""
     dev = next(model.parameters()).device
@@ -47,15 +48,10 @@ def _collect_ybar(model, inputs: torch.Tensor, batch_size: int) -> np.ndarray:
 
 
 @torch.no_grad()
-@checked(model=Model(), inputs=Inputs("model"), batch_size=Int(1))
+@checked(model=Model(), inputs=Inputs("model"), names=Names(lambda args: args["model"].cache_names(), "cache names",
+                                                           " (e.g. ['ybar'])"), batch_size=Int(1))
 def collect_cache(model, inputs: torch.Tensor, names: Sequence[str], batch_size: int = 64) -> dict[str, np.ndarray]:
     """The named outputs of `run_with_cache` (e.g. "ybar", "coeffs.3.attn_in"): {name: (n, t, ...)}."""
-    allowed = model.cache_names()
-    if isinstance(names, (str, bytes)) or not isinstance(names, (list, tuple)) or not names:
-        raise TypeError(f"names must be a non-empty list of cache names (e.g. ['ybar']), got {describe(names)}")
-    unknown = [nm for nm in names if not isinstance(nm, str) or nm not in allowed]
-    if unknown:
-        raise ValueError(f"names must be cache names of this model, got {unknown}; allowed: {allowed}")
     dev = next(model.parameters()).device
     out: dict[str, list[torch.Tensor]] = {nm: [] for nm in names}
     with eval_mode(model):
@@ -75,22 +71,23 @@ def select_positions(lengths: np.ndarray, positions: Any = "all",
     """
     lengths = check_lengths(lengths)
     want = "'all', 'ends', an int k >= 1 (every k-th token) or a non-empty list of positions (ints >= 0)"
+    ok = True
     if isinstance(positions, str):
         check_choice("positions", positions, ("all", "ends"))
     elif is_int(positions):
-        if positions < 1:
-            raise ValueError(f"positions must be {want}, got {positions}")
+        ok = positions >= 1
     elif isinstance(positions, (list, tuple, np.ndarray, torch.Tensor)):
         flat = np.asarray(positions.detach().cpu() if isinstance(positions, torch.Tensor) else positions, dtype=object)
-        if flat.ndim != 1 or len(flat) == 0 or not all(is_int(q) for q in flat) or min(flat) < 0:
-            raise ValueError(f"positions must be {want}, got {describe(positions)}")
-        listed = np.asarray(flat.tolist(), dtype=np.int64)
+        ok = flat.ndim == 1 and len(flat) > 0 and all(is_int(q) for q in flat) and min(flat) >= 0
+        listed = np.asarray(flat.tolist(), dtype=np.int64) if ok else None
     else:
-        raise ValueError(f"positions must be {want}, got {describe(positions)}")
+        ok = False
+    if not ok:
+        raise refuse("positions", want, describe(positions))
     if boundary is not None:
         boundary = np.asarray(boundary)
         if boundary.shape != lengths.shape or not np.issubdtype(boundary.dtype, np.integer):
-            raise ValueError(f"boundary must be one int per sequence ({len(lengths)}), got {describe(boundary)}")
+            raise refuse("boundary", f"one int per sequence ({len(lengths)})", describe(boundary))
     seqs, poss = [], []
     for i, length in enumerate(lengths):
         if isinstance(positions, str) and positions == "all":
@@ -105,9 +102,10 @@ def select_positions(lengths: np.ndarray, positions: Any = "all",
         seqs.append(np.full(len(p), i, dtype=np.int64))
         poss.append(np.asarray(p, dtype=np.int64))
     seq, pos = np.concatenate(seqs), np.concatenate(poss)
-    if len(seq) == 0:
-        raise ValueError(f"positions={positions!r} selects no token of these sequences (lengths "
-                         f"{lengths.tolist()[:8]}); positions must be below the longest length {int(lengths.max(initial=0))}")
+    if len(seq) == 0:   # a cross-argument check: the positions against these lengths
+        raise refuse("positions", f"below the longest length {int(lengths.max(initial=0))}",
+                     f"positions={positions!r}, which selects no token of these sequences (lengths "
+                     f"{lengths.tolist()[:8]})")
     return seq, pos
 
 
@@ -133,14 +131,7 @@ class Points:
 
     def take(self, rows: np.ndarray) -> "Points":
         """The subset of points `rows` (an index array), in that order."""
-        raw = np.asarray(rows)
-        if raw.size and (raw.dtype.kind not in "iu" or raw.ndim != 1):
-            raise TypeError(f"rows must be a 1-D array of int indices, got {describe(rows)}")
-        rows = raw.astype(np.int64)
-        if rows.size and (rows.min() < 0 or rows.max() >= len(self.ybar)):
-            bad = rows[(rows < 0) | (rows >= len(self.ybar))]
-            raise ValueError(f"rows must be indices in 0..{len(self.ybar) - 1}, got {len(bad)} outside, e.g. "
-                             f"{bad[:5].tolist()}")
+        rows = check_indices("rows", rows, len(self.ybar))
         return Points(self.ybar[rows], self.seq[rows], self.pos[rows], self.token_id[rows], self.token[rows],
                       self.hover[rows], None if self.label is None else self.label[rows], self.half[rows])
 
@@ -237,7 +228,7 @@ def _as_points(X: Any, name: str = "X", cols: int | None = None) -> np.ndarray:
     """Finite points (N, e) with e >= 1 (or exactly `cols` columns) -> float32."""
     X = check_array(name, X, 2, cols=cols, what="2-D (points, features)")
     if X.shape[1] == 0:
-        raise ValueError(f"{name} must have at least one feature column, got shape {X.shape}")
+        raise refuse(name, "at least one feature column", f"shape {X.shape}", verb="have")
     return X.astype(np.float32)
 
 
@@ -254,10 +245,10 @@ class Projector:
     def __init__(self, method: str = "pca", seed: int = 0, dims: int = 2, **params):
         self.dims = dims
         if method == "pca" and params:
-            raise TypeError(f"params must be empty for a pca projection (it has no settings), got {sorted(params)}")
+            raise refuse("params", "empty for a pca projection (it has no settings)", str(sorted(params)), TypeError)
         if "n_components" in params:
-            raise TypeError(f"params must not set n_components: the projection is always 2-D, got "
-                            f"{describe(params['n_components'])}")
+            raise refuse("params", "n_components: dims sets the projection's dimensions",
+                         describe(params["n_components"]), TypeError, verb="not set")
         if method == "umap" and "n_neighbors" in params:
             check_int("n_neighbors", params["n_neighbors"], 2)
         if method == "tsne" and "perplexity" in params:
@@ -273,7 +264,8 @@ class Projector:
         known = set(inspect.signature(reducer_cls).parameters) - {"n_components"}
         unknown = sorted(set(self.params) - known)
         if unknown:
-            raise TypeError(f"params {unknown} are not {self.method} settings; allowed: {sorted(known)}")
+            raise refuse("params", f"{self.method} settings", str(unknown), TypeError, f"allowed: {sorted(known)}",
+                         verb="name")
         if "n_neighbors" in self.params:
             check_int("n_neighbors", self.params["n_neighbors"], 2, n - 1, hint=f" (fewer than the {n} points)")
         if "perplexity" in self.params:
@@ -286,17 +278,17 @@ class Projector:
         n = X.shape[0]
         need = 2 if self.method == "pca" else 4
         if n < need:
-            raise ValueError(f"X must have at least {need} points, got {n} (a {self.method} projection; "
-                             f"shape {X.shape})")
+            raise refuse("X", f"at least {need} points", f"{n} (a {self.method} projection; shape {X.shape})",
+                         verb="have")
         self._width = X.shape[1]
         if self.method != "pca":   # identical points crash t-SNE (a segfault in scikit-learn) and make UMAP NaN
             spread = float(np.ptp(X, axis=0).max()) if X.size else 0.0
             distinct = len(np.unique(X, axis=0)) if spread > 0 else 1
             if spread <= 1e-12 * max(1.0, float(np.abs(X).max())) or distinct < need:
-                raise ValueError(f"X must hold at least {need} distinct points with some spread for a {self.method} "
-                                 f"projection, got {n} points of which {distinct} distinct (largest range per "
-                                 f"dimension {spread:.3g}): ȳ is constant here (an untrained or collapsed model?); "
-                                 f"use projection='pca', or points from a trained model")
+                raise refuse("X", f"at least {need} distinct points with some spread for a {self.method} projection",
+                             f"{n} points of which {distinct} distinct (largest range per dimension {spread:.3g})",
+                             hint="ȳ is constant here (an untrained or collapsed model?); use projection='pca', or "
+                                  "points from a trained model", verb="hold")
         if self.method == "pca":
             self.reducer = PCA(self.dims)
             Y = self.reducer.fit_transform(X)
@@ -354,7 +346,7 @@ def stratified_subsample(strata: np.ndarray, cap: int, seed: int = 0) -> np.ndar
         strata = strata.detach().cpu().numpy()
     strata = np.asarray(strata) if not isinstance(strata, (str, bytes)) else np.asarray(None)
     if strata.ndim != 1:
-        raise ValueError(f"strata must be a 1-D array with one label per point, got {describe(strata)}")
+        raise refuse("strata", "a 1-D array with one label per point", describe(strata))
     n = len(strata)
     if n <= cap:
         return np.arange(n)
@@ -384,7 +376,7 @@ def token_smoothness(ybar: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     (n, t, e) -> two (n, t)), NaN at t = 0 (no predecessor)."""
     ybar = check_array("ybar", ybar, range(8))            # numbers, finite; the shape is checked next
     if ybar.ndim not in (2, 3) or ybar.shape[-2] < 1 or ybar.shape[-1] < 1:   # t = 1 is all NaN: a one-token text
-        raise ValueError(f"ybar must have shape (t, e) or (n, t, e) with t, e >= 1, got shape {ybar.shape}")
+        raise refuse("ybar", "shape (t, e) or (n, t, e) with t, e >= 1", f"shape {ybar.shape}", verb="have")
     prev, cur = ybar[..., :-1, :], ybar[..., 1:, :]
     step = np.linalg.norm(cur - prev, axis=-1)
     denom = np.linalg.norm(cur, axis=-1) * np.linalg.norm(prev, axis=-1)
@@ -397,33 +389,27 @@ def token_smoothness(ybar: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def parse_site(model, site: Any) -> tuple[int, str]:
     """A site κ as (layer ν, name) from "ν.name" or (ν, name); ValueError listing the model's sites."""
     require_cgt(model)
-    allowed = list(model.template_sites)
-    if isinstance(site, str) and "." in site:
-        layer, _, name = site.partition(".")
-        key = (int(layer), name) if layer.isdigit() else None
-    elif isinstance(site, (tuple, list)) and len(site) == 2 and is_int(site[0]) and isinstance(site[1], str):
-        key = (int(site[0]), site[1])
-    else:
-        key = None
-    if key not in allowed:
-        raise ValueError(f"site must be one of {[f'{lay}.{s}' for lay, s in allowed]} (or a (layer, site) pair), "
-                         f"got {describe(site)}")
-    return key
+    return _parse_site(model, site)
 
 
 @torch.no_grad()
 def site_coefficients(model, ybar: np.ndarray, site: Any) -> np.ndarray:
     """c^κ(ȳ) for one site: ybar (..., e) -> (..., K)."""
-    layer, name = parse_site(model, site)
-    y = check_ybar_array(model.config, ybar, "ybar", (1, 2, 3), "(..., d_y)")
-    return model.coefficients(as_model_input(model, y))[f"{layer}.{name}"].float().cpu().numpy()
+    site = parse_site(model, site)
+    return _site_coefficients(model, check_ybar_array(model.config, ybar, "ybar", (1, 2, 3), "(..., d_y)"), site)
+
+
+def _site_coefficients(model, ybar: np.ndarray, site: tuple[int, str]) -> np.ndarray:
+    """site_coefficients for arguments its caller checked (a view's own ȳ)."""
+    with torch.no_grad():
+        return model._coefficients(as_model_input(model, ybar))["{}.{}".format(*site)].float().cpu().numpy()
 
 
 def mean_abs_by_label(coeffs: np.ndarray, labels: np.ndarray) -> tuple[list, np.ndarray]:
     """Mean |c_k| per label: coeffs (N, K), labels (N,) -> (label names (L,), (L, K))."""
     coeffs, labels = np.asarray(coeffs), np.asarray(labels)
     if coeffs.ndim != 2 or len(labels) != len(coeffs):
-        raise ValueError(f"coeffs must be (N, K) and labels (N,); got {coeffs.shape} and {labels.shape}")
+        raise refuse("coeffs", "(N, K) and labels (N,)", f"{coeffs.shape} and {labels.shape}")
     keys = labels.astype(str)
     names = list(dict.fromkeys(keys.tolist()))
     table = np.stack([np.abs(coeffs[keys == nm]).mean(0) for nm in names]) if names else np.zeros((0, coeffs.shape[1]))
@@ -433,12 +419,19 @@ def mean_abs_by_label(coeffs: np.ndarray, labels: np.ndarray) -> tuple[list, np.
 @torch.no_grad()
 def delta_w_singular_values(model, ybar_vec: np.ndarray, site: Any) -> np.ndarray:
     """Singular values of the effective update ΔW(ȳ) = B @ A at one site for one summary ȳ (e,) -> (K·r,)."""
-    layer, name = parse_site(model, site)
-    weight_name = f"blocks.{layer - 1}.{SITE_WEIGHTS[name]}.weight"
+    site = parse_site(model, site)
     y = check_ybar_array(model.config, ybar_vec, "ybar_vec", (1, 2, 3), "(d_y,)")
     if y.ndim != 1:
-        raise ValueError(f"ybar_vec must be one summary of shape (d_y,), got shape {y.shape}")
-    y = as_model_input(model, y)
+        raise refuse("ybar_vec", "one summary of shape (d_y,)", f"shape {y.shape}")
+    return _delta_w_singular_values(model, y, site)
+
+
+@torch.no_grad()
+def _delta_w_singular_values(model, ybar_vec: np.ndarray, site: tuple[int, str]) -> np.ndarray:
+    """delta_w_singular_values for arguments its caller checked (a view's own ȳ (e,))."""
+    layer, name = site
+    weight_name = f"blocks.{layer - 1}.{SITE_WEIGHTS[name]}.weight"
+    y = as_model_input(model, ybar_vec)
     lora_a, lora_b = model.lora_factors(y)[weight_name]                 # A (K·r, i), B (o, K·r)
     # ΔW = B A has rank ≤ K·r: its singular values are those of R_B R_Aᵀ from two thin QRs (cheap)
     r_b = torch.linalg.qr(lora_b.double())[1]
@@ -454,21 +447,30 @@ def _masked_mean(loss: torch.Tensor, valid: torch.Tensor, dim=None) -> torch.Ten
     return torch.where(s > 0, (loss * w).sum(dim) / s.clamp_min(1.0), torch.full_like(s, float("nan")))
 
 
-@torch.no_grad()
+@checked(model=Model(), site=Site())
 def template_ablation(model, inputs: torch.Tensor, targets: torch.Tensor, site: Any,
                       loss_mask: torch.Tensor | None = None, templates: Sequence[int] | None = None) -> dict:
     """Δ main loss when one template is switched off (c_k = 0, `model(..., ablate=...)`): {"base": float,
     "templates": (k,), "delta": (k,)}. inputs, targets, loss_mask as for `model.loss`; nothing in the model changes."""
-    layer, name = parse_site(model, site)
     K = model.config.n_templates
     ks = list(range(K)) if templates is None else check_templates(templates, K)
     inputs, targets, loss_mask = check_scored(model, inputs, targets, loss_mask)
+    return _template_ablation(model, inputs, targets, site, loss_mask, ks)
+
+
+@torch.no_grad()
+def _template_ablation(model, inputs: torch.Tensor, targets: torch.Tensor, site: tuple[int, str],
+                       loss_mask: torch.Tensor | None, ks: list[int]) -> dict:
+    """template_ablation for arguments its caller checked: every pass is the model's unchecked `_full`, so the
+    ids are not checked again once per template."""
+    layer, name = site
     dev = model_device(model)
     inputs, targets = inputs.to(dev), targets.to(dev)
     loss_mask = None if loss_mask is None else loss_mask.to(dev)
 
     def main_loss(ablate=None) -> float:
-        return float(_masked_mean(*per_position_loss(model.config.mode, model(inputs, ablate=ablate), targets, loss_mask)))
+        logits = model._full(inputs, ablate=ablate)[0]
+        return float(_masked_mean(*per_position_loss(model.config.mode, logits, targets, loss_mask)))
 
     with eval_mode(model):
         base = main_loss()
@@ -477,7 +479,7 @@ def template_ablation(model, inputs: torch.Tensor, targets: torch.Tensor, site: 
 
 
 # ---------------------------------------------------------------------------------------------- compare
-@torch.no_grad()
+@checked(model=Model(), no_context=Baseline("model"))
 def compare_losses(model, inputs: torch.Tensor, targets: torch.Tensor, split: int,
                    loss_mask: torch.Tensor | None = None, no_context: torch.nn.Module | None = None) -> dict:
     """Per-position loss after the split s, averaged over rows: prompted (full model, prompt in context),
@@ -487,15 +489,20 @@ def compare_losses(model, inputs: torch.Tensor, targets: torch.Tensor, split: in
     "specialized", "no_context": (m,) each (NaN where no row scores that position)}.
     no_context: a cached `model.x_only()` to reuse (made here when None).
     """
-    require_cgt(model)
     inputs, targets, loss_mask = check_scored(model, inputs, targets, loss_mask)
     t = inputs.shape[1]
     if t < 2:
-        raise ValueError(f"inputs must have at least 2 positions to split into a prefix and a suffix, got shape "
-                         f"{tuple(inputs.shape)}")
+        raise refuse("inputs", "at least 2 positions to split into a prefix and a suffix", f"shape {tuple(inputs.shape)}",
+                     verb="have")
     split = check_int("split", split, 1, t - 1, hint=" (prefix and suffix non-empty)")
-    if no_context is not None:
-        check_baseline(model, no_context, "no_context")
+    return _compare_losses(model, inputs, targets, split, loss_mask, no_context)
+
+
+@torch.no_grad()
+def _compare_losses(model, inputs: torch.Tensor, targets: torch.Tensor, split: int, loss_mask: torch.Tensor | None,
+                    no_context: torch.nn.Module | None) -> dict:
+    """compare_losses for arguments its caller checked (`comparison_logits` checks nothing again)."""
+    t = inputs.shape[1]
     dev, mode = model_device(model), model.config.mode
     inputs, targets = inputs.to(dev), targets.to(dev)
     mask = None if loss_mask is None else loss_mask.to(dev)
@@ -528,7 +535,7 @@ def training_series(history: Any) -> tuple[Series, Series]:
     if isinstance(history, (list, tuple)):
         for rec in history:
             if not isinstance(rec, dict) or "step" not in rec:
-                raise ValueError(f"history records must be dicts with a 'step', got {rec!r}")
+                raise refuse("history records", "dicts with a 'step'", repr(rec))
             target = evals if rec.get("kind") == "eval" else steps if rec.get("kind", "step") == "step" else None
             if target is None:
                 continue
@@ -551,8 +558,8 @@ def training_series(history: Any) -> tuple[Series, Series]:
                 if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
                     evals.setdefault(k, []).append((rec.get("step", len(evals.get(k, []))), float(v)))
     else:
-        raise TypeError(f"history must be a TrainHistory, a dict of lists or a list of callback records, "
-                        f"got {type(history).__name__}")
+        raise refuse("history", "a TrainHistory, a dict of lists or a list of callback records", type(history).__name__,
+                     TypeError)
 
     def arrays(d):
         return {k: (np.array([s for s, _ in v], dtype=np.int64), np.array([x for _, x in v], dtype=np.float64))

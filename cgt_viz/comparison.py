@@ -20,14 +20,23 @@ MODES = ("prompted", "specialized", "no_context", "baseline")
 @torch.no_grad()
 def comparison_logits(model, inputs: torch.Tensor, split: int, no_context: torch.nn.Module,
                       baseline: torch.nn.Module | None = None, other_row: bool = False) -> dict[str, torch.Tensor]:
-    """{mode: logits (b, t − s, v) on the continuation} for the modes above (checked inputs, model's device)."""
+    """{mode: logits (b, t − s, v) on the continuation} for the modes above (checked inputs, model's device).
+
+    Its callers check the model and the rows at their door: the passes here are the models' unchecked ones,
+    so the rows are not checked again once per mode."""
     suffix = inputs[:, split:]
-    ybar = model.context(inputs[:, :split])[:, -1]                  # (b, e): the summary of the prompt
-    out = {"prompted": model(inputs)[:, split:],
-           "specialized": model.forward_specialized(suffix, ybar),
-           "no_context": no_context(suffix)}
+    ybar = model._context(inputs[:, :split])[:, -1]                 # (b, e): the summary of the prompt
+    out = {"prompted": model._full(inputs)[0][:, split:],
+           "specialized": model._specialized(suffix, ybar),
+           "no_context": _unchecked(no_context, suffix)}
     if baseline is not None:
-        out["baseline"] = baseline(inputs)[:, split:]
+        out["baseline"] = _unchecked(baseline, inputs)[:, split:]
     if other_row:
-        out["other_row"] = model.forward_specialized(suffix, ybar.roll(1, 0))
+        out["other_row"] = model._specialized(suffix, ybar.roll(1, 0))
     return out
+
+
+def _unchecked(gpt: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """A plain model's logits: a cgt_viz GPT's unchecked pass, or a call (the LM of a CGTLM checks nothing)."""
+    step = getattr(gpt, "_step", None)
+    return step(inputs, None, 0) if callable(step) else gpt(inputs)

@@ -9,7 +9,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 
-from ._checks import Bool, Choice, Float, Int, check_dict, check_int, describe
+from ._checks import Bool, Choice, Float, Instance, Int, DistinctNames, check_dict, check_divisible, check_int, refuse
 from .losses import SMOOTHNESS
 from .sites import SITES, site_width
 
@@ -43,6 +43,7 @@ FIELD_CONSTRAINTS = {
     "aux_min_prefix": Int(1), "aux_min_suffix": Int(1), "aux_suffix_len": Int(1, none=True),
     "aux_row_fraction": Float(0.0, 1.0, lo_open=True),
     "aux_ce": Float(0.0), "aux_kl": Float(0.0), "aux_kl_top_k": Int(1, none=True, hint=" (None: the whole vocabulary)"),
+    "sites": DistinctNames(*SITES), "extra": Instance(dict, "a dict (free-form metadata)"),
 }
 
 
@@ -90,51 +91,39 @@ class CGTConfig:
     extra: dict = field(default_factory=dict)  # free-form metadata (task name, tokenizer, ...)
 
     def __post_init__(self) -> None:
-        if isinstance(self.sites, str) or not isinstance(self.sites, (tuple, list)):
-            raise TypeError(f"sites must be a tuple of site names from {SITES}, got {describe(self.sites)}")
-        self.sites = tuple(self.sites)
+        self.sites = FIELD_CONSTRAINTS["sites"].check("sites", self.sites)   # a list becomes a tuple
         self.validate()
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
         if (self.vocab_size is None) == (self.input_dim is None):
-            raise ValueError(
-                "set exactly one of vocab_size (tokens mode) or input_dim (vectors mode); "
-                f"got vocab_size={self.vocab_size!r}, input_dim={self.input_dim!r}")
+            raise refuse("exactly one of vocab_size (tokens mode) or input_dim (vectors mode)", "set",
+                         f"vocab_size={self.vocab_size!r}, input_dim={self.input_dim!r}")
         if self.vocab_size is not None:
             check_int("vocab_size", self.vocab_size, 2)
             if self.output_dim is not None:
-                raise ValueError(f"output_dim is for vectors mode only and must be None with vocab_size set; "
-                                 f"got output_dim={self.output_dim!r} with vocab_size={self.vocab_size}")
+                raise refuse("output_dim", "None with vocab_size set (it is for vectors mode only)",
+                             f"output_dim={self.output_dim!r} with vocab_size={self.vocab_size}")
         else:
             check_int("input_dim", self.input_dim, 1)
             check_int("output_dim", self.output_dim, 1, allow_none=True)
         for name, constraint in FIELD_CONSTRAINTS.items():
             constraint.check(name, getattr(self, name))
+        # the checks that relate fields to each other
         if self.token_shift == "pair" and self.vocab_size is None:
-            raise ValueError("token_shift='pair' embeds token pairs and needs tokens mode (vocab_size); in vectors "
-                             "mode use token_shift='previous' or 'none'")
-        if self.d_x % self.n_head:
-            raise ValueError(f"d_x must be divisible by n_head; got d_x={self.d_x}, n_head={self.n_head}")
-        if self.d_y % self.n_head_y:
-            raise ValueError(f"d_y must be divisible by n_head_y; got d_y={self.d_y}, n_head_y={self.n_head_y}")
+            raise refuse("token_shift", "'previous' or 'none' in vectors mode", "'pair'",
+                         hint="token_shift='pair' embeds token pairs and needs tokens mode (vocab_size)")
+        check_divisible("d_x", self.d_x, self.n_head, "n_head")
+        check_divisible("d_y", self.d_y, self.n_head_y, "n_head_y")
         check_int("y_layer", self.y_layer, 1, self.n_layer - 1, hint=" (1..n_layer-1)")
-        if not self.sites:
-            raise ValueError(f"sites must name at least one of {SITES}, got an empty tuple ()")
-        for s in self.sites:
-            if s not in SITES:
-                raise ValueError(f"sites must be names from {SITES}; unknown site {s!r} in sites={self.sites}")
-        if len(set(self.sites)) != len(self.sites):
-            raise ValueError(f"sites must not repeat a name, got {self.sites}")
         if self.aux_min_prefix + self.aux_min_suffix > self.block_size:
-            raise ValueError(f"aux_min_prefix + aux_min_suffix must be <= block_size = {self.block_size} (a split "
-                             f"must fit in the longest sequence), got aux_min_prefix={self.aux_min_prefix}, "
-                             f"aux_min_suffix={self.aux_min_suffix}")
+            raise refuse("aux_min_prefix + aux_min_suffix", f"<= block_size = {self.block_size} (a split must fit "
+                         f"in the longest sequence)", f"aux_min_prefix={self.aux_min_prefix}, "
+                         f"aux_min_suffix={self.aux_min_suffix}")
         if self.aux_ce == 0 and self.aux_kl == 0:
-            raise ValueError("aux_ce and aux_kl must not both be 0 (the aux term would score nothing); to turn the "
-                             "aux term off set w_aux=0")
-        if not isinstance(self.extra, dict):
-            raise TypeError(f"extra must be a dict (free-form metadata), got {describe(self.extra)}")
+            raise refuse("aux_ce and aux_kl", "both be 0 (the aux term would score nothing)",
+                         f"aux_ce={self.aux_ce}, aux_kl={self.aux_kl}", hint="to turn the aux term off set w_aux=0",
+                         verb="not")
 
     # ------------------------------------------------------------------ derived
     @property

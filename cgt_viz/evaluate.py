@@ -31,12 +31,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ._checks import Bool, Choice, Float, Instance, Int, Ints, check_array, check_float, check_int, checked, describe, is_number
+from ._checks import (Array, Bool, Choice, Float, Instance, Int, Ints, check_array, check_float, check_int, checked, describe,
+                      is_number, refuse)
 from .comparison import MODES, comparison_logits
 from .losses import per_position_loss
 from .model import CGT, GPT
 from .tasks.base import check_task_fits
-from .sequences import TextTask, model_device, check_baseline, eval_mode
+from .sequences import Baseline, TextTask, model_device, eval_mode
 
 
 
@@ -87,7 +88,7 @@ def _check_k_values(ks: tuple[int, ...], task) -> tuple[int, ...]:
         try:
             task.eval_batch(int(k), 1, generator=torch.Generator().manual_seed(0))
         except ValueError as err:
-            raise ValueError(f"k_values must be prompt sizes this task can build, got {list(ks)}: {err}") from None
+            raise refuse("k_values", "prompt sizes this task can build", f"{list(ks)}: {err}") from None
     return tuple(int(k) for k in ks)
 
 
@@ -98,7 +99,8 @@ _TEXT_CALL = dict(model=_MODEL, task=TextTask(), n_batches=Int(1), batch_size=In
 
 
 @torch.no_grad()
-@checked(model=_MODEL, k_values=Ints(1), n_batches=Int(1), batch_size=Int(1), seed=Int(0), check_merged=Bool())
+@checked(model=_MODEL, k_values=Ints(1), n_batches=Int(1), batch_size=Int(1), baseline=Baseline(), seed=Int(0),
+         check_merged=Bool())
 def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4, 8, 16), n_batches: int = 4,
                             batch_size: int = 64, baseline: GPT | None = None, seed: int = 0,
                             check_merged: bool = True) -> list[dict[str, Any]]:
@@ -116,7 +118,6 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
     merged check, NaN if skipped).
     """
     if baseline is not None:
-        check_baseline(model, baseline)
         check_task_fits(baseline, task, "task", needs="eval_batch")
     check_task_fits(model, task, needs="eval_batch")
     ks = _check_k_values(k_values, task)
@@ -132,7 +133,8 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
                 batch = task.eval_batch(k, batch_size, generator=gen, device=device)
                 split = batch.split
                 if split is None or int(split.min()) != int(split.max()):
-                    raise ValueError("task.eval_batch must return one prompt length (split) shared by all rows")
+                    raise refuse("task.eval_batch", "one prompt length (split) shared by all rows",
+                                 "no split" if split is None else f"splits {sorted(set(split.tolist()))}", verb="return")
                 s = int(split[0])
                 prompt, queries = batch.inputs[:, :s], batch.inputs[:, s:]
                 targets, mask = batch.targets[:, s:], batch.loss_mask[:, s:].bool()
@@ -149,7 +151,7 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
                     if correct is not None:
                         sums[mode][1] += float(correct[mask].sum())
             if n_scored == 0:
-                raise ValueError(f"task.eval_batch(k={k}) marked no held-out query positions in loss_mask")
+                raise refuse(f"task.eval_batch(k={k})", "held-out query positions in loss_mask", "none", verb="mark")
             row: dict[str, Any] = {"k": k, "n_scored": n_scored}
             modes = [m for m in MODES if m != "baseline" or baseline is not None]   # no baseline: no columns
             for mode in modes:
@@ -176,13 +178,12 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float]
     values: numbers; None, NaN and inf are skipped (e.g. a column that is NaN without a baseline)."""
     if isinstance(values, (torch.Tensor, np.ndarray)):
         values = np.asarray(values.detach().cpu() if isinstance(values, torch.Tensor) else values).ravel().tolist()
-    if isinstance(values, (str, bytes, dict)) or not isinstance(values, Iterable):
-        raise TypeError(f"values must be a sequence of numbers, got {describe(values)}")
-    values = list(values)
-    odd = [v for v in values if v is not None and not is_number(v)]
+    listed = not isinstance(values, (str, bytes, dict)) and isinstance(values, Iterable)
+    values = list(values) if listed else values
+    odd = [v for v in values if v is not None and not is_number(v)] if listed else [values]
     if odd:
-        raise TypeError(f"values must be a sequence of numbers (None and NaN are skipped), got {describe(odd[0])} "
-                        f"among them")
+        raise refuse("values", "a sequence of numbers (None and NaN are skipped)",
+                     describe(odd[0]) + (" among them" if listed else ""), TypeError)
     arr = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float)
     if arr.size == 0:
         return float("nan"), float("nan")
@@ -202,14 +203,14 @@ def seeds_summary(runs: Sequence[Sequence[dict]], by: str = "k", level: float = 
     (the half-width of the `level` t-interval; the name keeps "ci95" whatever the level).
     """
     if not isinstance(runs, (list, tuple)) or not runs or any(not isinstance(r, (list, tuple)) for r in runs):
-        raise TypeError(f"runs must be a non-empty list with one list of rows (dicts) per seed, got {describe(runs)}")
+        raise refuse("runs", "a non-empty list with one list of rows (dicts) per seed", describe(runs), TypeError)
     groups: dict[Any, list[dict]] = {}
     for rows in runs:
         for row in rows:
             if not isinstance(row, dict):
-                raise TypeError(f"runs must hold lists of rows (dicts), got a row {describe(row)}")
-            if by not in row:
-                raise ValueError(f"every row needs the column by={by!r}; got a row with {sorted(row)}")
+                raise refuse("runs", "lists of rows (dicts)", f"a row {describe(row)}", TypeError, verb="hold")
+            if by not in row:   # a cross-argument check: the column against the rows
+                raise refuse("by", "a column of every row", f"by={by!r} and a row with {sorted(row)}")
             groups.setdefault(row[by], []).append(row)
     out = []
     for key, rows in groups.items():
@@ -240,7 +241,8 @@ def collect_summaries(model: CGT, task, k: int = 8, n_batches: int = 4, batch_si
             batch = task.eval_batch(k, batch_size, generator=gen, device=device)
             key = "task_params" if "task_params" in batch.info else "w" if "w" in batch.info else None
             if key is None:
-                raise ValueError(f"{type(task).__name__} batches carry no hidden numbers ('task_params' or 'w') to probe")
+                raise refuse("task", "a task whose batches carry hidden numbers ('task_params' or 'w') to probe",
+                             type(task).__name__)
             s = int(batch.split[0])
             feats.append(model.context(batch.inputs[:, :s])[:, -1].float().cpu().numpy())
             targets.append(batch.info[key].cpu().numpy())
@@ -264,17 +266,15 @@ def linear_probe(features, targets, kind: str = "auto", test_fraction: float = 0
     Y = _labels_array("targets", targets, (1, 2))
     if Y.ndim == 1:
         Y = Y[:, None]
-    if X.shape[0] != Y.shape[0]:
-        raise ValueError(f"features must be (n, e) and targets (n,) or (n, m) with the same n; "
-                         f"got {X.shape} and {np.shape(targets)}")
+    _check_same_rows("features", X, "targets", Y, "(n,) or (n, m)")
     n_test = math.ceil(test_fraction * X.shape[0])       # how train_test_split rounds
     if X.shape[0] - n_test < 2:
-        raise ValueError(f"test_fraction must leave at least 2 of the {X.shape[0]} rows for training, "
-                         f"got {test_fraction}")
+        raise refuse("test_fraction", f"at least 2 of the {X.shape[0]} rows for training", str(test_fraction),
+                     verb="leave")
     if kind == "auto":
         kind = "regression" if np.issubdtype(Y.dtype, np.floating) else "classification"   # ints, bools, strings
     if kind == "regression" and not np.issubdtype(Y.dtype, np.number):
-        raise TypeError(f"targets must be numbers for a regression probe, got dtype {Y.dtype}")
+        raise refuse("targets", "numbers for a regression probe", f"dtype {Y.dtype}", TypeError)
     idx_train, idx_test = train_test_split(np.arange(X.shape[0]), test_size=test_fraction, random_state=seed)
     scaler = StandardScaler().fit(X[idx_train])
     Xtr, Xte = scaler.transform(X[idx_train]), scaler.transform(X[idx_test])
@@ -301,7 +301,7 @@ def smoothness_stats(ybar) -> dict[str, float]:
     if y.dim() == 2:
         y = y[None]
     if y.shape[1] < 2:
-        raise ValueError(f"ybar must be (t, e) or (b, t, e) with t >= 2 positions, got shape {tuple(y.shape)}")
+        raise refuse("ybar", "(t, e) or (b, t, e) with t >= 2 positions", f"shape {tuple(y.shape)}")
     prev, cur = y[:, :-1], y[:, 1:]
     return {"mean_step_norm": float((cur - prev).norm(dim=-1).mean()),
             "mean_cosine": float(F.cosine_similarity(cur, prev, dim=-1).mean())}
@@ -310,18 +310,23 @@ def smoothness_stats(ybar) -> dict[str, float]:
 def _labels_array(name: str, values: Any, ndim: int | tuple[int, ...]) -> np.ndarray:
     """Class labels or targets (numbers or strings) as an array with ndim dimensions and no NaN."""
     dims = (ndim,) if isinstance(ndim, int) else ndim
+    want = f"an array of shape {' or '.join('(n,)' if d == 1 else '(n, m)' for d in dims)}"
     if isinstance(values, torch.Tensor):
         values = values.detach().cpu().numpy()
     if isinstance(values, (str, bytes, dict)) or values is None or not hasattr(values, "__len__"):
-        raise TypeError(f"{name} must be an array of shape {' or '.join('(n,)' if d == 1 else '(n, m)' for d in dims)}, "
-                        f"got {describe(values)}")
+        raise refuse(name, want, describe(values), TypeError)
     arr = np.asarray(values)
     if arr.ndim not in dims or arr.dtype == object:
-        raise ValueError(f"{name} must be an array of shape {' or '.join('(n,)' if d == 1 else '(n, m)' for d in dims)}, "
-                         f"got shape {arr.shape} and dtype {arr.dtype}")
+        raise refuse(name, want, f"shape {arr.shape} and dtype {arr.dtype}")
     if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
-        raise ValueError(f"{name} must be finite, got {int((~np.isfinite(arr)).sum())} NaN or inf value(s)")
+        raise refuse(name, "finite", f"{int((~np.isfinite(arr)).sum())} NaN or inf value(s)")
     return arr
+
+
+def _check_same_rows(name: str, X: np.ndarray, other: str, Y: np.ndarray, other_shape: str) -> None:
+    """features X (n, e) and labels or targets Y with one row per row of X."""
+    if X.shape[0] != Y.shape[0]:
+        raise refuse(name, f"(n, e) and {other} {other_shape} with the same n", f"{X.shape} and {Y.shape}")
 
 
 # ---------------------------------------------------------------------------- text
@@ -386,8 +391,7 @@ def text_step_profile(model: CGT, task, boundary: int | None = None, window: int
     t = task.block_size
     boundary = t // 2 if boundary is None else check_int("boundary", boundary, 1, t - 1)
     if boundary + window > t or boundary <= window:
-        raise ValueError(f"window must fit after the boundary and leave positions before it (boundary {boundary}, "
-                         f"block_size {t}: window < {min(boundary, t - boundary + 1)}), got {window}")
+        raise _window_refused(window, boundary, t, f"block_size {t}")
     device = model_device(model)
     profiles = {}
     with eval_mode(model):
@@ -407,18 +411,22 @@ def text_step_profile(model: CGT, task, boundary: int | None = None, window: int
             "boundary": boundary, "window": window, "n_rows": n_batches * batch_size}
 
 
-@checked(boundary=Int(1), window=Int(1))
+@checked(steps=Array(1, "1-D (t − 1,)"), boundary=Int(1), window=Int(1))
 def step_window_means(steps, boundary: int, window: int) -> tuple[float, float]:
     """steps (t−1,): the mean step into positions p = 1..t−1 -> (its mean over the `window` positions from the
     boundary on, its mean elsewhere from position `window` on, where the prefix is no longer short)."""
-    steps = check_array("steps", steps, 1, what="1-D (t − 1,)")
     pos = np.arange(1, len(steps) + 1)
     after = (pos >= boundary) & (pos < boundary + window)
     elsewhere = ~after & (pos >= window)
     if boundary + window - 1 > len(steps) or not elsewhere.any():
-        raise ValueError(f"window must fit after the boundary and leave positions before it (boundary {boundary}, "
-                         f"{len(steps)} steps: window < {min(boundary, len(steps) - boundary + 2)}), got {window}")
+        raise _window_refused(window, boundary, len(steps) + 1, f"{len(steps)} steps")
     return float(steps[after].mean()), float(steps[elsewhere].mean())
+
+
+def _window_refused(window: int, boundary: int, t: int, where: str) -> ValueError:
+    """The step window against the boundary of rows of t positions (`where` says how the caller counts them)."""
+    return refuse("window", f"after the boundary and leave positions before it (boundary {boundary}, {where}: "
+                            f"window < {min(boundary, t - boundary + 1)})", str(window), verb="fit")
 
 
 @torch.no_grad()
@@ -454,12 +462,11 @@ def knn_topic_accuracy(features, labels, n_neighbors: int = 5, folds: int = 5, s
 
     X = check_array("features", features, 2, what="2-D (n, e)")
     y = _labels_array("labels", labels, 1)
-    if X.shape[0] != y.shape[0]:
-        raise ValueError(f"features must be (n, e) and labels (n,) with the same n; got {X.shape} and {y.shape}")
+    _check_same_rows("features", X, "labels", y, "(n,)")
     _, counts = np.unique(y, return_counts=True)
     if counts.min() < 2:
-        raise ValueError(f"labels must have at least 2 examples of every class for cross-validation; the "
-                         f"smallest class has {int(counts.min())}")
+        raise refuse("labels", "at least 2 examples of every class for cross-validation",
+                     f"a smallest class of {int(counts.min())}", verb="have")
     check_int("folds", folds, 2, int(counts.min()), hint=" (folds <= the size of the smallest class)")
     # the smallest training fold: every class gives up at most ceil(count / folds) rows to the test fold
     n_train = int(X.shape[0] - np.ceil(counts / folds).sum())

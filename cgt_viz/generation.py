@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._checks import Bool, Float, Int, checked, check_int
+from ._checks import Bool, Float, Int, checked, check_int, refuse
 from .contracts import check_inputs
 from .layers import KVCache
 
@@ -39,14 +39,16 @@ class Generation:
         cfg = self.config
         if cfg.mode != "tokens":
             raise ValueError("generate needs a tokens-mode model (vocab_size set); this one is in vectors mode")
-        if use_cache and hasattr(self, "stream"):
-            self.stream.refuse("a KV cache", "; pass use_cache=False")
+        if use_cache and "a KV cache" in getattr(getattr(self, "stream", None), "refuses", {}):
+            raise refuse("use_cache", "False", "True", hint=f"a KV cache is not available for a CGT over "
+                         f"{self.stream.family}: {self.stream.refuses['a KV cache']}")
         idx = check_inputs(cfg, idx, device=self.device)
         room = cfg.block_size - idx.shape[1]
         check_int("max_new_tokens", max_new_tokens, 1, max(room, 1),
                   hint=f" (block_size {cfg.block_size} - prompt length {idx.shape[1]})")
         if room < 1:
-            raise ValueError(f"idx already fills block_size = {cfg.block_size}; the prompt must be shorter to generate")
+            raise refuse("idx", f"fewer than block_size = {cfg.block_size} positions to generate after",
+                         f"{idx.shape[1]} positions (it already fills the block)", verb="have")
         cache = self.new_cache() if use_cache else None
         logits = self._step(idx, cache, 0)[:, -1]
         for i in range(max_new_tokens):

@@ -17,7 +17,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ._checks import Device, Folder, checked, describe
+from ._checks import Device, Folder, checked, describe, refuse
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -103,10 +103,26 @@ def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], meta
 
 def load_tensors(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     path = _existing_file(path, "weights file")
+    return _read_safetensors(path, lambda name: load_file(name, device=str(device)))
+
+
+def _read_safetensors(file: Path, read: Callable[[str], Any]) -> Any:
+    """read(file name), a file safetensors cannot read named as damaged (not a bare SafetensorError)."""
     try:
-        return load_file(str(path), device=str(device))
+        return read(str(file))
     except (SafetensorError, OSError, ValueError) as err:
-        raise ValueError(f"{str(path)!r} is not a readable safetensors file (truncated or tampered?): {err}") from None
+        raise ValueError(f"{str(file)!r} is not a readable safetensors file (truncated or tampered?): {err}") from None
+
+
+def _check_weights_match(file: Path, wrong: list[str], missing: list[str], unexpected: list[str], against: str,
+                         hint: str) -> None:
+    """ValueError naming how the weights in `file` differ from what `against` builds (shapes, missing, unexpected)."""
+    if wrong or missing or unexpected:
+        raise ValueError(f"the weights in {str(file)!r} do not match {against}: "
+                         + "; ".join(filter(None, [f"shapes differ ({'; '.join(wrong[:3])})" if wrong else "",
+                                                   f"missing {list(missing)[:5]}" if missing else "",
+                                                   f"unexpected {list(unexpected)[:5]}" if unexpected else ""]))
+                         + hint)
 
 
 def _checked_config(path: Path, saved: Any):
@@ -134,11 +150,11 @@ def _safetensors_header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     from safetensors import safe_open
     if not file.is_file():
         raise FileNotFoundError(f"no weights file at {str(file)!r}")
-    try:
-        with safe_open(str(file), framework="pt") as f:
+
+    def read(name: str) -> dict[str, tuple[tuple[int, ...], str]]:
+        with safe_open(name, framework="pt") as f:
             return {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
-    except (SafetensorError, OSError, ValueError) as err:
-        raise ValueError(f"{str(file)!r} is not a readable safetensors file (truncated or tampered?): {err}") from None
+    return _read_safetensors(file, read)
 
 
 def _check_sizes(path: Path, cfg: Any, header: dict) -> None:
@@ -215,8 +231,9 @@ def check_artefact_folder(path: Path, kind: str, writer: str, writes: str) -> No
     one kind, so a save never overwrites, or attaches itself to, another kind's files. The same kind may be re-saved."""
     other = [desc for k, desc in folder_artefacts(path).items() if k != kind]
     if other:
-        raise ValueError(f"path {str(path)!r} holds {' and '.join(other)}; {writer} writes {writes}: choose another "
-                         f"folder (or remove those files first). One folder holds one kind of artefact")
+        raise refuse("path", f"a folder {writer} may write {writes} into (one folder holds one kind of artefact)",
+                     f"{str(path)!r}, which holds {' and '.join(other)}",
+                     hint="choose another folder (or remove those files first)")
 
 
 def model_folder(path: Path, kind: str | None = None, writer: str = "save_pretrained", writes: str = "a model") -> Path:
@@ -254,8 +271,9 @@ class PretrainedMixin:
         if not isinstance(meta, dict) or "config" not in meta or "model_class" not in meta:
             raise ValueError(f"{str(path / CONFIG_NAME)!r} lacks 'model_class'/'config'; not a cgt_viz model folder")
         if meta["model_class"] != cls.__name__:
-            raise ValueError(f"path must hold a {cls.__name__} for {cls.__name__}.from_pretrained, but {str(path)!r} "
-                             f"holds a {meta['model_class']}; load it with {meta['model_class']}.from_pretrained")
+            raise refuse("path", f"a {cls.__name__} for {cls.__name__}.from_pretrained", f"{str(path)!r}, which holds "
+                         f"a {meta['model_class']}", hint=f"load it with {meta['model_class']}.from_pretrained",
+                         verb="hold")
         cfg = _checked_config(path, meta["config"])
         header = _safetensors_header(path / WEIGHTS_NAME)
         _check_sizes(path, cfg, header)
@@ -271,19 +289,13 @@ class PretrainedMixin:
             missing, unexpected = [], []
             wrong = [line.strip().replace("torch.Size", "").rstrip(".") for line in str(err).splitlines()
                      if "size mismatch" in line] or [str(err).splitlines()[0]]
-        if missing or unexpected or wrong:
-            raise ValueError(f"the weights in {str(path / WEIGHTS_NAME)!r} do not match its config.json: "
-                             + "; ".join(filter(None, [f"shapes differ ({'; '.join(wrong[:3])})" if wrong else "",
-                                                       f"missing {list(missing)[:5]}" if missing else "",
-                                                       f"unexpected {list(unexpected)[:5]}" if unexpected else ""]))
-                             + "; the config must be the one saved with these weights")
+        hint = "; the config must be the one saved with these weights"
+        _check_weights_match(path / WEIGHTS_NAME, wrong, missing, unexpected, "its config.json", hint)
         _check_memory(path, header)
         model = cls(cfg)
         state = load_tensors(path / WEIGHTS_NAME, device="cpu")
         missing, unexpected = model.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            raise ValueError(f"weights in {str(path)!r} do not match the config: missing {missing[:5]}, "
-                             f"unexpected {unexpected[:5]}")
+        _check_weights_match(path / WEIGHTS_NAME, [], missing, unexpected, "its config.json", hint)
         warn_non_finite(state, path / WEIGHTS_NAME)
         return model.to(device)
 

@@ -45,6 +45,7 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call
 
+from ._checks import StepCounts, checked, refuse
 from .contracts import IGNORE_INDEX
 from .distill import distillation_loss
 from .evaluate import GAP_NOISE_FLOOR, GAP_NOISE_FLOOR_ACC, _gap, gap_note
@@ -276,6 +277,7 @@ def _distill(mode: str, student: torch.Tensor, data: Continuations, top_k: int |
     return (kl * data.mask).sum() / data.mask.sum().clamp_min(1)
 
 
+@checked(steps=StepCounts())
 def train_lora(model, data: Continuations, steps: Sequence[int] = (10, 30, 100), init: Factors | None = None,
                lr: float = 3e-3, top_k: int | None = None, generator: torch.Generator | None = None) -> list[Checkpoint]:
     """Adam on the factors (A, B) of a LoRA at the compile's sites, KL(teacher ‖ LoRA model) on `data`
@@ -283,10 +285,7 @@ def train_lora(model, data: Continuations, steps: Sequence[int] = (10, 30, 100),
     (0 allowed: the init). init: starting factors (None: `random_factors`). top_k: the teacher's top-k
     + rest buckets (None: the model's aux_kl_top_k, i.e. the compile objective's)."""
     if data.teacher is None:
-        raise ValueError("data.teacher is None: training a LoRA needs the prompted model's outputs")
-    steps = sorted(set(int(s) for s in steps))
-    if not steps or steps[0] < 0:
-        raise ValueError(f"steps must be non-negative step counts, got {steps}")
+        raise refuse("data.teacher", "the prompted model's outputs (training a LoRA needs them)", "None")
     top_k = model.config.aux_kl_top_k if top_k is None else top_k
     base = _gpt(model)
     factors = random_factors(model, generator) if init is None else init
@@ -469,14 +468,14 @@ def check_lora_results(results) -> dict[str, dict]:
     """{task name: results} for `lora_compile_figure`; one `compare_methods` result (with "summary") becomes
     {"this model": it}. TypeError / ValueError naming `lora` otherwise."""
     if not isinstance(results, dict):
-        raise TypeError(f"lora must be a dict: compare_methods' result or {{task name: result}}, got "
-                        f"{type(results).__name__}")
+        raise refuse("lora", "a dict: compare_methods' result or {task name: result}", type(results).__name__,
+                     TypeError)
     if "summary" in results:
         results = {"this model": results}
     bad = [k for k, v in results.items() if not isinstance(v, dict) or not isinstance(v.get("summary"), list)]
     if bad or not results:
-        raise ValueError(f"lora must hold results with a 'summary' list of rows (compare_methods'), got "
-                         f"{'no task' if not results else 'none for ' + repr(bad)}")
+        raise refuse("lora", "results with a 'summary' list of rows (compare_methods')",
+                     "no task" if not results else "none for " + repr(bad), verb="hold")
     return results
 
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn as nn
 
-from ._checks import Bool, Instance, Int, check_int, checked, describe
+from ._checks import Bool, Instance, Int, check_int, checked, describe, refuse
 from .config import CGTConfig
 from .contracts import (IGNORE_INDEX, Ablate, CacheNames, Inputs, Summaries, Summary, check_ablate, check_inputs,
                         check_prompts, check_split, check_summary, check_targets, check_aux_length)
@@ -307,8 +307,8 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         everything."""
         ybar_vec = check_summary(self.config, ybar_vec, self.device)
         if ybar_vec.shape[0] != 1:
-            raise ValueError(f"ybar_vec must be one summary (d_y,) or (1, d_y) for merged_gpt, got shape "
-                             f"{tuple(ybar_vec.shape)}; use specialize for a batch of prompts")
+            raise refuse("ybar_vec", "one summary (d_y,) or (1, d_y) for merged_gpt", f"shape {tuple(ybar_vec.shape)}",
+                         hint="use specialize for a batch of prompts")
         base = self.stream.base(self)
         # the merged weights go straight into deepcopy's memo: a full copy would clone W only for it to be overwritten
         memo: dict[int, Any] = ({id(t): t for t in itertools.chain(base.parameters(), base.buffers())}
@@ -343,7 +343,7 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         """ȳ after the last token of one prompt (t,) or (1, t) -> (e,)."""
         rows, single = check_prompts(self.config, prompt, self.device)
         if not single:
-            raise ValueError(f"prompt must be one prompt (t,) or (1, t) here, got {describe(prompt)}")
+            raise refuse("prompt", "one prompt (t,) or (1, t) here", describe(prompt))
         return self._lower(rows)[1][0, -1]
 
     # ------------------------------------------------------------------ losses

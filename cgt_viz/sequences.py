@@ -70,12 +70,11 @@ def check_lengths(lengths: Any) -> np.ndarray:
         lengths = lengths.detach().cpu().numpy()
     want = "a non-empty 1-D array of ints >= 1 (one per sequence)"
     arr = np.asarray(lengths) if not isinstance(lengths, (str, bytes)) else np.asarray(None)
-    if not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"lengths must be {want}, got {describe(lengths)}")
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"lengths must be {want}, got {describe(lengths)}")
+    if not np.issubdtype(arr.dtype, np.integer) or arr.ndim != 1 or arr.size == 0:
+        raise refuse("lengths", want, describe(lengths), TypeError if not np.issubdtype(arr.dtype, np.integer)
+                     else ValueError)
     if arr.min() < 1:
-        raise ValueError(f"lengths must be {want}, got a length {int(arr.min())} in {describe(lengths)}")
+        raise refuse("lengths", want, f"a length {int(arr.min())} in {describe(lengths)}")
     return arr.astype(np.int64)
 
 
@@ -84,11 +83,11 @@ def check_templates(templates: Any, K: int) -> list[int]:
     want = f"None or a non-empty list of template indices in 0..{K - 1}"
     if isinstance(templates, torch.Tensor):
         templates = templates.tolist()
-    if isinstance(templates, (str, bytes)) or not isinstance(templates, (list, tuple, range, np.ndarray)):
-        raise TypeError(f"templates must be {want}, got {describe(templates)}")
-    ks = list(np.asarray(templates, dtype=object).ravel()) if isinstance(templates, np.ndarray) else list(templates)
+    listed = not isinstance(templates, (str, bytes)) and isinstance(templates, (list, tuple, range, np.ndarray))
+    ks = ([] if not listed else list(np.asarray(templates, dtype=object).ravel())
+          if isinstance(templates, np.ndarray) else list(templates))
     if not ks or not all(is_int(k) and 0 <= k < K for k in ks):
-        raise ValueError(f"templates must be {want}, got {describe(templates)}")
+        raise refuse("templates", want, describe(templates), ValueError if listed else TypeError)
     return [int(k) for k in ks]
 
 
@@ -102,12 +101,55 @@ def check_scored(model, inputs: Any, targets: Any, loss_mask: Any):
 def check_baseline(model, baseline: Any, name: str = "baseline") -> None:
     """A GPT (e.g. `model.x_only()`, or one trained alone) that reads and predicts what the model does."""
     if not isinstance(baseline, GPT):
-        raise TypeError(f"{name} must be None or a plain GPT such as model.x_only(), got {describe(baseline)}")
+        raise refuse(name, "None or a plain GPT such as model.x_only()", describe(baseline), TypeError)
     for field in ("mode", "vocab_size", "input_dim", "output_dim"):
         mine, theirs = getattr(model.config, field), getattr(baseline.config, field)
         if mine != theirs:
-            raise ValueError(f"{name} must read and predict what the model does: its {field} is {theirs!r}, "
-                             f"the model's {mine!r}")
+            raise refuse(name, "what the model does", f"its {field} {theirs!r}, the model's {mine!r}",
+                         verb="read and predict")
+
+
+class Baseline(Constraint):
+    """None or a plain GPT reading and predicting what the model in argument `of` does (`check_baseline`)."""
+
+    def __init__(self, of: str = "model"):
+        self.of = of
+
+    def check(self, name, value, args=None):
+        if value is not None:
+            check_baseline(args[self.of], value, name)
+        return value
+
+    def bad_values(self):
+        return ["gpt", 5]
+
+
+def _parse_site(model, site: Any, arg: str = "site") -> tuple[int, str]:
+    """parse_site for a model its caller checked."""
+    allowed = list(model.template_sites)
+    if isinstance(site, str) and "." in site:
+        layer, _, name = site.partition(".")
+        key = (int(layer), name) if layer.isdigit() else None
+    elif isinstance(site, (tuple, list)) and len(site) == 2 and is_int(site[0]) and isinstance(site[1], str):
+        key = (int(site[0]), site[1])
+    else:
+        key = None
+    if key not in allowed:
+        raise refuse(arg, f"one of {[f'{lay}.{s}' for lay, s in allowed]} (or a (layer, site) pair)", describe(site))
+    return key
+
+
+class Site(Constraint):
+    """A template site κ of the model in argument `of` (declared before it): "ν.name" or (ν, name) -> (ν, name)."""
+
+    def __init__(self, of: str = "model", *, none: bool = False):
+        self.of, self.none = of, none
+
+    def check(self, name, value, args=None):
+        return None if value is None and self.none else _parse_site(args[self.of], value, name)
+
+    def bad_values(self):
+        return ["9.attn_in", "nope", 5]
 
 
 # ---------------------------------------------------------------------------------------------- tokens
@@ -243,11 +285,11 @@ def _check_labels(labels: Any, lengths: np.ndarray, t: int) -> np.ndarray | None
     if isinstance(labels, torch.Tensor):
         labels = labels.detach().cpu().numpy()
     if isinstance(labels, (str, bytes)) or not hasattr(labels, "__len__"):
-        raise TypeError(f"labels must be a sequence with one label per sequence ({n}) or per token ({n}, t), "
-                        f"got {describe(labels)}")
+        raise refuse("labels", f"a sequence with one label per sequence ({n}) or per token ({n}, t)", describe(labels),
+                     TypeError)
     if len(labels) != n:
-        raise ValueError(f"labels must have one entry per sequence (n = {n}) or shape (n, t) = ({n}, {t}); "
-                         f"got {len(labels)} entries ({describe(labels)})")
+        raise refuse("labels", f"one entry per sequence (n = {n}) or shape (n, t) = ({n}, {t})",
+                     f"{len(labels)} entries ({describe(labels)})", verb="have")
     out = np.empty((n, t), dtype=object)
     for i, lab in enumerate(labels):
         if isinstance(lab, (str, bytes)) or np.ndim(lab) == 0:
@@ -273,17 +315,17 @@ def _check_boundary(boundary: Any, lengths: np.ndarray) -> np.ndarray | None:
         b = np.full(n, int(boundary), dtype=np.int64)
     else:
         b = np.asarray(boundary) if not isinstance(boundary, (str, bytes)) else np.asarray(None)
-        if not np.issubdtype(b.dtype, np.integer):
-            raise TypeError(f"boundary must be an int or {n} ints (one per sequence), got {describe(boundary)}")
-        b = np.full(n, int(b)) if b.ndim == 0 else b
-        if b.shape != (n,):
-            raise ValueError(f"boundary must be an int or {n} ints (one per sequence), got {describe(boundary)}")
+        ints = np.issubdtype(b.dtype, np.integer)
+        b = np.full(n, int(b)) if ints and b.ndim == 0 else b
+        if not ints or b.shape != (n,):
+            raise refuse("boundary", f"an int or {n} ints (one per sequence)", describe(boundary),
+                         ValueError if ints else TypeError)
         b = b.astype(np.int64)
     bad = (b != -1) & ((b < 0) | (b > lengths))
     if bad.any():
         i = int(np.argmax(bad))
-        raise ValueError(f"boundary must be -1 (none) or a position in 0..length (the first token of the second "
-                         f"excerpt), got {int(b[i])} for sequence {i} of length {int(lengths[i])}")
+        raise refuse("boundary", "-1 (none) or a position in 0..length (the first token of the second excerpt)",
+                     f"{int(b[i])} for sequence {i} of length {int(lengths[i])}")
     return b
 
 
@@ -334,23 +376,25 @@ def _prepare_sequences(model, data, labels, boundary, n_batches: int, batch_size
         data = torch.from_numpy(data)
     if isinstance(data, (list, tuple)):
         if len(data) == 0:
-            raise ValueError("data is an empty list; pass at least one string or sequence")
+            raise refuse("data", "at least one string or sequence", "an empty list", verb="hold")
         if not all(isinstance(s, str) for s in data):
-            raise TypeError(f"data as a list must hold strings, got {sorted({type(s).__name__ for s in data})}")
-        if cfg.mode != "tokens":
-            raise TypeError("data is a list of strings but the model is in vectors mode; pass a float tensor "
-                            "(n, t, input_dim) or a Task")
+            raise refuse("data as a list", "strings", str(sorted({type(s).__name__ for s in data})), TypeError,
+                         verb="hold")
+        if cfg.mode != "tokens":   # the data against the model: strings need a model that reads tokens
+            raise refuse("data", "a float tensor (n, t, input_dim) or a Task for a vectors-mode model",
+                         "a list of strings", TypeError)
         tokenizer = getattr(task, "tokenizer", None)
         if tokenizer is None:
             if cfg.vocab_size < 256:
-                raise ValueError(f"data is a list of strings but the model's config names no task tokenizer and "
-                                 f"vocab_size={cfg.vocab_size} < 256 cannot hold bytes; pass token ids instead")
+                raise refuse("data", "token ids for this model: its config names no task tokenizer and vocab_size="
+                                     f"{cfg.vocab_size} < 256 cannot hold bytes", "a list of strings")
             tokenizer = ByteTokenizer()
         encoded = [list(tokenizer.encode(s)) for s in data]
-        for i, ids in enumerate(encoded):
-            if not 1 <= len(ids) <= cfg.block_size:
-                raise ValueError(f"data[{i}] encodes to {len(ids)} tokens; each string must give 1..block_size="
-                                 f"{cfg.block_size} tokens (nothing is clipped silently)")
+        too_long = [(i, len(ids)) for i, ids in enumerate(encoded) if not 1 <= len(ids) <= cfg.block_size]
+        if too_long:
+            i, n_ids = too_long[0]
+            raise refuse("each string of data", f"1..block_size={cfg.block_size} tokens (nothing is clipped "
+                         f"silently)", f"data[{i}], which encodes to {n_ids} tokens", verb="give")
         lengths = np.array([len(ids) for ids in encoded], dtype=np.int64)
         inputs = torch.zeros(len(encoded), int(lengths.max()), dtype=torch.long)
         for i, ids in enumerate(encoded):
@@ -363,8 +407,7 @@ def _prepare_sequences(model, data, labels, boundary, n_batches: int, batch_size
         inputs = check_inputs(cfg, inputs, "data")   # once, on the host
         lengths = np.full(inputs.shape[0], inputs.shape[1], dtype=np.int64)
     else:
-        raise TypeError(f"data must be a LongTensor (n, t), a list of strings, a Batch or a Task, "
-                        f"got {type(data).__name__}")
+        raise refuse("data", "a LongTensor (n, t), a list of strings, a Batch or a Task", type(data).__name__, TypeError)
     n, t = inputs.shape[:2]
     if cfg.mode == "tokens":
         text = [token_strings(inputs[i, :lengths[i]].tolist(), task, cfg.vocab_size) for i in range(n)]
@@ -378,6 +421,7 @@ def _prepare_sequences(model, data, labels, boundary, n_batches: int, batch_size
     if token_labels is None and token_labels_from_data is not None:
         token_labels, label_name = token_labels_from_data, "topic"
     if targets is not None and tuple(targets.shape[:2]) != (n, t):
-        raise ValueError(f"targets have shape {tuple(targets.shape)} but data has (n, t) = ({n}, {t})")
+        raise refuse("the targets of data", f"the shape (n, t) = ({n}, {t}) of its inputs", str(tuple(targets.shape)),
+                     verb="have")
     return Sequences(inputs, lengths, text, token_labels, _check_boundary(boundary, lengths), targets, loss_mask, joiner,
                      label_name)

@@ -31,7 +31,6 @@ CUDA). Choices worth knowing:
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import math
 import os
@@ -49,7 +48,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ._checks import check_callable, check_device, check_dict, describe
+from ._checks import Instance, check_callable, check_device, check_dict, check_divisible, describe, refuse
+from ._ranks import process_group as _process_group   # tests/test_ddp.py imports it from here
 from .checkpoint import RunLock, capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
 from .config import with_added_fields
 from .losses import LOSS_TERMS
@@ -111,10 +111,10 @@ class TrainHistory:
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         for name in ("step", "main", "aux", "smooth", "total", "lr", "grad_norm", "evals", "warnings"):
             if name in known and not isinstance(known[name], list):
-                raise TypeError(f"d[{name!r}] must be a list (one entry per step), got {describe(known[name])}")
+                raise refuse(f"d[{name!r}]", "a list (one entry per step)", describe(known[name]), TypeError)
         lengths = {k: len(known[k]) for k in ("step", "main", "aux", "smooth", "total") if k in known}
         if len(set(lengths.values())) > 1:
-            raise ValueError(f"d must hold per-step lists of one length, got lengths {lengths}")
+            raise refuse("d", "per-step lists of one length", f"lengths {lengths}", verb="hold")
         return cls(**known)
 
     def to_dataframe(self):
@@ -241,15 +241,14 @@ class _StopFlag:
         return False
 
 
-
 # ----------------------------------------------------------------------------------------- checks
 def _check_dtypes(model: nn.Module, dev: torch.device) -> None:
     """Parameter dtypes that cannot train are named before step 1 (not reported as divergence at step 2)."""
     dtypes = {p.dtype for p in model.parameters()}
     if torch.float16 in dtypes:
-        raise TypeError(f"model parameters must be float32 or bfloat16 to train, got float16 (on {dev.type}): AdamW's "
-                        f"eps (1e-8) underflows to 0 in float16, so the first update divides by zero. Use "
-                        f"model.float() (mixed precision on CUDA is automatic: amp=True)")
+        raise refuse("model parameters", "float32 or bfloat16 to train", f"float16 (on {dev.type})", TypeError,
+                     hint="AdamW's eps (1e-8) underflows to 0 in float16, so the first update divides by zero. Use "
+                          "model.float() (mixed precision on CUDA is automatic: amp=True)")
 
 
 def _check_batch(model: nn.Module, batch: Batch, where: str) -> None:
@@ -346,20 +345,18 @@ def train(model: nn.Module, task: Task, config: TrainConfig | None = None, *,
     """
     # ---------------------------------------------------------------- arguments
     if not isinstance(model, nn.Module) or not callable(getattr(model, "loss", None)):
-        raise TypeError(f"model must be a cgt_viz CGT or GPT (an nn.Module with .loss), got {describe(model)}")
-    if not isinstance(task, Task):
-        raise TypeError(f"task must be a cgt_viz.tasks.base.Task (e.g. make_task('icl')), got {describe(task)}")
+        raise refuse("model", "a cgt_viz CGT or GPT (an nn.Module with .loss)", describe(model), TypeError)
+    Instance(Task, "a cgt_viz.tasks.base.Task (e.g. make_task('icl'))").check("task", task)
     cfg = TrainConfig.build(config, settings)
+    calls = "a list of callables taking one dict"
     if isinstance(callbacks, (str, bytes)) or not hasattr(callbacks, "__iter__"):
-        raise TypeError(f"callbacks must be a list of callables taking one dict, got {describe(callbacks)}")
-    callbacks = list(callbacks)
-    for fn in callbacks:
-        check_callable("callbacks", fn, "a list of callables taking one dict")
+        raise refuse("callbacks", calls, describe(callbacks), TypeError)
+    callbacks = [check_callable("callbacks", fn, calls) for fn in callbacks]
     if eval_fn is not None:
         check_callable("eval_fn", eval_fn, "a callable (model, step) -> dict")
     check_task_fits(model, task)   # named here, not reported as a bad idx at the first step
     if resume and checkpoint_dir is None:
-        raise ValueError("resume=True needs checkpoint_dir (the folder to resume from); checkpoint_dir must be set")
+        raise refuse("checkpoint_dir", "set with resume=True (the folder to resume from)", "None")
     # ---------------------------------------------------------------- processes and device
     with _process_group(device) as (dev, distributed, rank, world):
         # everything is validated: hand the config, the arguments and dev, rank, world to the loop
@@ -369,37 +366,6 @@ def train(model: nn.Module, task: Task, config: TrainConfig | None = None, *,
             return _run(cfg, model=model, task=task, eval_fn=eval_fn, callbacks=callbacks, amp=amp, compile=compile,
                         checkpoint_dir=checkpoint_dir, resume=resume, progress=progress, dev=dev,
                         distributed=distributed, rank=rank, world=world)
-
-
-@contextlib.contextmanager
-def _process_group(device: str | torch.device, timeout_minutes: float | None = None):
-    """(dev, distributed, rank, world) of this process. Under torchrun (WORLD_SIZE > 1) a process group is
-    started (nccl on CUDA, one GPU per rank; gloo on CPU) and destroyed on leaving; a group the caller set up is
-    used as it is. Also the head trainer's (cgt_viz.hf.distill), whose rank 0 may build a feature cache for
-    longer than torch's default collective timeout while the others wait: hence timeout_minutes."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    own_group = False
-    if world > 1 and not dist.is_initialized():
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        dev = resolve_device(device)
-        if dev.type == "cuda":
-            dev = torch.device("cuda", local_rank)
-            torch.cuda.set_device(dev)
-        extra = {} if timeout_minutes is None else {"timeout": datetime.timedelta(minutes=timeout_minutes)}
-        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", **extra)
-        own_group = True
-    else:
-        dev = resolve_device(device)
-    distributed = dist.is_initialized() and dist.get_world_size() > 1
-    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    if distributed and dev.type == "cuda" and dev.index is None:  # a group the caller set up: one GPU per rank
-        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(dev)
-    try:
-        yield dev, distributed, rank, world
-    finally:
-        if own_group and dist.is_initialized():
-            dist.destroy_process_group()
 
 
 # ------------------------------------------------------------------------------------ evaluate and save
@@ -454,14 +420,12 @@ def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: 
     steps, batch_size, seed = cfg.steps, cfg.batch_size, cfg.seed
     eval_every = max(1, steps // 20) if cfg.eval_every is None else cfg.eval_every
     checkpoint_every = max(1, steps // 10) if cfg.checkpoint_every is None else cfg.checkpoint_every
-    if batch_size % world:
-        raise ValueError(f"batch_size must be divisible by the number of ranks ({world}), got {batch_size}")
+    check_divisible("batch_size", batch_size, world, "the number of ranks")
     lo, hi = rank * (batch_size // world), (rank + 1) * (batch_size // world)
     is_main = rank == 0
     was_training = model.training
-    model.to(dev)
-    model.train()
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas))
+    model.to(dev).train()
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas)
     generators = {"batch": torch.Generator().manual_seed(seed),
                   "split": torch.Generator().manual_seed(seed + _SPLIT_STREAM)}
 

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._checks import Constraint, Float, Int, check_dict, check_float, describe
+from ._checks import Constraint, Float, Instance, Int, Seq, check_dict, refuse
 
 
 def _setting(default: Any, check: Constraint | None, help: str) -> Any:
@@ -26,7 +26,8 @@ class TrainConfig:
                                   "linear warm-up updates (default min(100, steps // 10)), then cosine decay")
     min_lr_ratio: float = _setting(0.1, Float(0.0, 1.0), "the cosine ends at lr * min_lr_ratio")
     weight_decay: float = _setting(0.01, Float(0.0), "AdamW decay of matrices (not biases, norms, embeddings)")
-    betas: tuple[float, float] = _setting((0.9, 0.999), None, "AdamW betas, two numbers in [0, 1)")
+    betas: tuple[float, float] = _setting((0.9, 0.999), Seq(Float(0.0, 1.0, hi_open=True), 2, "a pair (beta1, beta2) "
+                                          "of numbers in [0, 1)"), "AdamW betas, two numbers in [0, 1)")
     grad_clip: float | None = _setting(1.0, Float(0.0, lo_open=True, none=True),
                                        "max global gradient norm (None: no clipping)")
     eval_every: int | None = _setting(None, Int(0, none=True, hint=" (0 = never)"),
@@ -52,22 +53,17 @@ class TrainConfig:
             check = f.metadata.get("check")
             if check is not None:
                 object.__setattr__(self, f.name, check.check(f.name, getattr(self, f.name)))
-        betas = self.betas
-        if isinstance(betas, (str, bytes)) or not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise TypeError(f"betas must be a pair (beta1, beta2) of numbers in [0, 1), got {describe(betas)}")
-        object.__setattr__(self, "betas", tuple(check_float(f"betas[{i}]", b, 0.0, 1.0, hi_open=True)
-                                                for i, b in enumerate(betas)))
 
     @classmethod
     def build(cls, config: "TrainConfig | None" = None, settings: dict[str, Any] | None = None) -> "TrainConfig":
         """`config` (or the defaults) with `settings` (field name -> value) applied; unknown names are refused."""
-        if config is not None and not isinstance(config, cls):
-            raise TypeError(f"config must be None or a TrainConfig, got {describe(config)}")
+        Instance(cls, "a TrainConfig", none=True).check("config", config)
         settings = dict(settings or {})
         names = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(settings) - set(names))
         if unknown:
-            raise TypeError(f"unknown training settings {unknown}; the settings must be TrainConfig fields: {names}")
+            raise refuse("settings", "TrainConfig fields", f"unknown training settings {unknown}", TypeError,
+                         hint=f"the TrainConfig fields are {names}", verb="name")
         return dataclasses.replace(config, **settings) if config is not None else cls(**settings)
 
     def to_dict(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cgt_viz import CGT, GPT, CGTConfig
+from cgt_viz import CGT, CGTConfig
 from cgt_viz import analysis as A
 from cgt_viz.tasks.base import Batch, Task
 from helpers import randomize_templates
@@ -80,35 +80,6 @@ def test_collect_cache_and_names(model):
     idx = torch.randint(0, 256, (2, 6))
     out = A.collect_cache(model, idx, ["ybar", "coeffs.2.attn_in"])
     assert out["ybar"].shape == (2, 6, 16) and out["coeffs.2.attn_in"].shape == (2, 6, 4)
-    with pytest.raises(ValueError, match="names"):
-        A.collect_cache(model, idx, ["nope"])
-
-
-@pytest.mark.parametrize("data, labels, exc, words", [
-    (torch.zeros(0, 5, dtype=torch.long), None, ValueError, "data must have shape"),
-    ([], None, ValueError, "empty list"),
-    ([1, 2], None, TypeError, "strings"),
-    (torch.rand(2, 5), None, TypeError, "integer token ids"),
-    (torch.full((2, 5), 300), None, ValueError, "token ids"),
-    (torch.zeros(2, 60, dtype=torch.long), None, ValueError, "block_size"),
-    (torch.zeros(2, 5, dtype=torch.long), ["a"], ValueError, "labels must have one entry per sequence"),
-    (torch.zeros(2, 5, dtype=torch.long), [["a"] * 3, ["b"] * 5], ValueError, r"labels\[0\] has 3 entries"),
-    (torch.zeros(2, 5, dtype=torch.long), "ab", TypeError, "labels must be a sequence"),
-    ({"x": 1}, None, TypeError, "data must be"),
-])
-def test_prepare_rejects_bad_data(model, data, labels, exc, words):
-    with pytest.raises(exc, match=words):
-        A.prepare_sequences(model, data, labels)
-
-
-def test_models_without_y_stream_and_small_vocab():
-    cfg = CGTConfig(vocab_size=16, block_size=16, n_layer=2, d_x=16, n_head=2, d_y=8, n_head_y=2, y_layer=1)
-    with pytest.raises(TypeError, match="model must be a CGT"):
-        A.prepare_sequences(GPT(cfg), torch.zeros(1, 4, dtype=torch.long))
-    with pytest.raises(TypeError, match="GPT"):
-        A.collect_ybar(GPT(cfg), torch.zeros(1, 4, dtype=torch.long))
-    with pytest.raises(ValueError, match="vocab_size=16 < 256"):
-        A.prepare_sequences(CGT(cfg), ["text needs bytes"])
 
 
 # ---------------------------------------------------------------------------------------------- points
@@ -122,11 +93,6 @@ def test_select_positions_modes():
     assert pos.tolist() == [1, 3, 5, 1, 3]
     seq, pos = A.select_positions(lengths, [0, 5])
     assert list(zip(seq.tolist(), pos.tolist())) == [(0, 0), (0, 5), (1, 0)]
-    for bad in ("some", 0, [], True):
-        with pytest.raises(ValueError, match="positions must be"):
-            A.select_positions(lengths, bad)
-    with pytest.raises(ValueError, match="selects no token"):
-        A.select_positions(lengths, [10])
 
 
 def test_collect_points_hover_and_half(model):
@@ -174,14 +140,8 @@ def test_tsne_transform_places_known_points_on_their_embedding():
 
 
 def test_projector_errors():
-    with pytest.raises(ValueError, match="method must be one of"):
-        A.Projector("mds")
-    with pytest.raises(ValueError, match="at least 2 points, got 1"):
-        A.Projector("pca").fit_transform(np.zeros((1, 4)))
     with pytest.raises(ValueError, match="not fitted"):
         A.Projector("pca").transform(np.zeros((3, 4)))
-    with pytest.raises(ValueError, match="NaN"):
-        A.Projector("pca").fit_transform(np.full((3, 4), np.nan))
     assert A.Projector("pca").fit_transform(np.random.rand(5, 1)).shape == (5, 2)    # d_y = 1: flat second axis
 
 
@@ -194,8 +154,6 @@ def test_stratified_subsample_keeps_every_stratum_in_proportion():
     assert np.array_equal(A.stratified_subsample(strata, 5000), np.arange(1000))
     many = np.arange(50)                                         # more strata than the cap
     assert len(A.stratified_subsample(many, 10)) == 10
-    with pytest.raises(ValueError, match="cap must be an int >= 1"):
-        A.stratified_subsample(strata, 0)
 
 
 # ---------------------------------------------------------------------------------------------- smoothness
@@ -206,16 +164,11 @@ def test_token_smoothness():
     assert np.allclose(step[1:], [0.0, np.sqrt(5), 4.0]) and np.allclose(cos[1:], [1.0, 0.0, -1.0])
     batched = A.token_smoothness(np.stack([y, y * 3]))[0]
     assert batched.shape == (2, 4) and np.allclose(batched[1, 1:], 3 * step[1:])
-    with pytest.raises(ValueError, match="ybar must have shape"):
-        A.token_smoothness(np.zeros(3))
 
 
 # ---------------------------------------------------------------------------------------------- templates
 def test_parse_site(model):
     assert A.parse_site(model, "3.mlp_in") == (3, "mlp_in") == A.parse_site(model, (3, "mlp_in"))
-    for bad in ("1.attn_in", "3.attn_out", "x.y", 3):
-        with pytest.raises(ValueError, match="site must be one of"):
-            A.parse_site(model, bad)
 
 
 def test_site_coefficients_and_means(model):
@@ -225,8 +178,6 @@ def test_site_coefficients_and_means(model):
     assert np.allclose(c, ref, atol=1e-6)
     names, table = A.mean_abs_by_label(c, np.array(["a", "b", "a", "a", "b", "b", "b"]))
     assert names == ["a", "b"] and np.allclose(table[0], np.abs(c[[0, 2, 3]]).mean(0))
-    with pytest.raises(ValueError, match="coeffs must be"):
-        A.mean_abs_by_label(c, np.array(["a"]))
 
 
 def test_delta_w_singular_values_match_the_dense_update(model):
@@ -236,8 +187,6 @@ def test_delta_w_singular_values_match_the_dense_update(model):
     dense = torch.linalg.svdvals((lora_b @ lora_a).double())[:4].detach().numpy()
     assert sv.shape == (4,) and np.allclose(sv, dense, rtol=1e-4, atol=1e-6)
     assert np.allclose(A.delta_w_singular_values(tiny_cgt(randomize=False), y.numpy(), "3.mlp_in"), 0)
-    with pytest.raises(ValueError, match="one summary"):
-        A.delta_w_singular_values(model, np.zeros((2, 16)), "3.mlp_in")
 
 
 def test_ablate_switches_a_template_off_without_touching_the_model(model):
@@ -253,12 +202,6 @@ def test_ablate_switches_a_template_off_without_touching_the_model(model):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     _, cache = model.run_with_cache(idx, names="coeffs.2.*", ablate={"2.attn_in": 1})
     assert sorted(cache) == ["coeffs.2.attn_in", "coeffs.2.mlp_in"] and (cache["coeffs.2.attn_in"][..., 1] == 0).all()
-    with pytest.raises(ValueError, match=r"ablate must be .*0\.\.3"):
-        model(idx, ablate={"2.attn_in": [4]})
-    with pytest.raises(ValueError, match="sites among"):
-        model(idx, ablate={"9.attn_in": [0]})
-    with pytest.raises(ValueError, match="matches no cache name"):
-        model.run_with_cache(idx, names=["ybar", "coeffs.9.*"])
 
 
 def test_template_ablation_measures_only_that_template(model):
@@ -291,8 +234,6 @@ def test_compare_losses_match_the_three_models(model):
     plain = tiny_cgt(randomize=False)                                   # T = I: specialised is no-context
     same = A.compare_losses(plain, idx, targets, 8)
     assert np.allclose(same["specialized"], same["no_context"], atol=1e-5)
-    with pytest.raises(ValueError, match="split must be an int in 1..19"):
-        A.compare_losses(model, idx, targets, 20)
 
 
 def test_compare_losses_respect_the_mask(model):
@@ -318,10 +259,6 @@ def test_training_series_from_every_history_shape():
     assert steps["main"][1].tolist() == [2.0, 1.0] and evals["val_acc"][0].tolist() == [2]
     steps, _ = A.training_series(hist.to_dict())
     assert steps["total"][1].tolist() == [3.0, 2.0]
-    with pytest.raises(ValueError, match="history\\['main'\\] has 1 values"):
-        A.training_series({"step": [1, 2], "main": [1.0]})
-    with pytest.raises(TypeError, match="history must be"):
-        A.training_series(3)
 
 
 def test_vectors_model_with_default_output_dim_is_scored():

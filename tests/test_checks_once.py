@@ -2,6 +2,7 @@
 checks, the private passes behind it do not check again. Counted by wrapping the contracts."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -35,7 +36,8 @@ def calls(monkeypatch):
     monkeypatch.setattr(C.Model, "check", counting_model)
     import importlib
     for mod in ("cgt_viz.contracts", "cgt_viz.sequences", "cgt_viz.analysis", "cgt_viz.model",
-                "cgt_viz.generation", "cgt_viz.widgets.explorer", "cgt_viz.hf.model"):
+                "cgt_viz.generation", "cgt_viz.widgets.explorer", "cgt_viz.widgets._base", "cgt_viz.widgets.compare",
+                "cgt_viz.hf.model"):
         m = importlib.import_module(mod)
         if hasattr(m, "check_inputs"):
             monkeypatch.setattr(m, "check_inputs", counting_inputs)
@@ -77,3 +79,80 @@ def test_run_with_cache_checks_its_ids_once(model, calls):
     idx = torch.randint(0, 16, (2, 10), generator=torch.Generator().manual_seed(3))
     model.run_with_cache(idx, names="ybar")
     assert calls["inputs"] == 1
+
+
+def _rows(seed: int, n: int = 3, t: int = 10) -> torch.Tensor:
+    return torch.randint(0, 16, (n, t), generator=torch.Generator().manual_seed(seed))
+
+
+def test_template_ablation_checks_once_however_many_templates(model, calls):
+    torch.manual_seed(0)
+    moved = CGT(model.config).eval()
+    with torch.no_grad():                     # templates away from their identity start: ablating one changes the loss
+        for p in moved.templates.parameters():
+            p.normal_(0.0, 0.5)
+    idx = _rows(4)
+    calls.update(model=0, inputs=0)
+    out = A.template_ablation(moved, idx, idx, "2.attn_in")       # a base pass and one per template (K = 2)
+    assert calls == {"model": 1, "inputs": 1}
+
+    def loss(ablate=None):                                        # the same numbers from the checked public pass
+        with torch.no_grad():
+            logits = moved(idx, ablate=ablate)
+        return float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), idx.flatten()))
+    want = [loss({"2.attn_in": [k]}) - loss() for k in range(2)]
+    np.testing.assert_allclose(out["delta"], want, rtol=1e-4, atol=1e-6)
+    assert np.abs(out["delta"]).max() > 1e-4
+
+
+def test_compare_losses_checks_once_for_every_mode(model, calls):
+    idx = _rows(5)
+    out = A.compare_losses(model, idx, idx, 4)                   # prompted, specialized, no context
+    assert calls == {"model": 1, "inputs": 1}
+    with torch.no_grad():                                        # the same numbers as the checked public passes
+        prompted = torch.nn.functional.cross_entropy(model(idx)[:, 4:].transpose(1, 2), idx[:, 4:], reduction="none")
+    np.testing.assert_allclose(out["prompted"], prompted.mean(0).numpy(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("view", ["SmoothnessStrip", "TemplateInspector", "CompileCompare"])
+def test_a_view_checks_the_model_and_the_data_once(model, calls, view):
+    getattr(W, view)(model, _rows(6), split=4) if view == "CompileCompare" else getattr(W, view)(model, _rows(6))
+    assert calls == {"model": 1, "inputs": 1}
+
+
+@pytest.mark.parametrize("view", ["SmoothnessStrip", "TemplateInspector", "CompileCompare"])
+def test_a_view_of_prepared_sequences_checks_their_ids_once(model, calls, view):
+    seqs = A.prepare_sequences(model, _rows(7))
+    calls.update(model=0, inputs=0)
+    getattr(W, view)(model, seqs)
+    assert calls == {"model": 1, "inputs": 1}
+
+
+def test_the_strip_with_a_second_model_checks_each_model_once(model, calls):
+    other = CGT(model.config).eval()
+    with torch.no_grad():                                  # another model's weights, whatever the seed
+        for p in other.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    idx = _rows(8)
+    calls.update(model=0, inputs=0)
+    strip = W.SmoothnessStrip(model, idx, other=other)
+    assert calls == {"model": 2, "inputs": 1}
+    with torch.no_grad():                                  # each model's own ȳ, collected behind the door
+        np.testing.assert_allclose(strip.ybar_other, other.context(idx).numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(strip.ybar, model.context(idx).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_moving_the_compare_slider_checks_nothing_again(model, calls):
+    cmp = W.CompileCompare(model, _rows(9), split=4)
+    calls.update(model=0, inputs=0)
+    for split in (2, 3, 5):
+        cmp.show(split=split)
+    assert calls == {"model": 0, "inputs": 0} and len(cmp._cache) == 4
+
+
+def test_the_strip_refuses_a_second_model_too_short_for_the_data(model):
+    """Its ȳ is collected unchecked behind the door, so the door compares it with the data: a block shorter
+    than the rows is refused there, naming what differs (before any ȳ is collected)."""
+    short = CGT(model.config.replace(block_size=8)).eval()
+    with pytest.raises(ValueError, match=r"other must read the same inputs as model .*block_size 8"):
+        W.SmoothnessStrip(model, _rows(10), other=short)

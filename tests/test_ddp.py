@@ -81,7 +81,7 @@ def test_two_gloo_ranks_match_one_process(tmp_path):
 
 def test_batch_size_must_split_evenly_over_ranks(monkeypatch):
     """The divisibility check runs before any process group exists, so it can be tested in one process."""
-    train_mod = importlib.import_module("cgt_viz.train")   # (cgt_viz.train, the attribute, is the function)
+    ranks_mod = importlib.import_module("cgt_viz._ranks")   # where train's process group reads the world size
 
     class FakeDist:
         @staticmethod
@@ -96,7 +96,7 @@ def test_batch_size_must_split_evenly_over_ranks(monkeypatch):
         def get_rank():
             return 0
 
-    monkeypatch.setattr(train_mod, "dist", FakeDist)
+    monkeypatch.setattr(ranks_mod, "dist", FakeDist)
     task = TinyTask()
     with pytest.raises(ValueError, match=r"batch_size must be divisible by the number of ranks \(3\), got 8"):
         train(CGT(tiny_config(task)), task, steps=2, batch_size=8, **QUIET)

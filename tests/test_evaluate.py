@@ -45,8 +45,6 @@ def test_mean_ci_and_seeds_summary():
     rows = {r["k"]: r for r in seeds_summary(runs)}
     assert rows[4]["n_seeds"] == 2 and rows[4]["g_mean"] == pytest.approx(0.6)
     assert rows[8]["acc_ci95"] == pytest.approx(0.0) and "name_mean" not in rows[4]
-    with pytest.raises(ValueError, match="by='seed'"):
-        seeds_summary(runs, by="seed")
 
 
 def test_smoothness_stats():
@@ -56,8 +54,6 @@ def test_smoothness_stats():
     flip = np.stack([np.ones(4) * (-1) ** i for i in range(6)])[None]     # (1, 6, 4), sign flips every token
     s = smoothness_stats(flip)
     assert s["mean_cosine"] == pytest.approx(-1.0) and s["mean_step_norm"] == pytest.approx(4.0)
-    with pytest.raises(ValueError, match="ybar"):
-        smoothness_stats(np.ones((1, 4)))
 
 
 # ---------------------------------------------------------------------------- probes
@@ -74,8 +70,6 @@ def test_linear_probe_decodes_linearly_encoded_parameters_and_not_noise():
     reg = linear_probe(w @ rng.normal(size=(16, 32)) + 0.01 * rng.normal(size=(600, 32)), w)
     assert reg["kind"] == "regression" and reg["mean"] > 0.95
     assert linear_probe(rng.normal(size=(600, 32)), w)["mean"] < 0.1
-    with pytest.raises(ValueError, match="same n"):
-        linear_probe(feats, params[:10])
 
 
 def test_knn_topic_accuracy_separates_clusters():
@@ -126,17 +120,6 @@ def test_gap_closed_is_nan_under_the_noise_floor():
     assert gap_note(2.5, 2.0) == "" and "0.004" in gap_note(2.004, 2.0)
 
 
-def test_evaluate_bad_arguments():
-    task = SyntheticICL("shift", P=5, n_pairs=6)
-    model = tiny_model(task)
-    with pytest.raises(ValueError, match="k_values"):
-        evaluate_specialization(model, task, k_values=())
-    with pytest.raises(ValueError, match="k=6"):
-        evaluate_specialization(model, task, k_values=(6,))
-    with pytest.raises(TypeError, match="model"):
-        evaluate_specialization(GPT(model.config), task)
-
-
 def test_collect_summaries_and_probe_shapes():
     task = SyntheticICL("affine", P=5, n_pairs=8)
     feats, params = collect_summaries(tiny_model(task), task, k=4, n_batches=2, batch_size=16)
@@ -164,5 +147,3 @@ def test_text_curves_and_excerpt_ends(tmp_path):
     assert row["n_scored"] == 2 * (32 - 4) and np.isfinite(row["acc_specialized"])
     feats, labels = collect_excerpt_ends(model, task, n_batches=2, batch_size=2, part="train")
     assert feats.shape == (8, 8) and labels.shape == (8,) and set(labels.tolist()) <= {0, 1}
-    with pytest.raises(ValueError, match="split"):
-        text_position_curves(model, task, split=40)

@@ -379,14 +379,6 @@ def test_a_float16_model_is_refused_by_dtype_before_step_1():
     assert steps == []
 
 
-def test_a_float64_model_in_vectors_mode_names_the_dtypes():
-    from cgt_viz.train import train
-    from test_train import NaNRegression, QUIET, fresh, tiny_config
-    task = NaNRegression(nan_from=10**9)
-    with pytest.raises(TypeError, match="batch.inputs has dtype float32 but the model's parameters are float64"):
-        train(fresh(tiny_config(task)).double(), task, steps=2, batch_size=4, eval_every=0, **QUIET)
-
-
 # ------------------------------------------------------------------------------- 10. OS errors in the CLI
 def _break_out_is_a_file(run, tmp_path):
     (tmp_path / "afile").write_text("x")
@@ -535,12 +527,6 @@ def _tsne_in_a_child(X: np.ndarray, tmp_path) -> subprocess.CompletedProcess:
 def test_tsne_on_degenerate_points_is_refused_not_a_crash(X, tmp_path):
     proc = _tsne_in_a_child(X, tmp_path)
     assert proc.returncode == 3 and "distinct points" in proc.stdout, (proc.returncode, proc.stdout, proc.stderr[-1500:])
-
-
-def test_umap_and_the_explorer_refuse_a_constant_ybar():
-    from cgt_viz.analysis import Projector
-    with pytest.raises(ValueError, match=r"X must hold at least 4 distinct points .* got 50 points of which 1 distinct"):
-        Projector("umap").fit_transform(np.full((50, 4), 0.5, np.float32))
 
 
 # ------------------------------------------------------------------------------- SIGTERM (kept)

@@ -237,34 +237,6 @@ def test_lora_factors_rebuild_the_merged_weight(model, lm):
     assert torch.equal(factors["model.layers.3.self_attn.q_proj.weight"][0], a)       # q, k, v share A
 
 
-def test_clear_errors(lm):
-    with pytest.raises(ValueError, match=r"unknown site 'attn_mid'.*allowed|sites must be names from"):
-        hf.CGTLM(lm, y_layer=2, d_y=16, n_head_y=2, sites=("attn_in", "attn_mid"))
-    with pytest.raises(ValueError, match=r"y_layer must be an int in 1\.\.3.*got 4"):
-        hf.CGTLM(lm, y_layer=4, d_y=16, n_head_y=2)
-    with pytest.raises(ValueError, match=r"y_layer.*0"):
-        hf.CGTLM(lm, y_layer=0, d_y=16, n_head_y=2)
-    from transformers import GPT2Config, GPT2LMHeadModel
-    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=50, n_positions=32))
-    with pytest.raises(ValueError, match=r"Llama-family.*'gpt2'"):
-        hf.CGTLM(gpt2)
-    with pytest.raises(TypeError, match="transformers causal LM"):
-        hf.CGTLM(torch.nn.Linear(2, 2))
-    model = hf.CGTLM(lm, y_layer=2, d_y=16, n_head_y=2)
-    with pytest.raises(ValueError, match=r"0\.\.95, got token ids in \[0, 200\]"):
-        model.context(torch.tensor([[0, 200]]))
-    with pytest.raises(TypeError, match="CGTLM.from_pretrained\\(path, lm\\) needs lm"):
-        hf.CGTLM.from_pretrained("somewhere")
-    with pytest.raises(TypeError, match="prompt must be a tensor of token ids"):
-        model.specialize("hello")
-    with pytest.raises(ValueError, match=r"prompt must have shape \(t,\) or \(b, t\), got shape \(1, 2, 3\)"):
-        model.specialize(torch.zeros(1, 2, 3, dtype=torch.long))
-    with pytest.raises(ValueError, match="smooth must be 'l2' or 'relative'.*'vae'"):
-        hf.CGTLM(lm, y_layer=2, d_y=16, n_head_y=2, smooth="vae")
-    with pytest.raises(ValueError, match=r"block_size must be an int in 2\.\.128.*got 500"):
-        hf.CGTLM(lm, y_layer=2, d_y=16, n_head_y=2, block_size=500)
-
-
 def test_missing_package_says_what_to_install(monkeypatch):
     import importlib.util
     real = importlib.util.find_spec
@@ -371,8 +343,6 @@ def test_calibrate_pool_sets_principal_directions(lm):
     assert model.pool_center.abs().sum() > 0
     ybar = model.context(idx)
     assert torch.isfinite(ybar).all()
-    with pytest.raises(ValueError, match="at least 2 positions"):
-        model.calibrate_pool(idx[:, :1])
 
 
 def test_explorer_opens_on_cgtlm(model):
@@ -394,8 +364,6 @@ def test_names_ablate_and_aux_row_fraction(model, lm):
     cheap = hf.CGTLM(lm, y_layer=2, d_y=16, n_head_y=2, aux_row_fraction=0.5).train()
     out = cheap.loss(idx, idx.roll(-1, 1), generator=torch.Generator().manual_seed(0))
     assert torch.isfinite(out["aux"])
-    with pytest.raises(ValueError, match="ablate must be"):
-        model(idx, ablate={"9.attn_in": [0]})
 
 
 def test_bf16_autocast_on_cpu_matches_fp32(model):
@@ -437,8 +405,7 @@ def test_causal_ema_matches_the_weighted_sum_across_chunks():
 
 def test_pool_half_life_sets_the_read_out_and_round_trips(lm, tmp_path):
     """ȳ at initialisation is LN(P(running mean of LN(x_ℓ)) − μ)) with the mean the read-out names: the causal
-    mean without a half-life, the exponential one with it; the setting is saved and reloaded; a bad value is
-    refused by name."""
+    mean without a half-life, the exponential one with it; the setting is saved and reloaded."""
     from cgt_viz.hf.model import causal_ema_skip_first, causal_mean_skip_first
     x = _idx(2, 40, seed=3)
     for half, pool in ((None, causal_mean_skip_first), (2.0, lambda h: causal_ema_skip_first(h, 2.0))):
@@ -454,9 +421,6 @@ def test_pool_half_life_sets_the_read_out_and_round_trips(lm, tmp_path):
     assert back.pool_half_life == 2.0 and back.config.extra["hf"]["pool_half_life"] == 2.0
     with torch.no_grad():
         torch.testing.assert_close(back.context(x), m.context(x))
-    for bad in (0, -1.0, float("nan")):
-        with pytest.raises(ValueError, match="pool_half_life"):
-            hf.CGTLM(lm, y_layer=2, d_y=16, n_head_y=2, pool_half_life=bad)
 
 
 @pytest.mark.parametrize("smooth", [k for k, entry in __import__("cgt_viz.losses").losses.SMOOTHNESS.items()
@@ -484,8 +448,6 @@ def test_features_the_pretrained_stream_lacks_are_refused_by_name(model):
         out = model.generate(idx, 3, temperature=0)
         assert torch.equal(out[:, :6], idx) and out.shape == (1, 9)
         assert torch.equal(model(out[:, :-1])[:, 5:].argmax(-1), out[:, 6:])     # greedy = argmax of full passes
-    with pytest.raises(ValueError, match="a KV cache is not available for a CGT over a pretrained LM"):
-        model.generate(idx, 3, use_cache=True)
     with pytest.raises(ValueError, match="a KV cache"):
         model._specialized(idx, model.context(idx)[:, -1], pos_offset=2)
     import inspect

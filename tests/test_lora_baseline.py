@@ -313,7 +313,3 @@ def test_compile_compare_view_draws_the_lora_comparison_under_its_losses():
     assert list(lora_trace.y) == pytest.approx(want, nan_ok=True)
     escaped = lb.lora_compile_figure({"<b>mine</b>": res}, title="a & b")
     assert escaped.layout.annotations[0].text == "&lt;b&gt;mine&lt;/b&gt;" and escaped.layout.title.text == "a &amp; b"
-    with pytest.raises(TypeError, match="lora must be a dict"):
-        cgt_viz.CompileCompare(model, rows, split=8, lora=[res])
-    with pytest.raises(ValueError, match="lora must hold results"):
-        cgt_viz.CompileCompare(model, rows, split=8, lora={"icl": {"rows": []}})

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from cgt_viz import CGT, GPT, CGTConfig
-from families import (build, factor_names, hf_cfg, is_hf, logits, plain_states, reload, reload_specialised,
+from families import (build, factor_names, hf_cfg, logits, plain_states, reload, reload_specialised,
                       trained_like, x_module, y_modules)
 from helpers import make_inputs
 
@@ -196,10 +196,6 @@ def test_save_load_round_trip(cfg, tmp_path):
     spec.save_pretrained(tmp_path / "spec")
     spec2 = reload_specialised(spec, tmp_path / "spec").eval()
     torch.testing.assert_close(logits(spec2, inp), logits(spec, inp), atol=0, rtol=0)
-    if is_hf(cfg):
-        return   # the folder holds a transformers model; CGT.from_pretrained's refusal of a GPT is the rest
-    with pytest.raises(ValueError, match="holds a GPT"):
-        CGT.from_pretrained(tmp_path / "spec")
 
 
 def test_losses(cfg):
@@ -335,70 +331,6 @@ def test_specialised_model_generates_without_the_prompt():
     ybar = model.context(prompt)[:, -1]
     logits = model.forward_specialized(out[:, :-1], ybar)
     assert torch.equal(logits.argmax(-1), out[:, 1:])
-
-
-# ---------------------------------------------------------------------- bad input
-
-@pytest.mark.parametrize("kwargs, exc, words", [
-    (dict(y_layer=0), ValueError, "y_layer"),
-    (dict(y_layer=4), ValueError, "y_layer"),
-    (dict(d_y=15, n_head_y=2), ValueError, "d_y"),
-    (dict(d_x=30, n_head=4), ValueError, "d_x"),
-    (dict(sites=("attn_in", "bogus")), ValueError, "bogus"),
-    (dict(sites="attn_in"), TypeError, "sites"),
-    (dict(sites=()), ValueError, "sites"),
-    (dict(smooth="gauss"), ValueError, "smooth"),
-    (dict(y_reads="both"), ValueError, "y_reads"),
-    (dict(n_templates=0), ValueError, "n_templates"),
-    (dict(template_rank=1.5), TypeError, "template_rank"),
-    (dict(w_aux=-1.0), ValueError, "w_aux"),
-    (dict(vocab_size=None), ValueError, "vocab_size"),
-    (dict(input_dim=4), ValueError, "input_dim"),
-])
-def test_bad_config(kwargs, exc, words):
-    with pytest.raises(exc, match=words):
-        make_cfg(**kwargs)
-
-
-def test_bad_inputs():
-    cfg = make_cfg()
-    model = trained_like(cfg)
-    good = make_inputs(cfg)
-    cases = [
-        (good + cfg.vocab_size, ValueError, "idx.*0..12"),
-        (good - 20, ValueError, "idx.*0..12"),
-        (torch.zeros(1, cfg.block_size + 1, dtype=torch.long), ValueError, "block_size"),
-        (good.float(), TypeError, "idx.*dtype"),
-        (good[0], ValueError, r"idx.*\(batch, time\)"),
-        (torch.zeros(2, 0, dtype=torch.long), ValueError, "idx"),
-        (good.tolist(), TypeError, "idx.*Tensor"),
-    ]
-    for bad, exc, words in cases:
-        with pytest.raises(exc, match=words):
-            model(bad)
-    with pytest.raises(ValueError, match="prompt must hold at least one position"):
-        model.specialize(torch.zeros(0, dtype=torch.long))
-    with pytest.raises(ValueError, match="empty list"):
-        model.specialize([])
-    with pytest.raises(ValueError, match="prompt.*0..12"):
-        model.specialize(torch.tensor([1, 99]))
-    with pytest.raises(ValueError, match="ybar_vec.*d_y=16"):
-        model.forward_specialized(good, torch.zeros(3, 7))
-    with pytest.raises(ValueError, match="split must be in 1..11"):
-        model.loss(good, good, split=12)
-    with pytest.raises(ValueError, match="targets"):
-        model.loss(good, good[:, :-1])
-    with pytest.raises(ValueError, match="loss_mask"):
-        model.loss(good, good, loss_mask=torch.ones(3, 5, dtype=torch.bool))
-    with pytest.raises(ValueError, match="block_size"):
-        model.generate(good, cfg.block_size)
-    vec = trained_like(make_cfg("vectors"))
-    with pytest.raises(ValueError, match="input_dim=5"):
-        vec(torch.randn(2, 4, 6))
-    with pytest.raises(ValueError, match="NaN"):
-        vec(torch.full((2, 4, 5), float("nan")))
-    with pytest.raises(ValueError, match="vectors mode"):
-        vec.generate(torch.randn(1, 3, 5), 2)
 
 
 def test_from_pretrained_rejects_damaged_files(tmp_path):
@@ -537,9 +469,7 @@ def test_aux_length_groups_pad_least_and_do_not_change_the_aux_loss(monkeypatch)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_token_shift_pair_needs_tokens_and_hashes_a_large_vocabulary():
-    with pytest.raises(ValueError, match=r"token_shift='pair' embeds token pairs and needs tokens mode"):
-        make_cfg("vectors", token_shift="pair")
+def test_token_shift_pair_hashes_a_large_vocabulary():
     small = GPT(make_cfg(token_shift="pair"))
     assert small.shift.embed.num_embeddings == 14 * 13                # every (previous or start, current) pair
     big = GPT(make_cfg(token_shift="pair", vocab_size=300)).eval()

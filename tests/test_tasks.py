@@ -59,8 +59,6 @@ def test_icl_pair_answer_tokens_name_the_whole_demonstration():
     assert torch.equal(task.answer_value(ans), (a * u + bb) % 5)
     assert torch.equal(b.loss_mask, b.targets >= 5) and int(b.inputs.max()) < 30
     assert task.decode([2, 5 + 5 * 2 + 4]) == ["u2", "2→4"]
-    with pytest.raises(ValueError, match="answer_tokens"):
-        SyntheticICL(answer_tokens="text")
 
 
 def test_icl_shift_fraction_mixes_pure_shifts_into_training_only():
@@ -70,8 +68,6 @@ def test_icl_shift_fraction_mixes_pure_shifts_into_training_only():
     assert len(a_eval.unique()) == 6                                    # evaluation covers the whole family
     half = SyntheticICL("affine", P=7, n_pairs=4, shift_fraction=0.5).get_batch(2000, generator=gen())
     assert 0.5 < float((half.info["task_params"][:, 0] == 1).float().mean()) < 0.65   # 0.5 + 0.5/6
-    with pytest.raises(ValueError, match="shift_fraction"):
-        SyntheticICL(shift_fraction=1.5)
 
 
 def test_icl_is_deterministic_under_a_seed_and_varies_without():
@@ -103,8 +99,6 @@ def test_icl_eval_batch_queries_are_new_to_the_prompt():
     assert torch.equal(b.loss_mask.nonzero()[:, 1].unique(), torch.tensor([24, 26]))
     demos, queries = b.info["u"][:, :12], b.info["u"][:, 12:]
     assert not (queries[:, :, None] == demos[:, None, :]).any()
-    with pytest.raises(ValueError, match="k=16"):
-        task.eval_batch(16, 4)
 
 
 def test_icl_config_kwargs_round_trip_through_the_registry():
@@ -116,23 +110,6 @@ def test_icl_config_kwargs_round_trip_through_the_registry():
     b = again.get_batch(4, generator=gen())
     CGT(cfg).loss(b.inputs, b.targets, b.loss_mask, split=b.split)   # the batch fits the model
     assert task.decode([3, 7]) == ["u3", "→2"]
-
-
-@pytest.mark.parametrize("kwargs, word", [
-    ({"family": "cube"}, "family"), ({"P": 1}, "P"), ({"n_pairs": 1}, "n_pairs"),
-    ({"n_pairs": 4, "aux_min_pairs": 4}, "aux_min_pairs"), ({"P": 2.5}, "P"),
-])
-def test_icl_bad_arguments(kwargs, word):
-    with pytest.raises((ValueError, TypeError), match=word):
-        SyntheticICL(**kwargs)
-
-
-def test_bad_batch_arguments():
-    task = SyntheticICL()
-    with pytest.raises(ValueError, match="batch_size"):
-        task.get_batch(0)
-    with pytest.raises(ValueError, match="part"):
-        task.get_batch(2, part="test")
 
 
 # ---------------------------------------------------------------------------- LinearRegression
@@ -165,8 +142,6 @@ def test_regression_layouts_hold_the_same_examples_and_reject_unknown_layouts():
     assert torch.equal(pair.inputs[:, 0::2], split.inputs[:, 0::2])       # same x positions, the query too
     assert torch.equal(pair.inputs[:, 1::2, 3], split.inputs[:, 1::2, 3])
     assert LinearRegression().layout == "pair"
-    with pytest.raises(ValueError, match=r"layout must be one of \('pair', 'split'\), got str 'interleaved'"):
-        LinearRegression(layout="interleaved")
 
 
 def test_regression_noise_and_eval_batch():
@@ -181,10 +156,6 @@ def test_regression_noise_and_eval_batch():
     cfg = CGTConfig(d_x=16, n_head=2, d_y=8, n_head_y=1, n_layer=2, y_layer=1, **task.config_kwargs())
     assert cfg.input_dim == 5 and cfg.out_dim == 1
     CGT(cfg).loss(b.inputs[:4], b.targets[:4], b.loss_mask[:4], split=b.split[:4])
-    with pytest.raises(ValueError, match="k=6"):
-        task.eval_batch(6, 2)
-    with pytest.raises(ValueError, match="noise"):
-        LinearRegression(noise=-1)
 
 
 def test_regression_active_dims_curriculum():
@@ -209,12 +180,6 @@ def test_regression_active_dims_curriculum():
         grow({"kind": "step", "step": step, "main": 1.0})
         seen.append(task.active_dims)
     assert seen == sorted(seen) and seen[0] < 4 and seen[9:] == [4, 4, 4]
-    for call, arg in ((lambda v: task.set_active_dims(v), "n"), (lambda v: task.curriculum(v), "steps"),
-                      (lambda v: task.curriculum(5, start=v), "start")):
-        with pytest.raises(ValueError, match=rf"{arg} must be an int .*got 0"):
-            call(0)
-    with pytest.raises(ValueError, match=r"n must be an int in 1\.\.4, got 5"):
-        task.set_active_dims(5)
 
 
 # ---------------------------------------------------------------------------- TextMixture
@@ -269,9 +234,7 @@ def test_text_tokenizer_and_decode():
     assert isinstance(task_from_config(cfg_kw), TextMixture)
 
 
-def test_text_bad_inputs(tmp_path):
-    with pytest.raises(ValueError, match="does not exist"):
-        TextMixture(tmp_path / "nope")
+def test_text_bad_corpora(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="empty"):
         TextMixture(tmp_path / "empty")
@@ -286,22 +249,9 @@ def test_text_bad_inputs(tmp_path):
     ok = write_corpus(tmp_path / "ok", topics=("a", "b"), n_docs=2)
     with pytest.raises(ValueError, match="block_size"):
         TextMixture(ok, block_size=1000, tokenizer="bytes")                                # documents too short
-    with pytest.raises(ValueError, match="topics"):
-        TextMixture(ok, block_size=64, topics=["a", "zebra"], tokenizer="bytes")
-    with pytest.raises(ValueError, match="min_excerpt"):
-        TextMixture(ok, block_size=64, min_excerpt=40, tokenizer="bytes")
-    task = TextMixture(ok, block_size=64, min_excerpt=8, tokenizer="bytes")
-    with pytest.raises(ValueError, match="k=64"):
-        task.eval_batch(64, 1)
-    with pytest.raises(ValueError, match="boundary"):
-        task.get_batch(1, boundary=60)
 
 
 def test_registry_errors():
-    with pytest.raises(ValueError, match="unknown task name 'vision'"):
-        make_task("vision")
-    with pytest.raises(TypeError, match="icl"):
-        make_task("icl", colour="red")
     with pytest.raises(ValueError, match="task"):
         task_from_config(CGTConfig(vocab_size=4, block_size=8))
     assert isinstance(make_task("regression", dim=3), LinearRegression)

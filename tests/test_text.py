@@ -60,8 +60,6 @@ def test_gpt2_tokenizer_builds_offline_and_matches_gpt2_ids():
     text = "naïve café: £5 — it's 2004.\n\nNew paragraph"
     assert tok.decode(tok.encode(text)) == text
     assert [tok.token_str(i) for i in tok.encode("Hello world\n\n")] == ["Hello", " world", "↵↵"]
-    with pytest.raises(ValueError, match=r"ids must be ints in 0\.\.50256.*\[50257\]"):
-        tok.decode([50257])
 
 
 def test_encode_array_in_chunks_equals_encoding_at_once():
@@ -88,8 +86,6 @@ def test_corpus_bpe_reloads_exactly_from_its_spec_and_refuses_an_edited_one():
         if '"telescope"' in spec["definition"] else spec["definition"] + " "
     with pytest.raises(ValueError, match="does not match its sha256"):
         tokenizer_from_spec(spec)
-    with pytest.raises(ValueError, match=r"tokenizer spec names 'sentencepiece'; allowed: \['bytes', 'gpt2', 'bpe'\]"):
-        tokenizer_from_spec({"name": "sentencepiece"})
 
 
 def test_make_task_text_tokenizer_argument(tmp_path):
@@ -101,8 +97,6 @@ def test_make_task_text_tokenizer_argument(tmp_path):
         assert task.config_kwargs()["vocab_size"] == task.tokenizer.vocab_size
         b = task.get_batch(2, generator=torch.Generator().manual_seed(0))
         assert b.inputs.dtype == torch.long and int(b.inputs.max()) < task.tokenizer.vocab_size
-    with pytest.raises(ValueError, match=r"tokenizer must be one of \['bytes', 'gpt2', 'bpe'\].*got 'wordpiece'"):
-        make_task("text", source=str(root), tokenizer="wordpiece")
 
 
 def test_bpe_token_strings_read_as_text(tmp_path):
@@ -160,8 +154,6 @@ def test_ema_readout_is_causal_and_generation_with_cache_matches():
     assert not torch.allclose(model(idx), model(other))
     assert torch.equal(model.generate(idx[:, :6], 12, temperature=0, use_cache=True),
                        model.generate(idx[:, :6], 12, temperature=0, use_cache=False))
-    with pytest.raises(ValueError, match=r"y_readout must be one of .*'stream'.*'ema'.*got str 'mean'"):
-        CGTConfig(vocab_size=40, y_readout="mean")
 
 
 # ---------------------------------------------------------------------------- corpus files (issue 11)
@@ -298,13 +290,11 @@ def test_no_switch_control_rows_keep_excerpt_a_and_one_topic(tmp_path):
     assert torch.equal(task.doc_topic[control.info["doc_b"]], control.info["topic_a"])
     for i, cut in enumerate(mixed.info["boundary"].tolist()):       # excerpt A is the same tokens
         assert torch.equal(control.inputs[i, :cut], mixed.inputs[i, :cut])
-    with pytest.raises(TypeError, match="switch"):
-        task.get_batch(2, switch="no")
 
 
 def test_step_profile_control_shares_everything_before_the_switch(tmp_path):
     """Causality: control rows keep excerpt A, so ȳ's steps before the boundary are the same with and without
-    the switch, and differ after it; the ratios are what the profiles say; a window that does not fit is refused."""
+    the switch, and differ after it; the ratios are what the profiles say."""
     from cgt_viz.evaluate import step_window_means, text_step_profile
     from cgt_viz.figures import step_profile_figure
     task = make_task("text", source=str(write_topics(tmp_path)), tokenizer="bytes", block_size=64, min_excerpt=8)
@@ -318,13 +308,7 @@ def test_step_profile_control_shares_everything_before_the_switch(tmp_path):
     after = (pos >= 40) & (pos < 48)
     elsewhere = ~after & (pos >= 8)
     assert prof["ratio"] == pytest.approx(prof["step_switch"][after].mean() / prof["step_switch"][elsewhere].mean())
-    with pytest.raises(ValueError, match="window"):
-        text_step_profile(model, task, boundary=40, window=30, n_batches=1, batch_size=2, part="train")
     assert step_window_means(np.arange(1.0, 11.0), boundary=5, window=2) == (5.5, np.mean([2, 3, 4, 7, 8, 9, 10]))
-    with pytest.raises(ValueError, match="window"):
-        step_window_means(np.ones(10), boundary=10, window=3)
     fig = step_profile_figure({"<b>tiny</b>": prof})
     assert len(fig.data) == 2 and all("&lt;b&gt;tiny" in tr.name for tr in fig.data)
     assert f"{prof['ratio']:.3f}" in fig.data[0].name and fig.data[1].line.dash == "dot"
-    with pytest.raises(ValueError, match="text_step_profile"):
-        step_profile_figure({"m": {"positions": pos}})

@@ -7,7 +7,6 @@ import importlib
 import inspect
 import math
 import os
-import re
 import signal
 import textwrap
 from pathlib import Path
@@ -125,8 +124,6 @@ def test_device_auto_prefers_cuda_then_mps_then_cpu():
     want = "cuda" if torch.cuda.is_available() else (
         "mps" if torch.backends.mps.is_available() else "cpu")
     assert resolve_device("auto").type == want
-    with pytest.raises(ValueError, match="device"):
-        resolve_device("tpu")
 
 
 # ------------------------------------------------------------------------------------ determinism
@@ -203,26 +200,6 @@ def test_nan_loss_stops_with_the_step_and_term_and_keeps_the_last_good_state(tmp
 
 
 # ----------------------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("name, value, exc", [
-    ("steps", 0, ValueError), ("steps", -3, ValueError), ("steps", 2.5, TypeError),
-    ("batch_size", 0, ValueError), ("batch_size", -1, ValueError),
-    ("lr", 0.0, ValueError), ("lr", -1e-3, ValueError), ("lr", float("nan"), ValueError),
-    ("warmup", -1, ValueError), ("min_lr_ratio", 1.5, ValueError), ("grad_clip", 0, ValueError),
-    ("eval_every", -1, ValueError), ("checkpoint_every", 0, ValueError), ("seed", -1, ValueError),
-    ("keep_checkpoints", -1, ValueError),
-    ("device", "tpu", ValueError), ("callbacks", [42], TypeError),
-])
-def test_bad_arguments_name_themselves(name, value, exc):
-    task = TinyTask()
-    kwargs = dict(steps=2, batch_size=2, lr=1e-3, **QUIET)
-    kwargs[name] = value
-    with pytest.raises(exc, match=name) as info:
-        train(CGT(tiny_config(task)), task, **kwargs)
-    # the message opens with the argument's name and ends with the value it got (as given: 0 -> "0.0" for a float)
-    shown = {"grad_clip": "0.0", "callbacks": "42"}.get(name, repr(value) if isinstance(value, str) else str(value))
-    assert re.fullmatch(rf"{name} must .+, got .*{re.escape(shown)}", str(info.value)), str(info.value)
-
-
 def _unread_settings(names: set[str]) -> set[str]:
     """Of `names`, those the training loop (`_run`) never reads as `cfg.<name>`."""
     run = importlib.import_module("cgt_viz.train")._run      # (cgt_viz.train, the attribute, is the function)
@@ -242,14 +219,7 @@ def test_every_train_config_field_is_read_by_the_training_loop():
     assert _unread_settings(fields | {"a_new_setting"}) == {"a_new_setting"}   # the check sees a field left out
 
 
-def test_bad_model_task_and_resume_without_folder():
-    task = TinyTask()
-    with pytest.raises(TypeError, match="model"):
-        train(torch.nn.Linear(2, 2), task, steps=2, batch_size=2)
-    with pytest.raises(TypeError, match="task"):
-        train(CGT(tiny_config(task)), "icl", steps=2, batch_size=2)
-    with pytest.raises(ValueError, match="checkpoint_dir"):
-        train(CGT(tiny_config(task)), task, steps=2, batch_size=2, resume=True)
+def test_lr_of_a_one_step_run_is_finite():
     assert math.isfinite(lr_at(0, 1, 1e-3, 0, 0.1))
 
 
@@ -267,8 +237,6 @@ def test_aux_delay_and_ramp_weight_the_aux_term_in_the_total():
         want = rec["main"] + scale * rec["aux"] + cfg.w_smooth * rec["smooth"]
         assert abs(rec["total"] - want) < 1e-5, (rec, scale)
     assert records[0]["aux"] > 0  # still computed and logged while it does not count
-    with pytest.raises(ValueError, match="aux_delay"):
-        train(fresh(cfg), task, steps=2, batch_size=4, aux_delay=-1, progress=False)
 
 
 def test_an_update_that_overflows_the_weights_is_reported_as_such(tmp_path, monkeypatch):
@@ -305,8 +273,6 @@ def test_train_config_is_the_one_list_of_settings():
     names = [f.name for f in dataclasses.fields(TrainConfig)]
     train_parser = next(a for a in _parser()._actions if a.dest == "command").choices["train"]
     assert set(names) <= {a.dest for a in train_parser._actions} and list(TRAIN_FIELDS) == names
-    with pytest.raises(TypeError, match=r"unknown training settings \['stepz'\].*TrainConfig fields"):
-        train(CGT(tiny_config(TinyTask())), TinyTask(), stepz=3)
     cfg = TrainConfig(steps=7, betas=[0.8, 0.9])
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg and cfg.betas == (0.8, 0.9)
     assert "steps" not in cfg.identity(warmup=0) and cfg.identity(warmup=3)["warmup"] == 3

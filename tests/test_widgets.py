@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from cgt_viz import CGT, GPT, CGTConfig, explore
+from cgt_viz import CGT, CGTConfig, explore
 from cgt_viz import analysis as A
 from cgt_viz.widgets import CompileCompare, Explorer, SmoothnessStrip, TemplateInspector, TrainingMonitor
 from cgt_viz.widgets import _base
@@ -92,8 +92,6 @@ def test_colour_by_changes_trace_colours(ex):
     ex.set_color("token")                                               # the most frequent tokens, the rest "other"
     names = [t.name for t in map_traces(ex)]
     assert "other" in names and len(names) <= 13
-    with pytest.raises(ValueError, match="color_by must be one of"):
-        ex.set_color("nope")
 
 
 def test_ybar_map_figure_numeric_ids_sort_as_numbers():
@@ -126,8 +124,6 @@ def test_programmatic_selection_gives_the_right_rows(ex):
     assert set(ex.selection["point"]) == set(np.nonzero(xy[:, 1] < 0)[0])
     ex.select([])
     assert ex.selection.empty
-    with pytest.raises(ValueError, match="points must be indices in 0..119"):
-        ex.select([120])
 
 
 def test_browser_selection_and_click_messages_reach_python(ex):
@@ -232,32 +228,6 @@ def test_positions_option(model):
     assert ex.strip is None
 
 
-@pytest.mark.parametrize("data, kwargs, exc, words", [
-    (torch.zeros(0, 4, dtype=torch.long), {}, ValueError, "data must have shape"),
-    ([], {}, ValueError, "empty list"),
-    (torch.zeros(1, 1, dtype=torch.long), {}, ValueError, "gives 1 token; the explorer needs at least 2"),
-    (torch.zeros(3, 4, dtype=torch.long), {"labels": ["a", "b"]}, ValueError, "labels must have one entry per sequence"),
-    (torch.zeros(3, 4, dtype=torch.long), {"projection": "mds"}, ValueError, "projection must be one of"),
-    (torch.zeros(3, 4, dtype=torch.long), {"max_points": 1}, ValueError, "max_points must be an int >= 2"),
-    (torch.zeros(3, 4, dtype=torch.long), {"color_by": "label"}, ValueError, "color_by must be one of"),
-    (torch.zeros(3, 4, dtype=torch.long), {"positions": "last"}, ValueError, "positions must be"),
-])
-def test_explorer_rejects_bad_data(model, data, kwargs, exc, words):
-    with pytest.raises(exc, match=words):
-        explore(model, data, background=None, **kwargs)
-
-
-def test_widgets_reject_a_model_without_y_stream():
-    cfg = CGTConfig(vocab_size=16, block_size=16, n_layer=2, d_x=16, n_head=2, d_y=8, n_head_y=2, y_layer=1)
-    data = torch.zeros(2, 4, dtype=torch.long)
-    for make in (lambda m: explore(m, data), lambda m: SmoothnessStrip(m, data), lambda m: TemplateInspector(m, data),
-                 lambda m: CompileCompare(m, data)):
-        with pytest.raises(TypeError, match="must be a CGT"):
-            make(GPT(cfg))
-    with pytest.raises(TypeError, match="sequences must be an analysis.Sequences"):
-        Explorer(CGT(cfg), data)
-
-
 def test_explorer_from_a_task_colours_by_topic(model):
     ex = explore(model, TopicTask(), n_batches=1, batch_size=4, background=None)
     assert ex.label_name == "topic" and set(ex.points.label) == {"low", "high"}
@@ -291,10 +261,6 @@ def test_smoothness_strip_shows_sequences_and_overlays(model):
     assert strip.sequence == 0 and strip.highlight is None and "sequence 0" in strip.figure.layout.title.text
     strip.show(2)                                                         # a one-token text still draws
     assert len(strip.figure.data[0].x) == 1
-    with pytest.raises(ValueError, match="sequence must be an int in 0..2"):
-        strip.show(3)
-    with pytest.raises(ValueError, match="other must read the same inputs"):
-        SmoothnessStrip(model, seqs, other=tiny_cgt(vocab_size=300))
 
 
 # ---------------------------------------------------------------------------------------------- templates
@@ -317,10 +283,6 @@ def test_template_inspector_site_token_and_ablation(model):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     insp.show(sequence=0)
     assert insp.token == 15 and insp.seq_picker.value == 0
-    with pytest.raises(ValueError, match="site must be one of"):
-        insp.show(site="1.attn_in")
-    with pytest.raises(ValueError, match="token must be an int in 0..15"):
-        TemplateInspector(model, data, token=16)
 
 
 # ---------------------------------------------------------------------------------------------- compare
@@ -336,14 +298,6 @@ def test_compile_compare_slider_and_sequence(model):
     cmp.picker.value = 2
     one = A.compare_losses(model, cmp.seqs.inputs[2:3], cmp.targets[2:3], 12)
     assert np.allclose(cmp.figure.data[0].y, one["prompted"], atol=1e-5) and "sequence 2" in cmp.figure.layout.title.text
-    with pytest.raises(ValueError, match="split must be an int in 1..23"):
-        cmp.show(split=24)
-
-
-def test_compile_compare_needs_targets_in_vectors_mode():
-    cfg = CGTConfig(input_dim=3, block_size=16, n_layer=2, d_x=16, n_head=2, d_y=8, n_head_y=2, y_layer=1)
-    with pytest.raises(ValueError, match="carry no targets"):
-        CompileCompare(CGT(cfg), torch.randn(2, 8, 3))
 
 
 # ---------------------------------------------------------------------------------------------- monitor
@@ -372,12 +326,6 @@ def test_training_monitor_throttles_redraws():
     monitor({"kind": "eval", "step": 3000, "val_main": 0.5})               # evaluations always draw
     drawn = monitor.figure.data[0].x                                          # thinned, the last step kept
     assert monitor.redraws == 2 and 1000 < len(drawn) <= monitor.max_points + 1 and drawn[-1] == 2999
-    with pytest.raises(ValueError, match="record must have 'kind'"):
-        monitor({"kind": "stop", "step": 1})
-    with pytest.raises(TypeError, match="record must be a dict"):
-        monitor([1, 2])
-    with pytest.raises(ValueError, match="min_interval"):
-        TrainingMonitor(min_interval=-1)
 
 
 # ---------------------------------------------------------------------------------------------- lean figure
@@ -471,8 +419,6 @@ def test_search_neighbours_isolate_components_and_export(ex, tmp_path):
     xy = ex.coords
     ex.select_box((xy[:, 0].min(), xy[:, 0].max()), (xy[:, 1].min(), xy[:, 1].max()))
     assert "b" not in set(ex.selection["label"])                        # hidden points are not selected
-    with pytest.raises(ValueError, match="a and b must be two different components"):
-        ex.set_components(1, 1)
 
 
 def test_token_coloured_text_in_strip_inspector_and_compare(model):
@@ -494,8 +440,6 @@ def test_token_coloured_text_in_strip_inspector_and_compare(model):
     fig = token_text_figure(["x", "y", "z"], [1.0, -2.0, 0.5], per_row=2, value_name="Δ")
     assert np.asarray(fig.data[0].z).shape == (2, 2) and fig.data[0].zmid == 0
     assert "&lt;a&gt;" in colored_tokens_html(["<a>"], [1.0])
-    with pytest.raises(ValueError, match=r"values must have shape \(3,\)"):
-        token_text_figure(["x", "y", "z"], [1.0])
 
 
 def test_big_data_first_paints_a_preview_and_python_sees_every_point(model, monkeypatch):
@@ -552,8 +496,6 @@ def test_three_d_map_from_python_and_the_toggle(ex):
     ex.set_projection("pca", dims=3)
     ex.set_components(2, 3)                                    # a pair of PCs is a 2-D map
     assert ex.dims == 2 and ex.dims_picker.value == 2 and ex.figure.data[0].type == "scattergl"
-    with pytest.raises(ValueError, match="dims"):
-        ex.set_projection("pca", dims=4)
 
 
 def test_three_d_from_explore_and_the_figure_function(model):
@@ -567,8 +509,6 @@ def test_three_d_from_explore_and_the_figure_function(model):
     fig = ybar_map_figure(np.random.default_rng(0).normal(size=(10, 3)), ["a", "b"] * 5,
                           axis_names=("u", "v", "w"))
     assert [t.type for t in fig.data] == ["scatter3d"] * 2 and fig.layout.scene.zaxis.title.text == "w"
-    with pytest.raises(ValueError, match="dims"):
-        explore(model, torch.randint(0, 256, (4, 20)), dims=1)
 
 
 def test_a_one_off_static_copy_fades_the_unselected_points(ex):

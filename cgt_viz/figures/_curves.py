@@ -7,7 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .._checks import Bool, Float, Height, Int, check_int, checked, describe
+from .._checks import Bool, Float, Height, Int, check_int, checked, describe, refuse
 from ..analysis import training_series
 from ._style import PALETTE, _check_1d, _vline, finish
 
@@ -33,8 +33,8 @@ def compare_figure(losses: dict, *, boundary: float | None = None, split: int | 
         {name: next((k for k in keys if k in losses), None) for name, keys in CURVE_KEYS.items()}
     if not found or found["position"] is None:
         got = sorted(losses) if isinstance(losses, dict) else type(losses).__name__
-        raise ValueError(f"losses must be a dict with 'position' (or 'positions') and per-position curves "
-                         f"{[keys[0] for keys in list(CURVE_KEYS.values())[1:]]}, got {got}")
+        raise refuse("losses", f"a dict with 'position' (or 'positions') and per-position curves "
+                               f"{[keys[0] for keys in list(CURVE_KEYS.values())[1:]]}", str(got))
     pos = _check_1d(f"losses[{found['position']!r}]", losses[found["position"]])
     fig = go.Figure()
     styles = {"prompted": ("#1f77b4", "solid"), "specialized": ("#d62728", "solid"), "no_context": ("#7f7f7f", "dot")}
@@ -147,7 +147,7 @@ def _weights_of(weights: Any) -> dict | None:
         return None if weights is None else {k: float(v) for k, v in weights.items()}
     if hasattr(weights, "w_aux"):
         return {"main": 1.0, "aux": float(weights.w_aux), "smooth": float(getattr(weights, "w_smooth", 0.0))}
-    raise TypeError(f"weights must be None, a dict {{term: weight}} or a model config, got {describe(weights)}")
+    raise refuse("weights", "None, a dict {term: weight} or a model config", describe(weights), TypeError)
 
 
 def ema(values: Any, smoothing: float) -> np.ndarray:

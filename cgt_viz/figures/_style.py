@@ -9,7 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from .._checks import Choice, check_array, check_int, checked, describe
+from .._checks import Choice, check_array, check_int, checked, describe, refuse
 
 
 # well-separated colours first (Tableau 10: no two neighbours alike), then more
@@ -108,8 +108,8 @@ def _tokens_axis(tokens: Sequence[str] | None, t: int) -> tuple[np.ndarray, list
     x = np.arange(t)
     if tokens is None:
         return x, [str(p) for p in x]
-    if len(tokens) != t:
-        raise ValueError(f"tokens must have one string per position ({t}), got {len(tokens)}")
+    if len(tokens) != t:   # a cross-argument check: the tokens against the values drawn
+        raise refuse("tokens", f"one string per position ({t})", str(len(tokens)), verb="have")
     return x, [f"{p}: {hover_escape(s)}" for p, s in zip(x, tokens)]
 
 
@@ -125,7 +125,7 @@ def _check_shape(name: str, value: Any, want: str, fits: Callable[[tuple], bool]
     `want` says the shape in the message, e.g. "(N, 2) with N >= 1"."""
     arr = check_array(name, value, range(8), finite=False, what=want.split(" with")[0])
     if not fits(arr.shape):
-        raise ValueError(f"{name} must have shape {want}, got shape {arr.shape}")
+        raise refuse(name, f"shape {want}", f"shape {arr.shape}", verb="have")
     return check_array(name, arr, arr.ndim) if finite else arr
 
 
@@ -137,8 +137,8 @@ def _check_1d(name: str, a: Any, n: int | None = None, *, numeric: bool = True) 
         return _check_shape(name, a, want, fits)
     arr = _as_array(name, a, f"have shape {want} (one per point)")
     if not fits(arr.shape):
-        got = describe(a) if arr.ndim == 0 else f"shape {arr.shape}"
-        raise ValueError(f"{name} must have shape {want} (one per point), got {got}")
+        raise refuse(name, f"shape {want} (one per point)", describe(a) if arr.ndim == 0 else f"shape {arr.shape}",
+                     verb="have")
     return arr
 
 
@@ -148,18 +148,19 @@ def _check_position(name: str, value: Any, t: int) -> int | None:
 
 
 def _as_array(name: str, a: Any, want: str) -> np.ndarray:
-    """np.asarray(a); ragged nesting is a TypeError "name must <want>"."""
+    """np.asarray(a); ragged nesting is a TypeError "name must <want>" (want starts with its verb)."""
     try:
         return np.asarray(a)
     except ValueError:
-        raise TypeError(f"{name} must {want}, got {describe(a)}") from None
+        verb, _, what = want.partition(" ")
+        raise refuse(name, what, describe(a), TypeError, verb=verb) from None
 
 
 # ---------------------------------------------------------------------------------------------- colours
 def _color_values(values: Any, name: str = "colour values") -> np.ndarray:
     values = _as_array(name, values, "be 1-D (one per point)")
     if values.ndim != 1:
-        raise ValueError(f"{name} must be 1-D (one per point), got shape {values.shape}")
+        raise refuse(name, "1-D (one per point)", f"shape {values.shape}")
     return values
 
 
@@ -169,9 +170,9 @@ def color_kind(values: Any, kind: str | None = None) -> str:
     than 12 distinct values are continuous and everything else (labels, few numbers) categorical."""
     values = _color_values(values)
     numeric = np.issubdtype(values.dtype, np.number) and values.dtype != np.bool_
-    if kind == "continuous" and not numeric:
-        raise ValueError(f"kind='continuous' needs numeric colour values, got dtype {values.dtype}; "
-                         f"use kind='categorical' for labels")
+    if kind == "continuous" and not numeric:   # a cross-argument check: the kind against the values
+        raise refuse("kind", "'categorical' or None for colour values that are not numbers",
+                     f"kind='continuous' and values of dtype {values.dtype}", hint="'continuous' needs numbers")
     if kind is None:
         kind = "continuous" if (numeric and len(np.unique(values)) > 12) else "categorical"
     return kind

@@ -9,7 +9,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .._checks import Height, Int, Tokens, check_array, check_int, checked, describe
+from .._checks import Height, Int, Tokens, check_array, check_int, checked, describe, refuse
 from ..analysis import token_smoothness
 from ._style import (MODEL_COLORS, NEGATIVE_COLOR, NEUTRAL_COLOR, POSITIVE_COLOR, _check_1d, _check_position,
                      _check_shape, _tokens_axis, _vline, colorbar, finish, heat_colors, hover_escape, plural,
@@ -30,7 +30,7 @@ def smoothness_figure(ybar: Any, tokens: Sequence[str] | None = None, *, boundar
     x, hover = _tokens_axis(tokens, t)
     boundary, highlight = _check_position("boundary", boundary, t), _check_position("highlight", highlight, t)
     if overlay is not None and not isinstance(overlay, dict):
-        raise TypeError(f"overlay must be None or a dict {{name: ybar (t, e)}} of other models, got {describe(overlay)}")
+        raise refuse("overlay", "None or a dict {name: ybar (t, e)} of other models", describe(overlay), TypeError)
     series = {name: ybar}
     for other, arr in (overlay or {}).items():
         series[other] = _check_shape(f"overlay[{other!r}]", arr, f"({t}, e) (the same {t} positions)",
@@ -88,14 +88,15 @@ def step_profile_figure(profiles: dict[str, Any], *, title: str | None = None, h
     result} (one model or several); solid lines the mixture rows, dotted the no-switch control, the switch
     window shaded."""
     if not isinstance(profiles, dict) or not profiles:
-        raise TypeError(f"profiles must be a non-empty dict {{name: text_step_profile(...) result}}, got {describe(profiles)}")
+        raise refuse("profiles", "a non-empty dict {name: text_step_profile(...) result}", describe(profiles),
+                     TypeError)
     need = ("positions", "step_switch", "step_no_switch", "boundary", "window", "ratio", "ratio_no_switch")
     fig = go.Figure()
     windows = set()
     for i, (name, prof) in enumerate(profiles.items()):
         if not isinstance(prof, dict) or any(k not in prof for k in need):
-            raise ValueError(f"profiles[{name!r}] must be a text_step_profile result with keys {list(need)}, "
-                             f"got {sorted(prof) if isinstance(prof, dict) else describe(prof)}")
+            raise refuse(f"profiles[{name!r}]", f"a text_step_profile result with keys {list(need)}",
+                         str(sorted(prof)) if isinstance(prof, dict) else describe(prof))
         pos = _check_1d(f"profiles[{name!r}]['positions']", prof["positions"])
         color, label = MODEL_COLORS[i % len(MODEL_COLORS)], hover_escape(name)
         for key, dash, what in (("step_switch", "solid", "topic switch"), ("step_no_switch", "dot", "no switch")):
@@ -221,8 +222,8 @@ def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: s
     if mean_abs is not None:
         mean_abs = check_array("mean_abs", mean_abs, 2, finite=False, what="(labels, K)").astype(np.float32)
         names = [hover_escape(s) for s in (label_names if label_names is not None else range(len(mean_abs)))]
-        if mean_abs.shape != (len(names), K):
-            raise ValueError(f"mean_abs must have shape (labels={len(names)}, K={K}), got {mean_abs.shape}")
+        if mean_abs.shape != (len(names), K):   # a cross-argument check: one row per label name
+            raise refuse("mean_abs", f"shape (labels={len(names)}, K={K})", str(mean_abs.shape), verb="have")
     else:
         mean_abs, names = np.zeros((0, K), np.float32), []
     fig.add_trace(go.Heatmap(z=mean_abs, x=ks, y=names, **heat_colors(mean_abs, signed=False), showscale=True,

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .._checks import check_float, check_int, describe
+from .._checks import Float, Has, Instance, Int, check_float, check_int, checked, refuse
 from ..tasks.base import Batch, Task
 from ..tasks.icl import check_batch_size
 from ..tasks.text import is_validation_document, load_corpus
@@ -31,12 +31,10 @@ class BBCTokens(Task):
 
     name = "bbc_tokens"
 
+    @checked(tokenizer=Has("encode", "decode", what="a transformers tokenizer (with encode/decode)"),
+             block_size=Int(2), val_fraction=Float(0.0, 1.0, lo_open=True, hi_open=True))
     def __init__(self, tokenizer, block_size: int = 128, source: str | os.PathLike = "bbc", val_fraction: float = 0.2,
                  test_fraction: float = 0.0):
-        if not callable(getattr(tokenizer, "encode", None)) or not hasattr(tokenizer, "decode"):
-            raise TypeError(f"tokenizer must be a transformers tokenizer (with encode/decode), got {describe(tokenizer)}")
-        check_int("block_size", block_size, 2)
-        check_float("val_fraction", val_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
         check_float("test_fraction", test_fraction, 0.0, 1.0 - val_fraction, hi_open=True,
                     hint=f" (0 = no test part; below 1 − val_fraction = {1 - val_fraction:g})")
         self.tokenizer, self.block_size, self.val_fraction = tokenizer, block_size, float(val_fraction)
@@ -75,8 +73,7 @@ class BBCTokens(Task):
         decides which documents are long enough to keep, and the parts are drawn among the kept ones: a task
         built with another block size moves documents between train, val and test, so a "test" document
         could be one the head trained on."""
-        if not isinstance(settings, dict):
-            raise TypeError(f"settings must be the dict of a head's metrics.json 'settings', got {describe(settings)}")
+        Instance(dict, "the dict of a head's metrics.json 'settings'").check("settings", settings)
         need = ("eval_prompts", "prefix", "suffix", "val_fraction", "test_fraction")
         missing = [k for k in need if k not in settings]
         if missing:
@@ -95,7 +92,7 @@ class BBCTokens(Task):
     def check_part(self, part: Any) -> None:
         if part not in self.parts:
             extra = "" if "test" in self.parts else " ('test' needs test_fraction > 0)"
-            raise ValueError(f"part must be one of {self.parts}{extra}, got {part!r}")
+            raise refuse("part", f"one of {self.parts}{extra}", repr(part))
 
     def n_docs(self, part: str = "train") -> int:
         self.check_part(part)
@@ -185,7 +182,8 @@ class BBCTokens(Task):
                     topics.append(ti)
                     docs.append(d)
         if not rows:
-            raise ValueError(f"no document of part {part!r} has at least length = {length} tokens; use a shorter window")
+            raise refuse("length", f"at most the length of a {part!r} document", f"{length}: no document of part "
+                         f"{part!r} has that many tokens", hint="use a shorter window")
         return torch.stack(rows), torch.tensor(topics), torch.tensor(docs)
 
     def decode(self, tokens) -> list[str]:

@@ -46,10 +46,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .._checks import check_bool, check_float, check_int, describe
+from .._checks import Bool, Choice, Float, Int, check_divisible, check_int, checked, describe, refuse
 from ..distill import aux_objective, teacher_topk
 from ..io import load_tensors, read_json, save_tensors, sha256_file, write_json
-from ..train import _process_group, _StopFlag
+from .._ranks import process_group
+from ..train import _StopFlag
 from .source import cache_root
 
 CACHE_FORMAT = "cgt_viz.feature_cache/1"
@@ -77,12 +78,8 @@ def lm_fingerprint(lm) -> str:
 
 
 def _require_pooled_only(model) -> None:
-    from .model import CGTLM
-    if not isinstance(model, CGTLM):
-        raise TypeError(f"model must be a cgt_viz.hf.CGTLM, got {describe(model)}")
-    if not model.pooled_only:
-        raise ValueError("model must be a CGTLM(pooled_only=True) for the feature cache: with y blocks ȳ depends on "
-                         "x_1..x_ℓ of every prefix token, which the cache does not hold (train it with CGTLM.loss)")
+    from .model import check_cgtlm
+    check_cgtlm(model, pooled_only=True)
 
 
 class FeatureCache:
@@ -155,6 +152,8 @@ def compute_features(model, tokens: torch.Tensor, prefix_len: int, top_k: int | 
     return feats
 
 
+@checked(top_k=Int(1, none=True, hint=" (None: the whole vocabulary)"), batch_size=Int(1), progress=Bool(),
+         store_dtype=Choice(*STORE_DTYPES))
 def build_feature_cache(model, tokens: torch.Tensor, prefix_len: int, *, top_k: int | None = 64,
                         topics: torch.Tensor | None = None, docs: torch.Tensor | None = None,
                         root: str | os.PathLike | None = None, batch_size: int = 8, store_dtype: str = "float16",
@@ -169,19 +168,14 @@ def build_feature_cache(model, tokens: torch.Tensor, prefix_len: int, *, top_k: 
     In a process group (torchrun) rank 0 builds the cache; the other ranks wait at a barrier, then load it."""
     _require_pooled_only(model)
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
-        raise TypeError(f"tokens must be an integer tensor of windows (n, prefix_len + suffix_len + 1), "
-                        f"got {describe(tokens)}")
+        raise refuse("tokens", "an integer tensor of windows (n, prefix_len + suffix_len + 1)", describe(tokens),
+                     TypeError)
     check_int("prefix_len", prefix_len, 2, tokens.shape[1] - 2,
               hint=f" (the windows have {tokens.shape[1]} tokens: at least 2 are left for the suffix and its target)")
-    check_int("top_k", top_k, 1, allow_none=True, hint=" (None: the whole vocabulary)")
-    check_int("batch_size", batch_size, 1)
-    check_bool("progress", progress)
-    if store_dtype not in STORE_DTYPES:
-        raise ValueError(f"store_dtype must be one of {tuple(STORE_DTYPES)}, got {store_dtype!r}")
     n = tokens.shape[0]
     for name, extra in (("topics", topics), ("docs", docs)):
         if extra is not None and (not isinstance(extra, torch.Tensor) or tuple(extra.shape) != (n,)):
-            raise ValueError(f"{name} must be a tensor ({n},), one entry per window, got {describe(extra)}")
+            raise refuse(name, f"a tensor ({n},), one entry per window", describe(extra))
     settings = {"format": CACHE_FORMAT, "prefix_len": prefix_len, "suffix_len": tokens.shape[1] - prefix_len - 1,
                 "top_k": top_k, "y_layer": model.config.y_layer, "pool_half_life": model.pool_half_life,
                 "store_dtype": store_dtype}
@@ -319,6 +313,8 @@ def _load_head_state(folder: Path, model, opt, gen) -> tuple[torch.Tensor, dict]
     return tensors["order"], info
 
 
+@checked(steps=Int(1, none=True), minutes=Float(0.0, lo_open=True, none=True), lr=Float(0.0, lo_open=True),
+         checkpoint_every=Int(1), resume=Bool())
 def train_head(model, cache: FeatureCache, *, steps: int | None = None, minutes: float | None = None,
                batch_size: int = 16, lr: float = 2e-3, weight_decay: float = 0.0, warmup: int = 20,
                seed: int = 0, val_cache: FeatureCache | None = None, eval_every: int = 0, eval_windows: int = 128,
@@ -338,19 +334,13 @@ def train_head(model, cache: FeatureCache, *, steps: int | None = None, minutes:
     "interrupted"} (aux and ce of the global batch)."""
     _require_pooled_only(model)
     if steps is None and minutes is None:
-        raise ValueError("give steps, minutes or both (training stops at whichever comes first)")
-    check_int("steps", steps, 1, allow_none=True)
-    check_float("minutes", minutes, 0.0, lo_open=True, allow_none=True)
+        raise refuse("steps or minutes", "given, or both (training stops at whichever comes first)", "neither")
     check_int("batch_size", batch_size, 1, len(cache), hint=f" (the cache holds {len(cache)} windows)")
-    check_float("lr", lr, 0.0, lo_open=True)
-    check_int("checkpoint_every", checkpoint_every, 1)
-    check_bool("resume", resume)
     folder = None if checkpoint_dir is None else Path(checkpoint_dir)
     if resume and folder is None:
-        raise ValueError("resume=True needs checkpoint_dir, the folder a previous train_head wrote")
-    with _process_group(model.device, GROUP_TIMEOUT_MINUTES) as (dev, distributed, rank, world):
-        if batch_size % world:
-            raise ValueError(f"batch_size must be divisible by the number of ranks ({world}), got {batch_size}")
+        raise refuse("checkpoint_dir", "set with resume=True (the folder a previous train_head wrote)", "None")
+    with process_group(model.device, GROUP_TIMEOUT_MINUTES) as (dev, distributed, rank, world):
+        check_divisible("batch_size", batch_size, world, "the number of ranks")
         model.to(dev)
         return _train_head(model, cache, steps, minutes, batch_size, lr, weight_decay, warmup, seed, val_cache,
                            eval_every, eval_windows, folder, checkpoint_every, resume, callback, progress, log,

@@ -33,10 +33,10 @@ import torch
 
 import torch.distributed as dist
 
-from .._checks import check_float, check_int
+from .._checks import check_divisible, check_float, check_int, refuse
 from ..checkpoint import RunLock
 from ..io import read_json, write_json
-from ..train import _process_group
+from .._ranks import process_group
 from . import distill
 from .data import BBCTokens
 from .measure import compile_comparison
@@ -130,9 +130,8 @@ def main(argv=None, run_record: dict | None = None) -> int:
     with RunLock(out, "run folder") if is_main else contextlib.nullcontext():
         if run_record is not None and is_main:
             write_json(out / RUN_FILE, run_record)
-        with _process_group(args.device, distill.GROUP_TIMEOUT_MINUTES) as (dev, distributed, rank, world):
-            if args.batch % world:
-                raise ValueError(f"--batch must be divisible by the number of ranks ({world}), got {args.batch}")
+        with process_group(args.device, distill.GROUP_TIMEOUT_MINUTES) as (dev, distributed, rank, world):
+            check_divisible("--batch", args.batch, world, "the number of ranks")
             run(args, out, dev, distributed, rank)
     return 0
 
@@ -282,7 +281,7 @@ def train_route(task: str, out: Path, given: dict, task_args: dict, resume: bool
                              f"{', '.join(allowed)} (and train's own flags: {', '.join(sorted(FROM_TRAIN))})")
         action = flags[dest]
         if action.nargs == 0 and not isinstance(value, bool):
-            raise ValueError(f"--task-arg {key} must be true or false, got {value!r}")
+            raise refuse(f"--task-arg {key}", "true or false", repr(value))
         if action.nargs != 0 or value:          # a switch: key=true turns it on
             pairs.append((action.option_strings[0], [] if action.nargs == 0 else
                           [str(v) for v in (value if isinstance(value, list) else [value])]))

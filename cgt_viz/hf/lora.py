@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn as nn
 
-from .._checks import check_int
+from .._checks import Choice, StepCounts, check_int, checked
 from ..contracts import IGNORE_INDEX
 from ..evaluate import GAP_NOISE_FLOOR, _gap, gap_note
 from ..lora_baseline import (INITS, Checkpoint, Continuations, Factors, _distill, _median, _timed, lora_rank,
@@ -66,6 +66,7 @@ def upper_logits(lm, x_ell: torch.Tensor, ell: int) -> torch.Tensor:
         body.layers = layers
 
 
+@checked(steps=StepCounts(), init=Choice(*INITS))
 def peft_lora_baseline(model, prompt: torch.Tensor, data: Continuations | None = None,
                        steps: Sequence[int] = (10, 30, 100), init: str = "random", lr: float = 1e-3,
                        top_k: int | None = None, n_samples: int = 8, sample_len: int = 64,
@@ -83,11 +84,6 @@ def peft_lora_baseline(model, prompt: torch.Tensor, data: Continuations | None =
     "copy_and_wrap", "compile_factors" (init "compile")}."""
     import peft
 
-    if init not in INITS:
-        raise ValueError(f"init must be one of {INITS}, got {init!r}")
-    steps = sorted(set(int(s) for s in steps))
-    if not steps or steps[0] < 0:
-        raise ValueError(f"steps must be non-negative step counts, got {steps}")
     prompt = prompt.to(model.device)
     seconds = {}
     t0 = time.perf_counter()

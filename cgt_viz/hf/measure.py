@@ -83,9 +83,8 @@ def window_losses(model, tokens: torch.Tensor, prefix_len: int, topics: torch.Te
                  document of the same / another topic
     topic_mean   ȳ = topic_means[topic] (e.g. the mean ȳ of the topic's training windows)
     no_context   the LM alone on the suffix"""
-    from .model import CGTLM
-    if not isinstance(model, CGTLM):
-        raise TypeError(f"model must be a cgt_viz.hf.CGTLM, got {type(model).__name__}")
+    from .model import check_cgtlm
+    check_cgtlm(model)
     n, length = tokens.shape
     m = length - prefix_len - 1
     gen = torch.Generator().manual_seed(seed)

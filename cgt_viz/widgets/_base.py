@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import html
+import inspect
 import os
 import threading
 import weakref
@@ -27,7 +28,9 @@ import plotly.graph_objects as go
 import traitlets
 
 from .. import analysis as A
-from ..contracts import check_ybar_array
+from .._checks import refuse
+from ..contracts import check_inputs, check_ybar_array
+from ..sequences import _prepare_sequences
 from ..figures import PLOTLY_CONFIG
 
 _BUNDLE_PATH = Path(plotly.__file__).parent / "package_data" / "widgetbundle.js"
@@ -279,11 +282,25 @@ class Controls:
 
 
 # ---------------------------------------------------------------------------------------------- data
-def sequences_of(model, data, labels=None, boundary=None, **prepare_kw) -> A.Sequences:
-    """`data` as analysis.Sequences (already-prepared Sequences pass through)."""
+def sequences_of(model, data, labels=None, boundary=None, name: str = "data", **prepare_kw) -> A.Sequences:
+    """`data` as analysis.Sequences for a model the view's door checked: prepared (its ids checked once), or
+    already-prepared Sequences, whose ids are checked against this model once. Nothing behind it checks again."""
     if isinstance(data, A.Sequences):
+        check_inputs(model.config, data.inputs, name)
         return data
-    return A.prepare_sequences(model, data, labels, boundary, **prepare_kw)
+    return _prepare_sequences(model, data, labels, boundary, **_prepare_settings(prepare_kw))
+
+
+def _prepare_settings(prepare_kw: dict) -> dict:
+    """A view's extra keywords: prepare_sequences' keyword-only settings, checked by its declarations, with its
+    defaults for those not given."""
+    params = inspect.signature(A.prepare_sequences).parameters
+    names = [p for p, param in params.items() if param.kind is inspect.Parameter.KEYWORD_ONLY]
+    unknown = sorted(set(prepare_kw) - set(names))
+    if unknown:
+        raise refuse("the extra keywords", f"settings of prepare_sequences {names}", str(unknown), TypeError, verb="be")
+    contracts = A.prepare_sequences.__contracts__
+    return {p: contracts[p].check(p, prepare_kw.get(p, params[p].default)) for p in names}
 
 
 def boundary_of(seqs: A.Sequences, i: int) -> int | None:

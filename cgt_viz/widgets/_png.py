@@ -41,6 +41,8 @@ import warnings
 from collections import OrderedDict
 from pathlib import Path
 
+from .._checks import refuse
+
 ENV = "CGT_STATIC_PNG"
 BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 START_TIMEOUT_S = 60.0               # starting Chromium and loading plotly.js into its page
@@ -68,7 +70,7 @@ def static_png(on: bool | None = None) -> bool:
     kaleido session (its Chromium). See the module docstring for what it costs."""
     global _enabled
     if on is not None and not isinstance(on, bool):
-        raise TypeError(f"static_png takes True, False or nothing, got {on!r}")
+        raise refuse("on", "True, False or nothing (static_png() only says whether it is on)", repr(on), TypeError)
     if on is not None:
         _enabled = on
         if not _enabled:

@@ -253,7 +253,7 @@ class Projecting:
         a = check_int("a", a, 1, n_pc, hint=" (a principal component)")
         b = check_int("b", b, 1, n_pc, hint=" (a principal component)")
         if a == b:
-            raise ValueError(f"a and b must be two different components, got {a} and {b}")
+            raise refuse("a and b", "two different components", f"{a} and {b}")
         pca = PCA(n_pc)
         coords = pca.fit_transform(self.points.ybar)
         self._pc_ratio, self.components = pca.explained_variance_ratio_, (a, b)

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from .._checks import Choice, Pair, check_array, check_index, check_int, checked, describe
+from .._checks import Choice, Pair, check_array, check_index, check_indices, check_int, checked, describe, refuse
 from ..figures import highlight_trace, plural
 from ..geometry import cosine_neighbours, in_box, in_polygon
 from ._base import html_status
@@ -102,7 +102,7 @@ class MapSelection:
         """Select the drawn points whose token (field="token"), label ("label"), or either ("any") contains
         `query` (case-insensitive); returns them as a DataFrame like `selection`."""
         if not isinstance(query, str) or not query:
-            raise TypeError(f"query must be a non-empty string, got {describe(query)}")
+            raise refuse("query", "a non-empty string", describe(query), TypeError)
         q = query.lower()
         hit = np.zeros(len(self.points), bool)
         if field in ("any", "token"):
@@ -123,8 +123,8 @@ class MapSelection:
         idx = self._check_points(points)
         if labels is None:
             labels = [str(t) for t in self.points.token[idx]]
-        if len(labels) != len(idx):
-            raise ValueError(f"labels must have one string per point ({len(idx)}), got {len(labels)}")
+        if len(labels) != len(idx):   # a cross-argument check: one label per point given
+            raise refuse("labels", f"one string per point ({len(idx)})", str(len(labels)), verb="have")
         self._highlight = (idx, [str(s) for s in labels], str(name))
         self._draw_highlight()
 
@@ -217,20 +217,7 @@ class MapSelection:
 
     def _check_points(self, points) -> np.ndarray:
         """Indices of drawn points: a list/array of ints in 0..M−1 -> (k,) int64."""
-        m = len(self.points)
-        want = f"a list of point indices (ints in 0..{m - 1})"
-        if isinstance(points, (str, bytes, dict)) or not hasattr(points, "__len__"):
-            raise TypeError(f"points must be {want}, got {describe(points)}")
-        idx = np.asarray(points).reshape(-1)
-        if idx.size == 0:
-            return np.zeros(0, dtype=np.int64)
-        if not np.issubdtype(idx.dtype, np.integer):
-            raise TypeError(f"points must be {want}, got {describe(points)}")
-        bad = idx[(idx < 0) | (idx >= m)]
-        if bad.size:
-            raise ValueError(f"points must be indices in 0..{m - 1}, got {describe(points)} "
-                             f"({bad.size} out of range, e.g. {int(bad[0])})")
-        return idx.astype(np.int64)
+        return check_indices("points", points, len(self.points), flatten=True)
 
     @property
     def hidden_categories(self) -> list[str]:
@@ -242,14 +229,14 @@ class MapSelection:
     def set_hidden(self, categories) -> None:
         """Hide these categories of the current colouring (and show the others); [] shows all."""
         if isinstance(categories, str) or not hasattr(categories, "__iter__"):
-            raise TypeError(f"categories must be a list of category names, got {describe(categories)}")
+            raise refuse("categories", "a list of category names", describe(categories), TypeError)
         if not self._groups:
             raise ValueError(f"categories can only be hidden in a colouring with a legend (one trace per "
                              f"category); colour by {self.color_by!r} has none, got {list(categories)}")
         names = [html.unescape(t.name) for t in self.figure.data[:self._n_map]]   # escaped user strings
         unknown = [c for c in categories if str(c) not in names]
         if unknown:
-            raise ValueError(f"categories must be names of the colouring {self.color_by!r} ({names}), got {unknown}")
+            raise refuse("categories", f"names of the colouring {self.color_by!r} ({names})", str(unknown))
         hide = {str(c) for c in categories}
         with self.figure.batch_update():
             for t in self.figure.data[:self._n_map]:
@@ -273,8 +260,7 @@ class MapSelection:
         """Select the drawn points inside a polygon (vertices xs, ys) of the current projection."""
         xs, ys = check_array("xs", xs, 1), check_array("ys", ys, 1)
         if len(xs) < 3 or xs.shape != ys.shape:
-            raise ValueError(f"xs and ys must be two equal-length lists of >= 3 vertices, got shapes {xs.shape} "
-                             f"and {ys.shape}")
+            raise refuse("xs and ys", "two equal-length lists of >= 3 vertices", f"shapes {xs.shape} and {ys.shape}")
         self._need_2d("select_lasso")
         self.select(np.nonzero(in_polygon(self.coords, xs, ys) & self._visible_mask())[0])
 

@@ -10,7 +10,8 @@ import ipywidgets as W
 import numpy as np
 
 from .. import analysis as A
-from .._checks import Height, check_int, checked
+from .._checks import Height, check_int, checked, refuse
+from ..contracts import Model, check_targets
 from ..figures import compare_figure, token_text_figure
 from ..lora_baseline import check_lora_results, lora_compile_figure
 from ._base import boundary_of, figure_widget, html_status, replace_figure, sequences_of
@@ -22,19 +23,21 @@ ALL = "all"   # the sequence picker's value for "mean over all sequences" (None 
 class CompileCompare(StaticForm, W.VBox):
     """A split slider, a sequence picker (one or the mean of all), and `compare_figure`."""
 
-    @checked(height=Height())
+    @checked(model=Model(), height=Height())
     def __init__(self, model, data, labels=None, *, split: int | None = None, sequence: int | str | None = None,
                  boundary=None, height: int = 420, lora=None, **prepare_kw):
         """split: s, the prefix length (default: half the median excerpt boundary, else t // 2);
         sequence: one row to show, or None / "all" for the mean over all rows; lora: results of
         `lora_baseline.compare_methods` (or {task name: results}) drawn below as quality against update time."""
-        A.require_cgt(model)
         self.model, self.height = model, height
         self.seqs = sequences_of(model, data, labels, boundary, **prepare_kw)
         t = self.seqs.t
         if t < 2:
-            raise ValueError(f"data must have sequences of at least 2 positions to split, got t = {t}")
+            raise refuse("data", "sequences of at least 2 positions to split", f"t = {t}", verb="have")
         self.targets, self.loss_mask = self.seqs.scoring(model.config.mode)
+        # checked once here: every split and sequence below scores these rows unchecked
+        check_targets(model.config, self.seqs.inputs, self.targets, self.loss_mask, inputs_name="data")
+        self.loss_mask = None if self.loss_mask is None else self.loss_mask.bool()
         self.no_context = model.x_only()          # T = I, no prompt: made once, reused for every split
         self._cache: dict[tuple[int, int], dict] = {}
         if split is None:
@@ -74,9 +77,9 @@ class CompileCompare(StaticForm, W.VBox):
         key = (split, seq)
         if key not in self._cache:
             rows = slice(None) if seq == ALL else slice(seq, seq + 1)
-            self._cache[key] = A.compare_losses(self.model, self.seqs.inputs[rows], self.targets[rows], split,
-                                                None if self.loss_mask is None else self.loss_mask[rows],
-                                                no_context=self.no_context)
+            self._cache[key] = A._compare_losses(self.model, self.seqs.inputs[rows], self.targets[rows], split,
+                                                 None if self.loss_mask is None else self.loss_mask[rows],
+                                                 self.no_context)
         return self._cache[key]
 
     def figure_for(self, split: int | None = None, sequence: int | str | None = None):

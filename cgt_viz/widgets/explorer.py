@@ -516,8 +516,8 @@ class Explorer(MapSelection, Projecting, Controls, StaticForm, W.VBox):
             self._selected, self._highlight = np.zeros(0, dtype=np.int64), unmarked()
             self._redraw()
         if self._strip is not None:
-            self._strip.set_data(self.seqs, self.ybar_full)
-            self._inspector.set_data(self.seqs, self.ybar_full)
+            self._strip._set_data(self.seqs, self.ybar_full)            # the explorer's own, checked sequences
+            self._inspector._set_data(self.seqs, self.ybar_full)
         if self._pc_ratio is not None:          # chosen components: recomputed on every point
             self.set_components(*self.components)
         return len(pts)

@@ -19,7 +19,7 @@ import time
 
 import ipywidgets as W
 
-from .._checks import Bool, Float, Height, Int, checked
+from .._checks import Bool, Float, Height, Int, checked, refuse
 from ..analysis import NOT_PLOTTED
 from ..figures import _weights_of, run_info, training_curves_figure
 from ._base import figure_widget, html_status, replace_figure
@@ -83,10 +83,10 @@ class TrainingMonitor(StaticForm, W.VBox):
         """One callback record: {"kind": "step" | "eval" | "end", "step": int, <name>: float, ...}, or
         {"kind": "warning", "step": int, "message": str} (shown in words above the curves)."""
         if not isinstance(record, dict):
-            raise TypeError(f"record must be a dict (the trainer callback protocol), got {type(record).__name__}")
+            raise refuse("record", "a dict (the trainer callback protocol)", type(record).__name__, TypeError)
         kind = record.get("kind")
         if kind not in KINDS or "step" not in record:
-            raise ValueError(f"record must have 'kind' in {KINDS} and a 'step', got {record!r}")
+            raise refuse("record", f"'kind' in {KINDS} and a 'step'", repr(record), verb="have")
         now = time.monotonic()
         if self._t0 is None:
             self._t0 = now

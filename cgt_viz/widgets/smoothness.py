@@ -9,7 +9,8 @@ import ipywidgets as W
 import numpy as np
 
 from .. import analysis as A
-from .._checks import Height, check_index, check_int, checked
+from .._checks import Height, Strings, check_index, check_int, checked, refuse
+from ..contracts import Model
 from ..figures import plural, smoothness_figure, token_text_figure
 from ._base import Controls, boundary_of, check_view_ybar, figure_widget, replace_figure, sequences_of
 from ._static import StaticForm
@@ -18,23 +19,15 @@ from ._static import StaticForm
 class SmoothnessStrip(Controls, StaticForm, W.VBox):
     """‖ȳ_t − ȳ_{t−1}‖, cosine and the ȳ heatmap of one sequence; a sequence picker; optional second model."""
 
-    @checked(height=Height())
+    @checked(model=Model(), other=Model(none=True), names=Strings(2, "(model, other)"), height=Height())
     def __init__(self, model, data, labels=None, *, sequence: int = 0, highlight: int | None = None,
                  other=None, names: tuple[str, str] = ("model", "other"), boundary=None,
                  ybar: np.ndarray | None = None, height: int = 560, **prepare_kw):
-        A.require_cgt(model)
-        if other is not None:
-            A.require_cgt(other, "other")
-            if other.config.mode != model.config.mode or other.config.vocab_size != model.config.vocab_size:
-                raise ValueError("other must read the same inputs as model (same mode and vocab_size), got "
-                                 f"vocab_size {other.config.vocab_size} vs {model.config.vocab_size}")
-        if not (isinstance(names, (tuple, list)) and len(names) == 2 and all(isinstance(s, str) for s in names)):
-            raise ValueError(f"names must be two strings (model, other), got {names!r}")
-        self.model, self.other, self.names, self.height = model, other, tuple(names), height
+        self.model, self.other, self.names, self.height = model, other, names, height
         self.seqs = sequences_of(model, data, labels, boundary, **prepare_kw)
         self.sequence = check_index("sequence", sequence, self.seqs.n)
         self.highlight = self._check_highlight(highlight, self.sequence)
-        self.set_data(self.seqs, ybar, redraw=False)
+        self._set_data(self.seqs, ybar, redraw=False)
         self.figure = figure_widget(self.figure_for(self.sequence, highlight))
         self.tokens_figure = figure_widget(self.token_figure_for(self.sequence, highlight))
         self.picker = W.BoundedIntText(value=self.sequence, min=0, max=self.seqs.n - 1, description="sequence",
@@ -46,12 +39,30 @@ class SmoothnessStrip(Controls, StaticForm, W.VBox):
     def set_data(self, seqs: A.Sequences, ybar: np.ndarray | None = None, redraw: bool = True) -> None:
         """Replace the sequences (and their ȳ; the other model's is collected again); the current sequence
         and highlight stay (when the new data has them: sequences may have been added, not removed)."""
+        self._set_data(sequences_of(self.model, seqs, name="seqs"), ybar, redraw)
+
+    def _set_data(self, seqs: A.Sequences, ybar: np.ndarray | None, redraw: bool = True) -> None:
+        """set_data for sequences checked for the model (at the door, or the explorer's own)."""
+        self._check_other(seqs)
         self.seqs = seqs
-        self.ybar = A.collect_ybar(self.model, seqs.inputs) if ybar is None else check_view_ybar(ybar, seqs, self.model)
-        self.ybar_other = None if self.other is None else A.collect_ybar(self.other, seqs.inputs)
+        self.ybar = A._collect_ybar(self.model, seqs.inputs) if ybar is None else check_view_ybar(ybar, seqs, self.model)
+        self.ybar_other = None if self.other is None else A._collect_ybar(self.other, seqs.inputs)
         if redraw:
             self.picker.max = seqs.n - 1
             self.show(self.sequence, self.highlight)
+
+    def _check_other(self, seqs: A.Sequences) -> None:
+        """The other model reads the sequences checked for the model: the same inputs, as long."""
+        other, mine = self.other, self.model.config
+        if other is None:
+            return
+        theirs = other.config
+        differ = [f"{f} {getattr(theirs, f)!r} vs {getattr(mine, f)!r}" for f in ("mode", "vocab_size", "input_dim")
+                  if getattr(theirs, f) != getattr(mine, f)]
+        differ += [f"block_size {theirs.block_size}"] if theirs.block_size < seqs.t else []
+        if differ:
+            raise refuse("other", f"the same inputs as model (same mode, vocab_size and input_dim; block_size >= "
+                                  f"{seqs.t}, the data's length)", ", ".join(differ), verb="read")
 
     def _check_highlight(self, highlight, sequence: int) -> int | None:
         """None or a token position of `sequence`."""

@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import analysis as A
 from .._checks import Height, Int, check_index, checked
+from ..contracts import Model
 from ..figures import natural_key, template_figure, token_text_figure
 from ._base import Controls, boundary_of, check_view_ybar, figure_widget, html_status, replace_figure, sequences_of
 from ._static import StaticForm
@@ -22,16 +23,15 @@ class TemplateInspector(Controls, StaticForm, W.VBox):
     """Site picker, sequence picker, token slider, coefficient heatmap, mean |c_k| per label, singular
     values of ΔW(ȳ) at the chosen token, and template ablation Δloss (button)."""
 
-    @checked(ablation_sequences=Int(1), height=Height())
+    @checked(model=Model(), site=A.Site(none=True), ablation_sequences=Int(1), height=Height())
     def __init__(self, model, data, labels=None, *, site=None, sequence: int = 0, token: int | None = None,
                  boundary=None, ybar: np.ndarray | None = None, ablation_sequences: int = 32, height: int = 620,
                  **prepare_kw):
-        A.require_cgt(model)
         self.model, self.height, self.ablation_sequences = model, height, ablation_sequences
         self.sites = [f"{layer}.{name}" for layer, name in model.template_sites]
-        self.site = "{}.{}".format(*A.parse_site(model, site if site is not None else self.sites[0]))
+        self.site = "{}.{}".format(*(site or model.template_sites[0]))
         self._ablation: dict[str, np.ndarray] = {}
-        self.set_data(sequences_of(model, data, labels, boundary, **prepare_kw), ybar, redraw=False)
+        self._set_data(sequences_of(model, data, labels, boundary, **prepare_kw), ybar, redraw=False)
         self.sequence = check_index("sequence", sequence, self.seqs.n)
         self.token = self._check_token(token)
 
@@ -57,8 +57,12 @@ class TemplateInspector(Controls, StaticForm, W.VBox):
     # ------------------------------------------------------------------ data
     def set_data(self, seqs: A.Sequences, ybar: np.ndarray | None = None, redraw: bool = True) -> None:
         """Replace the sequences (and their ȳ); cached per-label means and ablations are dropped."""
+        self._set_data(sequences_of(self.model, seqs, name="seqs"), ybar, redraw)
+
+    def _set_data(self, seqs: A.Sequences, ybar: np.ndarray | None, redraw: bool = True) -> None:
+        """set_data for sequences checked for the model (at the door, or the explorer's own)."""
         self.seqs = seqs
-        self.ybar = A.collect_ybar(self.model, seqs.inputs) if ybar is None else check_view_ybar(ybar, seqs, self.model)
+        self.ybar = A._collect_ybar(self.model, seqs.inputs) if ybar is None else check_view_ybar(ybar, seqs, self.model)
         self._means: dict[str, tuple[list, np.ndarray]] = {}
         self._ablation.clear()
         if redraw:
@@ -76,7 +80,7 @@ class TemplateInspector(Controls, StaticForm, W.VBox):
         if site not in self._means:
             seqs = self.seqs
             valid = np.arange(seqs.t)[None, :] < seqs.lengths[:, None]                   # (n, t)
-            coeffs = A.site_coefficients(self.model, self.ybar[valid], site)             # (N, K)
+            coeffs = A._site_coefficients(self.model, self.ybar[valid], self._key(site))  # (N, K)
             if seqs.token_labels is not None:
                 labels = seqs.token_labels[valid].astype(str)
             elif seqs.boundary is not None:
@@ -98,9 +102,9 @@ class TemplateInspector(Controls, StaticForm, W.VBox):
         length = int(self.seqs.lengths[i])
         tok = self.token if token is None else check_index("token", token, length)
         tok = min(tok, length - 1)
-        coeffs = A.site_coefficients(self.model, self.ybar[i, :length], site)            # (t, K)
+        coeffs = A._site_coefficients(self.model, self.ybar[i, :length], self._key(site))   # (t, K)
         names, means = self._mean_abs(site)
-        sv = A.delta_w_singular_values(self.model, self.ybar[i, tok], site)
+        sv = A._delta_w_singular_values(self.model, self.ybar[i, tok], self._key(site))
         return template_figure(coeffs, self.seqs.token_text[i], site=site, boundary=boundary_of(self.seqs, i),
                                highlight=tok, label_names=names, mean_abs=means, singular_values=sv,
                                ablation=self._ablation.get(site), height=self.height,
@@ -114,11 +118,17 @@ class TemplateInspector(Controls, StaticForm, W.VBox):
         site (default: `self.template`, else the template with the largest mean |c_k| on this sequence)."""
         i, site = self.sequence, self.site
         length = int(self.seqs.lengths[i])
-        coeffs = A.site_coefficients(self.model, self.ybar[i, :length], site)            # (t, K)
+        coeffs = A._site_coefficients(self.model, self.ybar[i, :length], self._key(site))   # (t, K)
         k = self.template if template is None else template
         k = int(np.abs(coeffs).mean(0).argmax()) if k is None else check_index("template", k, coeffs.shape[1])
         return token_text_figure(self.seqs.token_text[i], coeffs[:, k], value_name=f"c_{k}", highlight=self.token, signed=True,
                                  title=f"Sequence {i}, each token coloured by c_{k}(ȳ_t) at site {site}")
+
+    @staticmethod
+    def _key(site: str) -> tuple[int, str]:
+        """A site the inspector holds ("ν.name", checked) as the (ν, name) the analysis takes."""
+        layer, _, name = site.partition(".")
+        return int(layer), name
 
     def static_figures(self) -> list:
         return [self.figure_for(), self.token_figure_for()]
