@@ -71,29 +71,18 @@ RUNS.update({
     "regression-dim16-min8": ("regression", dict(_DIM16, aux_min_points=8), {}, (16,)),
     "regression-dim16-early-aux": ("regression", _DIM16, {}, (16,)),
 })
-# training changes beside a run's recipe: TrainConfig fields, "curriculum" (regression's dimension grows over
-# that many updates) and "shift_curriculum" (icl: the share of pure shifts falls from 1 to 0 over that many)
+# training changes beside a run's recipe: TrainConfig fields and "curriculum", the updates of the task's
+# curriculum (regression: the live dimensions grow from 1; icl: the share of pure shifts falls from 1)
 LEVER_TRAIN = {
     "regression-dim16-long-curriculum": {"curriculum": 2500},
     "regression-dim16-early-aux": {"curriculum": 2500, "aux_delay": 0, "aux_ramp": 250},
-    "icl-value-affine-from-shift": {"shift_curriculum": 1500},
-    "icl-value-affine-from-shift-min4": {"shift_curriculum": 1500},
-    "icl-value-affine-from-shift-novel": {"shift_curriculum": 1500},
-    "icl-value-affine-from-shift-long": {"shift_curriculum": 3000, "steps": 4000},
+    "icl-value-affine-from-shift": {"curriculum": 1500},
+    "icl-value-affine-from-shift-min4": {"curriculum": 1500},
+    "icl-value-affine-from-shift-novel": {"curriculum": 1500},
+    "icl-value-affine-from-shift-long": {"curriculum": 3000, "steps": 4000},
 }
 LEVER_CURVE = {name for name in RUNS if name.startswith(("regression-dim16-", "icl-value-affine-"))
                and name not in ("regression-dim16-kl", "icl-value-affine-kl", "icl-value-affine-noshift")}
-
-
-def shift_curriculum(task, steps: int):
-    """A `train` callback: the share of pure shifts (a = 1) among training rows falls linearly from 1 to 0 over
-    `steps` updates, so the model first learns the one-number family it compiles, then the two-number one."""
-    task.shift_fraction = 1.0
-
-    def fall(event: dict) -> None:
-        if event.get("kind") == "step":
-            task.shift_fraction = max(0.0, 1.0 - event["step"] / steps)
-    return fall
 
 
 def gap_curve(task, k: int, seed: int):
@@ -133,15 +122,11 @@ def run_one(name: str, seed: int, steps: int | None, eval_batches: int) -> dict:
     lever = LEVER_TRAIN.get(name, {})
     curriculum = lever.get("curriculum", recipe.get("curriculum"))
     callbacks = [task.curriculum(min(curriculum, steps))] if curriculum else []
-    if "shift_curriculum" in lever:
-        callbacks.append(shift_curriculum(task, min(lever["shift_curriculum"], steps)))
-    train_fields = {**recipe["train"], **{k: v for k, v in lever.items() if k not in ("curriculum", "shift_curriculum")},
+    train_fields = {**recipe["train"], **{k: v for k, v in lever.items() if k != "curriculum"},
                     "steps": steps}
     eval_fn = gap_curve(task, max(ks), seed) if name in LEVER_CURVE else None
     model, history = train(model, task, **train_fields, seed=seed, progress=False, callbacks=callbacks,
                            eval_fn=eval_fn)
-    if "shift_curriculum" in lever:
-        task.shift_fraction = 0.0
     _refuse_interrupted(history, f"{name} seed {seed}", steps)
     out = {"run": name, "task": recipe_name, "seed": seed, "steps": steps, "train_seconds": time.perf_counter() - t0,
            "task_args": task.kwargs() if hasattr(task, "kwargs") else {}, "model_changes": model_changes,

@@ -733,6 +733,7 @@ DECLARED = {
     "SyntheticICL": SyntheticICL,
     "SyntheticICL.get_batch": lambda **kw: ICL.get_batch(**{"batch_size": 2, **kw}),
     "SyntheticICL.eval_batch": lambda **kw: ICL.eval_batch(**{"k": 2, "batch_size": 2, **kw}),
+    "SyntheticICL.curriculum": lambda **kw: ICL.curriculum(**kw),
     "LinearRegression": LinearRegression,
     "LinearRegression.get_batch": lambda **kw: REG.get_batch(**{"batch_size": 2, **kw}),
     "LinearRegression.eval_batch": lambda **kw: REG.eval_batch(**{"k": 1, "batch_size": 2, **kw}),

@@ -263,3 +263,21 @@ def test_a_regression_model_saved_before_layouts_rebuilds_its_split_layout():
     assert "layout" not in old["extra"]["task"]
     assert task_from_config(old).layout == "split"
     assert task_from_config(LinearRegression(dim=2, n_points=4).config_kwargs()).layout == "pair"
+
+
+def test_icl_curriculum_falls_from_shifts_to_the_task_share_and_eval_ignores_it():
+    task = SyntheticICL(answer_tokens="value", shift_fraction=0.2)
+    grow = task.curriculum(100)
+    assert task.shift_fraction == 1.0
+    shifts = lambda: float((task.get_batch(4000, generator=torch.Generator().manual_seed(0)).info["task_params"][:, 0] == 1)
+                           .float().mean())
+    assert shifts() == 1.0                                                  # every row a pure shift at the start
+    grow({"kind": "step", "step": 50})
+    assert task.shift_fraction == pytest.approx(0.6)
+    grow({"kind": "eval", "step": 100})                                     # only steps move it
+    assert task.shift_fraction == pytest.approx(0.6)
+    grow({"kind": "step", "step": 300})
+    assert task.shift_fraction == pytest.approx(0.2)                         # the task's own share after `steps`
+    assert 0.25 < shifts() < 0.4                                           # 0.2 + 0.8 · (1 of the 6 units is 1)
+    evaluated = task.eval_batch(8, 4000, generator=torch.Generator().manual_seed(0)).info["task_params"][:, 0]
+    assert 0.1 < float((evaluated == 1).float().mean()) < 0.23               # uniform over a: 1 in 6

@@ -86,7 +86,8 @@ class SyntheticICL(Task):
                     carries a demonstration and in-context look-up needs no previous-token head
     shift_fraction  share of training rows drawn with a = 1 (a pure shift) in a two-number family, meant
                     to give a denser signal on the plateau before in-context learning starts (for
-                    experiments). `eval_batch` ignores it and draws (a, b) uniformly over the family.
+                    experiments; `curriculum` lowers it from 1 to this value along training). `eval_batch`
+                    ignores it and draws (a, b) uniformly over the family.
     """
 
     name = "icl"
@@ -152,6 +153,24 @@ class SyntheticICL(Task):
         if shift_fraction > 0:
             a = torch.where(torch.rand(batch_size, generator=generator) < shift_fraction, torch.ones_like(a), a)
         return torch.stack([a, b], dim=1)
+
+    @checked(steps=Int(1))
+    def curriculum(self, steps: int):
+        """A `train` callback: the share of pure shifts (a = 1) among training rows falls linearly from 1 (set
+        now) to this task's own shift_fraction at step `steps`. The model first learns the one-number family,
+        which compiles, then the whole family (docs/results.md measures it on value-answer affine). As
+        regression's curriculum: the share lives on the task, a resumed run passes the same callback, and under
+        torchrun only rank 0 would follow it; use it for single-process training.
+
+            model, history = train(model, task, ..., callbacks=[task.curriculum(1500)])
+        """
+        final = self.shift_fraction
+        self.shift_fraction = 1.0
+
+        def fall(event: dict) -> None:
+            if event.get("kind") == "step":
+                self.shift_fraction = final + (1.0 - final) * max(0.0, 1.0 - event["step"] / steps)
+        return fall
 
     def apply(self, params: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """f_{a,b}(u) = (a·u + b) mod P: params (b, 2), u (b, n) -> (b, n) in 0..P−1."""
