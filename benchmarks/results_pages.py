@@ -24,6 +24,8 @@ SECTION = "results"
 NOT_RECORDED = "not recorded"
 TASKS = "benchmarks/results/tasks.json"
 TASKS_KL = "benchmarks/results/tasks_kl.json"
+LEVERS = ("benchmarks/results/levers_regression16.json", "benchmarks/results/levers_affine.json",
+          "benchmarks/results/levers_c.json")
 HF_KNN = "benchmarks/results/hf_topic_knn.json"
 LORA = "benchmarks/results/lora_vs_compile.json"
 HEAD_RUN = "benchmarks/results/smollm2_head.json"
@@ -170,6 +172,7 @@ def page(root: Path = ROOT) -> str:
                 provenance(tasks_command(kl), TASKS_KL, kl.get("environment")), "",
                 "The same recipes with `aux_kl=1` (see [Distillation](DISTILLATION.md)); one seed each: a hint, not a result.",
                 "", kl["table"].strip(), ""]
+    out += levers(root)
     text = load(TEXT_METRICS, root)
     if text:
         out += ["## The reference text model (`data/models/text-bbc5`)", "",
@@ -253,6 +256,43 @@ def page(root: Path = ROOT) -> str:
                            f"{seconds(r.get('update_seconds'))} | {r.get('break_even_tokens') or 'never'} |")
         out += [""]
     return "\n".join(out).rstrip()
+
+
+def _lever_curve(row: dict, points: int = 5) -> str:
+    """G at its run's largest k at `points` evenly spaced evaluations along training: "step: G → …"."""
+    curve = [e for e in row.get("gap_curve", [])]
+    if not curve:
+        return "—"
+    picks = [curve[min(len(curve) - 1, round(i * (len(curve) - 1) / (points - 1)))] for i in range(points)]
+    return " → ".join(f"{e['step']}: {f2(e.get('gap_closed'))}" for e in picks)
+
+
+def levers(root: Path = ROOT) -> list[str]:
+    """Issue 29's levers: one tuning seed per run, each with G along training (a hint of why, not a result)."""
+    files = [(rel, load(rel, root)) for rel in LEVERS]
+    files = [(rel, data) for rel, data in files if data]
+    if not files:
+        return []
+    out = ["## Levers on the rows that do not compile yet (one tuning seed each)", "",
+           "Each run is its recipe with one change (`RUNS` and `LEVER_TRAIN` in `benchmarks/tasks_results.py`), "
+           "trained on a tuning seed; G is measured at the run's largest k on held-out prompts, and along training "
+           "on two fixed batches (— where the prompt does not help yet). Accuracy for icl, MSE for regression.", ""]
+    for rel, data in files:
+        out += [provenance(tasks_command(data), rel, data.get("environment")), "",
+                "| run | change | steps | prompted | compiled | no context | G | probe | G along training (step: G) |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for r in data["rows"]:
+            metric = "acc" if r["task"] == "icl" else "loss"
+            change = ", ".join(f"{k}={v}" for k, v in {**r.get("model_changes", {}), **r.get("lever", {})}.items())
+            task_extra = {k: v for k, v in r.get("task_args", {}).items() if k in ("aux_min_pairs", "aux_min_points",
+                                                                                    "novel_split", "shift_fraction")
+                          and v not in (0, 0.0, 1, False)}
+            change = ", ".join(filter(None, [change, ", ".join(f"{k}={v}" for k, v in task_extra.items())])) or "none"
+            out.append(f"| {r['run']} | {change} | {r['steps']} | {f3(r.get(f'{metric}_prompted'))} | "
+                       f"{f3(r.get(f'{metric}_specialized'))} | {f3(r.get(f'{metric}_no_context'))} | "
+                       f"{f2(r.get('gap_closed'))} | {f2(r.get('probe'))} | {_lever_curve(r)} |")
+        out.append("")
+    return out
 
 
 def sections(root: Path = ROOT) -> dict[Path, str]:
