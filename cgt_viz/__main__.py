@@ -67,8 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in settings_help().items():   # one flag per TrainConfig field
         t.add_argument("--" + name.replace("_", "-"), dest=name, type=_flag_type(name), metavar=name.upper(),
                        help=text + " (default: the task's recipe, else TrainConfig's)")
-    t.add_argument("--curriculum", type=int, help="regression: updates over which the live dimensions of x grow "
-                                                 "from 1 (the recipe's 1000; 0 = off)")
+    t.add_argument("--curriculum", type=int, help="updates of the task's curriculum (regression: the live "
+                   "dimensions of x grow from 1; icl: the share of pure shifts falls from 1); default: the recipe's, "
+                   "0 = off")
     t.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:N, mps")
     t.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice); 1 on a busy machine")
     t.add_argument("--compile", action="store_true", help="torch.compile the training step")
@@ -199,8 +200,9 @@ TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig))
 
 def _settings(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """The run's settings: flags given now, else those saved in run.json (on --resume), else the task's recipe
-    (`cgt_viz.recipes`), else the defaults (TrainConfig's, CGTConfig's)."""
-    from .recipes import RECIPES
+    (`cgt_viz.recipes.recipe_for`: the task's arguments may select a variant), else the defaults (TrainConfig's,
+    CGTConfig's)."""
+    from .recipes import recipe_for
 
     given = {k: getattr(args, k) for k in (*RUN_DEFAULTS, *TRAIN_FIELDS, *MODEL_FLAGS) if getattr(args, k) is not None}
     run_file = out / RUN_FILE
@@ -227,7 +229,7 @@ def _settings(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     task = given.get("task", saved.get("task"))
     if task is None:
         raise CLIError("--task is required for a new run (one of icl, regression, text, or module:Class)")
-    recipe = RECIPES.get(task, {}) if not saved else {}
+    recipe = recipe_for(task, _task_kwargs(given.get("task_arg"))) if not saved else {}
     defaults = {**RUN_DEFAULTS, **TrainConfig().to_dict(), "task_arg": dict(recipe.get("task", {})),
                 "curriculum": recipe.get("curriculum"), **recipe.get("train", {}),
                 **{k: (",".join(v) if k == "sites" else v) for k, v in recipe.get("model", {}).items()}}
@@ -269,6 +271,9 @@ def _build(settings: dict[str, Any], allow_import: bool = False):
     from . import CGT, GPT, CGTConfig
 
     task = make_task_by_name(settings["task"], settings["task_arg"], allow_import=allow_import)
+    if settings.get("curriculum") and not callable(getattr(task, "curriculum", None)):
+        raise CLIError(f"--curriculum must be 0 for task {settings['task']!r}: it has no curriculum (regression "
+                       f"and icl have one), got {settings['curriculum']}")
     model_kw = {k: settings[k] for k in MODEL_FLAGS if settings.get(k) is not None}
     if "sites" in model_kw:
         model_kw["sites"] = tuple(s.strip() for s in model_kw["sites"].split(",") if s.strip())

@@ -1,11 +1,19 @@
 """The recipe of each built-in task: what its notebook trains, and what `python -m cgt_viz train --task NAME`
 uses by default (flags override any of it). docs/results.md measures these recipes.
 
-    task    task constructor arguments          model   CGTConfig fields (beside the task's own)
-    train   TrainConfig fields                  curriculum  updates over which regression's live dimensions grow
+    task    task constructor arguments          model       CGTConfig fields (beside the task's own)
+    train   TrainConfig fields                  curriculum  updates of the task's curriculum: regression's live
+                                                            dimensions grow from 1; icl's share of pure shifts
+                                                            falls from 1
+
+A task's arguments can call for another recipe: VARIANTS lists, per task, the arguments that select one and
+what it changes. `recipe_for(task, args)` applies every variant whose arguments all match, in order:
+
+    recipe_for("regression", {"dim": 16})       # the regression recipe with the 16-number variant on top
 """
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 _SMALL = dict(n_layer=4, d_x=64, n_head=4, d_y=32, n_head_y=2, y_layer=2, n_templates=16, template_rank=1)
@@ -21,3 +29,40 @@ RECIPES: dict[str, dict[str, Any]] = {
                                        template_rank=2),
              "train": dict(steps=1500, batch_size=32, lr=1e-3)},
 }
+
+# task -> [(the arguments that select the variant, what it changes: sections as in RECIPES)]
+VARIANTS: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {
+    "regression": [
+        # ȳ must carry 16 numbers: the auxiliary loss on from the first update, while few dimensions are live
+        # and the signal is strong, and a long run at the full dimension (docs/results.md, "Levers")
+        (dict(dim=16), {"task": dict(dim=16, n_points=32), "train": dict(steps=8000, aux_delay=0, aux_ramp=250),
+                        "curriculum": 2500}),
+    ],
+    "icl": [
+        # value answers of the affine family: first pure shifts (which compile), then the whole family, with
+        # auxiliary splits that end before a query the prefix has not shown (docs/results.md, "Levers")
+        (dict(answer_tokens="value", family="affine"), {"task": dict(answer_tokens="value", family="affine", novel_split=True),
+                                                        "train": dict(steps=6000), "curriculum": 3000}),
+    ],
+}
+
+
+def recipe_for(task: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The recipe of `task` built with these constructor arguments: RECIPES[task] (empty for a task without one)
+    with each matching variant applied, section by section (its task, model and train fields update the
+    recipe's; its curriculum replaces it). A variant matches the arguments the task will be built with: these,
+    then the recipe's task fields, then the task's own defaults."""
+    import inspect
+
+    from .tasks import TASKS
+
+    args = args or {}
+    recipe = copy.deepcopy(RECIPES.get(task, {}))
+    defaults = ({name: p.default for name, p in inspect.signature(TASKS[task]).parameters.items()
+                 if p.default is not inspect.Parameter.empty} if task in TASKS else {})
+    for when, change in VARIANTS.get(task, []):
+        merged = {**defaults, **recipe.get("task", {}), **args}   # the arguments the task will be built with
+        if all(merged.get(key) == value for key, value in when.items()):
+            for section, fields in change.items():
+                recipe[section] = {**recipe.get(section, {}), **fields} if isinstance(fields, dict) else fields
+    return recipe

@@ -282,3 +282,26 @@ def test_train_config_is_the_one_list_of_settings():
     recipe = RECIPES["icl"]
     assert settings["steps"] == 5 and settings["aux_delay"] == recipe["train"]["aux_delay"] == 500
     assert settings["d_x"] == recipe["model"]["d_x"] and settings["n_templates"] == recipe["model"]["n_templates"]
+
+
+def test_a_task_argument_selects_its_recipe_variant_in_the_cli():
+    from cgt_viz.__main__ import _parser, _settings
+    from cgt_viz.recipes import RECIPES, VARIANTS, recipe_for
+
+    def settings(*argv):
+        return _settings(_parser().parse_args(["train", "--out", "unused", *argv]), Path("/nonexistent/run"))
+
+    base = settings("--task", "regression")
+    wide = settings("--task", "regression", "--task-arg", "dim=16")
+    (when, change), = VARIANTS["regression"]
+    assert base["steps"] == RECIPES["regression"]["train"]["steps"] and base["task_arg"]["dim"] == 4
+    assert wide["task_arg"] == {**RECIPES["regression"]["task"], **change["task"]} and wide["task_arg"]["dim"] == 16
+    assert (wide["steps"], wide["aux_delay"], wide["curriculum"]) == (change["train"]["steps"], change["train"]["aux_delay"],
+                                                                     change["curriculum"])
+    assert settings("--task", "regression", "--task-arg", "dim=16", "--steps", "7")["steps"] == 7   # flags still win
+    # the icl variant matches on the task's own default family (affine) too, and not on another family
+    affine = settings("--task", "icl", "--task-arg", "answer_tokens=value")
+    assert affine["task_arg"]["novel_split"] is True and affine["curriculum"] == VARIANTS["icl"][0][1]["curriculum"]
+    shift = settings("--task", "icl", "--task-arg", "answer_tokens=value", "--task-arg", "family=shift")
+    assert shift["curriculum"] is None and "novel_split" not in shift["task_arg"]
+    assert recipe_for("icl") == RECIPES["icl"] and recipe_for("module:Task", {"dim": 16}) == {}
