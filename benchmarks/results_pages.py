@@ -25,7 +25,8 @@ NOT_RECORDED = "not recorded"
 TASKS = "benchmarks/results/tasks.json"
 TASKS_KL = "benchmarks/results/tasks_kl.json"
 LEVERS = ("benchmarks/results/levers_regression16.json", "benchmarks/results/levers_affine.json",
-          "benchmarks/results/levers_c.json", "benchmarks/results/levers_d.json")
+          "benchmarks/results/levers_c.json", "benchmarks/results/levers_d.json",
+          "benchmarks/results/levers_e.json")
 HF_KNN = "benchmarks/results/hf_topic_knn.json"
 LORA = "benchmarks/results/lora_vs_compile.json"
 HEAD_RUN = "benchmarks/results/smollm2_head.json"

@@ -74,6 +74,7 @@ RUNS.update({
     "regression-dim16-early-aux-long": ("regression", _DIM16, {}, (16,)),
     "regression-dim16-early-aux-long-distill": ("regression", _DIM16, dict(aux_kl=1.0, aux_ce=0.0), (16,)),
     "icl-value-affine-from-shift-novel-long": ("icl", dict(_AFFINE, novel_split=True), {}, (8,)),
+    "icl-value-affine-from-shift-min4-novel-long": ("icl", dict(_AFFINE, aux_min_pairs=4, novel_split=True), {}, (8,)),
 })
 # training changes beside a run's recipe: TrainConfig fields and "curriculum", the updates of the task's
 # curriculum (regression: the live dimensions grow from 1; icl: the share of pure shifts falls from 1)
@@ -83,6 +84,7 @@ LEVER_TRAIN = {
     "regression-dim16-early-aux-long": {"curriculum": 2500, "aux_delay": 0, "aux_ramp": 250, "steps": 8000},
     "regression-dim16-early-aux-long-distill": {"curriculum": 2500, "aux_delay": 0, "aux_ramp": 250, "steps": 8000},
     "icl-value-affine-from-shift-novel-long": {"curriculum": 3000, "steps": 6000},
+    "icl-value-affine-from-shift-min4-novel-long": {"curriculum": 3000, "steps": 6000},
     "icl-value-affine-from-shift": {"curriculum": 1500},
     "icl-value-affine-from-shift-min4": {"curriculum": 1500},
     "icl-value-affine-from-shift-novel": {"curriculum": 1500},
