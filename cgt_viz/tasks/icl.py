@@ -63,8 +63,10 @@ def check_eval_size(k: Any, n_queries: Any, batch_size: Any, block_size: int) ->
     check_int("n_queries", n_queries, 1)
     check_batch_size(batch_size)
     if 2 * (k + n_queries) > block_size:
-        raise refuse("k", f"<= {block_size // 2 - n_queries} (k demonstrations + n_queries queries, two positions "
-                     f"each, fit in block_size = {block_size})", f"k={k} with n_queries={n_queries}, which need "
+        room = block_size // 2 - n_queries          # the most demonstrations these queries leave room for
+        name, bound = ("k", room) if room >= 1 else ("n_queries", block_size // 2 - 1)
+        raise refuse(name, f"<= {bound} (k demonstrations + n_queries queries, two positions each, fit in "
+                     f"block_size = {block_size})", f"k={k} with n_queries={n_queries}, which need "
                      f"{2 * (k + n_queries)} positions")
 
 
