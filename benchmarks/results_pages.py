@@ -26,7 +26,7 @@ TASKS = "benchmarks/results/tasks.json"
 TASKS_KL = "benchmarks/results/tasks_kl.json"
 LEVERS = ("benchmarks/results/levers_regression16.json", "benchmarks/results/levers_affine.json",
           "benchmarks/results/levers_c.json", "benchmarks/results/levers_d.json",
-          "benchmarks/results/levers_e.json")
+          "benchmarks/results/levers_e.json", "benchmarks/results/levers_f.json")
 HF_KNN = "benchmarks/results/hf_topic_knn.json"
 LORA = "benchmarks/results/lora_vs_compile.json"
 HEAD_RUN = "benchmarks/results/smollm2_head.json"
@@ -98,6 +98,21 @@ def table_cell(table: str, run: str, column: str) -> str | None:
     return None
 
 
+def held_out_at(tasks: dict, run: str, k: int, columns: tuple[str, ...]) -> str | None:
+    """`mean ± 95 %` over a run's seeds at prompt size k, per column ("; " between columns)."""
+    from cgt_viz.evaluate import mean_ci
+    rows = [r for r in tasks["rows"] if r.get("run") == run]
+    picked = [[b[c] for r in rows for b in r.get("by_k", []) if b.get("k") == k and isinstance(b.get(c), (int, float))]
+              for c in columns]
+    if not rows or not all(picked):
+        return None
+    cells = []
+    for vals in picked:
+        m, h = mean_ci(vals)
+        cells.append(f"{m:.3f} ± {h:.3f}" if len(vals) > 1 else f"{m:.3f}")
+    return "; ".join(cells) + f" ({len(rows)} seed{'s' if len(rows) > 1 else ''})"
+
+
 def task_command(data: dict, task: str) -> str:
     """The command of the run that measured this task (the benchmark merges runs of single tasks into one file)."""
     return data["tasks"].get(task, {}).get("run", {}).get("command") or data["command"]
@@ -120,6 +135,14 @@ def glance(root: Path = ROOT) -> str:
         for run, what in (("icl (k = 8, acc)", "Synthetic ICL (notebook 01's recipe), held-out seeds: gap closed G"),
                           ("regression (k = 8, loss)", "In-context regression, dim 4, held-out seeds: gap closed G")):
             rows.append((what, table_cell(tasks["table"], run, "gap closed G"), cmd, TASKS))
+        for run, k, what in (("icl-value-affine", 8, "Value-answer affine ICL (its recipe), held-out seeds, k = 8: "
+                                                     "prompted accuracy; gap closed G"),
+                             ("regression-dim16", 16, "In-context regression, dim 16 (its recipe), held-out seeds, "
+                                                      "k = 16: gap closed G")):
+            value = held_out_at(tasks, run, k, ("acc_prompted", "gap_closed") if run.startswith("icl") else
+                                ("gap_closed",))
+            if value:
+                rows.append((what, value, f"{cmd} --runs {run}", TASKS))
     text = load(TEXT_METRICS, root)
     if text:
         cmd = "python benchmarks/train_text_reference.py --measure-only"
