@@ -491,8 +491,6 @@ class CGTLM(CGT):
         As CGT.from_pretrained: config.json is checked field by field, then against the safetensors header (the
         shapes a model built on the meta device would have: nothing is allocated) and the free memory, before
         anything is built; NaN/inf weights load with a RuntimeWarning naming them."""
-        import warnings
-
         from ..io import _check_memory, _check_weights_match, _checked_config, _safetensors_header
         if lm is None:
             raise refuse("lm", "the frozen LM the heads were trained on (e.g. cgt_viz.hf.smollm2()[0])", "None",

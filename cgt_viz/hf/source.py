@@ -13,7 +13,6 @@ a cache whose files do not match it (a file missing, truncated or changed) is re
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.util
 import json
 import os
