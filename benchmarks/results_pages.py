@@ -26,7 +26,8 @@ TASKS = "benchmarks/results/tasks.json"
 TASKS_KL = "benchmarks/results/tasks_kl.json"
 LEVERS = ("benchmarks/results/levers_regression16.json", "benchmarks/results/levers_affine.json",
           "benchmarks/results/levers_c.json", "benchmarks/results/levers_d.json",
-          "benchmarks/results/levers_e.json", "benchmarks/results/levers_f.json")
+          "benchmarks/results/levers_e.json", "benchmarks/results/levers_f.json", "benchmarks/results/levers_g.json",
+          "benchmarks/results/levers_h.json")
 HF_KNN = "benchmarks/results/hf_topic_knn.json"
 LORA = "benchmarks/results/lora_vs_compile.json"
 HEAD_RUN = "benchmarks/results/smollm2_head.json"
