@@ -301,22 +301,84 @@ def test_an_interrupted_head_training_resumes_to_the_uninterrupted_weights(lm, t
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
 
 
+def test_prompt_token_positions_are_the_targets_the_prompt_holds_and_the_continuation_has_not_shown():
+    from cgt_viz.hf.measure import prompt_token_positions
+    #              prompt      | continuation: inputs 5 9 7 1, targets 9 7 1 2
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 9, 7, 1, 2],
+                           [1, 2, 3, 4, 5, 5, 1, 1, 6]])
+    mask = prompt_token_positions(tokens, 4)
+    # row 0: 9 new, 7 new, 1 in the prompt and unseen, 2 in the prompt and unseen
+    # row 1: 5 in the prompt but already read as the first continuation input, 1 unseen, 1 now seen, 6 new
+    assert mask.tolist() == [[False, False, True, True], [False, True, False, False]]
+    with pytest.raises(ValueError, match="prefix_len"):
+        prompt_token_positions(tokens, 8)
+
+
+def test_g_split_by_prompt_token_positions_is_the_hand_computed_one():
+    from cgt_viz.hf.measure import by_position, losses_at, summarize_comparison
+    docs = torch.tensor([0, 1])
+    mask = torch.tensor([[True, False, False, True], [False, True, False, False]])
+    none = torch.full((2, 4), 4.0)
+    prompted = torch.tensor([[1.0, 3.0, 3.0, 2.0], [3.5, 2.0, 3.0, 3.0]])
+    compiled = torch.tensor([[2.5, 3.5, 3.5, 3.5], [4.0, 3.0, 3.5, 3.5]])
+    losses = {"no_context": none, "prompted": prompted, "compiled": compiled}
+    split = by_position(losses, mask, docs, n_boot=20)
+    # prompt tokens: doc 0 mean of positions 0, 3; doc 1 position 1
+    gap = ((4 - 1.5) + (4 - 2.0)) / 2
+    own = ((4 - 3.0) + (4 - 3.0)) / 2
+    assert split["prompt_token"]["G"]["value"] == pytest.approx(own / gap)
+    rest_gap = ((4 - 3.0) + (4 - (3.5 + 3 + 3) / 3)) / 2
+    rest_own = ((4 - 3.5) + (4 - (4.0 + 3.5 + 3.5) / 3)) / 2
+    assert split["rest"]["G"]["value"] == pytest.approx(rest_own / rest_gap)
+    assert split["fraction_prompt_token"] == pytest.approx(3 / 8)
+    gain = (4 - prompted)
+    assert split["gain_share_prompt_token"] == pytest.approx(float((gain * mask).sum() / gain.sum()))
+    # a window without a prompt-token position counts as missing, not as zero
+    assert torch.isnan(losses_at(losses, torch.zeros(2, 4, dtype=torch.bool))["compiled"]).all()
+    # the positions' split and the whole agree when the mask holds everywhere
+    whole = summarize_comparison({c: v.mean(1) for c, v in losses.items()}, docs, n_boot=20)
+    everywhere = by_position(losses, torch.ones(2, 4, dtype=torch.bool), docs, n_boot=20)["prompt_token"]
+    assert everywhere["G"]["value"] == pytest.approx(whole["G"]["value"])
+
+
+def test_per_position_window_losses_average_to_the_window_losses(lm):
+    from cgt_viz.hf.measure import window_losses
+    model = _head(lm)
+    tokens = _windows(n=4)
+    topics, docs = torch.tensor([0, 0, 1, 1]), torch.tensor([0, 1, 2, 3])
+    whole = window_losses(model, tokens, 6, topics, docs, batch_size=3)
+    per = window_losses(model, tokens, 6, topics, docs, batch_size=3, per_position=True)
+    for name, v in whole.items():
+        assert per[name].shape == (4, 8)
+        torch.testing.assert_close(per[name].mean(1), v, equal_nan=True, msg=name)
+
+
 def test_the_verdict_reads_the_interval_and_the_figure_shows_every_condition():
-    from cgt_viz.hf.measure import CONDITIONS, comparison_figure, comparison_verdict, summarize_comparison
+    from cgt_viz.hf.measure import (CONDITIONS, comparison_figure, comparison_verdict, paired_differences_figure,
+                                    summarize_comparison)
     docs = torch.arange(6).repeat_interleave(2)
     base = torch.linspace(3.0, 3.5, 12)
     losses = {"prompted": base - 1, "no_context": base, "compiled": base - 0.5, "other_doc": base - 0.2,
               "same_topic": base - 0.3, "other_topic": base - 0.1, "topic_mean": base - 0.25}
     res = summarize_comparison(losses, docs, n_boot=200)
     assert res["G"]["value"] == pytest.approx(0.5) and res["G_other_doc"]["value"] == pytest.approx(0.2)
-    assert comparison_verdict(res).startswith("the compiled prompt is specific to its document: own − other = -0.300")
-    assert "own − topic mean = -0.250" in comparison_verdict(res)
-    assert comparison_verdict(res).endswith("it carries more than its topic")
-    losses_topic = {**losses, "topic_mean": losses["compiled"] - 0.05}
-    assert comparison_verdict(summarize_comparison(losses_topic, docs, n_boot=200)).endswith(
-        "beyond its topic, but no more than the topic's mean ȳ carries")
+    line = comparison_verdict(res)
+    assert line.startswith("the compiled prompt is specific to its document: it beats its topic's mean ȳ; "
+                           "own − other = -0.300")
+    assert "own − topic mean = -0.250" in line and "own − same-topic document = -0.200" in line
+    losses_topic = {**losses, "topic_mean": losses["compiled"] + torch.tensor([0.02, -0.02] * 6)}
+    assert comparison_verdict(summarize_comparison(losses_topic, docs, n_boot=200)).startswith(
+        "the compiled prompt carries its topic: it beats another document, not its topic's mean ȳ")
+    worse = {**losses, "other_doc": losses["compiled"] - 0.1}
+    assert comparison_verdict(summarize_comparison(worse, docs, n_boot=200)).startswith(
+        "the compiled prompt is worse than another document's")
     losses["compiled"] = losses["other_doc"] + torch.tensor([0.05, -0.05] * 6)
-    assert "is not shown to be specific" in comparison_verdict(summarize_comparison(losses, docs, n_boot=200))
+    assert comparison_verdict(summarize_comparison(losses, docs, n_boot=200)).startswith(
+        "the compiled prompt is not shown to carry its prompt")
+    res = summarize_comparison({**losses, "compiled": base - 0.5}, docs, n_boot=200)
+    paired = paired_differences_figure({"p=64": res, "p=128": res})
+    assert len(paired.data) == 2 and list(paired.data[0].y) == pytest.approx([-0.3, -0.2, -0.25])
+    assert paired.data[0].error_y.array is not None
     fig = comparison_figure({"p=64": res})
     assert len(fig.data) == 1 and len(fig.data[0].x) == len(CONDITIONS)
     assert fig.layout.yaxis.title.text and fig.data[0].error_y.array is not None

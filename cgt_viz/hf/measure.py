@@ -1,6 +1,7 @@
 """Measurements for a CGTLM on BBCTokens: what ȳ knows about topics, what a compiled prompt buys."""
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -72,9 +73,10 @@ CONDITIONS = ("prompted", "compiled", "other_doc", "same_topic", "other_topic", 
 @torch.no_grad()
 def window_losses(model, tokens: torch.Tensor, prefix_len: int, topics: torch.Tensor, docs: torch.Tensor,
                   topic_means: torch.Tensor | None = None, batch_size: int = 8, seed: int = 0,
-                  full_mode: bool = False) -> dict[str, torch.Tensor]:
+                  full_mode: bool = False, per_position: bool = False) -> dict[str, torch.Tensor]:
     """Mean cross-entropy on the suffix of each window tokens (n, p + m + 1) (its last m tokens scored) under
-    every condition of `compile_comparison` -> {condition: (n,)}.
+    every condition of `compile_comparison` -> {condition: (n,)}, or with per_position the cross-entropy at
+    every scored position -> {condition: (n, m)} (its mean over positions is the (n,) form).
 
     prompted     the frozen LM with the p-token prompt in context (the distillation teacher)
     full_mode    (only when asked) the CGT's own full mode, ȳ_t at every token, prompt in context
@@ -97,7 +99,9 @@ def window_losses(model, tokens: torch.Tensor, prefix_len: int, topics: torch.Te
             pool = [j for j in range(n) if ok(i, j)]
             choice.append(pool[int(torch.randint(len(pool), (1,), generator=gen))] if pool else -1)
         pick[name] = torch.tensor(choice)
-    out = {c: torch.full((n,), float("nan")) for c in CONDITIONS + (("full_mode",) if full_mode else ())}
+    shape = (n, m) if per_position else (n,)
+    out = {c: torch.full(shape, float("nan")) for c in CONDITIONS + (("full_mode",) if full_mode else ())}
+    ce = lambda logits, targets: _ce(logits, targets, per_position)
     with eval_mode(model):
         ybar, suffix_x = [], []
         for i in range(0, n, batch_size):
@@ -105,9 +109,9 @@ def window_losses(model, tokens: torch.Tensor, prefix_len: int, topics: torch.Te
             tgt = w[:, prefix_len + 1:]
             # the teacher's pass also gives the prompt's pooled read-out, all that a pooled-only head reads
             hidden, pooled = model.teacher_pass(w[:, :prefix_len + m], prefix_len)
-            out["prompted"][i:i + len(w)] = _ce(model._logits(hidden[:, prefix_len:]), tgt)
+            out["prompted"][i:i + len(w)] = ce(model._logits(hidden[:, prefix_len:]), tgt)
             if full_mode:
-                out["full_mode"][i:i + len(w)] = _ce(model(w[:, :prefix_len + m])[:, prefix_len:], tgt)
+                out["full_mode"][i:i + len(w)] = ce(model(w[:, :prefix_len + m])[:, prefix_len:], tgt)
             if model.pooled_only:
                 ybar.append(model._summary(pooled))
             else:
@@ -126,13 +130,71 @@ def window_losses(model, tokens: torch.Tensor, prefix_len: int, topics: torch.Te
                     coeffs = {k: torch.zeros_like(c) for k, c in model._fixed_coeffs(ybar[i:i + len(x)]).items()}
                 else:
                     coeffs = model._fixed_coeffs(summary[i:i + len(x)])
-                out[name][i:i + len(x)] = _ce(model._logits(model._upper_hidden(x, coeffs)), tgt)
+                out[name][i:i + len(x)] = ce(model._logits(model._upper_hidden(x, coeffs)), tgt)
     return out
 
 
-def _ce(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """(b, m, v), (b, m) -> mean cross-entropy per row (b,), on the CPU."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").view(targets.shape).mean(1).cpu()
+def _ce(logits: torch.Tensor, targets: torch.Tensor, per_position: bool = False) -> torch.Tensor:
+    """(b, m, v), (b, m) -> cross-entropy per position (b, m) or its mean per row (b,), on the CPU."""
+    ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").view(targets.shape).cpu()
+    return ce if per_position else ce.mean(1)
+
+
+POSITION_KINDS = ("prompt_token", "rest")
+
+
+def prompt_token_positions(tokens: torch.Tensor, prefix_len: int) -> torch.Tensor:
+    """Which scored positions of windows tokens (n, p + m + 1) predict a token of the prompt that the
+    continuation has not shown yet -> bool (n, m).
+
+    Position j predicts tokens[:, p + 1 + j] after reading tokens[:, p .. p + j] of the continuation: it counts
+    when that target occurs among the prompt's p tokens and not among those continuation tokens. These are the
+    positions where a model that holds the document (not only its topic) can copy what the prompt said."""
+    check_int("prefix_len", prefix_len, 1, tokens.shape[1] - 2)
+    prompt, rest = tokens[:, :prefix_len], tokens[:, prefix_len:]
+    m = rest.shape[1] - 1
+    targets = rest[:, 1:]                                                       # (n, m)
+    in_prompt = (targets[:, :, None] == prompt[:, None, :]).any(-1)            # (n, m)
+    # seen[j] = target j among continuation inputs 0..j: compare with every input, keep those at or before j
+    same = targets[:, :, None] == rest[:, None, :m]                            # (n, m target, m input)
+    upto = torch.ones(m, m, dtype=torch.bool).tril()                           # (m target, m input)
+    seen = (same & upto).any(-1)
+    return in_prompt & ~seen
+
+
+def losses_at(losses: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-position losses {condition: (n, m)} -> the mean over the positions where mask (n, m) holds, per
+    window {condition: (n,)} (NaN for a window with no such position)."""
+    count = mask.sum(1)
+    return {c: torch.where(count > 0, (v * mask).nansum(1) / count.clamp_min(1), torch.nan) for c, v in losses.items()}
+
+
+def by_position(losses: dict[str, torch.Tensor], mask: torch.Tensor, docs: torch.Tensor, n_boot: int = 2000,
+                seed: int = 0) -> dict[str, Any]:
+    """`summarize_comparison` on the prompt-token positions (mask (n, m), see `prompt_token_positions`) and on
+    the rest, plus the share of positions that are prompt tokens and the share of the prompted LM's gain over
+    no context that sits there -> {"prompt_token": {...}, "rest": {...}, "fraction_prompt_token",
+    "gain_share_prompt_token"}."""
+    out: dict[str, Any] = {kind: summarize_comparison(losses_at(losses, where), docs, n_boot, seed)
+                           for kind, where in zip(POSITION_KINDS, (mask, ~mask))}
+    gain = losses["no_context"] - losses["prompted"]                            # (n, m)
+    out["fraction_prompt_token"] = float(mask.float().mean())
+    out["gain_share_prompt_token"] = float((gain * mask).sum() / gain.sum())
+    return out
+
+
+def _nanmean(v: torch.Tensor) -> torch.Tensor:
+    keep = v[~torch.isnan(v)]
+    return keep.mean() if len(keep) else torch.tensor(float("nan"), dtype=v.dtype)
+
+
+def document_interval(values: torch.Tensor, docs: torch.Tensor, n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """The mean over documents of each document's mean of values (n,) (windows of docs (n,)), with a 95 %
+    bootstrap interval over documents -> {"value", "ci95"}. For a paired difference, pass it per window."""
+    per_doc = torch.stack([_nanmean(values[docs == d]) for d in torch.unique(docs)]).double().numpy()
+    boots = np.random.default_rng(seed).integers(0, len(per_doc), size=(n_boot, len(per_doc)))
+    lo, hi = np.nanpercentile(np.nanmean(per_doc[boots], axis=1), [2.5, 97.5])
+    return {"value": float(np.nanmean(per_doc)), "ci95": [float(lo), float(hi)]}
 
 
 def summarize_comparison(losses: dict[str, torch.Tensor], docs: torch.Tensor, n_boot: int = 2000,
@@ -141,13 +203,16 @@ def summarize_comparison(losses: dict[str, torch.Tensor], docs: torch.Tensor, n_
     (none − prompted) and G for every control (G_other_doc, ...); own − other = compiled − other_doc per
     document; each with a 95 % bootstrap interval over documents (n_boot resamples)."""
     uniq = torch.unique(docs)
-    per_doc = {c: torch.stack([v[docs == d].mean() for d in uniq]).double() for c, v in losses.items()}
+    # nanmean: a window can lack a subset of positions (see by_position); all-NaN documents stay NaN
+    per_doc = {c: torch.stack([_nanmean(v[docs == d]) for d in uniq]).double() for c, v in losses.items()}
     rng = np.random.default_rng(seed)
     boots = rng.integers(0, len(uniq), size=(n_boot, len(uniq)))
 
     def stats(fn):
         value = float(fn(np.arange(len(uniq))))
-        draws = np.array([fn(b) for b in boots])
+        with warnings.catch_warnings():   # a resample may hold only documents without data for a subset: NaN
+            warnings.simplefilter("ignore", RuntimeWarning)
+            draws = np.array([fn(b) for b in boots])
         lo, hi = np.nanpercentile(draws, [2.5, 97.5])
         return {"value": value, "ci95": [float(lo), float(hi)]}
 
@@ -175,7 +240,8 @@ def compile_comparison(model, task, part: str = "val", prompt_lens=(64, 128), su
                        batch_size: int = 8, seed: int = 0, full_mode: bool = False) -> dict[str, Any]:
     """Does a compiled prompt carry *that* prompt? For each prompt length p: `draws` windows of p + suffix_len + 1
     tokens from each of up to per_topic documents per topic of `part`; the losses of `window_losses` and their
-    summary (`summarize_comparison`) -> {"p=64": {...}, "p=128": {...}}."""
+    summary (`summarize_comparison`), with the same summary split into positions whose target the prompt
+    holds and the rest under "by_position" (`by_position`) -> {"p=64": {...}, "p=128": {...}}."""
     check_int("suffix_len", suffix_len, 2)
     check_int("draws", draws, 1)
     out = {}
@@ -183,8 +249,11 @@ def compile_comparison(model, task, part: str = "val", prompt_lens=(64, 128), su
         check_int("prompt_lens[i]", p, 2)
         tokens, topics, docs = task.document_windows(p + suffix_len + 1, part, per_doc=draws, per_topic=per_topic,
                                                      seed=seed + p)
-        losses = window_losses(model, tokens, p, topics, docs, topic_means, batch_size, seed, full_mode)
-        out[f"p={p}"] = summarize_comparison(losses, docs, seed=seed)
+        per_position = window_losses(model, tokens, p, topics, docs, topic_means, batch_size, seed, full_mode,
+                                     per_position=True)
+        res = summarize_comparison({c: v.mean(1) for c, v in per_position.items()}, docs, seed=seed)
+        res["by_position"] = by_position(per_position, prompt_token_positions(tokens, p), docs, seed=seed)
+        out[f"p={p}"] = res
     return out
 
 
@@ -194,28 +263,59 @@ LABELS = {"prompted": "prompted (LM reads the prompt)", "compiled": "compiled (o
 
 
 def comparison_verdict(result: dict[str, Any]) -> str:
-    """One line read off a `summarize_comparison` result: is the compiled prompt specific to its document?"""
-    own = result["own_minus_other"]
-    lo, hi = own["ci95"]
+    """One line read off a `summarize_comparison` result: does the compiled prompt carry its document, or its
+    topic? The head of the line follows the paired own − topic-mean interval (own − other document when no
+    topic means were given); the rest quotes the numbers it rests on."""
+    fmt = lambda r: f"{r['value']:+.3f} [{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}]"
+    other, mean = result["own_minus_other"], result.get("own_minus_topic_mean")
     g, g_other = result["G"]["value"], result["G_other_doc"]["value"]
-    if hi < 0:
-        head = "the compiled prompt is specific to its document"
-    elif lo > 0:
+    if other["ci95"][0] > 0:
         head = "the compiled prompt is worse than another document's"
+    elif other["ci95"][1] >= 0:
+        head = "the compiled prompt is not shown to carry its prompt"
+    elif mean is None:
+        head = "the compiled prompt beats another document's (no topic means given to tell document from topic)"
+    elif mean["ci95"][1] < 0:
+        head = "the compiled prompt is specific to its document: it beats its topic's mean ȳ"
     else:
-        head = "the compiled prompt is not shown to be specific to its document"
-    line = (f"{head}: own − other = {own['value']:+.3f} nats [{lo:+.3f}, {hi:+.3f}] (95 % over "
-            f"{result['n_documents']} documents); G = {g:.2f} against {g_other:.2f} with another document's ȳ")
-    same, mean = result.get("own_minus_same_topic"), result.get("own_minus_topic_mean")
-    if same is not None and mean is not None:
-        below = lambda r: r["ci95"][1] < 0
-        carries = ("more than its topic" if below(same) and below(mean) else
-                   "something of its document beyond its topic, but no more than the topic's mean ȳ carries"
-                   if below(same) else "mostly its topic")
-        fmt = lambda r: f"{r['value']:+.3f} [{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}]"
-        line += (f"; own − same-topic document = {fmt(same)}, own − topic mean = {fmt(mean)}: it carries "
-                 f"{carries}")
+        head = "the compiled prompt carries its topic: it beats another document, not its topic's mean ȳ"
+    line = (f"{head}; own − other = {fmt(other)} nats (95 % over {result['n_documents']} documents), "
+            f"G = {g:.2f} against {g_other:.2f} with another document's ȳ")
+    if "own_minus_same_topic" in result:
+        line += f", own − same-topic document = {fmt(result['own_minus_same_topic'])}"
+    if mean is not None:
+        line += f", own − topic mean = {fmt(mean)}"
+    split = result.get("by_position")
+    if split and "G" in split["prompt_token"] and "G" in split["rest"]:
+        line += (f"; G at positions whose target the prompt holds ({split['fraction_prompt_token']:.0%} of them) = "
+                 f"{split['prompt_token']['G']['value']:.2f}, elsewhere {split['rest']['G']['value']:.2f}")
     return line
+
+
+PAIRED = {"own_minus_other": "own − another document", "own_minus_same_topic": "own − same-topic document",
+          "own_minus_topic_mean": "own − topic's mean ȳ"}
+
+
+def paired_differences_figure(results: dict[str, dict[str, Any]],
+                              title: str = "compiled prompt against its controls, paired per document"):
+    """results {"p=64": summarize_comparison(...), ...} -> a plotly Figure of the paired differences the verdict
+    rests on (compiled − control, nats per token, below 0: the own prompt is better), each with its 95 %
+    interval over documents, one marker per prompt length."""
+    import plotly.graph_objects as go
+    fig = go.Figure()
+    for name, res in results.items():
+        keys = [k for k in PAIRED if k in res]
+        vals = [res[k]["value"] for k in keys]
+        fig.add_scatter(name=name, x=[PAIRED[k] for k in keys], y=vals, mode="markers",
+                        marker=dict(size=11),
+                        error_y=dict(type="data", symmetric=False,
+                                     array=[res[k]["ci95"][1] - v for k, v in zip(keys, vals)],
+                                     arrayminus=[v - res[k]["ci95"][0] for k, v in zip(keys, vals)]))
+    fig.add_hline(y=0, line=dict(color="grey", dash="dot"))
+    fig.update_layout(title=title, height=360, legend_title_text="prompt length", template="plotly_white",
+                      yaxis=dict(title="paired difference (nats / token)"), xaxis=dict(title="control"),
+                      scattermode="group")
+    return fig
 
 
 def comparison_figure(results: dict[str, dict[str, Any]], title: str = "continuation loss by condition"):
@@ -241,16 +341,25 @@ def comparison_figure(results: dict[str, dict[str, Any]], title: str = "continua
 
 def comparison_markdown(results: dict[str, dict[str, Any]]) -> str:
     """results {"p=64": summarize_comparison(...), ...} -> a markdown table: mean losses, G (with its interval),
-    G with each control, own − other (with its interval), one row per prompt length."""
+    G with each control, own − other and own − topic mean (with their intervals), G at prompt-token positions
+    and elsewhere, one row per prompt length."""
     head = ("| prompt | docs / windows | prompted | compiled | other doc | same topic | other topic | topic mean | "
             "no context | G [95 %] | G other doc | G same topic | G topic mean | own − other [95 %] | "
-            "own − topic mean [95 %] |")
+            "own − topic mean [95 %] | G prompt tokens [95 %] | G rest |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
+
+    def split_g(r, kind, interval):
+        g = r.get("by_position", {}).get(kind, {}).get("G")
+        if g is None:
+            return "—"
+        return f"{g['value']:.2f} [{g['ci95'][0]:.2f}, {g['ci95'][1]:.2f}]" if interval else f"{g['value']:.2f}"
+
     for name, r in results.items():
         one = lambda k, fmt: f"{r[k]['value']:{fmt}}" if k in r else "—"
         ci = lambda k, fmt: f"{one(k, fmt)} [{r[k]['ci95'][0]:{fmt}}, {r[k]['ci95'][1]:{fmt}}]" if k in r else "—"
         loss = " | ".join(one(f"loss_{c}", ".3f") for c in CONDITIONS)
         lines.append(f"| {name} | {r['n_documents']} / {r['n_windows']} | {loss} | {ci('G', '.2f')} | "
                      f"{one('G_other_doc', '.2f')} | {one('G_same_topic', '.2f')} | {one('G_topic_mean', '.2f')} | "
-                     f"{ci('own_minus_other', '+.3f')} | {ci('own_minus_topic_mean', '+.3f')} |")
+                     f"{ci('own_minus_other', '+.3f')} | {ci('own_minus_topic_mean', '+.3f')} | "
+                     f"{split_g(r, 'prompt_token', True)} | {split_g(r, 'rest', False)} |")
     return "\n".join(lines)

@@ -1,0 +1,250 @@
+"""The ceiling of a head's update space: for each prompt, the best its reader could possibly do.
+
+A compiled prompt is ȳ → coefficients → a low-rank update of the upper layers. When a head's compiled
+prompts fall short of the prompted LM, either the reader (ȳ from the prompt) or the update space (what any
+coefficients can express) is to blame. The oracle tells them apart: per window it optimises one part of the
+head's output directly, under the head's own objective (aux_ce · cross-entropy + aux_kl · KL to the LM with the
+prompt in context), with everything else frozen, and scores the result on the window's continuation.
+
+kinds
+    ybar     the best ȳ: a perfect reader of today's templates
+    coeffs   the best coefficients of every template: the whole fixed template space
+    lora     the compiled update plus a free rank-r update at the same maps: a space that can write any
+             direction, the reference for what a richer template kind could reach
+
+targets
+    capacity the objective is taken on the scored continuation itself (its teacher): an upper bound
+    fair     on continuations sampled from the prompted LM; the scored text is never seen
+
+Each optimum starts at the compiled prompt (the free update at zero) and keeps the best point seen, the start
+included, so per window it is never worse than the compiled prompt on the objective it optimises.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._checks import check_float, check_int, refuse
+from ..sequences import eval_mode
+from .measure import by_position, document_interval, prompt_token_positions, summarize_comparison, window_losses
+
+ORACLE_KINDS = ("ybar", "coeffs", "lora")
+ORACLE_TARGETS = ("capacity", "fair")
+
+
+def best_of(params: Sequence[torch.Tensor], objective: Callable[[list[torch.Tensor]], torch.Tensor], steps: int,
+            lr: float) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """Adam on tensors whose first axis is the row (rows independent), keeping for each row the best point seen.
+
+    objective(params) -> (b,) per-row values at those params. Returns the best params (detached), the
+    objective at the start (b,) and at the best point (b,) (≤ the start, row by row)."""
+    params = [p.detach().clone().requires_grad_(True) for p in params]
+    best = [p.detach().clone() for p in params]
+    opt = torch.optim.Adam(params, lr=lr)
+    start = best_value = None
+    for step in range(steps + 1):
+        value = objective(params)
+        with torch.no_grad():
+            v = value.detach()
+            if start is None:
+                start, best_value = v.clone(), v.clone()
+            better = v < best_value
+            best_value = torch.where(better, v, best_value)
+            for b, p in zip(best, params):
+                b[better] = p.detach()[better]
+        if step == steps:
+            break
+        grads = torch.autograd.grad(value.sum(), params)
+        for p, g in zip(params, grads):
+            p.grad = g
+        opt.step()
+    return best, start, best_value
+
+
+class _FreeSite(nn.Module):
+    """A site's templates plus a free per-row rank-r update: T h = templates(h) + (h V) Uᵀ, U, V (b, i, r)."""
+
+    def __init__(self, base: nn.Module, U: torch.Tensor, V: torch.Tensor):
+        super().__init__()
+        self.base, self.free_U, self.free_V = base, U, V
+
+    @property
+    def U(self) -> torch.Tensor:          # `_modulate` reads the templates' dtype from here
+        return self.base.U
+
+    def apply(self, h: torch.Tensor, coeffs: torch.Tensor) -> torch.Tensor:
+        # (b, t, i) @ (b, i, r) -> (b, t, r); @ (b, r, i) -> (b, t, i)
+        return self.base.apply(h, coeffs) + (h @ self.free_V) @ self.free_U.transpose(1, 2)
+
+
+@contextmanager
+def _free_sites(model, factors: dict[str, tuple[torch.Tensor, torch.Tensor]]):
+    """Swap each site "ν.site" of factors for its templates plus the free update, for the duration of a block."""
+    saved = {}
+    try:
+        for key, (U, V) in factors.items():
+            layer, site = key.split(".")
+            saved[key] = model.templates[layer][site]
+            model.templates[layer][site] = _FreeSite(saved[key], U, V)
+        yield
+    finally:
+        for key, base in saved.items():
+            layer, site = key.split(".")
+            model.templates[layer][site] = base
+
+
+def _objective(model, logits: torch.Tensor, targets: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
+    """The head's own objective per row: aux_ce · CE(targets) + aux_kl · KL(teacher ‖ student), each the mean over
+    positions; logits (b, m, v), targets (b, m), teacher_logp (b, m, v) -> (b,). The KL is over the whole
+    vocabulary (the head trains on the teacher's top-k plus a rest bucket, a lower bound of it)."""
+    cfg = model.config
+    logp = F.log_softmax(logits.float(), -1)
+    value = torch.zeros(len(logits), device=logits.device)
+    if cfg.aux_ce:
+        value = value + cfg.aux_ce * F.nll_loss(logp.flatten(0, 1), targets.flatten(),
+                                                reduction="none").view(targets.shape).mean(1)
+    if cfg.aux_kl:
+        value = value + cfg.aux_kl * (teacher_logp.exp() * (teacher_logp - logp)).sum(-1).mean(1)
+    return value
+
+
+@torch.no_grad()
+def _sampled_continuations(model, prompts: torch.Tensor, length: int, samples: int,
+                           generator: torch.Generator) -> torch.Tensor:
+    """samples continuations of length + 1 tokens per prompt, drawn from the LM with the prompt in context
+    -> (b, samples, length + 1)."""
+    b, p = prompts.shape
+    seq = prompts.repeat_interleave(samples, 0)                                # (b·s, p)
+    for _ in range(length + 1):
+        logits = model.lm(input_ids=seq, use_cache=False).logits[:, -1].float()
+        nxt = torch.multinomial(logits.softmax(-1).cpu(), 1, generator=generator).to(seq.device)
+        seq = torch.cat([seq, nxt], 1)
+    return seq[:, p:].view(b, samples, length + 1)
+
+
+def oracle_window_losses(model, tokens: torch.Tensor, prefix_len: int, kinds: Sequence[str] = ORACLE_KINDS,
+                         target: str = "capacity", steps: int = 30, lr: float = 0.05, rank: int = 8,
+                         samples: int = 2, batch_size: int = 8, seed: int = 0) -> dict[str, Any]:
+    """The oracle of each kind on windows tokens (n, p + m + 1): per-position cross-entropy on the scored
+    continuation under each optimum -> {"oracle_<kind>": (n, m), "objective": {kind: {"start": (n,),
+    "best": (n,)}}}. See the module's docstring for kinds and targets."""
+    from .model import check_cgtlm
+    check_cgtlm(model)
+    for kind in kinds:
+        if kind not in ORACLE_KINDS:
+            raise refuse("kinds", f"a subset of {ORACLE_KINDS}", repr(kind))
+    if target not in ORACLE_TARGETS:
+        raise refuse("target", f"one of {ORACLE_TARGETS}", repr(target))
+    check_int("steps", steps, 0)
+    check_float("lr", lr, 0.0, None, lo_open=True)
+    check_int("rank", rank, 1)
+    check_int("samples", samples, 1)
+    check_int("batch_size", batch_size, 1)
+    n, length = tokens.shape
+    check_int("prefix_len", prefix_len, 1, length - 3)
+    m = length - prefix_len - 1
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, Any] = {f"oracle_{k}": torch.full((n, m), float("nan")) for k in kinds}
+    out["objective"] = {k: {"start": torch.full((n,), float("nan")), "best": torch.full((n,), float("nan"))}
+                        for k in kinds}
+    with eval_mode(model):
+        for i in range(0, n, batch_size):
+            w = tokens[i:i + batch_size].to(model.device)
+            b = len(w)
+            prompt = w[:, :prefix_len]
+            ybar = (model._summary(model.pooled_readout(prompt)) if model.pooled_only
+                    else model.context(prompt)[:, -1]).detach()                 # (b, e)
+            scored_x = model.x_at_layer(w[:, prefix_len:prefix_len + m])       # (b, m, d)
+            scored_tgt = w[:, prefix_len + 1:]
+            if target == "capacity":
+                fit_x, fit_tgt = scored_x, scored_tgt
+                hidden, _ = model.teacher_pass(w[:, :prefix_len + m], prefix_len)
+                fit_teacher = F.log_softmax(model._logits(hidden[:, prefix_len:]).float(), -1)
+                rows = torch.arange(b, device=w.device)
+            else:
+                cont = _sampled_continuations(model, w[:, :prefix_len], m, samples, gen)   # (b, s, m + 1)
+                cont = cont.flatten(0, 1)                                                  # (b·s, m + 1)
+                prompts = w[:, :prefix_len].repeat_interleave(samples, 0)
+                hidden, _ = model.teacher_pass(torch.cat([prompts, cont[:, :m]], 1), prefix_len)
+                fit_teacher = F.log_softmax(model._logits(hidden[:, prefix_len:]).float(), -1)
+                fit_x, fit_tgt = model.x_at_layer(cont[:, :m]), cont[:, 1:]
+                rows = torch.arange(b, device=w.device).repeat_interleave(samples)
+            compiled = {key: c.detach() for key, c in model._fixed_coeffs(ybar).items()}
+
+            def per_row(value):       # (b·s,) -> (b,): a window's objective is the mean over its samples
+                return torch.zeros(b, device=value.device).index_add(0, rows, value) / (len(rows) / b)
+
+            for kind in kinds:
+                run, params = _oracle_pass(model, kind, ybar, compiled, rank, gen)
+                objective = lambda ps: per_row(_objective(model, model._logits(run(ps, fit_x, rows)), fit_tgt,
+                                                          fit_teacher))
+                best, start, best_value = best_of(params, objective, steps, lr)
+                with torch.no_grad():
+                    logits = model._logits(run(best, scored_x, torch.arange(b, device=w.device)))
+                    ce = F.cross_entropy(logits.flatten(0, 1).float(), scored_tgt.flatten(), reduction="none")
+                out[f"oracle_{kind}"][i:i + b] = ce.view(b, m).cpu()
+                out["objective"][kind]["start"][i:i + b] = start.cpu()
+                out["objective"][kind]["best"][i:i + b] = best_value.cpu()
+    return out
+
+
+def _oracle_pass(model, kind: str, ybar: torch.Tensor, compiled: dict, rank: int, gen: torch.Generator):
+    """The part optimised for one kind -> (run(params, x, rows) -> final hidden states, the starting params).
+    rows maps each row of x to its window (samples of one window share the window's params)."""
+    keys = list(compiled)
+    if kind == "ybar":
+        def run(params, x, rows):
+            return model._upper_hidden(x, model._fixed_coeffs(params[0][rows]))
+        return run, [ybar]
+    if kind == "coeffs":
+        def run(params, x, rows):
+            return model._upper_hidden(x, {k: c[rows] for k, c in zip(keys, params)})
+        return run, [compiled[k] for k in keys]
+    widths = {k: model.templates[k.split(".")[0]][k.split(".")[1]].U.shape[1] for k in keys}
+    b = len(ybar)
+    start = []
+    for k in keys:      # V random, U zero: the free update starts at nothing and can grow in any direction
+        V = torch.randn(b, widths[k], rank, generator=gen) / widths[k] ** 0.5
+        start += [torch.zeros(b, widths[k], rank, device=ybar.device), V.to(ybar.device)]
+
+    def run(params, x, rows):
+        factors = {k: (params[2 * j][rows], params[2 * j + 1][rows]) for j, k in enumerate(keys)}
+        with _free_sites(model, factors):
+            return model._upper_hidden(x, {k: c[rows] for k, c in compiled.items()})
+    return run, start
+
+
+def oracle_comparison(model, task, part: str = "test", prompt_len: int = 64, suffix_len: int = 64,
+                      draws: int = 3, per_topic: int | None = 8, topic_means: torch.Tensor | None = None,
+                      kinds: Sequence[str] = ORACLE_KINDS, target: str = "capacity", steps: int = 30,
+                      lr: float = 0.05, rank: int = 8, samples: int = 2, batch_size: int = 8,
+                      seed: int = 0) -> dict[str, Any]:
+    """`compile_comparison`'s windows and conditions for one prompt length, with each oracle beside the head:
+    G_oracle_<kind>, the paired compiled − oracle_<kind> per document (its interval below 0 never happens on
+    the objective; on the scored loss it says how much the space leaves), the objectives at the start and the
+    optimum, and everything split by prompt-token positions (`by_position`)."""
+    check_int("suffix_len", suffix_len, 2)
+    check_int("draws", draws, 1)
+    tokens, topics, docs = task.document_windows(prompt_len + suffix_len + 1, part, per_doc=draws,
+                                                 per_topic=per_topic, seed=seed + prompt_len)
+    losses = window_losses(model, tokens, prompt_len, topics, docs, topic_means, batch_size, seed,
+                           per_position=True)
+    oracle = oracle_window_losses(model, tokens, prompt_len, kinds, target, steps, lr, rank, samples,
+                                  batch_size, seed)
+    objective = oracle.pop("objective")
+    losses.update(oracle)
+    res = summarize_comparison({c: v.mean(1) for c, v in losses.items()}, docs, seed=seed)
+    for kind in kinds:
+        res[f"compiled_minus_oracle_{kind}"] = document_interval(
+            losses["compiled"].mean(1) - losses[f"oracle_{kind}"].mean(1), docs, seed=seed)
+        res[f"objective_{kind}"] = {"start": float(objective[kind]["start"].mean()),
+                                    "best": float(objective[kind]["best"].mean()),
+                                    "never_worse": bool((objective[kind]["best"] <= objective[kind]["start"]).all())}
+    res["by_position"] = by_position(losses, prompt_token_positions(tokens, prompt_len), docs, seed=seed)
+    res["oracle"] = {"target": target, "kinds": list(kinds), "steps": steps, "lr": lr, "rank": rank,
+                     "samples": samples}
+    return res
