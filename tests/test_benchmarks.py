@@ -483,3 +483,25 @@ def test_bench_topk_vs_full_smoke_measures_every_teacher(tmp_path):
     assert len({round(q[n]["val_full_kl"], 9) for n in ("top-4", "full", "cross-entropy only", "untrained")}) > 1
     text = doc.read_text()
     assert "hand-written text that must survive" in text and "| top-4 |" in text and "own − other" in text
+
+
+def test_hf_oracle_smoke_reports_each_oracle_beside_the_head(tmp_path):
+    """The tiny Llama: every kind and target in the JSON, each optimum never worse than the head on its
+    objective, and bad flags refused by name before anything loads."""
+    pytest.importorskip("transformers")
+    import hf_oracle
+    out = tmp_path / "o.json"
+    res = hf_oracle.main(["--smoke", "--steps", "2", "--rank", "2", "--per-topic", "1", "--draws", "2",
+                          "--prefix", "6", "--suffix", "8", "--out", str(out)])
+    saved = json.loads(out.read_text())
+    assert sorted(saved["targets"]) == ["capacity", "fair"]
+    for target, one in saved["targets"].items():
+        for kind in ("ybar", "coeffs", "lora"):
+            assert one[f"objective_{kind}"]["never_worse"], (target, kind)
+            assert one[f"G_oracle_{kind}"]["value"] == pytest.approx(res["targets"][target][f"G_oracle_{kind}"]["value"],
+                                                                     nan_ok=True)
+        assert one["oracle"]["target"] == target
+    for bad in (["--kinds", "ybar,all"], ["--targets", ""], ["--rank", "0"], ["--lr", "0"]):
+        with pytest.raises(SystemExit):
+            hf_oracle.main(["--smoke", *bad, "--out", str(tmp_path / "x.json")])
+    assert not (tmp_path / "x.json").exists()
