@@ -32,6 +32,7 @@ HF_KNN = "benchmarks/results/hf_topic_knn.json"
 LORA = "benchmarks/results/lora_vs_compile.json"
 HEAD_RUN = "benchmarks/results/smollm2_head.json"
 HEAD_METRICS = "data/models/smollm2-bbc-head/metrics.json"
+HF_ORACLE = "benchmarks/results/hf_oracle.json"
 TEXT_METRICS = "data/models/text-bbc5/metrics.json"
 
 
@@ -250,19 +251,30 @@ def page(root: Path = ROOT) -> str:
             if part not in head:
                 continue
             out += [f"**{part} part**", "",
-                    "| prompt | docs / windows | " + " | ".join(c for c, _ in cols) + " | G [95 %] | own − other [95 %] | own − topic mean [95 %] |",
-                    "|---" * (len(cols) + 5) + "|"]
+                    "| prompt | docs / windows | " + " | ".join(c for c, _ in cols) + " | G [95 %] | own − other [95 %] | "
+                    "own − topic mean [95 %] | G at prompt tokens [95 %] | G elsewhere |",
+                    "|---" * (len(cols) + 7) + "|"]
             for p in sorted(head[part], key=lambda k: -int(k.split("=")[1])):
                 r = head[part][p]
                 out.append(f"| {p} | {r['n_documents']} / {r['n_windows']} | "
                            + " | ".join(f3(r[k]["value"]) for _, k in cols)
                            + f" | {ci(r.get('G'))} | {ci(r.get('own_minus_other'), signed=True)} | "
-                             f"{ci(r.get('own_minus_topic_mean'), signed=True)} |")
+                             f"{ci(r.get('own_minus_topic_mean'), signed=True)} | "
+                             f"{ci(r.get('by_position', {}).get('prompt_token', {}).get('G'))} | "
+                             f"{f2(r.get('by_position', {}).get('rest', {}).get('G', {}).get('value'))} |")
             out += [""]
+            split = [(p, head[part][p]["by_position"]) for p in head[part] if "by_position" in head[part][p]]
+            if split:
+                out += ["Prompt-token positions (the target occurs in the prompt and not yet in the continuation): "
+                        + "; ".join(f"{p}: {b['fraction_prompt_token']:.1%} of positions, "
+                                    f"{b['gain_share_prompt_token']:.1%} of the prompted LM's gain, own − topic mean "
+                                    f"there {ci(b['prompt_token'].get('own_minus_topic_mean'), signed=True)}"
+                                    for p, b in sorted(split, key=lambda x: -int(x[0].split('=')[1]))), ""]
         if run:
             out += [f"Training: {run.get('head_training_tokens_per_second', 0):.0f} training tokens/s, "
                     f"{f2(run.get('ratio_training_to_lm_forward'))}× the frozen LM's own no-grad forward; a feature cache of "
                     f"{run.get('cache_windows')} windows (`{HEAD_RUN}`).", ""]
+    out += oracle_section(root)
     lora = load(LORA, root)
     if lora:
         out += ["## Compiling against a per-prompt LoRA", "",
@@ -281,6 +293,38 @@ def page(root: Path = ROOT) -> str:
                            f"{seconds(r.get('update_seconds'))} | {r.get('break_even_tokens') or 'never'} |")
         out += [""]
     return "\n".join(out).rstrip()
+
+
+ORACLE_LABELS = {"ybar": "best ȳ (a perfect reader of the templates)",
+                 "coeffs": "best coefficients (the whole fixed template space)",
+                 "lora": "compiled + free rank-r update at the same maps"}
+
+
+def oracle_section(root: Path = ROOT) -> list[str]:
+    """The ceiling of the shipped head's update space (`benchmarks/hf_oracle.py`), beside the head."""
+    res = load(HF_ORACLE, root)
+    if not res or res.get("smoke"):
+        return []
+    st = res["settings"]
+    cmd = ("python benchmarks/hf_oracle.py " + " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in st.items() if k in ("per_topic", "steps", "rank", "prefix")))
+    out = ["## The ceiling of the head's update space (oracle)", "",
+           provenance(cmd, HF_ORACLE, res.get("environment")), "",
+           f"Per prompt ({st['prefix']} tokens; {st['suffix']} scored), one part of the head's output optimised by "
+           f"{st['steps']} Adam steps under the head's own objective, everything else frozen: on the scored text's "
+           "teacher (*capacity*, an upper bound) or on continuations sampled from the prompted LM (*fair*). "
+           "compiled − oracle is paired per document (above 0: the oracle is better).", "",
+           "| target | docs / windows | head G [95 %] | oracle | oracle G [95 %] | compiled − oracle [95 %] | "
+           "oracle G at prompt tokens | oracle own − topic mean [95 %] |", "|---|---|---|---|---|---|---|---|"]
+    for target, r in res["targets"].items():
+        for kind in r["oracle"]["kinds"]:
+            tok = r.get("by_position", {}).get("prompt_token", {}).get(f"G_oracle_{kind}")
+            label = ORACLE_LABELS.get(kind, kind) + (f" (r = {st['rank']})" if kind == "lora" else "")
+            out.append(f"| {target} | {r['n_documents']} / {r['n_windows']} | {ci(r.get('G'))} | {label} | "
+                       f"{ci(r.get(f'G_oracle_{kind}'))} | "
+                       f"{ci(r.get(f'compiled_minus_oracle_{kind}'), signed=True)} | {f2((tok or {}).get('value'))} | "
+                       f"{ci(r.get(f'oracle_{kind}_minus_topic_mean'), signed=True)} |")
+    return out + [""]
 
 
 def _lever_curve(row: dict, points: int = 5) -> str:

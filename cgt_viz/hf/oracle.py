@@ -241,6 +241,9 @@ def oracle_comparison(model, task, part: str = "test", prompt_len: int = 64, suf
     for kind in kinds:
         res[f"compiled_minus_oracle_{kind}"] = document_interval(
             losses["compiled"].mean(1) - losses[f"oracle_{kind}"].mean(1), docs, seed=seed)
+        if topic_means is not None:   # does the optimum carry its document: against the topic's mean ȳ
+            res[f"oracle_{kind}_minus_topic_mean"] = document_interval(
+                losses[f"oracle_{kind}"].mean(1) - losses["topic_mean"].mean(1), docs, seed=seed)
         res[f"objective_{kind}"] = {"start": float(objective[kind]["start"].mean()),
                                     "best": float(objective[kind]["best"].mean()),
                                     "never_worse": bool((objective[kind]["best"] <= objective[kind]["start"]).all())}
