@@ -27,7 +27,7 @@ TASKS_KL = "benchmarks/results/tasks_kl.json"
 LEVERS = ("benchmarks/results/levers_regression16.json", "benchmarks/results/levers_affine.json",
           "benchmarks/results/levers_c.json", "benchmarks/results/levers_d.json",
           "benchmarks/results/levers_e.json", "benchmarks/results/levers_f.json", "benchmarks/results/levers_g.json",
-          "benchmarks/results/levers_h.json")
+          "benchmarks/results/levers_h.json", "benchmarks/results/levers_i.json")
 HF_KNN = "benchmarks/results/hf_topic_knn.json"
 LORA = "benchmarks/results/lora_vs_compile.json"
 HEAD_RUN = "benchmarks/results/smollm2_head.json"
@@ -342,14 +342,14 @@ def levers(root: Path = ROOT) -> list[str]:
     files = [(rel, data) for rel, data in files if data]
     if not files:
         return []
-    out = ["## Levers on the rows that do not compile yet (one tuning seed each)", "",
+    out = ["## Levers on the rows that do not compile yet", "",
            "Each run is its recipe with one change (`RUNS` and `LEVER_TRAIN` in `benchmarks/tasks_results.py`), "
-           "trained on a tuning seed; G is measured at the run's largest k on held-out prompts, and along training "
+           "trained on a tuning seed (some also on held-out seeds); G is measured at the run's largest k on held-out prompts, and along training "
            "on two fixed batches (— where the prompt does not help yet). Accuracy for icl, MSE for regression.", ""]
     for rel, data in files:
         out += [provenance(tasks_command(data), rel, data.get("environment")), "",
-                "| run | change | steps | prompted | compiled | no context | G | probe | G along training (step: G) |",
-                "|---|---|---|---|---|---|---|---|---|"]
+                "| run | seed | change | steps | prompted | compiled | no context | G | probe | G along training (step: G) |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
         for r in data["rows"]:
             metric = "acc" if r["task"] == "icl" else "loss"
             change = ", ".join(f"{k}={v}" for k, v in {**r.get("model_changes", {}), **r.get("lever", {})}.items())
@@ -357,7 +357,8 @@ def levers(root: Path = ROOT) -> list[str]:
                                                                                     "novel_split", "shift_fraction")
                           and v not in (0, 0.0, 1, False)}
             change = ", ".join(filter(None, [change, ", ".join(f"{k}={v}" for k, v in task_extra.items())])) or "none"
-            out.append(f"| {r['run']} | {change} | {r['steps']} | {f3(r.get(f'{metric}_prompted'))} | "
+            held_out = "" if r["seed"] in data.get("tuning_seeds", [r["seed"]]) else " (held out)"
+            out.append(f"| {r['run']} | {r['seed']}{held_out} | {change} | {r['steps']} | {f3(r.get(f'{metric}_prompted'))} | "
                        f"{f3(r.get(f'{metric}_specialized'))} | {f3(r.get(f'{metric}_no_context'))} | "
                        f"{f2(r.get('gap_closed'))} | {f2(r.get('probe'))} | {_lever_curve(r)} |")
         out.append("")

@@ -76,6 +76,8 @@ RUNS.update({
     "regression-dim16-early-aux-deep-y": ("regression", _DIM16, dict(n_layer=5, y_layer=3), (16,)),
     "icl-value-affine-variant-16k": ("icl", dict(_AFFINE, aux_min_pairs=4, novel_split=True), {}, (8,)),
     "regression-dim16-early-aux-long-distill": ("regression", _DIM16, dict(aux_kl=1.0, aux_ce=0.0), (16,)),
+    "regression-dim16-early-aux-wide": ("regression", _DIM16, _WIDE, (16,)),
+    "regression-dim16-early-aux-wide-long": ("regression", _DIM16, _WIDE, (16,)),
     "icl-value-affine-from-shift-novel-long": ("icl", dict(_AFFINE, novel_split=True), {}, (8,)),
     "icl-value-affine-from-shift-min4-novel-long": ("icl", dict(_AFFINE, aux_min_pairs=4, novel_split=True), {}, (8,)),
 })
@@ -89,6 +91,8 @@ LEVER_TRAIN = {
     "regression-dim16-early-aux-deep-y": {"curriculum": 2500, "aux_delay": 0, "aux_ramp": 250},
     "icl-value-affine-variant-16k": {"curriculum": 3000, "steps": 16000},
     "regression-dim16-early-aux-long-distill": {"curriculum": 2500, "aux_delay": 0, "aux_ramp": 250, "steps": 8000},
+    "regression-dim16-early-aux-wide": {"curriculum": 2500, "aux_delay": 0, "aux_ramp": 250},
+    "regression-dim16-early-aux-wide-long": {"curriculum": 6000, "aux_delay": 0, "aux_ramp": 250, "steps": 8000},
     "icl-value-affine-from-shift-novel-long": {"curriculum": 3000, "steps": 6000},
     "icl-value-affine-from-shift-min4-novel-long": {"curriculum": 3000, "steps": 6000},
     "icl-value-affine-from-shift": {"curriculum": 1500},
@@ -251,7 +255,7 @@ def main(argv=None) -> dict:
     done = {(r.get("run", r["task"]), r["seed"]) for r in rows}
 
     def result() -> dict:
-        return {"rows": rows, "table": table(rows) if rows else "", "environment": environment(torch.device("cpu")),
+        return {"rows": rows, "table": table(rows) if rows else "", "environment": environment(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
                 "argv": sys.argv[1:] if argv is None else list(argv), "tuning_seeds": list(TUNING_SEEDS)}
 
     for name in args.runs:
