@@ -170,7 +170,9 @@ def teacher_outputs(model, prompt: torch.Tensor, inputs: torch.Tensor) -> torch.
     (a CGT's full-mode pass; a CGTLM's frozen LM, T = I). prompt (s,), inputs (n, m) -> (n, m, v)."""
     full = torch.cat([prompt[None].expand(inputs.shape[0], -1), inputs], dim=1)
     if hasattr(model, "lm"):
-        return model.lm(input_ids=full, use_cache=False).logits[:, prompt.shape[0]:]
+        from .hf.stream import pass_lock
+        with pass_lock(model.lm):
+            return model.lm(input_ids=full, use_cache=False).logits[:, prompt.shape[0]:]
     return model(full)[:, prompt.shape[0]:]
 
 

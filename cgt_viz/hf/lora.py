@@ -57,13 +57,15 @@ def merged_lm(lm, factors: Factors):
 def upper_logits(lm, x_ell: torch.Tensor, ell: int) -> torch.Tensor:
     """Logits of a causal LM run from the output of its decoder layer ℓ: x_ell (b, t, d), positions from 0.
     The LM's own loop runs over layers ℓ+1..N only (the list swapped for this call, as CGTLM._upper_hidden)."""
+    from .stream import pass_lock
     body = lm.model
-    layers = body.layers
-    body.layers = nn.ModuleList(list(layers)[ell:])
-    try:
-        return lm.lm_head(body(inputs_embeds=x_ell.to(lm.dtype), use_cache=False).last_hidden_state)
-    finally:
-        body.layers = layers
+    with pass_lock(lm):
+        layers = body.layers
+        body.layers = nn.ModuleList(list(layers)[ell:])
+        try:
+            return lm.lm_head(body(inputs_embeds=x_ell.to(lm.dtype), use_cache=False).last_hidden_state)
+        finally:
+            body.layers = layers
 
 
 @checked(steps=StepCounts(), init=Choice(*INITS))

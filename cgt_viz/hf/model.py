@@ -46,7 +46,7 @@ from ..model import CGT
 from ..outputs import X
 from ..sites import SITE_TABLE, site_width
 from .source import require
-from .stream import HFStream, StopAfterY, hooks
+from .stream import HFStream, StopAfterY, hooks, own_thread, pass_lock
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")   # the decoder layout below; tested: llama
 # site -> (module inside a decoder layer whose output (True) or input (False) T acts on, the maps that read it),
@@ -292,12 +292,13 @@ class CGTLM(CGT):
         """The plain LM (no templates) over idx (b, t): the distillation teacher. -> its final hidden states
         (b, t, d) and, from the same pass, the pooled read-out after the first prompt_len tokens (b, d)."""
         grabbed = {}
-        handle = self.lm.model.layers[self.config.y_layer - 1].register_forward_hook(
-            lambda module, args, out: grabbed.__setitem__("x", out[0] if isinstance(out, tuple) else out))
-        try:
-            hidden = self.lm.model(input_ids=idx, use_cache=False).last_hidden_state
-        finally:
-            handle.remove()
+        with pass_lock(self.lm):
+            handle = self.lm.model.layers[self.config.y_layer - 1].register_forward_hook(own_thread(
+                lambda module, args, out: grabbed.__setitem__("x", out[0] if isinstance(out, tuple) else out)))
+            try:
+                hidden = self.lm.model(input_ids=idx, use_cache=False).last_hidden_state
+            finally:
+                handle.remove()
         return hidden, self._pooled_last(grabbed["x"][:, :prompt_len])
 
     @torch.no_grad()
@@ -310,13 +311,14 @@ class CGTLM(CGT):
             out["x"] = output[0] if isinstance(output, tuple) else output
             raise StopAfterY
 
-        handle = self.lm.model.layers[layer - 1].register_forward_hook(grab)
-        try:
-            self.lm.model(input_ids=idx, use_cache=False)
-        except StopAfterY:
-            pass
-        finally:
-            handle.remove()
+        with pass_lock(self.lm):
+            handle = self.lm.model.layers[layer - 1].register_forward_hook(own_thread(grab))
+            try:
+                self.lm.model(input_ids=idx, use_cache=False)
+            except StopAfterY:
+                pass
+            finally:
+                handle.remove()
         return out["x"]
 
     def _upper_hidden(self, x_ell: torch.Tensor, coeffs: dict) -> torch.Tensor:
@@ -325,7 +327,7 @@ class CGTLM(CGT):
         step: nothing below ℓ + 1 runs, so autograd records only the modulated layers."""
         model, ell = self.lm.model, self.config.y_layer
         full = model.layers
-        with hooks(self, coeffs):
+        with hooks(self, coeffs):      # holds the LM's pass_lock: no other pass sees the shorter list
             model.layers = nn.ModuleList(list(full)[ell:])   # the LM's own loop over a shorter list, for this call
             try:
                 return model(inputs_embeds=x_ell.to(self.lm.dtype), use_cache=False).last_hidden_state

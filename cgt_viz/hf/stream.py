@@ -4,10 +4,18 @@ Nothing inside the LM is edited. During a pass, hooks registered for that pass o
 model between calls) hand the outputs of decoder layers 1..ℓ to the y stream and transform each template
 site's input above ℓ at the module `sites.SITE_TABLE` names for it (hf_at). The LM's parameters never
 require gradients and the lower layers see no tensor that does, so autograd records nothing there.
+
+Hooks and the shortened layer list of a short pass are visible to any pass over the same LM, so every pass
+cgt_viz makes over one LM holds that LM's `pass_lock` (one pass at a time, whichever thread runs it: the
+explorer's background collection and a `specialize` in a cell wait for each other, one pass at a time), and a
+hook acts only in the thread that registered it (a plain `lm(...)` of the user's own in another thread runs
+past it untouched).
 """
 from __future__ import annotations
 
 import contextlib
+import threading
+import weakref
 
 import torch
 import torch.nn as nn
@@ -30,7 +38,30 @@ class NoContext(nn.Module):
         self.lm = lm
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.lm(input_ids=idx, use_cache=False).logits
+        with pass_lock(self.lm):
+            return self.lm(input_ids=idx, use_cache=False).logits
+
+
+_LOCKS: "weakref.WeakKeyDictionary[nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def pass_lock(lm: nn.Module) -> threading.RLock:
+    """The lock every cgt_viz pass over lm holds for its duration (re-entrant: a pass may call another)."""
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(lm)
+        if lock is None:
+            lock = _LOCKS[lm] = threading.RLock()
+        return lock
+
+
+def own_thread(hook):
+    """hook, acting only in the thread that made it (elsewhere it returns None: the module's output as it is)."""
+    owner = threading.get_ident()
+
+    def guarded(*args):
+        return hook(*args) if threading.get_ident() == owner else None
+    return guarded
 
 
 @contextlib.contextmanager
@@ -60,23 +91,25 @@ def hooks(model, coeffs: dict | None, ystep=None, record: dict | None = None, st
             return lambda module, args, out: model._modulate(layer, site, out, state["coeffs"])
         return lambda module, args: (model._modulate(layer, site, args[0], state["coeffs"]), *args[1:])
 
-    try:
-        if record is not None:
-            handles.append(model.lm.model.embed_tokens.register_forward_hook(
-                lambda module, args, out: record.__setitem__(X(0), out)))
-        for n, layer in enumerate(layers):
-            if record is not None or (n < ell and ystep is not None):
-                handles.append(layer.register_forward_hook(layer_out(n)))
-        if not stop:
-            for layer_no, site in model.template_sites:
-                where = SITE[site]
-                module = layers[layer_no - 1].get_submodule(where.hf_at)
-                handles.append(module.register_forward_hook(seam(layer_no, site, True)) if where.hf_output
-                               else module.register_forward_pre_hook(seam(layer_no, site, False)))
-        yield state
-    finally:
-        for h in handles:
-            h.remove()
+    with pass_lock(model.lm):
+        try:
+            if record is not None:
+                handles.append(model.lm.model.embed_tokens.register_forward_hook(
+                    own_thread(lambda module, args, out: record.__setitem__(X(0), out))))
+            for n, layer in enumerate(layers):
+                if record is not None or (n < ell and ystep is not None):
+                    handles.append(layer.register_forward_hook(own_thread(layer_out(n))))
+            if not stop:
+                for layer_no, site in model.template_sites:
+                    where = SITE[site]
+                    module = layers[layer_no - 1].get_submodule(where.hf_at)
+                    handles.append(module.register_forward_hook(own_thread(seam(layer_no, site, True)))
+                                   if where.hf_output
+                                   else module.register_forward_pre_hook(own_thread(seam(layer_no, site, False))))
+            yield state
+        finally:
+            for h in handles:
+                h.remove()
 
 
 class HFStream(XStream):
