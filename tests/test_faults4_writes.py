@@ -75,3 +75,68 @@ def test_train_and_train_head_refuse_a_linked_lock_in_one_line(tmp_path, capsys,
         train(fresh(tiny_config(task)), task, steps=1, batch_size=4, eval_every=0,
               checkpoint_dir=tmp_path / "new" / "ckpt", **QUIET)
     assert victim.read_text() == VICTIM_TEXT
+
+
+# ---------------------------------------------------------------------------------------------- B62: results pages
+HOSTILE_CMD = "--runs a`b|c <!-- results:end -->"
+HOSTILE_CPU = "<script>window.__xss = 1</script> Xeon | fake"
+
+
+def _hostile_results(root: Path) -> None:
+    """A results root whose tasks.json carries strings that are markdown and HTML, and an embedded end marker."""
+    (root / "benchmarks" / "results").mkdir(parents=True)
+    (root / "docs").mkdir()
+    (root / "README.md").write_text("# readme\n\n<!-- results:begin -->\nold\n<!-- results:end -->\n\nafter\n")
+    (root / "docs" / "results.md").write_text("# Results\n")
+    table = ("| run | steps | gap closed G |\n|---|---|---|\n"
+             "| icl (k = 8, acc) | 6 | 0.5 `x <!-- results:end --> |\n<img src=x onerror=alert(1)>")
+    (root / "benchmarks" / "results" / "tasks.json").write_text(json.dumps({
+        "argv": HOSTILE_CMD.split(" ", 1), "tuning_seeds": ["0 <b>bold</b>"], "rows": [], "table": table,
+        "environment": {"cpu_model": HOSTILE_CPU, "time_utc": "today`", "torch": "2|x"}}))
+
+
+def _html(md_text: str) -> str:
+    markdown_it = pytest.importorskip("markdown_it")
+    return markdown_it.MarkdownIt("commonmark", {"html": True}).enable("table").render(md_text)
+
+
+def test_results_pages_quote_what_the_result_files_say(tmp_path):
+    """Backticks, pipes, HTML and an embedded end marker in a result file's strings are shown as text: the built
+    page has no script or img element, each table row keeps its cells, the command is one code element, and a
+    second rewrite (and --check) finds one section."""
+    sys.path.insert(0, str(TESTS.parent / "benchmarks"))
+    import results_pages as rp
+    _hostile_results(tmp_path)
+    rp.write(tmp_path)
+    for path in (tmp_path / "README.md", tmp_path / "docs" / "results.md"):
+        content = path.read_text()
+        assert content.count("<!-- results:begin -->") == 1 and content.count("<!-- results:end -->") == 1, path
+    page = (tmp_path / "docs" / "results.md").read_text()
+    built = _html(page)
+    assert "<script" not in built and "<img" not in built and "<b>" not in built
+    assert "&lt;script&gt;window.__xss = 1&lt;/script&gt; Xeon | fake" in built      # shown, as text, in one piece
+    rows = [line for line in page.splitlines() if "icl (k = 8, acc)" in line]
+    cells = __import__("re").findall(r"<td>(.*?)</td>", built)
+    assert len(rows) == 1 and "0.5 `x &lt;!-- results:end --&gt;" in cells          # a backtick opens no code span
+    codes = __import__("re").findall(r"<code>(.*?)</code>", built)
+    assert "python benchmarks/tasks_results.py --runs a`b|c &lt;!-- results:end --&gt;" in codes
+    readme = (tmp_path / "README.md").read_text()
+    assert readme.endswith("\n\nafter\n") and "old" not in readme
+    assert rp.stale(tmp_path) == []
+    rp.write(tmp_path)                                               # a later rewrite changes nothing
+    assert (tmp_path / "docs" / "results.md").read_text() == page
+    assert (tmp_path / "README.md").read_text() == readme
+
+
+def test_results_check_flags_a_duplicated_section_and_write_repairs_it(tmp_path):
+    sys.path.insert(0, str(TESTS.parent / "benchmarks"))
+    import results_pages as rp
+    _hostile_results(tmp_path)
+    rp.write(tmp_path)
+    readme = (tmp_path / "README.md").read_text()
+    debris = readme.replace("\n\nafter\n", "\nleft over -->\n| a | b |\n<!-- results:end -->\n\nafter\n")
+    (tmp_path / "README.md").write_text(debris)       # what an embedded end marker left behind before
+    assert rp.stale(tmp_path) == [tmp_path / "README.md"]
+    rp.write(tmp_path)
+    assert (tmp_path / "README.md").read_text() == readme
+    assert rp.stale(tmp_path) == []
