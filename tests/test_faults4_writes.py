@@ -140,3 +140,64 @@ def test_results_check_flags_a_duplicated_section_and_write_repairs_it(tmp_path)
     rp.write(tmp_path)
     assert (tmp_path / "README.md").read_text() == readme
     assert rp.stale(tmp_path) == []
+
+
+# ---------------------------------------------------------------------------------------------- B60: PNG map styles
+def _inline_style_figure(secret: Path) -> dict:
+    """A stored plotly JSON whose map style is a MapLibre style object that reads local files five ways."""
+    url = secret.as_uri()
+    style = {"version": 8,
+             "sprite": url[:-4], "glyphs": f"{secret.parent.as_uri()}/{{fontstack}}/{{range}}.pbf",
+             "sources": {"tiles": {"type": "raster", "tiles": [url, "data:image/png;base64,AAAA"], "tileSize": 256},
+                         "tilejson": {"type": "raster", "url": url},
+                         "geo": {"type": "geojson", "data": url},
+                         "inline": {"type": "geojson", "data": {"type": "FeatureCollection", "features": []}},
+                         "sprites": {"type": "raster", "tiles": [str(secret)]}},
+             "layers": [{"id": "bg", "type": "background", "paint": {"background-pattern": url,
+                                                                      "background-color": "rgba(1, 2, 3, 0.5)"}},
+                        {"id": "t", "type": "raster", "source": "tiles"},
+                        {"id": "i", "type": "fill", "source": "geo",
+                         "paint": {"fill-pattern": ["image", "../" + secret.name]}}]}
+    return {"data": [{"type": "scattermap", "lat": [0], "lon": [0]}],
+            "layout": {"map": {"style": style},
+                       "template": {"layout": {"mapbox": {"style": {"version": 8, "sprite": [{"id": "a", "url": url}],
+                                                                    "sources": {}, "layers": []}}}}}}
+
+
+def test_a_png_drops_every_local_file_of_an_inline_map_style(tmp_path, monkeypatch):
+    """`layout.map.style` as a MapLibre style object (also in the template): sprite, glyphs, tiles, TileJSON url,
+    GeoJSON data and patterns naming a real local PNG never reach the renderer; inline data, source names,
+    colours and the style's structure stay."""
+    import warnings
+
+    from cgt_viz.widgets import StaticPNGWarning, _png
+    secret = tmp_path / "secret.png"
+    secret.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\xff" * 64)
+    spec = _inline_style_figure(secret)
+    original = json.dumps(spec)
+    safe, dropped = _png.safe_spec(spec)
+    assert json.dumps(spec) == original                                     # the input is left alone
+    sent = json.dumps(safe)
+    assert "file:" not in sent and "secret" not in sent and str(tmp_path) not in sent, sent
+    style = safe["layout"]["map"]["style"]
+    assert style["sources"]["tiles"]["tiles"] == ["data:image/png;base64,AAAA"]
+    assert style["sources"]["inline"]["data"]["type"] == "FeatureCollection"
+    assert style["layers"][1]["source"] == "tiles" and style["layers"][0]["paint"]["background-color"] == "rgba(1, 2, 3, 0.5)"
+    assert len(dropped) == 9, dropped
+    drawn = []
+
+    class Recorder:
+        def render(self, spec):
+            drawn.append(spec)
+            return b"\x89PNG\r\n\x1a\n" + b"\0" * 16
+
+    _png._reset()
+    monkeypatch.setattr(_png, "_get_session", lambda: Recorder())
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", StaticPNGWarning)
+            assert _png.figure_png(_inline_style_figure(secret)) is not None
+    finally:
+        _png._reset()
+    assert any("sprite" in str(w.message) for w in caught)
+    assert len(drawn) == 1 and "secret" not in json.dumps(drawn[0])
