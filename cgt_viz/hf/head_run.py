@@ -26,6 +26,7 @@ import importlib.metadata
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -36,6 +37,7 @@ import torch.distributed as dist
 from .._checks import check_divisible, check_float, check_int, refuse
 from ..checkpoint import RunLock
 from ..io import read_json, write_json
+from ..train import TrainingDiverged
 from .._ranks import process_group
 from . import distill
 from .data import BBCTokens
@@ -132,7 +134,12 @@ def main(argv=None, run_record: dict | None = None) -> int:
             write_json(out / RUN_FILE, run_record)
         with process_group(args.device, distill.GROUP_TIMEOUT_MINUTES) as (dev, distributed, rank, world):
             check_divisible("--batch", args.batch, world, "the number of ranks")
-            run(args, out, dev, distributed, rank)
+            try:
+                run(args, out, dev, distributed, rank)
+            except TrainingDiverged as err:   # as `train` says it: one line, exit 1, the last good state kept
+                if rank == 0:
+                    print(f"error: {err}", file=sys.stderr)
+                return 1
     return 0
 
 
