@@ -267,3 +267,63 @@ def test_a_diverging_train_head_is_one_line_and_writes_no_head(tmp_path, capsys,
     assert "KeyError" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "run" / "model.safetensors").exists() and not (tmp_path / "run" / "metrics.json").exists()
     assert (tmp_path / "run" / "ckpt" / "head-state.json").exists()          # the last good state, for --resume
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    """Every file under a folder with its bytes (what a refused command must leave as it was)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_train_head_into_a_from_scratch_run_is_refused_and_deletes_nothing(tmp_path, capsys, monkeypatch):
+    """B28: --out naming a run of `train` (run.json, ckpt/ with its checkpoints, model/) is refused before anything
+    is loaded or written, with or without --resume; the run keeps every file."""
+    from cgt_viz.__main__ import main
+    from test_faults import ICL
+    _tiny_smollm2(monkeypatch, tmp_path)
+    run = tmp_path / "scratch"
+    assert main(["train", *ICL, "--out", str(run), "--steps", "2", "--batch-size", "4", "--eval-every", "0",
+                 "--checkpoint-every", "1"]) == 0
+    before = _tree(run)
+    assert any(name.startswith("ckpt/") for name in before)
+    for extra in ([], ["--resume"], ["--measure-only"]):
+        code, err = _train_head(capsys, run, *extra)
+        assert code == 2 and "--out must be a new folder or a head run of train-head" in err, err
+        assert "run.json of a run of task 'icl'" in err and "ckpt/" in err and "Traceback" not in err
+        assert _tree(run) == before
+
+
+def test_a_head_run_is_refused_without_resume_and_a_finished_one_resumes_to_itself(tmp_path, capsys, monkeypatch):
+    """B29: train-head twice on one --out without --resume is refused (the first head and its metrics kept).
+    B30: --resume of the finished run (its ckpt/ removed at the end) changes nothing and says so."""
+    _tiny_smollm2(monkeypatch, tmp_path)
+    out = tmp_path / "head"
+    code, err = _train_head(capsys, out)
+    assert code == 0, err
+    finished = _tree(out)
+    assert "model.safetensors" in finished and not (out / "ckpt").exists()
+    code, err = _train_head(capsys, out, "--seed", "1")
+    assert code == 2 and "already holds a head run" in err and "--resume" in err and "Traceback" not in err, err
+    assert _tree(out) == finished
+    capsys.readouterr()
+    from cgt_viz.__main__ import main
+    assert main(["train-head", *HEAD_FLAGS, "--out", str(out), "--resume"]) == 0
+    said = capsys.readouterr().out
+    assert "is finished (4 steps" in said and "nothing was changed" in said, said
+    assert _tree(out) == finished                                      # the same head, the same metrics
+
+
+def test_resume_of_a_head_saved_before_its_measurement_measures_it(tmp_path, capsys, monkeypatch):
+    """B30, the other finished state: the head was saved but the run died in the measurement (no metrics.json);
+    --resume measures that head rather than training a new one."""
+    _tiny_smollm2(monkeypatch, tmp_path)
+    out = tmp_path / "head"
+    assert _train_head(capsys, out)[0] == 0
+    weights = (out / "model.safetensors").read_bytes()
+    (out / "metrics.json").unlink()
+    from cgt_viz.hf import distill as hfd
+    trained = []
+    monkeypatch.setattr(hfd, "train_head", lambda *a, **k: trained.append(1))
+    code, err = _train_head(capsys, out, "--resume")
+    assert trained == []                                               # no new head was trained
+    assert code == 0, err
+    assert (out / "model.safetensors").read_bytes() == weights and (out / "metrics.json").exists()
