@@ -327,3 +327,47 @@ def test_resume_of_a_head_saved_before_its_measurement_measures_it(tmp_path, cap
     assert trained == []                                               # no new head was trained
     assert code == 0, err
     assert (out / "model.safetensors").read_bytes() == weights and (out / "metrics.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------- B55: bare weights
+def _bare(folder: Path, name: str, metadata: dict | None) -> bytes:
+    """A weights file of another tool (or of a save of ours that stopped before its config), no config beside it."""
+    from safetensors.torch import save_file
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({"w": torch.arange(6, dtype=torch.float32)}, str(folder / name), metadata=metadata)
+    return (folder / name).read_bytes()
+
+
+@pytest.mark.parametrize("writer", ["CGT.save_pretrained", "CGTLM.save_pretrained", "export_peft"])
+@pytest.mark.parametrize("name", ["model.safetensors", "adapter_model.safetensors"])
+def test_a_save_refuses_a_folder_with_another_tools_bare_weights(tmp_path, writer, name):
+    """B55: a model.safetensors or adapter_model.safetensors with no config beside it (another tool's: its header
+    carries no cgt_viz metadata) is never overwritten; the refusal names the file, and it keeps its bytes."""
+    pytest.importorskip("peft")
+    from cgt_viz import hf
+    from test_faults3_files import WRITERS
+    lm = hf.tiny_llama(seed=0)
+    folder = tmp_path / "out"
+    before = _bare(folder, name, {"format": "pt"})
+    with pytest.raises(ValueError, match=rf"path must be a folder .*which holds an? {name} with no (adapter_)?config\.json"):
+        WRITERS[writer](lm, folder)
+    assert sorted(p.name for p in folder.iterdir()) == [name] and (folder / name).read_bytes() == before
+
+
+def test_a_save_of_ours_that_stopped_before_its_config_may_be_finished(tmp_path):
+    """The weights of an unfinished save carry cgt_viz's metadata (model_class, or export_peft's writer): saving the
+    same kind again completes the folder, another kind is still refused."""
+    pytest.importorskip("peft")
+    from cgt_viz import hf
+    from cgt_viz.io import PEFT_WRITER
+    from test_faults3_files import WRITERS
+    lm = hf.tiny_llama(seed=0)
+    _bare(tmp_path / "cgt", "model.safetensors", {"model_class": "CGT"})
+    WRITERS["CGT.save_pretrained"](lm, tmp_path / "cgt")
+    assert (tmp_path / "cgt" / "config.json").exists()
+    _bare(tmp_path / "peft", "adapter_model.safetensors", {"format": "pt", "written_by": PEFT_WRITER})
+    WRITERS["export_peft"](lm, tmp_path / "peft")
+    assert (tmp_path / "peft" / "adapter_config.json").exists()
+    _bare(tmp_path / "half", "model.safetensors", {"model_class": "CGT"})
+    with pytest.raises(ValueError, match="a cgt_viz CGT model's model.safetensors without its config.json"):
+        WRITERS["CGTLM.save_pretrained"](lm, tmp_path / "half")
