@@ -4,6 +4,7 @@ Loading never unpickles code: weights come from safetensors, metadata from JSON.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -107,10 +108,15 @@ def load_tensors(path: str | os.PathLike, device: str | torch.device = "cpu") ->
 
 
 def _read_safetensors(file: Path, read: Callable[[str], Any]) -> Any:
-    """read(file name), a file safetensors cannot read named as damaged (not a bare SafetensorError)."""
+    """read(file name), a file safetensors cannot read named as damaged (not a bare SafetensorError). A file that
+    vanished while it was read (a checkpoint rotated away: safetensors may then raise a RuntimeError) is a
+    FileNotFoundError, which a reader of the latest checkpoint retries."""
     try:
         return read(str(file))
-    except (SafetensorError, OSError, ValueError) as err:
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        if not file.exists():
+            raise FileNotFoundError(errno.ENOENT, f"the safetensors file vanished while it was read ({err})",
+                                    str(file)) from None
         raise ValueError(f"{str(file)!r} is not a readable safetensors file (truncated or tampered?): {err}") from None
 
 

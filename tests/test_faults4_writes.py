@@ -371,3 +371,32 @@ def test_a_save_of_ours_that_stopped_before_its_config_may_be_finished(tmp_path)
     _bare(tmp_path / "half", "model.safetensors", {"model_class": "CGT"})
     with pytest.raises(ValueError, match="a cgt_viz CGT model's model.safetensors without its config.json"):
         WRITERS["CGTLM.save_pretrained"](lm, tmp_path / "half")
+
+
+# ---------------------------------------------------------------------------------------------- A17: rotation
+def test_a_checkpoint_that_vanishes_inside_safetensors_is_retried_not_a_runtime_error(tmp_path, monkeypatch):
+    """A17: the checkpoint being read is rotated away (a real save of the next step with keep=1 deletes it) while
+    safetensors reads it, and safetensors raises a RuntimeError, as it did in the attack: load_checkpoint reads the
+    new latest. A file that is still there but unreadable is still a ValueError naming it."""
+    import cgt_viz.io as cio
+    from cgt_viz.checkpoint import capture_rng, load_checkpoint, save_checkpoint
+    root = tmp_path / "ckpt"
+    weights, rng, opt = {"w": torch.randn(8, 8)}, capture_rng({}), {"state": {}, "param_groups": []}
+    save_checkpoint(root, 1, {"run": 1}, weights, opt, rng, {"step": [1]}, keep=1)
+    real = cio.load_file
+    rotated = []
+
+    def load_while_rotating(name, device="cpu"):
+        if not rotated:
+            rotated.append(name)
+            save_checkpoint(root, 2, {"run": 1}, weights, opt, rng, {"step": [2]}, keep=1)   # deletes step 1
+            assert not Path(name).exists()
+            raise RuntimeError("safetensors: No such file or directory (os error 2)")
+        return real(name, device=device)
+
+    monkeypatch.setattr(cio, "load_file", load_while_rotating)
+    ckpt = load_checkpoint(root)
+    assert rotated and ckpt.step == 2 and torch.equal(ckpt.model_state["w"], weights["w"])
+    monkeypatch.setattr(cio, "load_file", lambda name, device="cpu": (_ for _ in ()).throw(RuntimeError("bad dtype")))
+    with pytest.raises(ValueError, match="not a readable safetensors file .*bad dtype"):
+        cio.load_tensors(ckpt.path / "model.safetensors")
