@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TESTS))
+from helpers import ByteTokenizer
 
-from helpers import ByteTokenizer  # noqa: E402
+TESTS = Path(__file__).resolve().parent
 
 
 # ---------------------------------------------------------------------------------------------- B61: lock links
