@@ -12,6 +12,7 @@ benchmark scripts already use (common.replace_readme_section).
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import re
 import sys
@@ -34,6 +35,47 @@ HEAD_RUN = "benchmarks/results/smollm2_head.json"
 HEAD_METRICS = "data/models/smollm2-bbc-head/metrics.json"
 HF_ORACLE = "benchmarks/results/hf_oracle.json"
 TEXT_METRICS = "data/models/text-bbc5/metrics.json"
+
+
+# ---------------------------------------------------------------------------------------------- quoting
+# Every string of a result file is data: it reaches README.md and docs/results.md only through `text` (prose and
+# table cells) or `code` (a command), so a backtick cannot close a code span, a pipe cannot split a row, HTML
+# (a <script> in a CPU model name) is shown as text, and no string can carry the section markers.
+MARKERS = (f"<!-- {SECTION}:begin -->", f"<!-- {SECTION}:end -->")
+CODE_PLAIN = set(" .,/=-:+()@%#")      # kept as they are inside <code>; everything else not alphanumeric is an entity
+
+
+def text(value) -> str:
+    """A value from a result file as markdown text: HTML-escaped, then the characters that would end a code span,
+    split a table row, escape our own escapes or start an inline link are backslash-escaped; one line."""
+    s = html.escape(" ".join(str(value).splitlines()), quote=False)
+    for ch in ("\\", "`", "|"):
+        s = s.replace(ch, "\\" + ch)
+    return s.replace("](", "]\\(")
+
+
+def code(value) -> str:
+    """A command from a result file as inline code: a plain backtick span when it holds nothing a code span or a
+    table cell would read (backtick, pipe, angle brackets, ampersand, backslash), else <code> with those characters
+    as numeric entities, which neither the markdown nor the HTML around it can read as markup."""
+    s = " ".join(str(value).splitlines())
+    if not any(c in s for c in "`|<>&\\"):
+        return f"`{s}`"
+    return "<code>" + "".join(c if c.isalnum() or c in CODE_PLAIN else f"&#{ord(c)};" for c in s) + "</code>"
+
+
+def table(blob: str) -> str:
+    """A markdown table a measuring script stored in its JSON, each cell through `text` with its spacing and the
+    row structure kept; a line that is not a table row is quoted as text."""
+    lines = []
+    for line in blob.strip().splitlines():
+        if line.startswith("|"):
+            cells = re.split(r"(?<!\\)\|", line)
+            lines.append("|".join(re.sub(r"^(\s*)(.*?)(\s*)$", lambda m: m[1] + text(m[2]) + m[3], c)
+                                  for c in cells))
+        else:
+            lines.append(text(line))
+    return "\n".join(lines)
 
 
 def load(rel: str, root: Path = ROOT) -> dict | None:
@@ -78,8 +120,8 @@ def provenance(command: str, source: str, env: dict | None = None, date: str | N
     date = date or env.get("time_utc") or NOT_RECORDED
     torch = torch or env.get("torch") or NOT_RECORDED
     machine = machine or (_machine(env) if env else NOT_RECORDED)
-    return (f"`{command}` → `{source}`  \n"
-            f"date: {date} · torch: {torch} · machine: {machine}")
+    return (f"{code(command)} → {code(source)}  \n"
+            f"date: {text(date)} · torch: {text(torch)} · machine: {text(machine)}")
 
 
 def tasks_command(data: dict) -> str:
@@ -145,13 +187,13 @@ def glance(root: Path = ROOT) -> str:
                                 ("gap_closed",))
             if value:
                 rows.append((what, value, f"{cmd} --runs {run}", TASKS))
-    text = load(TEXT_METRICS, root)
-    if text:
+    ref = load(TEXT_METRICS, root)
+    if ref:
         cmd = "python benchmarks/train_text_reference.py --measure-only"
         rows.append(("Reference text model (BBC): topic kNN of ȳ at excerpt ends (chance / TF-IDF)",
-                     f"{f3(text['knn_ybar'])} ({f2(text['knn_chance'])} / {f2(text['knn_tfidf'])})", cmd, TEXT_METRICS))
+                     f"{f3(ref['knn_ybar'])} ({f2(ref['knn_chance'])} / {f2(ref['knn_tfidf'])})", cmd, TEXT_METRICS))
         rows.append(("Reference text model: frozen ȳ minus no context, before / after the topic switch (nats)",
-                     f"{text['frozen_spec_minus_none_before']:+.3f} / {text['frozen_spec_minus_none_after']:+.3f}",
+                     f"{ref['frozen_spec_minus_none_before']:+.3f} / {ref['frozen_spec_minus_none_after']:+.3f}",
                      cmd, TEXT_METRICS))
     knn = load(HF_KNN, root)
     if knn:
@@ -177,7 +219,7 @@ def glance(root: Path = ROOT) -> str:
                              f"{f3(comp['G'])} in {seconds(comp['update_seconds'])} vs "
                              f"{f3(tuned['G'])} in {seconds(tuned['update_seconds'])}", task_command(lora, task), LORA))
     lines = ["| measured | value | command | file |", "|---|---|---|---|"]
-    lines += [f"| {what} | {value or '—'} | `{cmd}` | [`{src}`]({src}) |" for what, value, cmd, src in rows]
+    lines += [f"| {text(what)} | {text(value or '—')} | {code(cmd)} | [`{src}`]({src}) |" for what, value, cmd, src in rows]
     return "\n".join(lines)
 
 
@@ -190,33 +232,33 @@ def page(root: Path = ROOT) -> str:
         out += ["## Synthetic tasks on held-out seeds", "",
                 provenance(tasks_command(tasks), TASKS, tasks.get("environment")), "",
                 "The library recipes (`cgt_viz/recipes.py`: what the notebooks train and the CLI's defaults) on seeds "
-                f"none of which was used while tuning (tuning seeds: {', '.join(map(str, tasks.get('tuning_seeds', [])))}); "
-                "mean ± 95 % t-interval over the seeds.", "", tasks["table"].strip(), ""]
+                f"none of which was used while tuning (tuning seeds: {', '.join(map(text, tasks.get('tuning_seeds', [])))}); "
+                "mean ± 95 % t-interval over the seeds.", "", table(tasks["table"]), ""]
     kl = load(TASKS_KL, root)
     if kl:
         out += ["## Context distillation on the synthetic rows that do not compile yet", "",
                 provenance(tasks_command(kl), TASKS_KL, kl.get("environment")), "",
                 "The same recipes with `aux_kl=1` (see [Distillation](DISTILLATION.md)); one seed each: a hint, not a result.",
-                "", kl["table"].strip(), ""]
+                "", table(kl["table"]), ""]
     out += levers(root)
-    text = load(TEXT_METRICS, root)
-    if text:
+    ref = load(TEXT_METRICS, root)
+    if ref:
         out += ["## The reference text model (`data/models/text-bbc5`)", "",
-                provenance(text.get("command", "python benchmarks/train_text_reference.py"), TEXT_METRICS,
-                           torch=text.get("torch"),
-                           machine=f"{text.get('device', NOT_RECORDED)}, {text.get('threads', '?')} thread(s)"), "",
+                provenance(ref.get("command", "python benchmarks/train_text_reference.py"), TEXT_METRICS,
+                           torch=ref.get("torch"),
+                           machine=f"{ref.get('device', NOT_RECORDED)}, {ref.get('threads', '?')} thread(s)"), "",
                 "Re-measured by `python benchmarks/train_text_reference.py --measure-only`.", "",
                 "| measurement | value |", "|---|---|",
-                f"| steps, validation-side kNN rows | {text['steps']}, {text['knn_n']} excerpts |",
-                f"| ȳ topic kNN at excerpt end (k = 10, cosine, 5 folds by document) | {f3(text['knn_ybar'])} (chance {f2(text['knn_chance'])}) |",
-                f"| … first excerpts / second excerpts | {f3(text['knn_ybar_first'])} / {f3(text['knn_ybar_second'])} |",
-                f"| TF-IDF over the same excerpts' tokens | {f3(text['knn_tfidf'])} |",
-                f"| mean of LN(x₀ … x₄) over each excerpt | {' / '.join(f3(text.get(f'knn_mean_ln_x{i}')) for i in range(5))} |",
-                f"| ȳ kNN along training | {' / '.join(f2(v.get('knn_ybar') if isinstance(v, dict) else v) for v in text.get('knn_along_training', []))} |",
-                f"| frozen ȳ − no context, before the switch (should be < 0) | {text['frozen_spec_minus_none_before']:+.3f} ± {text['frozen_spec_minus_none_before_ci95']:.3f} nats |",
-                f"| the same after the switch (should be > 0) | {text['frozen_spec_minus_none_after']:+.3f} ± {text['frozen_spec_minus_none_after_ci95']:.3f} nats |",
-                f"| smoothness: step after the switch / elsewhere (no-switch control rows) | {f2(text['smooth_ratio'])} ({f2(text['smooth_ratio_no_switch'])}) |",
-                f"| top template's ablation effect | {text['ablation_max_delta']:.3f} nats ({text['ablation_site']}, template {text['ablation_template']}) |",
+                f"| steps, validation-side kNN rows | {text(ref['steps'])}, {text(ref['knn_n'])} excerpts |",
+                f"| ȳ topic kNN at excerpt end (k = 10, cosine, 5 folds by document) | {f3(ref['knn_ybar'])} (chance {f2(ref['knn_chance'])}) |",
+                f"| … first excerpts / second excerpts | {f3(ref['knn_ybar_first'])} / {f3(ref['knn_ybar_second'])} |",
+                f"| TF-IDF over the same excerpts' tokens | {f3(ref['knn_tfidf'])} |",
+                f"| mean of LN(x₀ … x₄) over each excerpt | {' / '.join(f3(ref.get(f'knn_mean_ln_x{i}')) for i in range(5))} |",
+                f"| ȳ kNN along training | {' / '.join(f2(v.get('knn_ybar') if isinstance(v, dict) else v) for v in ref.get('knn_along_training', []))} |",
+                f"| frozen ȳ − no context, before the switch (should be < 0) | {ref['frozen_spec_minus_none_before']:+.3f} ± {ref['frozen_spec_minus_none_before_ci95']:.3f} nats |",
+                f"| the same after the switch (should be > 0) | {ref['frozen_spec_minus_none_after']:+.3f} ± {ref['frozen_spec_minus_none_after_ci95']:.3f} nats |",
+                f"| smoothness: step after the switch / elsewhere (no-switch control rows) | {f2(ref['smooth_ratio'])} ({f2(ref['smooth_ratio_no_switch'])}) |",
+                f"| top template's ablation effect | {ref['ablation_max_delta']:.3f} nats ({text(ref['ablation_site'])}, template {text(ref['ablation_template'])}) |",
                 ""]
     knn = load(HF_KNN, root)
     if knn:
@@ -227,15 +269,15 @@ def page(root: Path = ROOT) -> str:
                 provenance(cmd.strip(), HF_KNN, knn.get("environment")), "",
                 "One excerpt per held-out document; k = 10 cosine kNN, 5 folds.", "",
                 "| excerpt tokens | TF-IDF | mean LN(x_ℓ) | ȳ, random projection | ȳ, calibrated |", "|---|---|---|---|---|"]
-        out += [f"| {r['length']} | {f3(r['tfidf'])} | {f3(r['mean_ln_x'])} | {f3(r['ybar_random'])} | {f3(r['ybar_calibrated'])} |"
+        out += [f"| {text(r['length'])} | {f3(r['tfidf'])} | {f3(r['mean_ln_x'])} | {f3(r['ybar_random'])} | {f3(r['ybar_calibrated'])} |"
                 for r in sorted(knn["by_length"], key=lambda r: r["length"])]
         mix = knn.get("mixture")
         if mix:
-            out += ["", f"Rows of two {mix['length']}-token excerpts of different topics ({mix['rows']} rows), ȳ at each excerpt's end:",
+            out += ["", f"Rows of two {text(mix['length'])}-token excerpts of different topics ({text(mix['rows'])} rows), ȳ at each excerpt's end:",
                     "", "| read-out | both ends | first excerpt | second excerpt |", "|---|---|---|---|",
                     f"| TF-IDF of each excerpt's own tokens | {f3(mix['knn_tfidf'])} | {f3(mix['knn_tfidf_first'])} | {f3(mix['knn_tfidf_second'])} |",
                     f"| mean of LN(x_ℓ) over each excerpt | {f3(mix['knn_mean_ln_x'])} | {f3(mix['knn_mean_ln_x_first'])} | {f3(mix['knn_mean_ln_x_second'])} |"]
-            out += [f"| ȳ, {name.replace('_', ' ')} | {f3(r['knn_ybar'])} | {f3(r['knn_ybar_first'])} | {f3(r['knn_ybar_second'])} |"
+            out += [f"| ȳ, {text(name.replace('_', ' '))} | {f3(r['knn_ybar'])} | {f3(r['knn_ybar_first'])} | {f3(r['knn_ybar_second'])} |"
                     for name, r in mix.get("readouts", {}).items()]
         out += [""]
     head, run = load(HEAD_METRICS, root), load(HEAD_RUN, root)
@@ -256,7 +298,7 @@ def page(root: Path = ROOT) -> str:
                     "|---" * (len(cols) + 7) + "|"]
             for p in sorted(head[part], key=lambda k: -int(k.split("=")[1])):
                 r = head[part][p]
-                out.append(f"| {p} | {r['n_documents']} / {r['n_windows']} | "
+                out.append(f"| {text(p)} | {text(r['n_documents'])} / {text(r['n_windows'])} | "
                            + " | ".join(f3(r[k]["value"]) for _, k in cols)
                            + f" | {ci(r.get('G'))} | {ci(r.get('own_minus_other'), signed=True)} | "
                              f"{ci(r.get('own_minus_topic_mean'), signed=True)} | "
@@ -266,14 +308,14 @@ def page(root: Path = ROOT) -> str:
             split = [(p, head[part][p]["by_position"]) for p in head[part] if "by_position" in head[part][p]]
             if split:
                 out += ["Prompt-token positions (the target occurs in the prompt and not yet in the continuation): "
-                        + "; ".join(f"{p}: {b['fraction_prompt_token']:.1%} of positions, "
+                        + "; ".join(f"{text(p)}: {b['fraction_prompt_token']:.1%} of positions, "
                                     f"{b['gain_share_prompt_token']:.1%} of the prompted LM's gain, own − topic mean "
                                     f"there {ci(b['prompt_token'].get('own_minus_topic_mean'), signed=True)}"
                                     for p, b in sorted(split, key=lambda x: -int(x[0].split('=')[1]))), ""]
         if run:
             out += [f"Training: {run.get('head_training_tokens_per_second', 0):.0f} training tokens/s, "
                     f"{f2(run.get('ratio_training_to_lm_forward'))}× the frozen LM's own no-grad forward; a feature cache of "
-                    f"{run.get('cache_windows')} windows (`{HEAD_RUN}`).", ""]
+                    f"{text(run.get('cache_windows'))} windows (`{HEAD_RUN}`).", ""]
     out += oracle_section(root)
     lora = load(LORA, root)
     if lora:
@@ -282,15 +324,15 @@ def page(root: Path = ROOT) -> str:
                 "run:", ""]
         for task, block in lora["tasks"].items():
             run = block.get("run", {})
-            out += [f"**{task}**: " + provenance(task_command(lora, task), LORA, run.get("environment", lora.get("environment"))), ""]
+            out += [f"**{text(task)}**: " + provenance(task_command(lora, task), LORA, run.get("environment", lora.get("environment"))), ""]
         out += ["| task | method | steps | G | update time (median) | break-even vs KV-cache prompting (tokens) |",
                 "|---|---|---|---|---|---|"]
         for task, block in lora["tasks"].items():
             for r in block.get("summary", []):
                 if r["method"] in ("prompted", "prompted_kv"):
                     continue
-                out.append(f"| {task} | {r['method']} | {r.get('steps') or ''} | {f3(r['G'])} | "
-                           f"{seconds(r.get('update_seconds'))} | {r.get('break_even_tokens') or 'never'} |")
+                out.append(f"| {text(task)} | {text(r['method'])} | {text(r.get('steps') or '')} | {f3(r['G'])} | "
+                           f"{seconds(r.get('update_seconds'))} | {text(r.get('break_even_tokens') or 'never')} |")
         out += [""]
     return "\n".join(out).rstrip()
 
@@ -310,8 +352,8 @@ def oracle_section(root: Path = ROOT) -> list[str]:
         f"--{k.replace('_', '-')} {v}" for k, v in st.items() if k in ("per_topic", "steps", "rank", "prefix")))
     out = ["## The ceiling of the head's update space (oracle)", "",
            provenance(cmd, HF_ORACLE, res.get("environment")), "",
-           f"Per prompt ({st['prefix']} tokens; {st['suffix']} scored), one part of the head's output optimised by "
-           f"{st['steps']} Adam steps under the head's own objective, everything else frozen: on the scored text's "
+           f"Per prompt ({text(st['prefix'])} tokens; {text(st['suffix'])} scored), one part of the head's output optimised by "
+           f"{text(st['steps'])} Adam steps under the head's own objective, everything else frozen: on the scored text's "
            "teacher (*capacity*, an upper bound) or on continuations sampled from the prompted LM (*fair*). "
            "compiled − oracle is paired per document (above 0: the oracle is better).", "",
            "| target | docs / windows | head G [95 %] | oracle | oracle G [95 %] | compiled − oracle [95 %] | "
@@ -319,8 +361,8 @@ def oracle_section(root: Path = ROOT) -> list[str]:
     for target, r in res["targets"].items():
         for kind in r["oracle"]["kinds"]:
             tok = r.get("by_position", {}).get("prompt_token", {}).get(f"G_oracle_{kind}")
-            label = ORACLE_LABELS.get(kind, kind) + (f" (r = {st['rank']})" if kind == "lora" else "")
-            out.append(f"| {target} | {r['n_documents']} / {r['n_windows']} | {ci(r.get('G'))} | {label} | "
+            label = text(ORACLE_LABELS.get(kind, kind)) + (f" (r = {text(st['rank'])})" if kind == "lora" else "")
+            out.append(f"| {text(target)} | {text(r['n_documents'])} / {text(r['n_windows'])} | {ci(r.get('G'))} | {label} | "
                        f"{ci(r.get(f'G_oracle_{kind}'))} | "
                        f"{ci(r.get(f'compiled_minus_oracle_{kind}'), signed=True)} | {f2((tok or {}).get('value'))} | "
                        f"{ci(r.get(f'oracle_{kind}_minus_topic_mean'), signed=True)} |")
@@ -333,7 +375,7 @@ def _lever_curve(row: dict, points: int = 5) -> str:
     if not curve:
         return "—"
     picks = [curve[min(len(curve) - 1, round(i * (len(curve) - 1) / (points - 1)))] for i in range(points)]
-    return " → ".join(f"{e['step']}: {f2(e.get('gap_closed'))}" for e in picks)
+    return " → ".join(f"{text(e['step'])}: {f2(e.get('gap_closed'))}" for e in picks)
 
 
 def levers(root: Path = ROOT) -> list[str]:
@@ -358,7 +400,8 @@ def levers(root: Path = ROOT) -> list[str]:
                           and v not in (0, 0.0, 1, False)}
             change = ", ".join(filter(None, [change, ", ".join(f"{k}={v}" for k, v in task_extra.items())])) or "none"
             held_out = "" if r["seed"] in data.get("tuning_seeds", [r["seed"]]) else " (held out)"
-            out.append(f"| {r['run']} | {r['seed']}{held_out} | {change} | {r['steps']} | {f3(r.get(f'{metric}_prompted'))} | "
+            out.append(f"| {text(r['run'])} | {text(r['seed'])}{held_out} | {text(change)} | {text(r['steps'])} | "
+                       f"{f3(r.get(f'{metric}_prompted'))} | "
                        f"{f3(r.get(f'{metric}_specialized'))} | {f3(r.get(f'{metric}_no_context'))} | "
                        f"{f2(r.get('gap_closed'))} | {f2(r.get('probe'))} | {_lever_curve(r)} |")
         out.append("")
@@ -366,23 +409,49 @@ def levers(root: Path = ROOT) -> list[str]:
 
 
 def sections(root: Path = ROOT) -> dict[Path, str]:
-    return {root / "README.md": glance(root), root / "docs" / "results.md": page(root)}
+    out = {root / "README.md": glance(root), root / "docs" / "results.md": page(root)}
+    for path, body in out.items():   # `text` and `code` make this impossible; a new table that forgot them is not
+        if "<!--" in body:
+            raise ValueError(f"the results section for {str(path)!r} holds an HTML comment (a string of a result "
+                             f"file that was not quoted with text() or code()); nothing was written")
+    return out
+
+
+def _section(content: str) -> tuple[int, int] | None:
+    """(start, end) of the one results section in a file, from its begin marker to the end of its end marker;
+    None when the markers are missing, out of order or not exactly one pair (a section duplicated by a marker
+    that a result file once carried)."""
+    begin, end = MARKERS
+    if content.count(begin) != 1 or content.count(end) != 1 or content.index(begin) > content.index(end):
+        return None
+    return content.index(begin), content.index(end) + len(end)
 
 
 def stale(root: Path = ROOT) -> list[Path]:
-    """The files whose results section differs from what the result files say now."""
+    """The files whose results section differs from what the result files say now, or is not one section."""
     out = []
     for path, body in sections(root).items():
-        text = path.read_text() if path.exists() else ""
-        m = re.search(rf"<!-- {SECTION}:begin -->\n(.*?)\n<!-- {SECTION}:end -->", text, re.S)
-        if not m or m.group(1) != body.rstrip():
+        content = path.read_text() if path.exists() else ""
+        span = _section(content)
+        if span is None or content[span[0]:span[1]] != f"{MARKERS[0]}\n{body.rstrip()}\n{MARKERS[1]}":
             out.append(path)
     return out
 
 
 def write(root: Path = ROOT) -> None:
+    """Rewrite each file's results section; a file with more than one pair of markers (debris of a marker a result
+    file once carried) gets one section from its first begin marker to its last end marker."""
     from common import replace_readme_section
+    from cgt_viz.io import atomic_write
+    begin, end = MARKERS
     for path, body in sections(root).items():
+        content = path.read_text() if path.exists() else ""
+        if begin in content and end in content and _section(content) is None:
+            first, last = content.index(begin), content.rindex(end) + len(end)
+            if first < last:
+                fixed = content[:first] + f"{begin}\n{body.rstrip()}\n{end}" + content[last:]
+                atomic_write(path, lambda tmp, fixed=fixed: Path(tmp).write_text(fixed))
+                continue
         replace_readme_section(path, SECTION, body)
 
 

@@ -1,6 +1,7 @@
 """Train the shipped CGT head over SmolLM2-135M-Instruct on BBC by context distillation, and measure it.
 
     python benchmarks/train_smollm2_head.py                      # cache + training + measurement, one command
+                                                                 # (remove the shipped head first: one run a folder)
     python benchmarks/train_smollm2_head.py --measure-only       # re-measure the shipped head
     python benchmarks/train_smollm2_head.py --resume             # continue an interrupted run
 

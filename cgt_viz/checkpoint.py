@@ -19,6 +19,7 @@ unpickles: tensors come from safetensors, the rest from JSON.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -26,6 +27,7 @@ import random
 import re
 import shutil
 import socket
+import stat
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -35,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._checks import refuse
 from .io import load_tensors, read_json, save_tensors, sha256_file, write_json
 
 try:
@@ -333,12 +336,35 @@ class RunLock:
         self._held = False
         self._fd: int | None = None
 
+    def _not_a_lock(self, what: str) -> ValueError:
+        return refuse(f"the lock file {str(self.path)!r} of {self.what} {str(self.folder)!r}",
+                      "a regular file (or absent)", what,
+                      hint="a lock is never written through a link; remove it if no run uses this folder. "
+                           "Nothing was written")
+
     def _open(self) -> int:
+        """Open (or create) the lock file itself, never what a link at its path points to: a `.lock` that is a
+        symbolic link (to a file the user can write) would otherwise be truncated and overwritten with the
+        lock's JSON. O_NOFOLLOW refuses a link atomically; the fstat after it refuses a hard link and anything
+        that is not a regular file (a FIFO, a device), before a byte is written."""
+        with contextlib.suppress(OSError):
+            if self.path.is_symlink():
+                raise self._not_a_lock(f"a symbolic link to {os.readlink(self.path)!r}")
+        flags = os.O_CREAT | os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
         try:
-            return os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+            fd = os.open(self.path, flags, 0o644)
         except OSError as err:
+            if err.errno == errno.ELOOP:   # a link put there between the check above and the open
+                raise self._not_a_lock("a symbolic link") from None
             raise OSError(err.errno, f"{self.what} {str(self.folder)!r} is not writable ({err.strerror}); "
                                      f"nothing was written") from None
+        st = os.fstat(fd)
+        problem = ("not a regular file" if not stat.S_ISREG(st.st_mode)
+                   else f"a hard link shared with {st.st_nlink - 1} other name(s)" if st.st_nlink > 1 else None)
+        if problem:
+            os.close(fd)
+            raise self._not_a_lock(problem)
+        return fd
 
     def _holder(self, fd: int | None = None) -> tuple[dict | None, int | None, str | None]:
         """(the lock file's JSON, pid, host); Nones when it is empty or unreadable."""
@@ -377,7 +403,7 @@ class RunLock:
                     except BlockingIOError:
                         raise self._in_use(self._holder()[1]) from None
                     try:   # a holder releasing unlinks the file: make sure we locked the file that is at the path
-                        if os.fstat(fd).st_ino != os.stat(self.path).st_ino:
+                        if os.fstat(fd).st_ino != os.lstat(self.path).st_ino:
                             os.close(fd)
                             continue
                     except FileNotFoundError:

@@ -4,6 +4,7 @@ Loading never unpickles code: weights come from safetensors, metadata from JSON.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -107,10 +108,15 @@ def load_tensors(path: str | os.PathLike, device: str | torch.device = "cpu") ->
 
 
 def _read_safetensors(file: Path, read: Callable[[str], Any]) -> Any:
-    """read(file name), a file safetensors cannot read named as damaged (not a bare SafetensorError)."""
+    """read(file name), a file safetensors cannot read named as damaged (not a bare SafetensorError). A file that
+    vanished while it was read (a checkpoint rotated away: safetensors may then raise a RuntimeError) is a
+    FileNotFoundError, which a reader of the latest checkpoint retries."""
     try:
         return read(str(file))
-    except (SafetensorError, OSError, ValueError) as err:
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        if not file.exists():
+            raise FileNotFoundError(errno.ENOENT, f"the safetensors file vanished while it was read ({err})",
+                                    str(file)) from None
         raise ValueError(f"{str(file)!r} is not a readable safetensors file (truncated or tampered?): {err}") from None
 
 
@@ -200,12 +206,53 @@ def _check_memory(path: Path, header: dict) -> None:
 
 
 ADAPTER_CONFIG_NAME = "adapter_config.json"
+ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
+PEFT_WRITER = "cgt_viz.export_peft"      # the safetensors metadata export_peft writes, to know its own weights
+
+
+def _weights_metadata(file: Path) -> dict | None:
+    """The metadata of a safetensors file's header (no tensor is read); None when it is not readable as one."""
+    try:
+        from safetensors import safe_open
+        with safe_open(str(file), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except Exception:   # noqa: BLE001 — any unreadable header is simply "not ours"
+        return None
+
+
+def _bare_weights(path: Path) -> dict[str, str]:
+    """Weights with no config beside them: a save of ours that stopped between its two files (the weights carry
+    our metadata: the same kind, which a save may finish), or another tool's files, which no save may replace."""
+    found: dict[str, str] = {}
+    if not (path / CONFIG_NAME).exists():
+        weights = path / WEIGHTS_NAME
+        if weights.exists():
+            cls = (_weights_metadata(weights) or {}).get("model_class")
+            if isinstance(cls, str) and cls:
+                found[f"cgt_viz:{cls}"] = f"a cgt_viz {cls} model's {WEIGHTS_NAME} without its {CONFIG_NAME}"
+            else:
+                found["weights"] = f"a {WEIGHTS_NAME} with no {CONFIG_NAME} (not written by cgt_viz)"
+        for name in ("pytorch_model.bin", "model.safetensors.index.json"):
+            if (path / name).exists():
+                found["weights"] = f"a {name} with no {CONFIG_NAME} (another tool's weights)"
+    if not (path / ADAPTER_CONFIG_NAME).exists():
+        adapter = path / ADAPTER_WEIGHTS_NAME
+        if adapter.exists():
+            if (_weights_metadata(adapter) or {}).get("written_by") == PEFT_WRITER:
+                found["peft"] = f"a PEFT adapter's {ADAPTER_WEIGHTS_NAME} without its {ADAPTER_CONFIG_NAME}"
+            else:
+                found["adapter-weights"] = (f"an {ADAPTER_WEIGHTS_NAME} with no {ADAPTER_CONFIG_NAME} (not written "
+                                            f"by cgt_viz)")
+        if (path / "adapter_model.bin").exists():
+            found["adapter-weights"] = f"an adapter_model.bin with no {ADAPTER_CONFIG_NAME} (another tool's adapter)"
+    return found
 
 
 def folder_artefacts(path: str | os.PathLike) -> dict[str, str]:
     """{kind: description} of what a folder already holds: a cgt_viz model ("cgt_viz:<model_class>"), a
-    Hugging Face model ("hf"), a PEFT adapter ("peft"), or a config.json of neither ("unknown"). Empty when the
-    folder holds none of them (or does not exist)."""
+    Hugging Face model ("hf"), a PEFT adapter ("peft"), a config.json of neither ("unknown"), or weights without
+    their config: another tool's ("weights", "adapter-weights"), or ours from a save that did not finish (their
+    kind, from the safetensors metadata). Empty when the folder holds none of them (or does not exist)."""
     path = Path(path)
     found: dict[str, str] = {}
     if (path / ADAPTER_CONFIG_NAME).exists():
@@ -223,7 +270,7 @@ def folder_artefacts(path: str | os.PathLike) -> dict[str, str]:
             found["hf"] = f"a Hugging Face model ({CONFIG_NAME} with model_type {meta['model_type']!r})"
         else:
             found["unknown"] = f"a {CONFIG_NAME} of no kind cgt_viz knows (not a cgt_viz or Hugging Face model)"
-    return found
+    return {**found, **_bare_weights(path)}
 
 
 def check_artefact_folder(path: Path, kind: str, writer: str, writes: str) -> None:

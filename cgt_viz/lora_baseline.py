@@ -45,8 +45,9 @@ import torch
 import torch.nn as nn
 from torch.func import functional_call
 
-from ._checks import StepCounts, checked, refuse
-from .contracts import IGNORE_INDEX
+from ._checks import (Constraint, Device, Float, Generator, Has, Instance, Int, StepCounts, checked, describe,
+                      refuse)
+from .contracts import IGNORE_INDEX, Model, check_prompts
 from .distill import distillation_loss
 from .evaluate import GAP_NOISE_FLOOR, GAP_NOISE_FLOOR_ACC, _gap, gap_note
 from .layers import SITE_WEIGHTS
@@ -56,12 +57,105 @@ Factors = dict[str, tuple[torch.Tensor, torch.Tensor]]     # weight name -> (A (
 INITS = ("random", "compile")
 
 
+# ---------------------------------------------------------------------------- argument contracts
+class _OnePrompt(Constraint):
+    """One prompt for the model passed as `of`: (t,) token ids (or (t, input_dim) vectors) that fit it -> (t,...)."""
+
+    def __init__(self, of: str = "model"):
+        self.of = of
+
+    def check(self, name, value, args=None):
+        if isinstance(value, (list, tuple)):
+            raise refuse(name, "one prompt tensor (t,), not a list", describe(value), TypeError)
+        batch, single = check_prompts(args[self.of].config, value, None)
+        if not single:
+            raise refuse(name, "one prompt: shape (t,) (or (1, t))", f"shape {tuple(value.shape)}", verb="have")
+        return batch[0]
+
+    def bad_values(self):
+        return ["text", [1, 2], torch.zeros(0, dtype=torch.long), torch.full((3,), 10 ** 6),
+                torch.zeros(2, 3, dtype=torch.long)]
+
+    def shown(self, value):
+        if not isinstance(value, torch.Tensor):
+            return type(value).__name__
+        return str(int(value.max())) if value.numel() and value.dim() == 1 and value.max() >= 10 ** 6 else \
+            str(tuple(value.shape))
+
+
+class _FloatDtype(Constraint):
+    def check(self, name, value, args=None):
+        if not isinstance(value, torch.dtype) or not value.is_floating_point:
+            raise refuse(name, "a floating-point torch dtype (torch.float32, torch.bfloat16, ...)", describe(value),
+                         TypeError)
+        return value
+
+    def bad_values(self):
+        return [torch.int64, "float32", None]
+
+    def shown(self, value):
+        return str(value)
+
+
+class _PromptCases(Constraint):
+    """A non-empty list of PromptCase -> a list."""
+
+    def check(self, name, value, args=None):
+        want = "a non-empty list of PromptCase (icl_case, text_case)"
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+            raise refuse(name, want, describe(value), TypeError)
+        bad = [i for i, c in enumerate(value) if not isinstance(c, PromptCase)]
+        if bad:
+            raise refuse(name, want, f"{type(value[bad[0]]).__name__} at {name}[{bad[0]}]", TypeError)
+        if not value:
+            raise refuse(name, want, "an empty list")
+        return list(value)
+
+    def bad_values(self):
+        return [[], "x", [5], None]
+
+    def shown(self, value):
+        return "an empty list" if isinstance(value, list) and not value else \
+            "int" if isinstance(value, list) else type(value).__name__
+
+
+class _LoraResults(Constraint):
+    """compare_methods' result or {task name: result} -> {task name: result} (`check_lora_results`)."""
+
+    def check(self, name, value, args=None):
+        return check_lora_results(value, name)
+
+    def bad_values(self):
+        return [["results"], {"icl": {"rows": []}}, 5]
+
+    def shown(self, value):
+        return "['icl']" if isinstance(value, dict) else type(value).__name__
+
+
+class _Title(Constraint):
+    def check(self, name, value, args=None):
+        if value is not None and not isinstance(value, str):
+            raise refuse(name, "None or a str", describe(value), TypeError)
+        return value
+
+    def bad_values(self):
+        return [5, b"title"]
+
+
+_MODEL = Model()                       # a CGT (or CGTLM) with weights
+_SHAPES = Model(weights=False)         # shapes only: the meta device will do
+_LR = Float(0.0, lo_open=True)
+_TOP_K = Int(1, none=True)
+
+
 # ---------------------------------------------------------------------------- shapes and bytes
+@checked(model=_SHAPES)
 def lora_rank(model) -> int:
     """R = K·r: the rank of the compiled update, and of the baseline LoRA."""
     return model.config.n_templates * model.config.template_rank
 
 
+@checked(model=_SHAPES)
 def lora_shapes(model) -> dict[str, tuple[int, int]]:
     """{weight name: (o, i)} of every map the compile modulates (GPT state-dict names for a CGT, the LM's
     names for a CGTLM: q, k, v each for attn_in)."""
@@ -74,6 +168,7 @@ def lora_shapes(model) -> dict[str, tuple[int, int]]:
     return {n: tuple(model.gpt.get_parameter(n).shape) for n in names}
 
 
+@checked(model=_SHAPES, dtype=_FloatDtype())
 def update_bytes(model, dtype: torch.dtype = torch.float32) -> int:
     """Bytes of one prompt's update as LoRA factors: R × Σ (o + i) × element size over the modulated maps."""
     elem = torch.finfo(dtype).bits // 8
@@ -87,12 +182,14 @@ def factor_bytes(factors: Factors) -> int:
 
 # ---------------------------------------------------------------------------- factors
 @torch.no_grad()
+@checked(model=_MODEL, prompt=_OnePrompt())
 def compiled_factors(model, prompt: torch.Tensor) -> Factors:
     """The compile's update for one prompt (t,): lora_factors at ȳ after its last token, as fresh tensors."""
     ybar = model.context(prompt[None].to(model.device))[0, -1]
     return {n: (a.detach().clone(), b.detach().clone()) for n, (a, b) in model.lora_factors(ybar).items()}
 
 
+@checked(model=_SHAPES, generator=Generator())
 def random_factors(model, generator: torch.Generator | None = None) -> Factors:
     """PEFT's default LoRA init at the compile's sites: A ~ U(−1/√i, 1/√i) (kaiming-uniform, a = √5), B = 0."""
     rank, out = lora_rank(model), {}
@@ -176,6 +273,8 @@ def teacher_outputs(model, prompt: torch.Tensor, inputs: torch.Tensor) -> torch.
     return model(full)[:, prompt.shape[0]:]
 
 
+@checked(task=Has("eval_batch", "answer_token", "apply", what="a synthetic ICL task (make_task('icl'))"),
+         k=Int(1), n_held_out=Int(1), generator=Generator(), device=Device())
 def icl_case(task, k: int = 8, n_held_out: int = 2, generator: torch.Generator | None = None,
              device: str | torch.device = "cpu") -> PromptCase:
     """A synthetic ICL prompt of k demonstrations of one hidden f (`task.eval_batch`), scored on n_held_out
@@ -207,6 +306,8 @@ def icl_case(task, k: int = 8, n_held_out: int = 2, generator: torch.Generator |
                       {"task_params": params[0].tolist(), "held_out_u": held.tolist(), "train_u": train_u.tolist()})
 
 
+@checked(task=Has("eval_batch", what="a task with eval_batch (make_task('text'))"), k=Int(1), n_samples=Int(1),
+         sample_len=Int(1, none=True), temperature=Float(0.0, lo_open=True), generator=Generator(), device=Device())
 def text_case(task, k: int = 128, n_samples: int = 8, sample_len: int | None = None, temperature: float = 1.0,
               generator: torch.Generator | None = None, device: str | torch.device = "cpu",
               part: str = "val") -> PromptCase:
@@ -279,7 +380,9 @@ def _distill(mode: str, student: torch.Tensor, data: Continuations, top_k: int |
     return (kl * data.mask).sum() / data.mask.sum().clamp_min(1)
 
 
-@checked(steps=StepCounts())
+@checked(model=_MODEL, data=Instance(Continuations, "Continuations (a PromptCase's make_train(model, prompt))"),
+         steps=StepCounts(), init=Instance(dict, "factors, a dict {weight name: (A, B)} (compiled_factors)", none=True),
+         lr=_LR, top_k=_TOP_K, generator=Generator())
 def train_lora(model, data: Continuations, steps: Sequence[int] = (10, 30, 100), init: Factors | None = None,
                lr: float = 3e-3, top_k: int | None = None, generator: torch.Generator | None = None) -> list[Checkpoint]:
     """Adam on the factors (A, B) of a LoRA at the compile's sites, KL(teacher ‖ LoRA model) on `data`
@@ -350,6 +453,8 @@ def _method_scores(model, case: PromptCase, specialised: dict[str, nn.Module]) -
     return out
 
 
+@checked(model=_MODEL, case=Instance(PromptCase, "a PromptCase (icl_case, text_case)"), steps=StepCounts(), lr=_LR,
+         top_k=_TOP_K, seed=Int(0), timing_repeats=Int(1))
 def run_case(model, case: PromptCase, steps: Sequence[int] = (10, 30, 100), lr: float = 3e-3,
              top_k: int | None = None, seed: int = 0, timing_repeats: int = 3) -> dict[str, Any]:
     """Every method on one prompt: loss/correct sums on its held-out continuations and the update costs.
@@ -433,6 +538,8 @@ def summarize(model, per_prompt: Sequence[dict]) -> list[dict[str, Any]]:
     return rows
 
 
+@checked(model=_MODEL, cases=_PromptCases(), steps=StepCounts(), lr=_LR, top_k=_TOP_K, seed=Int(0),
+         timing_repeats=Int(1))
 def compare_methods(model, cases: Sequence[PromptCase], steps: Sequence[int] = (10, 30, 100), lr: float = 3e-3,
                     top_k: int | None = None, seed: int = 0, timing_repeats: int = 3) -> dict[str, Any]:
     """`run_case` on every held-out prompt, then `summarize`: {"per_prompt": [...], "summary": [...],
@@ -446,6 +553,8 @@ def compare_methods(model, cases: Sequence[PromptCase], steps: Sequence[int] = (
 
 
 # ---------------------------------------------------------------------------- break-even
+@checked(update_s=Float(0.0), ttft_s=Float(0.0), per_token_s=Float(0.0), ref_ttft_s=Float(0.0),
+         ref_per_token_s=Float(0.0))
 def break_even_tokens(update_s: float, ttft_s: float, per_token_s: float, ref_ttft_s: float,
                       ref_per_token_s: float) -> int | None:
     """Smallest n from which on update + ttft + (n − 1)·per_token ≤ ref_ttft + (n − 1)·ref_per_token stays true
@@ -466,21 +575,22 @@ _COLORS = {"prompted": "#7f7f7f", "prompted_kv": "#1f77b4", "compile": "#d62728"
            "lora_from_compile": "#9467bd", "no_context": "#000000"}
 
 
-def check_lora_results(results) -> dict[str, dict]:
+def check_lora_results(results, name: str = "lora") -> dict[str, dict]:
     """{task name: results} for `lora_compile_figure`; one `compare_methods` result (with "summary") becomes
-    {"this model": it}. TypeError / ValueError naming `lora` otherwise."""
+    {"this model": it}. TypeError / ValueError naming the argument (`name`) otherwise."""
     if not isinstance(results, dict):
-        raise refuse("lora", "a dict: compare_methods' result or {task name: result}", type(results).__name__,
+        raise refuse(name, "a dict: compare_methods' result or {task name: result}", type(results).__name__,
                      TypeError)
     if "summary" in results:
         results = {"this model": results}
     bad = [k for k, v in results.items() if not isinstance(v, dict) or not isinstance(v.get("summary"), list)]
     if bad or not results:
-        raise refuse("lora", "results with a 'summary' list of rows (compare_methods')",
+        raise refuse(name, "results with a 'summary' list of rows (compare_methods')",
                      "no task" if not results else "none for " + repr(bad), verb="hold")
     return results
 
 
+@checked(results=_LoraResults(), title=_Title())
 def lora_compile_figure(results: dict[str, dict], title: str | None = None):
     """Quality G against update time (log x), one panel per task, one curve per method.
 
@@ -539,6 +649,7 @@ def _be(row: dict) -> str:
     return "never" if n is None else f"{n:,}"
 
 
+@checked(results=_LoraResults())
 def results_table(results: dict[str, dict]) -> str:
     """A markdown table, one row per task × method (× N). G: pooled over prompts; G median: the median over
     prompts of each prompt's G (— where a run did not record it)."""

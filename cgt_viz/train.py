@@ -65,7 +65,7 @@ class TrainingDiverged(RuntimeError):
     """A loss term or the gradient norm became NaN/inf; the model holds the weights of the last good step."""
 
     def __init__(self, step: int, term: str, value: float, history: "TrainHistory", checkpoint: Path | None,
-                 weights_finite: bool = True):
+                 weights_finite: bool = True, hint: str = "Try a lower lr, a longer warmup or grad_clip."):
         self.step, self.term, self.value, self.history, self.checkpoint = step, term, value, history, checkpoint
         self.weights_finite = weights_finite
         kept = (f"the last good checkpoint is {str(checkpoint)!r}" if checkpoint is not None
@@ -74,7 +74,7 @@ class TrainingDiverged(RuntimeError):
                  "no update was applied, but the weights are already NaN/inf: the previous update overflowed, so "
                  "reload the last good checkpoint")
         super().__init__(f"training diverged at step {step}: the {term} loss is {value} "
-                         f"({state}; {kept}). Try a lower lr, a longer warmup or grad_clip.")
+                         f"({state}; {kept}). {hint}")
 
 
 @dataclass

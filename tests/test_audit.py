@@ -35,6 +35,7 @@ from cgt_viz.train_config import TrainConfig
 from cgt_viz import analysis as A
 from cgt_viz import evaluate as E
 from cgt_viz import figures as F
+from cgt_viz import lora_baseline as LB
 from cgt_viz import widgets as W
 from cgt_viz.__main__ import FLAG_CONSTRAINTS
 from cgt_viz._checks import Int
@@ -802,9 +803,40 @@ DECLARED.update({
 })
 
 
+# cgt_viz.lora_baseline (issue 39, B46): its entry points declare their arguments
+@functools.lru_cache(None)
+def _lb_case():
+    return LB.icl_case(ICL, k=2, n_held_out=1, generator=torch.Generator().manual_seed(0))
+
+
+_LB_ROWS = {"icl": {"summary": []}}
+_LB_TIMES = {"update_s": 1.0, "ttft_s": 1.0, "per_token_s": 0.1, "ref_ttft_s": 1.0, "ref_per_token_s": 0.2}
+LB_DECLARED = {
+    "lora_rank": lambda **kw: LB.lora_rank(**{"model": CGT_ICL, **kw}),
+    "lora_shapes": lambda **kw: LB.lora_shapes(**{"model": CGT_ICL, **kw}),
+    "update_bytes": lambda **kw: LB.update_bytes(**{"model": CGT_ICL, **kw}),
+    "compiled_factors": lambda **kw: LB.compiled_factors(**{"model": CGT_ICL, "prompt": _lb_case().prompt, **kw}),
+    "random_factors": lambda **kw: LB.random_factors(**{"model": CGT_ICL, **kw}),
+    "icl_case": lambda **kw: LB.icl_case(**{"task": ICL, "k": 2, "n_held_out": 1, **kw}),
+    "text_case": lambda **kw: LB.text_case(**{"task": TEXT(), "k": 2, "n_samples": 1, **kw}),
+    "train_lora": lambda **kw: LB.train_lora(**{"model": CGT_ICL, "data": _lb_case().make_train(CGT_ICL, _lb_case().prompt),
+                                                "steps": (0,), **kw}),
+    "run_case": lambda **kw: LB.run_case(**{"model": CGT_ICL, "case": _lb_case(), "steps": (0,), "timing_repeats": 1,
+                                            **kw}),
+    "compare_methods": lambda **kw: LB.compare_methods(**{"model": CGT_ICL, "cases": [_lb_case()], "steps": (0,),
+                                                          "timing_repeats": 1, **kw}),
+    "break_even_tokens": lambda **kw: LB.break_even_tokens(**{**_LB_TIMES, **kw}),
+    "lora_compile_figure": lambda **kw: LB.lora_compile_figure(**{"results": _LB_ROWS, **kw}),
+    "results_table": lambda **kw: LB.results_table(**{"results": _LB_ROWS, **kw}),
+}
+DECLARED.update(LB_DECLARED)
+
+
 def _declared(entry: str):
     """The function an entry name stands for: a class's constructor or method, or a function of a module."""
     head, _, meth = entry.partition(".")
+    if head in LB_DECLARED:      # names the test module also uses for its own helpers (text_case)
+        return getattr(LB, head)
     obj = globals().get(head) or next(getattr(m, head) for m in (A, E, F, W) if hasattr(m, head))
     return getattr(obj, meth or "__init__") if inspect.isclass(obj) else obj
 
@@ -869,7 +901,7 @@ AUDITED_MODULES = ["cgt_viz.config", "cgt_viz.model", "cgt_viz.io", "cgt_viz.tra
                    "cgt_viz.analysis", "cgt_viz.figures", "cgt_viz.tasks", "cgt_viz.tasks.icl",
                    "cgt_viz.tasks.regression", "cgt_viz.tasks.text", "cgt_viz.tasks.tokenizer",
                    "cgt_viz.widgets.explorer", "cgt_viz.widgets.smoothness", "cgt_viz.widgets.templates",
-                   "cgt_viz.widgets.compare", "cgt_viz.widgets.monitor", "cgt_viz.geometry"]
+                   "cgt_viz.widgets.compare", "cgt_viz.widgets.monitor", "cgt_viz.geometry", "cgt_viz.lora_baseline"]
 NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, and why
     **dict.fromkeys(["ByteTokenizer.token_str", "SyntheticICL.decode", "LinearRegression.decode", "TextMixture.decode",
                      "TextMixture.text", "hover_escape", "natural_key"], "a display helper: any token or value"),
@@ -897,6 +929,11 @@ NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, a
                     "an internal step of an audited view, save or load (its callers check the arguments; "
                     "tests/test_views_language.py, tests/test_faults3_files.py hold its behaviour)"),
     "LoraFactors": "the dict lora_factors returns, built from checked arguments",
+    **dict.fromkeys(["factor_bytes", "merged_weights", "lora_logits", "merge", "teacher_outputs", "sample_continuations",
+                     "sample_lm", "score", "median_gap", "summarize", "check_lora_results", "Continuations",
+                     "PromptCase", "Checkpoint"],
+                    "an internal step (or record) of lora_baseline's audited entry points (compare_methods, run_case, "
+                    "train_lora, the cases): fed what they checked"),
     "load_corpus": "via TextMixture(source=...)",
     "task_from_config": "reads a saved config (test_tasks)", "Explorer.export": "a file path, written by pandas",
 }

@@ -50,7 +50,7 @@ from .._checks import Bool, Choice, Float, Int, check_divisible, check_int, chec
 from ..distill import aux_objective, teacher_topk
 from ..io import load_tensors, read_json, save_tensors, sha256_file, write_json
 from .._ranks import process_group
-from ..train import _StopFlag
+from ..train import TrainingDiverged, _StopFlag
 from .source import cache_root
 
 CACHE_FORMAT = "cgt_viz.feature_cache/1"
@@ -370,9 +370,24 @@ def _train_head(model, cache, steps, minutes, batch_size, lr, weight_decay, warm
     t0, first = time.perf_counter(), step
     m = cache.tensors["suffix_x"].shape[1]
 
+    saved = {"path": folder if resume and folder is not None and (folder / HEAD_STATE_JSON).exists() else None,
+             "step": step if resume else None}
+
     def checkpoint():
-        if folder is not None and is_main:
+        # NaN/inf weights (an update that overflowed) never replace the last good state
+        if (folder is not None and is_main and saved["step"] != step
+                and all(bool(torch.isfinite(p).all()) for p in params)):
             _save_head_state(folder, model, opt, gen, order, {"step": step, "planned": planned, "history": hist})
+            saved.update(path=folder, step=step)
+
+    def diverged(term: str, value: float) -> TrainingDiverged:
+        """Stop before the update (train()'s promise): the head keeps the weights of the last good step, and
+        the checkpoint holds them (written here, so that the message can name it)."""
+        opt.zero_grad(set_to_none=True)
+        finite = all(bool(torch.isfinite(p).all()) for p in params)
+        checkpoint()
+        return TrainingDiverged(step + 1, term, value, hist, saved["path"] if is_main else folder,
+                                weights_finite=finite, hint="Try a lower lr or a longer warmup.")
 
     bar = None
     if progress and is_main:
@@ -404,8 +419,13 @@ def _train_head(model, cache, steps, minutes, batch_size, lr, weight_decay, warm
                 # one all-reduce: the gradients, the global batch's losses and whether any rank must stop
                 aux, ce, stop_now, timed_out = _sync_step(params, [out["aux"].detach(), out["ce"], stop.requested,
                                                                     late], distributed, world)
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, 1.0))
+                bad = [(k, v) for k, v in (("aux", aux), ("ce", ce)) if not math.isfinite(v)]
+                if bad or not math.isfinite(grad_norm):
+                    raise diverged(*(bad[0] if bad else ("gradient norm of the aux", grad_norm)))
                 opt.step()
+                if not all(bool(torch.isfinite(p).all()) for p in params):
+                    raise diverged("weights after the update", float("nan"))
                 order = order[batch_size:]
                 step += 1
                 hist["step"].append(step)

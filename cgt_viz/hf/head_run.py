@@ -1,6 +1,6 @@
 """Train a CGT head over SmolLM2-135M-Instruct on BBC by context distillation, and measure it: one command.
 
-    python -m cgt_viz train-head --out runs/head               # cache + training + measurement
+    python -m cgt_viz train-head --out runs/head               # cache + training + measurement (a new --out)
     python -m cgt_viz train-head --out runs/head --resume      # continue an interrupted run (same flags)
     python -m cgt_viz train-head --out runs/head --measure-only   # re-measure the head in --out
     torchrun --nproc_per_node 2 -m cgt_viz train-head --out runs/head --threads 1   # data-parallel (DDP)
@@ -14,6 +14,10 @@ cache for --minutes; save it (config, weights, the LM weights' sha256, the llm-s
 `compile_comparison` on the validation part (used while tuning) and once on the test part (never used for
 anything else) -> --out/metrics.json. Speeds go to benchmarks/results/smollm2_head.json.
 
+--out holds one head run, as `train`'s --out holds one run: a folder with anything else (a run of `train`,
+another tool's model) is refused, a head run there needs --resume (or --measure-only), and --resume of a
+finished run changes nothing (`check_out`).
+
 Under torchrun every rank loads the LM (rank 0 first: it may convert the GGUF), rank 0 builds the caches while
 the others wait, every rank trains on its share of each global batch (--batch must divide by the ranks), and
 rank 0 alone writes the head, the checkpoints and the measurement (cgt_viz.hf.distill.train_head).
@@ -26,6 +30,7 @@ import importlib.metadata
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -36,6 +41,7 @@ import torch.distributed as dist
 from .._checks import check_divisible, check_float, check_int, refuse
 from ..checkpoint import RunLock
 from ..io import read_json, write_json
+from ..train import TrainingDiverged
 from .._ranks import process_group
 from . import distill
 from .data import BBCTokens
@@ -119,6 +125,83 @@ def check_args(args) -> None:
     check_float("--test-fraction", args.test_fraction, 0.0, 1.0 - args.val_fraction, hi_open=True)
 
 
+HEAD_FILES = ("config.json", "model.safetensors", "metrics.json", "topic_means.json")   # what a head run writes
+
+
+def _head_files(out: Path) -> list[str]:
+    found = [name for name in HEAD_FILES if (out / name).exists()]
+    if (out / CHECKPOINT_DIR / distill.HEAD_STATE_JSON).exists():
+        found.append(f"{CHECKPOINT_DIR}/{distill.HEAD_STATE_JSON}")
+    return found
+
+
+def _foreign(out: Path) -> list[str]:
+    """What in --out is not a head run's: a from-scratch run of `train` (its run.json of another task, its
+    checkpoints, model/ or history.json), or a model or adapter of another kind."""
+    from ..io import folder_artefacts
+    found = []
+    run_file = out / RUN_FILE
+    if run_file.is_file():
+        try:
+            task = read_json(run_file)["settings"]["task"]
+        except (ValueError, KeyError, TypeError, OSError):
+            task = None
+        if task != "smollm2-bbc":
+            found.append(f"{RUN_FILE} of a run of task {task!r}" if isinstance(task, str) else
+                         f"a {RUN_FILE} that is not a head run's")
+    ckpt = out / CHECKPOINT_DIR
+    if ckpt.is_dir():
+        others = sorted(p.name for p in ckpt.iterdir()
+                        if p.name not in (distill.HEAD_STATE, distill.HEAD_STATE_JSON, ".lock")
+                        and not p.name.startswith("."))
+        if others:
+            found.append(f"{CHECKPOINT_DIR}/ with {', '.join(others[:3])}{' ...' if len(others) > 3 else ''} "
+                         f"(checkpoints of `train`)")
+    elif ckpt.exists() or ckpt.is_symlink():
+        found.append(f"a {CHECKPOINT_DIR} that is not a folder")
+    for name in ("model", "history.json", "evaluation.json"):
+        if (out / name).exists():
+            found.append(f"{name} (a run of `train`)")
+    found += [desc for kind, desc in folder_artefacts(out).items() if kind != "cgt_viz:CGTLM"]
+    return found
+
+
+def check_out(args, out: Path) -> str | None:
+    """What --out may hold, as `train` promises for its runs (checked before anything is loaded or written):
+    nothing but a head run; a head run only with --resume (or --measure-only); and --resume of a finished run
+    (the head, its metrics.json, no checkpoint left) resumes to itself: the message to print, nothing changed.
+    A head whose measurement did not finish is measured (--resume then means --measure-only)."""
+    foreign = _foreign(out)
+    if foreign:
+        raise refuse("--out", "a new folder or a head run of train-head",
+                     f"{str(out)!r}, which holds {'; '.join(foreign)}",
+                     hint="train-head replaces the head's files and removes ckpt/ at the end, so it writes into no "
+                          "other run; choose another --out")
+    present = _head_files(out)
+    if args.measure_only or not present:
+        return None
+    if not args.resume:
+        raise refuse("--out", "a new folder, or --resume to continue the head run there (--measure-only to "
+                              "re-measure it)", f"{str(out)!r}, which already holds a head run "
+                                               f"({', '.join(present)})",
+                     hint="remove it first to train a new head there, or choose another --out")
+    if (out / CHECKPOINT_DIR / distill.HEAD_STATE_JSON).exists():
+        return None                                     # an interrupted run: train_head resumes it
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        if (out / "metrics.json").exists():
+            try:
+                steps = read_json(out / "metrics.json")["training"]["steps"]
+            except (ValueError, KeyError, TypeError):
+                steps = "its"
+            return (f"--resume: the head run in {str(out)!r} is finished ({steps} steps, metrics.json written); "
+                    f"nothing was changed. --measure-only re-measures it")
+        args.measure_only = True                        # the head was saved, its measurement did not finish
+        return None
+    raise refuse("--resume", "a head run to continue (ckpt/head-state.json, or a saved head)",
+                 f"{str(out)!r}, which holds only {', '.join(present)}",
+                 hint="its training state is gone; remove those files to train a new head there")
+
+
 def main(argv=None, run_record: dict | None = None) -> int:
     """train-head's command line; run_record (from `train --task smollm2-bbc`) is written to OUT/run.json."""
     args = parse_args(argv)
@@ -128,11 +211,21 @@ def main(argv=None, run_record: dict | None = None) -> int:
     # one writer per run folder: rank 0 (torchrun sets RANK before any process group exists)
     is_main = int(os.environ.get("RANK", "0")) == 0
     with RunLock(out, "run folder") if is_main else contextlib.nullcontext():
+        finished = check_out(args, out)        # under the lock: nothing else writes --out meanwhile
+        if finished is not None:
+            if is_main:
+                print(finished, flush=True)
+            return 0
         if run_record is not None and is_main:
             write_json(out / RUN_FILE, run_record)
         with process_group(args.device, distill.GROUP_TIMEOUT_MINUTES) as (dev, distributed, rank, world):
             check_divisible("--batch", args.batch, world, "the number of ranks")
-            run(args, out, dev, distributed, rank)
+            try:
+                run(args, out, dev, distributed, rank)
+            except TrainingDiverged as err:   # as `train` says it: one line, exit 1, the last good state kept
+                if rank == 0:
+                    print(f"error: {err}", file=sys.stderr)
+                return 1
     return 0
 
 

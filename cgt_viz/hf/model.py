@@ -408,7 +408,8 @@ class CGTLM(CGT):
         """Write the compiled prompt as a PEFT LoRA adapter folder (adapter_config.json +
         adapter_model.safetensors); `PeftModel.from_pretrained(base, path)` on an untouched copy of the LM
         then gives specialize(prompt)'s logits. lm itself is not modified. Returns the folder."""
-        from ..io import check_artefact_folder   # a folder holding a model is never changed by an adapter
+        # a folder holding a model (or another tool's weights) is never changed by an adapter
+        from ..io import ADAPTER_WEIGHTS_NAME, PEFT_WRITER, check_artefact_folder
         check_artefact_folder(path, "peft", "export_peft", "a PEFT adapter")
         ybar = self.prompt_summary(prompt)
         tensors = {}
@@ -417,7 +418,7 @@ class CGTLM(CGT):
             tensors[f"base_model.model.{module}.lora_A.weight"] = lora_a
             tensors[f"base_model.model.{module}.lora_B.weight"] = lora_b
         path.mkdir(parents=True, exist_ok=True)
-        save_tensors(path / "adapter_model.safetensors", tensors, metadata={"format": "pt"})
+        save_tensors(path / ADAPTER_WEIGHTS_NAME, tensors, metadata={"format": "pt", "written_by": PEFT_WRITER})
         self.peft_config().save_pretrained(str(path))
         return path
 

@@ -21,8 +21,10 @@ nothing reaches the network. The Chromium is a system one (BROWSER_PATH, else ch
 The figure is data too: Chromium loads file:// URLs, so a stored plotly JSON whose image or map source
 names a local file would put that file into the PNG. Before rendering, every field that plotly.js loads
 from a URL (`source` of layout images, image traces and map layers, `geojson`, a map `style` given as a
-URL, `topojsonURL`) keeps only inline data: a `data:` URI or a JSON object. Anything else is dropped, with
-a warning naming it (`safe_spec`).
+URL, `topojsonURL`) keeps only inline data: a `data:` URI or a JSON object. A map `style` given inline as a
+MapLibre style object keeps no string MapLibre would fetch (`sprite`, `glyphs`, a source's `url`, `tiles`,
+`data` or `urls`) and none that looks like a URL or a path (a `background-pattern`). Anything else is dropped,
+with a warning naming it (`safe_spec`).
 
 Without kaleido or a Chromium the PNG path warns once (`StaticPNGWarning`, naming what to install) and the
 views are shown without a PNG; a figure that fails to render warns once too. Nothing here raises.
@@ -35,6 +37,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import shutil
 import threading
 import warnings
@@ -187,13 +190,34 @@ def _get_session() -> _Session | None:
 
 URL_KEYS = ("source", "geojson", "topojson", "topojsonURL")   # fields plotly.js fetches when given a string
 MAP_LAYOUTS = ("mapbox", "map")                                # their `style` may be a URL too
+# A map `style` may also be a MapLibre style given inline as an object; MapLibre fetches these of its fields
+# (`sprite`, `glyphs`, a source's TileJSON `url`, its `tiles`, a GeoJSON source's `data`, a video source's
+# `urls`). Any other string in the style that starts like a URL or a path (`background-pattern`, an `image`
+# expression) is dropped too: inside a style nothing legitimate looks like one, and a file:// there is read.
+STYLE_URL_KEYS = ("sprite", "glyphs", "url", "urls", "tiles", "data")
+_URL_LIKE = re.compile(r"^\s*(?:[a-z][a-z0-9+.-]*:|/|\\|\.{1,2}[/\\]|~)", re.I)
+
+
+def _inline(value: str) -> bool:
+    return value.strip().lower().startswith("data:")
 
 
 def _fetched(key: str, value: str, parent: str) -> bool:
     """Would plotly.js (in kaleido's file:// page) load this string from somewhere? Inline data is kept."""
     if key in URL_KEYS:
-        return not value.strip().lower().startswith("data:")   # a relative path resolves to a local file
-    return key == "style" and parent.rstrip("0123456789") in MAP_LAYOUTS and (":" in value or "/" in value)
+        return not _inline(value)   # a relative path resolves to a local file
+    return _map_style(key, parent) and (":" in value or "/" in value)
+
+
+def _map_style(key: str, parent: str) -> bool:
+    return key == "style" and parent.rstrip("0123456789") in MAP_LAYOUTS
+
+
+def _style_fetched(key: str, value: str) -> bool:
+    """Would MapLibre load this string of an inline style object?"""
+    if _inline(value):
+        return False
+    return key in STYLE_URL_KEYS or bool(_URL_LIKE.match(value))
 
 
 def safe_spec(spec: dict) -> tuple[dict, list[str]]:
@@ -201,22 +225,25 @@ def safe_spec(spec: dict) -> tuple[dict, list[str]]:
     "path = value"). See the module docstring; the input is not changed."""
     dropped: list[str] = []
 
-    def walk(node, path: str, parent: str):
+    def walk(node, path: str, parent: str, style: bool = False):
+        """style: inside a map's inline style object, where MapLibre's rules apply instead of plotly's."""
         if isinstance(node, dict):
             out = {}
             for key, value in node.items():
-                where = f"{path}.{key}" if path else str(key)
-                if isinstance(value, str) and _fetched(str(key), value, parent):
+                key_s = str(key)
+                where = f"{path}.{key}" if path else key_s
+                fetched = (lambda v: _style_fetched(key_s, v)) if style else (lambda v: _fetched(key_s, v, parent))
+                if isinstance(value, str) and fetched(value):
                     dropped.append(f"{where} = {value[:80]!r}")
                     continue
-                if isinstance(value, list) and key in URL_KEYS:     # a map layer's tile URLs
-                    urls = [v for v in value if isinstance(v, str) and _fetched(str(key), v, parent)]
+                if isinstance(value, list) and (style or key in URL_KEYS):   # tile lists, sprite lists, expressions
+                    urls = [v for v in value if isinstance(v, str) and fetched(v)]
                     dropped.extend(f"{where}[] = {v[:80]!r}" for v in urls)
-                    value = [v for v in value if not (isinstance(v, str) and _fetched(str(key), v, parent))]
-                out[key] = walk(value, where, str(key))
+                    value = [v for v in value if not (isinstance(v, str) and fetched(v))]
+                out[key] = walk(value, where, key_s, style or (_map_style(key_s, parent) and isinstance(value, dict)))
             return out
         if isinstance(node, list):
-            return [walk(v, f"{path}[{i}]", parent) for i, v in enumerate(node)]
+            return [walk(v, f"{path}[{i}]", parent, style) for i, v in enumerate(node)]
         return node
 
     return walk(spec, "", ""), dropped
