@@ -2,6 +2,8 @@
 "transformers")): AutoModelForCausalLM opens the folder with our logits, for a plain GPT, a compiled CGT and the
 baseline of notebook 01. Bad arguments (a CGT, vectors mode, a token shift) are audit rows in test_audit."""
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +14,8 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 from cgt_viz import CGT, GPT, CGTConfig  # noqa: E402
 from cgt_viz.hf import export_hf, to_transformers  # noqa: E402
+from cgt_viz.layers import SITE_WEIGHTS  # noqa: E402
+from cgt_viz.outputs import OUTPUTS  # noqa: E402
 from cgt_viz.sites import SITES  # noqa: E402
 from cgt_viz.tasks.icl import SyntheticICL  # noqa: E402
 from helpers import make_inputs, randomize_templates  # noqa: E402
@@ -127,3 +131,107 @@ def test_a_folder_of_another_kind_is_refused_and_left_as_it_was(tmp_path):
     with pytest.raises(ValueError, match="path must be"):
         gpt.save_pretrained(tmp_path / "hf")                   # and is no place for a cgt_viz model
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]   # no staging folder is left behind
+
+
+# ------------------------------------------------------------------ docs/guides/interop.md: the names tables
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "interop.md"
+
+
+def _table(header: str) -> list[list[str]]:
+    """The rows of the markdown table whose header row starts with `header`, as lists of cells."""
+    lines = GUIDE.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {header}"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def _names(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def _at(name: str, layer: int, site: str = "") -> str:
+    """A table name at 1-based layer ν (and a site)."""
+    return (name.replace("{ν−1}", str(layer - 1)).replace("{ν}", str(layer)).replace("ν", str(layer))
+            .replace("site", site))
+
+
+OUTPUT_ROWS = "cgt_viz (`run_with_cache`)"
+SITE_ROWS = "site |"
+
+
+def _names_cgt():
+    """A CGT with every named output (a posterior for ybar_sigma, every site) and a perturbed x stream."""
+    torch.manual_seed(0)
+    cgt = CGT(_cfg(sites=SITES, smooth="vae", n_layer=3, y_layer=1)).eval()
+    with torch.no_grad():
+        for p in cgt.gpt.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return cgt   # templates at T = I: the full pass is the x stream's own, the one the export holds
+
+
+def test_every_cgt_viz_name_in_the_table_exists_and_every_output_has_a_row():
+    """Each row's name, read as a pattern (ν a layer, site a site), matches names run_with_cache returns, and
+    every name it returns matches a row."""
+    cgt = _names_cgt()
+    known = cgt.cache_names()
+    patterns = {}
+    for row in _table(OUTPUT_ROWS):
+        name = _names(row[0])[0]
+        patterns[name] = re.compile(re.escape(name).replace("ν", r"\d+").replace("site", "(?:" + "|".join(SITES) + ")")
+                                    + "$")
+        assert any(patterns[name].match(k) for k in known), f"{name!r} is not a name run_with_cache returns"
+    unmatched = [k for k in known if not any(p.match(k) for p in patterns.values())]
+    assert not unmatched, f"named outputs without a row in {GUIDE.name}: {unmatched}"
+    assert all(out.names(cgt) for out in OUTPUTS)   # the model has every kind of named output
+
+
+def test_every_site_has_a_row_naming_its_map():
+    rows = _table(SITE_ROWS)
+    assert sorted(_names(row[0])[0] for row in rows) == sorted(SITES)
+    gpt = GPT(_cfg())
+    for row in rows:
+        site, ours = _names(row[0])[0], _names(row[1])[0]
+        assert _at(ours, 1) == f"blocks.0.{SITE_WEIGHTS[site]}"
+        assert isinstance(gpt.get_submodule(_at(ours, 1)), torch.nn.Linear)
+
+
+def test_each_transformerlens_hook_in_the_tables_holds_the_tensor_of_its_cgt_viz_name(tmp_path):
+    pytest.importorskip("transformer_lens")
+    from transformer_lens.model_bridge import TransformerBridge
+    cgt = _names_cgt()
+    n = cgt.config.n_layer
+    export_hf(cgt.x_only(), tmp_path / "gpt2")
+    bridge = TransformerBridge.boot_transformers(str(tmp_path / "gpt2"), device="cpu")
+    idx = make_inputs(cgt.config, b=2, t=16)
+    with torch.no_grad():
+        _, ours = cgt.run_with_cache(idx)
+        _, theirs = bridge.run_with_cache(idx)
+    checked = 0
+    for row in _table(OUTPUT_ROWS):
+        name, hooks = _names(row[0])[0], _names(row[1])
+        for layer in ([0] if name == "x.0" else range(1, n + 1) if "ν" in name else [None]):
+            for hook in hooks:
+                concrete = _at(hook, layer) if layer is not None else hook
+                assert concrete in theirs, f"{concrete!r} ({row[1]}) is not a hook of the bridge"
+                assert float((ours[_at(name, layer) if layer else name] - theirs[concrete]).abs().max()) < TOL
+                checked += 1
+    inputs = {}
+    gpt = cgt.gpt
+    for row in _table(SITE_ROWS):
+        for layer in range(1, n + 1):
+            gpt.get_submodule(_at(_names(row[1])[0], layer)).register_forward_hook(
+                lambda m, args, out, key=(row[0], layer): inputs.__setitem__(key, args[0]))
+    with torch.no_grad():
+        gpt(idx)
+    for row in _table(SITE_ROWS):
+        for layer in range(1, n + 1):
+            for hook in _names(row[2]):
+                hook = hook if hook.startswith("blocks.") else f"blocks.{{ν−1}}.{hook}"
+                tensor = theirs[_at(hook, layer)]
+                assert float((inputs[row[0], layer] - tensor.reshape(inputs[row[0], layer].shape)).abs().max()) < TOL
+                checked += 1
+    assert checked >= 2 * n + 4 * n
