@@ -1,6 +1,7 @@
 """A from-scratch cgt_viz GPT as a transformers GPT-2 (cgt_viz.hf.export_hf, GPT.save_pretrained(format=
 "transformers")): AutoModelForCausalLM opens the folder with our logits, for a plain GPT, a compiled CGT and the
 baseline of notebook 01. Bad arguments (a CGT, vectors mode, a token shift) are audit rows in test_audit."""
+import copy
 import json
 import re
 from pathlib import Path
@@ -235,3 +236,82 @@ def test_each_transformerlens_hook_in_the_tables_holds_the_tensor_of_its_cgt_viz
                 assert float((inputs[row[0], layer] - tensor.reshape(inputs[row[0], layer].shape)).abs().max()) < TOL
                 checked += 1
     assert checked >= 2 * n + 4 * n
+
+
+# ------------------------------------------------------------------ nnsight and TransformerLens 4 (the interp extra)
+def _word_tokenizer(vocab_size: int):
+    """A transformers tokenizer over the ids themselves: nnsight wants one for a model passed in memory (a
+    folder's own tokenizer is optional); these tests feed token ids."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({str(i): i for i in range(vocab_size)},
+                                                                        unk_token="0")))
+
+
+def _family(family: str):
+    """{"compiled": (a transformers model, our logits function), "base": (...)} and token ids, for one family;
+    each model is a copy the caller may hand to a library that rebuilds its modules (TransformerBridge does)."""
+    if family == "gpt":
+        torch.manual_seed(0)
+        cgt = randomize_templates(_perturbed(CGT(_cfg(sites=SITES))))
+        prompt, idx = make_inputs(cgt.config, b=1, t=10, seed=1)[0], make_inputs(cgt.config, b=2, t=12, seed=2)
+        ybar = cgt.prompt_summary(prompt)[None]
+        compiled = (to_transformers(cgt.specialize(prompt)), lambda x: cgt.forward_specialized(x, ybar))
+        return {"compiled": compiled, "base": (to_transformers(cgt.x_only()), cgt.x_only())}, idx, 40
+    from cgt_viz import hf
+    lm = hf.tiny_llama(seed=0)
+    cgt = randomize_templates(hf.CGTLM(lm, y_layer=2, d_y=16, n_head_y=2, n_templates=3, sites=SITES))
+    gen = torch.Generator().manual_seed(1)
+    prompt, idx = torch.randint(0, 96, (10,), generator=gen), torch.randint(0, 96, (2, 12), generator=gen)
+    ybar = cgt.prompt_summary(prompt)[None]
+    compiled = (cgt.specialize(prompt, share_weights=False), lambda x: cgt.forward_specialized(x, ybar))
+    return {"compiled": compiled, "base": (copy.deepcopy(lm), lambda x: lm(x).logits)}, idx, 96
+
+
+def _folder(model, folder, vocab):
+    """The model's transformers folder. A Llama folder also gets a tokenizer (the libraries load the one its
+    model type names when there is none, and a compiled SmolLM2 is saved with its own); the exported GPT-2 opens
+    without one."""
+    model.save_pretrained(str(folder))
+    if type(model).__name__ != "GPT2LMHeadModel":
+        _word_tokenizer(vocab).save_pretrained(str(folder))
+    return str(folder)
+
+
+@pytest.mark.parametrize("source", ["memory", "folder"])
+@pytest.mark.parametrize("family", ["gpt", "llama"])
+def test_nnsight_opens_a_compiled_model_of_each_family_and_its_base_with_our_logits(tmp_path, family, source):
+    pytest.importorskip("nnsight")
+    import warnings
+
+    from nnsight import LanguageModel
+    models, idx, vocab = _family(family)
+    for kind, (model, ours) in models.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # LanguageModel is nnsight's deprecated name for TransformersModel
+            wrapped = (LanguageModel(model, tokenizer=_word_tokenizer(vocab)) if source == "memory"
+                       else LanguageModel(_folder(model, tmp_path / kind, vocab), dispatch=True))
+        with torch.no_grad(), wrapped.trace(idx):
+            logits = wrapped.output.logits.save()
+        with torch.no_grad():
+            delta = float((logits - ours(idx)).abs().max())
+        assert delta < TOL, f"{family} {kind} from {source}: max |Δ| {delta}"
+
+
+@pytest.mark.parametrize("source", ["memory", "folder"])
+@pytest.mark.parametrize("family", ["gpt", "llama"])
+def test_transformerlens_opens_a_compiled_model_of_each_family_and_its_base_with_our_logits(tmp_path, family,
+                                                                                          source):
+    pytest.importorskip("transformer_lens")
+    from transformer_lens.model_bridge import TransformerBridge
+    models, idx, vocab = _family(family)
+    for kind, (model, ours) in models.items():
+        if source == "memory":
+            bridge = TransformerBridge.boot_transformers(f"cgt_viz-{family}-{kind}", hf_model=model,
+                                                         tokenizer=_word_tokenizer(vocab), device="cpu")
+        else:
+            bridge = TransformerBridge.boot_transformers(_folder(model, tmp_path / kind, vocab), device="cpu")
+        with torch.no_grad():
+            delta = float((bridge(idx) - ours(idx)).abs().max())
+        assert delta < TOL, f"{family} {kind} from {source}: max |Δ| {delta}"
