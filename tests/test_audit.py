@@ -678,6 +678,12 @@ case("export_hf", "path", [5, None], lambda v: _hf().export_hf(GPT_T, v))
 case("export_hf", "config.input_dim", [3], lambda v: _export(CGT_V.x_only()), says="vectors mode")
 case("export_hf", "config.token_shift", ["previous"], lambda v: _export(GPT(tok_cfg(token_shift=v))),
      says="no token-shift")
+case("CGT.export_peft", "config.token_shift", ["pair"],
+     lambda v: InTmp(lambda tmp: CGT(tok_cfg(token_shift=v)).export_peft(IDX[0], tmp / "adapter")), says="no token-shift")
+case("CGT.export_peft", "config.input_dim", [3], lambda v: InTmp(lambda tmp: CGT_V.export_peft(VEC[0], tmp / "adapter")),
+     says="vectors mode")
+case("CGT.export_peft", "prompt", ["hello"], lambda v: InTmp(lambda tmp: CGT_T.export_peft(v, tmp / "adapter")),
+     shows="str")
 case("to_transformers", "model", [None], lambda v: _hf().to_transformers(v))
 case("to_transformers", "model", ["LlamaForCausalLM"], lambda v: _hf().to_transformers(LM()), shows="LlamaForCausalLM",
      says="use its own save_pretrained")
@@ -756,6 +762,7 @@ DECLARED = {
     "CGT": lambda **kw: CGT(**{"config": tok_cfg(), **kw}),
     "CGT.specialize": lambda **kw: CGT_T.specialize(IDX[0], **kw),
     "CGT.merged_gpt": lambda **kw: CGT_T.merged_gpt(YBAR[0], **kw),
+    "CGT.export_peft": lambda **kw: CGT_T.export_peft(**{"prompt": IDX[0], **kw}),
     "CGT.sample_split": lambda **kw: CGT_T.sample_split(**{"batch": 2, "length": 8, **kw}),
     "PretrainedMixin.save_pretrained": lambda **kw: CGT_T.save_pretrained(**{"path": _UNWRITTEN, **kw}),
     "PretrainedMixin.from_pretrained": lambda **kw: CGT.from_pretrained(**{"path": "/nonexistent/run", **kw}),

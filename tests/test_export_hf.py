@@ -78,6 +78,29 @@ def test_a_compiled_cgt_opens_in_transformers_with_the_compiled_logits(tmp_path)
         assert float((cgt.x_only()(idx) - lm(idx).logits).abs().max()) > 100 * TOL   # the prompt is in the weights
 
 
+@pytest.mark.parametrize("sites", [SITES, ("attn_out",)])
+def test_the_compiled_prompt_as_a_peft_adapter_over_the_exported_base_gives_the_compiled_logits(tmp_path, sites):
+    """attn_out alone: attn.c_proj carries the prompt while mlp.c_proj, of the same last name, must not."""
+    pytest.importorskip("peft")
+    from peft import PeftModel
+    torch.manual_seed(0)
+    cgt = randomize_templates(_perturbed(CGT(_cfg(sites=sites, n_templates=3, template_rank=2))))
+    prompt, idx = make_inputs(cgt.config, b=1, t=10, seed=1)[0], make_inputs(cgt.config, b=2, t=8, seed=2)
+    export_hf(cgt.x_only(), tmp_path / "base")
+    cgt.export_peft(prompt, tmp_path / "adapter")
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tmp_path / "base"),
+                                        str(tmp_path / "adapter")).eval()
+    with torch.no_grad():
+        ours = cgt.forward_specialized(idx, cgt.prompt_summary(prompt)[None])
+        assert float((adapted(idx).logits - ours).abs().max()) < TOL
+        base = AutoModelForCausalLM.from_pretrained(tmp_path / "base").eval()
+        assert float((base(idx).logits - ours).abs().max()) > 100 * TOL   # the adapter carries the prompt
+    lora = {n.split(".lora_")[0] for n, _ in adapted.named_parameters() if ".lora_" in n}
+    expected = {f"base_model.model.transformer.h.{layer - 1}.{SITE_WEIGHTS[site]}"
+                for layer in cgt.modulated_layers for site in sites}
+    assert lora == expected
+
+
 def test_the_baseline_of_notebook_01_opens_in_transformers(tmp_path):
     task = SyntheticICL()
     cfg = CGTConfig(**task.config_kwargs(), n_layer=4, d_x=64, n_head=4, d_y=32, n_head_y=2, y_layer=2,

@@ -107,6 +107,17 @@ def to_transformers(model):
     return lm.eval()
 
 
+def _check_gpt2_folder(path: Path) -> None:
+    """A folder holding a transformers model of another type (a Llama) is another model's, not one to export into:
+    refused in check_artefact_folder's words. A GPT-2 folder may be written again, as every saver re-saves its kind."""
+    from ..io import folder_artefacts, read_json
+    found = folder_artefacts(path)
+    if "hf" in found and read_json(path / CONFIG_NAME).get("model_type") != "gpt2":
+        raise refuse("path", "a folder export_hf may write a transformers GPT-2 model into (one folder holds one "
+                     "model)", f"{str(path)!r}, which holds {found['hf']}",
+                     hint="choose another folder (or remove those files first)")
+
+
 @checked(path=Folder(new=True))
 def export_hf(model, path: str | os.PathLike) -> Path:
     """Write a cgt_viz GPT as a transformers GPT-2 folder (config.json + model.safetensors, written by
@@ -114,6 +125,7 @@ def export_hf(model, path: str | os.PathLike) -> Path:
     same logits. The folder may hold no artefact of another kind (a cgt_viz model, a PEFT adapter); the files are
     written beside it first and moved in, config.json last. Returns the folder."""
     check_exportable(model)
+    _check_gpt2_folder(path)
     path = model_folder(path, "hf", "export_hf", "a transformers GPT-2 model")
     lm = to_transformers(model)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
@@ -124,4 +136,38 @@ def export_hf(model, path: str | os.PathLike) -> Path:
             os.replace(staging / name, path / name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    return path
+
+
+def gpt2_module(name: str) -> str:
+    """A cgt_viz GPT map's name ("blocks.2.attn.c_attn.weight" or without ".weight") -> its GPT2LMHeadModel
+    module ("transformer.h.2.attn.c_attn")."""
+    name = name.removesuffix(".weight")
+    return "transformer.h." + name[len("blocks."):]
+
+
+@torch.no_grad()
+def export_peft(cgt, prompt: torch.Tensor, path: Path) -> Path:
+    """CGT.export_peft of a from-scratch CGT: the compiled prompt as a PEFT LoRA adapter over the GPT-2 that
+    export_hf writes for cgt.x_only() (GPT-2's Conv1D maps: fan_in_fan_out). Its callers check `path`."""
+    import peft
+
+    from ..io import check_artefact_folder, save_tensors
+    check_exportable(cgt.gpt, "cgt's x stream")
+    check_artefact_folder(path, "peft", "CGT.export_peft", "a PEFT adapter")
+    ybar = cgt.prompt_summary(prompt)
+    tensors, modules = {}, []
+    for name, (lora_a, lora_b) in cgt.lora_factors(ybar).items():
+        module = gpt2_module(name)
+        modules.append(module)
+        tensors[f"base_model.model.{module}.lora_A.weight"] = lora_a
+        tensors[f"base_model.model.{module}.lora_B.weight"] = lora_b
+    rank = cgt.config.n_templates * cgt.config.template_rank
+    # the modules by their full names: attn.c_proj and mlp.c_proj share a last name, and only the sites'
+    # maps of the modulated layers carry the prompt
+    config = peft.LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, bias="none", target_modules=modules,
+                             fan_in_fan_out=True, task_type="CAUSAL_LM")
+    path.mkdir(parents=True, exist_ok=True)
+    save_tensors(path / "adapter_model.safetensors", tensors, metadata={"format": "pt"})
+    config.save_pretrained(str(path))
     return path
