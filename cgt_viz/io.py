@@ -297,18 +297,10 @@ class PretrainedMixin:
 
     config: Any
 
-    @checked(path=Folder(new=True), format=Choice("cgt_viz", "transformers"))
-    def save_pretrained(self, path: str | os.PathLike, format: str = "cgt_viz") -> Path:
-        """Write the model into a folder: config.json + model.safetensors. format="cgt_viz" (the default) is
-        read back by from_pretrained; format="transformers" writes a GPT as a transformers GPT-2 that
-        AutoModelForCausalLM opens (cgt_viz.hf.export_hf; a CGT is refused: export cgt.specialize(prompt))."""
-        if format == "transformers":
-            from .hf.export import export_hf
-            if not hasattr(self, "head"):   # a CGT: only its x stream is a GPT
-                raise refuse("format", f"'cgt_viz' for a {type(self).__name__} (GPT-2 has no form for its y stream "
-                             "and templates)", "'transformers'",
-                             hint="save cgt.specialize(prompt) or cgt.x_only() with format='transformers'")
-            return export_hf(self, path)
+    @checked(path=Folder(new=True))
+    def save_pretrained(self, path: str | os.PathLike) -> Path:
+        """Write the model into a folder: config.json + model.safetensors, read back by from_pretrained. (A GPT
+        as a transformers GPT-2 that AutoModelForCausalLM opens: cgt_viz.hf.export_hf.)"""
         name = type(self).__name__
         path = model_folder(path, f"cgt_viz:{name}", f"{name}.save_pretrained", f"a cgt_viz {name} model")
         # weights first, config last: a folder with a config always has matching weights

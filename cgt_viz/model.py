@@ -340,15 +340,6 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         models = [self.merged_gpt(row, share_weights) for row in ybar]
         return models[0] if single else models
 
-    @checked(path=Folder(new=True))
-    def export_peft(self, prompt: torch.Tensor, path: str | os.PathLike) -> Path:
-        """Write the compiled prompt as a PEFT LoRA adapter folder (adapter_config.json +
-        adapter_model.safetensors) over the transformers GPT-2 of the x stream (cgt_viz.hf.export_hf of
-        x_only()): `PeftModel.from_pretrained(base, path)` then gives specialize(prompt)'s logits. Needs the hf
-        extra; the model is not modified. Returns the folder."""
-        from .hf.export import export_peft
-        return export_peft(self, prompt, path)
-
     @torch.no_grad()
     def prompt_summary(self, prompt: torch.Tensor) -> torch.Tensor:
         """ȳ after the last token of one prompt (t,) or (1, t) -> (e,)."""

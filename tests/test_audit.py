@@ -679,17 +679,16 @@ case("export_hf", "path", [5, None], lambda v: _hf().export_hf(GPT_T, v))
 case("export_hf", "config.input_dim", [3], lambda v: _export(CGT_V.x_only()), says="vectors mode")
 case("export_hf", "config.token_shift", ["previous"], lambda v: _export(GPT(tok_cfg(token_shift=v))),
      says="no token-shift")
-case("CGT.export_peft", "config.token_shift", ["pair"],
-     lambda v: InTmp(lambda tmp: CGT(tok_cfg(token_shift=v)).export_peft(IDX[0], tmp / "adapter")), says="no token-shift")
-case("CGT.export_peft", "config.input_dim", [3], lambda v: InTmp(lambda tmp: CGT_V.export_peft(VEC[0], tmp / "adapter")),
-     says="vectors mode")
-case("CGT.export_peft", "prompt", ["hello"], lambda v: InTmp(lambda tmp: CGT_T.export_peft(v, tmp / "adapter")),
+case("export_hf_peft", "config.token_shift", ["pair"],
+     lambda v: InTmp(lambda tmp: _hf().export_hf_peft(CGT(tok_cfg(token_shift=v)), IDX[0], tmp / "adapter")),
+     says="no token-shift")
+case("export_hf_peft", "config.input_dim", [3],
+     lambda v: InTmp(lambda tmp: _hf().export_hf_peft(CGT_V, VEC[0], tmp / "adapter")), says="vectors mode")
+case("export_hf_peft", "prompt", ["hello"], lambda v: InTmp(lambda tmp: _hf().export_hf_peft(CGT_T, v, tmp / "adapter")),
      shows="str")
 case("to_transformers", "model", [None], lambda v: _hf().to_transformers(v))
 case("to_transformers", "model", ["LlamaForCausalLM"], lambda v: _hf().to_transformers(LM()), shows="LlamaForCausalLM",
      says="use its own save_pretrained")
-case("CGT.save_pretrained", "format", ["transformers"],
-     lambda v: InTmp(lambda tmp: CGT_T.save_pretrained(tmp / "m", format=v)), says=r"cgt\.specialize\(prompt\)")
 case("CGTConfig", "token_shift", ["pair"], lambda v: CGTConfig(input_dim=3, token_shift=v),
      says="token_shift='pair' embeds token pairs and needs tokens mode")
 case("static_png", "on", ["yes"], lambda v: W.static_png(v), says="True, False or nothing")
@@ -763,7 +762,6 @@ DECLARED = {
     "CGT": lambda **kw: CGT(**{"config": tok_cfg(), **kw}),
     "CGT.specialize": lambda **kw: CGT_T.specialize(IDX[0], **kw),
     "CGT.merged_gpt": lambda **kw: CGT_T.merged_gpt(YBAR[0], **kw),
-    "CGT.export_peft": lambda **kw: CGT_T.export_peft(**{"prompt": IDX[0], **kw}),
     "CGT.sample_split": lambda **kw: CGT_T.sample_split(**{"batch": 2, "length": 8, **kw}),
     "PretrainedMixin.save_pretrained": lambda **kw: CGT_T.save_pretrained(**{"path": _UNWRITTEN, **kw}),
     "PretrainedMixin.from_pretrained": lambda **kw: CGT.from_pretrained(**{"path": "/nonexistent/run", **kw}),

@@ -1,5 +1,4 @@
-"""A from-scratch cgt_viz GPT as a transformers GPT-2 (cgt_viz.hf.export_hf, GPT.save_pretrained(format=
-"transformers")): AutoModelForCausalLM opens the folder with our logits, for a plain GPT, a compiled CGT and the
+"""A from-scratch cgt_viz GPT as a transformers GPT-2 (cgt_viz.hf.export_hf, export_hf_peft): AutoModelForCausalLM opens the folder with our logits, for a plain GPT, a compiled CGT and the
 baseline of notebook 01. Bad arguments (a CGT, vectors mode, a token shift) are audit rows in test_audit."""
 import copy
 import json
@@ -14,6 +13,7 @@ pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from cgt_viz import CGT, GPT, CGTConfig  # noqa: E402
+from cgt_viz import hf  # noqa: E402
 from cgt_viz.hf import export_hf, to_transformers  # noqa: E402
 from cgt_viz.layers import SITE_WEIGHTS  # noqa: E402
 from cgt_viz.outputs import OUTPUTS  # noqa: E402
@@ -87,7 +87,7 @@ def test_the_compiled_prompt_as_a_peft_adapter_over_the_exported_base_gives_the_
     cgt = randomize_templates(_perturbed(CGT(_cfg(sites=sites, n_templates=3, template_rank=2))))
     prompt, idx = make_inputs(cgt.config, b=1, t=10, seed=1)[0], make_inputs(cgt.config, b=2, t=8, seed=2)
     export_hf(cgt.x_only(), tmp_path / "base")
-    cgt.export_peft(prompt, tmp_path / "adapter")
+    hf.export_hf_peft(cgt, prompt, tmp_path / "adapter")
     adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tmp_path / "base"),
                                         str(tmp_path / "adapter")).eval()
     with torch.no_grad():
@@ -110,17 +110,6 @@ def test_the_baseline_of_notebook_01_opens_in_transformers(tmp_path):
     batch = task.get_batch(4, generator=torch.Generator().manual_seed(0))
     assert _max_delta(baseline, lm, batch.inputs) < TOL
     assert lm.config.n_positions == cfg.block_size and lm.config.vocab_size == cfg.vocab_size
-
-
-def test_save_pretrained_format_transformers_is_export_hf(tmp_path):
-    gpt = _perturbed(GPT(_cfg()))
-    gpt.save_pretrained(tmp_path / "a", format="transformers")
-    export_hf(gpt, tmp_path / "b")
-    meta = json.loads((tmp_path / "a" / "config.json").read_text())
-    assert meta["model_type"] == "gpt2" and "model_class" not in meta
-    assert meta == json.loads((tmp_path / "b" / "config.json").read_text())
-    lm = AutoModelForCausalLM.from_pretrained(tmp_path / "a")
-    assert _max_delta(gpt, lm, make_inputs(gpt.config)) < TOL
 
 
 def test_a_tied_head_stays_tied(tmp_path):

@@ -116,9 +116,14 @@ WRITERS = {
     "CGT.save_pretrained": lambda lm, path: _small_cgt().save_pretrained(path),
     "CGTLM.save_pretrained": lambda lm, path: _cgtlm(lm).save_pretrained(path),
     "export_peft": lambda lm, path: _cgtlm(lm).export_peft(torch.arange(8), path),
-    "CGT.export_peft": lambda lm, path: _small_cgt().export_peft(torch.arange(4), path),
+    "export_hf_peft": lambda lm, path: _export_hf_peft(_small_cgt(), torch.arange(4), path),
     "export_hf": lambda lm, path: _export_hf(_small_cgt().x_only(), path),
 }
+
+
+def _export_hf_peft(cgt, prompt, path):
+    from cgt_viz.hf import export_hf_peft
+    return export_hf_peft(cgt, prompt, path)
 
 
 def _export_hf(gpt, path):
@@ -128,7 +133,7 @@ def _export_hf(gpt, path):
 
 HOLDS = {   # what the folder holds -> (how it is written, the writers of the same kind, the words naming it)
     "hf": (lambda lm, path: lm.save_pretrained(str(path)), (), "a Hugging Face model (config.json with model_type 'llama')"),
-    "peft": (WRITERS["export_peft"], ("export_peft", "CGT.export_peft"), "a PEFT adapter (adapter_config.json)"),
+    "peft": (WRITERS["export_peft"], ("export_peft", "export_hf_peft"), "a PEFT adapter (adapter_config.json)"),
     "CGT": (WRITERS["CGT.save_pretrained"], ("CGT.save_pretrained",),
             "a cgt_viz CGT model (config.json with model_class 'CGT')"),
     "CGTLM": (WRITERS["CGTLM.save_pretrained"], ("CGTLM.save_pretrained",),

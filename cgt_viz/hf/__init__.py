@@ -10,7 +10,7 @@
 from .source import HF_EXTRA, cache_root, convert_gguf, load_local, smollm2, smollm2_gguf
 
 __all__ = ["CGTLM", "BBCTokens", "tiny_llama", "smollm2", "load_local", "convert_gguf", "cache_root",
-           "smollm2_gguf", "HF_EXTRA", "chunked_cross_entropy", "export_hf", "to_transformers"]
+           "smollm2_gguf", "HF_EXTRA", "chunked_cross_entropy", "export_hf", "export_hf_peft", "to_transformers"]
 
 
 def __getattr__(name):
@@ -18,7 +18,7 @@ def __getattr__(name):
     if name in ("CGTLM", "chunked_cross_entropy", "SITE_MODULES", "SUPPORTED_MODEL_TYPES", "check_lm"):
         from . import model
         return getattr(model, name)
-    if name in ("export_hf", "to_transformers"):
+    if name in ("export_hf", "export_hf_peft", "to_transformers"):
         from . import export
         return getattr(export, name)
     if name == "BBCTokens":

@@ -2,8 +2,9 @@
 (`cgt.specialize(prompt)`), opened by `AutoModelForCausalLM.from_pretrained(folder)` with the same logits.
 
     from cgt_viz.hf import export_hf, to_transformers
-    export_hf(cgt.specialize(prompt), "compiled/")     # or: gpt.save_pretrained("compiled/", format="transformers")
+    export_hf(cgt.specialize(prompt), "compiled/")     # a folder AutoModelForCausalLM opens
     lm = to_transformers(baseline)                     # the same model in memory, a GPT2LMHeadModel
+    export_hf(cgt.x_only(), "base/"); export_hf_peft(cgt, prompt, "adapter/")   # the prompt as a LoRA adapter
 
 The block is GPT-2's: learned positions, pre-LN LayerNorm, a fused q/k/v map, exact (erf) GELU. What differs
 is only the storage: GPT-2's `Conv1D` keeps a map's weight as (in, out), an `nn.Linear` as (out, in), so each
@@ -147,14 +148,18 @@ def gpt2_module(name: str) -> str:
 
 
 @torch.no_grad()
-def export_peft(cgt, prompt: torch.Tensor, path: Path) -> Path:
-    """CGT.export_peft of a from-scratch CGT: the compiled prompt as a PEFT LoRA adapter over the GPT-2 that
-    export_hf writes for cgt.x_only() (GPT-2's Conv1D maps: fan_in_fan_out). Its callers check `path`."""
+@checked(path=Folder(new=True))
+def export_hf_peft(cgt, prompt: torch.Tensor, path: str | os.PathLike) -> Path:
+    """A from-scratch CGT's compiled prompt as a PEFT LoRA adapter folder (adapter_config.json +
+    adapter_model.safetensors) over the GPT-2 that export_hf writes for cgt.x_only() (GPT-2's Conv1D maps:
+    fan_in_fan_out): `PeftModel.from_pretrained(base, path)` then gives cgt.specialize(prompt)'s logits, as
+    CGTLM.export_peft does for a pretrained LM. The CGT is not modified. Returns the folder."""
     import peft
 
     from ..io import check_artefact_folder, save_tensors
     check_exportable(cgt.gpt, "cgt's x stream")
-    check_artefact_folder(path, "peft", "CGT.export_peft", "a PEFT adapter")
+    path = Path(path)
+    check_artefact_folder(path, "peft", "export_hf_peft", "a PEFT adapter")
     ybar = cgt.prompt_summary(prompt)
     tensors, modules = {}, []
     for name, (lora_a, lora_b) in cgt.lora_factors(ybar).items():
