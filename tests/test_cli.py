@@ -329,3 +329,30 @@ def test_a_run_that_ends_before_aux_delay_says_so(tmp_path, capsys):
     assert main(["train", *TINY, "--out", str(tmp_path / "long"), "--steps", "4", "--batch-size", "4",
                  "--aux-delay", "3", "--task-arg", "P=4"]) == 0
     assert "aux_delay" not in capsys.readouterr().err
+
+
+def test_aux_delay_past_the_last_step_warns_for_a_cgt_only():
+    """A run that ends before the auxiliary loss joins warns (and tells the monitor); the GPT baseline, which
+    has no auxiliary loss, neither warns nor reports an aux weight to the monitor."""
+    import warnings
+
+    from cgt_viz.train import AuxDelayWarning, train
+    from helpers import TinyTask
+    from test_train import fresh, tiny_config
+
+    task = TinyTask()
+    events = []
+    with pytest.warns(AuxDelayWarning, match="aux_delay = 5"):
+        train(fresh(tiny_config(task)), task, steps=3, batch_size=4, aux_delay=5, progress=False,
+              callbacks=[events.append])
+    assert [e["kind"] for e in events].count("warning") == 1
+    assert events[0]["weights"]["aux"] == 1.0
+    gpt_events = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AuxDelayWarning)
+        train(fresh(tiny_config(task), cls=GPT), task, steps=3, batch_size=4, aux_delay=5, progress=False,
+              callbacks=[gpt_events.append])
+        train(fresh(tiny_config(task)), task, steps=3, batch_size=4, aux_delay=2, progress=False)
+    start = gpt_events[0]
+    assert start["kind"] == "start" and start["weights"]["aux"] == 0.0 and start["weights"]["smooth"] == 0.0
+    assert "warning" not in [e["kind"] for e in gpt_events]

@@ -307,27 +307,3 @@ def test_a_task_argument_selects_its_recipe_variant_in_the_cli():
     assert shift["curriculum"] is None and "novel_split" not in shift["task_arg"]
     assert recipe_for("icl") == RECIPES["icl"] and recipe_for("module:Task", {"dim": 16}) == {}
 
-
-def test_aux_delay_past_the_last_step_warns_for_a_cgt_only():
-    """A run that ends before the auxiliary loss joins warns (and tells the monitor); the GPT baseline, which
-    has no auxiliary loss, neither warns nor reports an aux weight to the monitor."""
-    import warnings
-
-    from cgt_viz.train import AuxDelayWarning
-
-    task = TinyTask()
-    events = []
-    with pytest.warns(AuxDelayWarning, match="aux_delay = 5"):
-        train(fresh(tiny_config(task)), task, steps=3, batch_size=4, aux_delay=5, progress=False,
-              callbacks=[events.append])
-    assert [e["kind"] for e in events].count("warning") == 1
-    assert events[0]["weights"]["aux"] == 1.0
-    gpt_events = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", AuxDelayWarning)
-        train(fresh(tiny_config(task), cls=GPT), task, steps=3, batch_size=4, aux_delay=5, progress=False,
-              callbacks=[gpt_events.append])
-        train(fresh(tiny_config(task)), task, steps=3, batch_size=4, aux_delay=2, progress=False)
-    start = gpt_events[0]
-    assert start["kind"] == "start" and start["weights"]["aux"] == 0.0 and start["weights"]["smooth"] == 0.0
-    assert "warning" not in [e["kind"] for e in gpt_events]
