@@ -403,7 +403,8 @@ def train(model: nn.Module, task: Task, config: TrainConfig | None = None, *,
     callbacks       functions called with plain dicts: once before the first update {"kind": "start", "step"
                     (the first update's number − 1), "steps", "aux_delay", "aux_ramp", "weights": {"main": 1.0,
                     "aux": w_aux, "smooth": w_smooth}} (what a monitor needs to draw the run), then
-                    {"kind": "step", "step", "main", "aux", "smooth", "total", "lr"}, {"kind": "eval", "step", <metric>: float, ...}, {"kind": "end", "step"},
+                    {"kind": "step", "step", "main", "aux", "smooth", "total", "lr"} (a GPT, which has no aux or
+                    smoothness term: "main" and "total"), {"kind": "eval", "step", <metric>: float, ...}, {"kind": "end", "step"},
                     and once per run {"kind": "warning", "step", "message"} when the main loss has sat at the
                     task's no-information level for plateau_steps updates (see cgt_viz.plateau)
     seed            seeds the batch, split and global torch streams (see the module docstring)
@@ -654,7 +655,8 @@ def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: 
                         warnings.warn(message, PlateauWarning, stacklevel=3)   # points at the train() call
                         emit({"kind": "warning", "step": step, "message": message})
                 if is_main:
-                    emit({"kind": "step", "step": step, **terms, "lr": cur_lr})
+                    emit({"kind": "step", "step": step, **(terms if has_aux else {k: terms[k] for k in ("main", "total")}),
+                          "lr": cur_lr})
                     if bar is not None:
                         bar.update(1)
                         shown = {"main": f"{terms['main']:.4g}"} | ({"aux": f"{terms['aux']:.4g}"} if has_aux else {})

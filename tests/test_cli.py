@@ -356,3 +356,25 @@ def test_aux_delay_past_the_last_step_warns_for_a_cgt_only():
     start = gpt_events[0]
     assert start["kind"] == "start" and start["weights"]["aux"] == 0.0 and start["weights"]["smooth"] == 0.0
     assert "warning" not in [e["kind"] for e in gpt_events]
+
+
+def test_the_gpt_baselines_monitor_shows_no_aux_term():
+    """Notebook 01's baseline monitor: a plain GPT has no auxiliary loss, so neither the total's formula nor the
+    status line nor the curves mention one (they said "total = main + 1·aux" and "aux 0.0000")."""
+    import cgt_viz
+    from helpers import TinyTask
+    from test_train import fresh, tiny_config
+
+    from cgt_viz.train import train
+
+    task = TinyTask()
+    gpt_monitor, cgt_monitor = cgt_viz.TrainingMonitor(min_interval=0), cgt_viz.TrainingMonitor(min_interval=0)
+    train(fresh(tiny_config(task), cls=GPT), task, steps=4, batch_size=4, eval_every=2, progress=False,
+          callbacks=[gpt_monitor])
+    train(fresh(tiny_config(task)), task, steps=4, batch_size=4, eval_every=2, progress=False,
+          callbacks=[cgt_monitor])
+    gpt_fig, cgt_fig = gpt_monitor.static_figures()[0], cgt_monitor.static_figures()[0]
+    words = lambda fig: " ".join(a.text for a in fig.layout.annotations)   # noqa: E731 (the subplot titles)
+    assert "total = main" in words(gpt_fig) and "aux" not in words(gpt_fig)
+    assert "aux" not in gpt_monitor.status_text(final=True) and not any("aux" in (t.name or "") for t in gpt_fig.data)
+    assert "aux" in words(cgt_fig) and "aux " in cgt_monitor.status_text(final=True)   # a CGT keeps its term
