@@ -88,7 +88,8 @@ def _parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     t.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice); 1 on a busy machine")
     t.add_argument("--compile", action="store_true", help="torch.compile the training step")
     t.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--no-progress", action="store_true", help="no progress (a bar in a terminal, a line per "
+                   "evaluation interval in a log)")
     for name in MODEL_FLAGS:
         t.add_argument("--" + name.replace("_", "-"), type=_model_flag_type(name), dest=name,
                        help=f"{MODEL_HELP[name]} ({shown[name]})".replace("%", "%%"))

@@ -329,12 +329,11 @@ def progress_bar(total: int, initial: int, *, every: int, stream: Any = None):
     """The training progress: tqdm's bar in a notebook or a terminal; in a log (the stream, stderr by default,
     is not a terminal) a `LogProgress`, one plain line per `every` updates, since a bar redrawn with carriage
     returns is one unreadable line in a file."""
-    from tqdm.autonotebook import tqdm as auto_tqdm
-    from tqdm.std import tqdm as std_tqdm
+    from tqdm.asyncio import tqdm as console_tqdm
+    from tqdm.auto import tqdm
 
     stream = sys.stderr if stream is None else stream
-    if auto_tqdm is not std_tqdm or _is_terminal(stream):     # a notebook's widget, or a terminal's bar
-        from tqdm.auto import tqdm
+    if tqdm is not console_tqdm or _is_terminal(stream):      # a notebook's widget (tqdm.auto's choice), a terminal's bar
         return tqdm(total=total, initial=initial, desc="train", dynamic_ncols=True, file=stream)
     return LogProgress(total, initial, every=every, stream=stream)
 
@@ -417,10 +416,14 @@ def train(model: nn.Module, task: Task, config: TrainConfig | None = None, *,
                     the checkpoint must come from the same model config, task and hyper-parameters
                     (`steps` may differ: the cosine then ends at the new last step, the warm-up is kept).
                     Without resume, a checkpoint_dir that holds a checkpoint is an error.
+    progress        show progress on stderr: tqdm's bar in a notebook or a terminal; when stderr is not a
+                    terminal (a log file, a pipe) one plain line per evaluation interval (`LogProgress`)
 
     aux_delay, aux_ramp  weight the auxiliary loss by 0 for the first aux_delay updates, then ramp it linearly
                     to w_aux over aux_ramp updates (the aux term is still computed and logged; "total" is what
-                    is optimised); docs/notes.md measures what this does on SyntheticICL
+                    is optimised); docs/notes.md measures what this does on SyntheticICL. A CGT run with
+                    steps <= aux_delay never trains the auxiliary loss: `AuxDelayWarning` (and a "warning"
+                    record for the callbacks)
 
     Ctrl-C stops after the step in flight, checkpoints it and returns normally with history.interrupted = True.
     NaN/inf raises TrainingDiverged before the bad update (see the module docstring).
