@@ -45,8 +45,8 @@ docs: env   ## the site, offline, into docs/_build/html; executes the notebooks 
 test-fast: env   ## unit tests only
 	$(BIN)/python -m pytest -q -m "not browser and not slow" tests
 
-lab: env   ## open JupyterLab on notebook 01
-	$(BIN)/jupyter lab --ip=127.0.0.1 $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/01_synthetic_icl.ipynb
+lab: env   ## open JupyterLab on notebook 01, rooted at the repository (so ../docs/img and ../data resolve)
+	$(BIN)/jupyter lab --ip=127.0.0.1 --ServerApp.root_dir=. $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/01_synthetic_icl.ipynb
 
 demo: env   ## run notebook 01 headless and write an HTML report to runs/demo/
 	mkdir -p runs/demo

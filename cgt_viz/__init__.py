@@ -1,6 +1,7 @@
 """cgt_viz: train, compile and look inside Contextually Guided Transformers (arXiv 2506.05672)."""
 from .config import SITES, CGTConfig
 from .model import CGT, GPT
+from .paths import shipped_path
 from .train import TrainHistory, TrainingDiverged, train
 
 __version__ = "0.1.0"
@@ -21,4 +22,5 @@ def __dir__():
 
 
 # the widget names stay out of __all__ so that `from cgt_viz import *` works without the notebook extras
-__all__ = ["CGTConfig", "CGT", "GPT", "SITES", "train", "TrainHistory", "TrainingDiverged", "__version__"]
+__all__ = ["CGTConfig", "CGT", "GPT", "SITES", "train", "TrainHistory", "TrainingDiverged", "shipped_path",
+           "__version__"]

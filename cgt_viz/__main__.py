@@ -45,6 +45,16 @@ RUN_DEFAULTS: dict[str, Any] = {"task": None, "model": "cgt", "task_arg": [], "c
 MODEL_FLAGS = ("n_layer", "d_x", "n_head", "d_y", "n_head_y", "y_layer", "n_templates", "template_rank", "mlp_ratio",
                "dropout", "w_aux", "w_smooth", "smooth", "y_reads", "sites", "aux_row_fraction")
 
+MODEL_HELP = {"n_layer": "N, blocks in all", "d_x": "width of x", "n_head": "heads of x",
+              "d_y": "width of y and of the summary ȳ", "n_head_y": "heads of y",
+              "y_layer": "ℓ: ȳ = LN(y_ℓ); layers ℓ+1..N are modulated", "n_templates": "K, templates per site",
+              "template_rank": "r, rank of each template", "mlp_ratio": "MLP hidden width / width",
+              "dropout": "dropout probability", "w_aux": "weight of the auxiliary (specialisation) loss",
+              "w_smooth": "weight of the smoothness term of ȳ", "smooth": "kind of smoothness term: l2, vae, relative",
+              "y_reads": "y block reads x after its x block (post) or before it (pre)",
+              "sites": "comma-separated subset of attn_in,attn_out,mlp_in,mlp_out",
+              "aux_row_fraction": "share of the rows the auxiliary pass runs on in training"}
+
 # The CLI's own numeric flags, declared like the TrainConfig fields (a flag left out is None: not checked)
 FLAG_CONSTRAINTS = {"curriculum": Int(0, hint=" (0 = off)"), "threads": Int(1)}
 
@@ -54,32 +64,38 @@ class CLIError(Exception):
 
 
 # ------------------------------------------------------------------------------------------- parsing
-def _parser() -> argparse.ArgumentParser:
+def _parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; `argv` (the command's words) picks the task whose defaults `train --help`
+    shows (`--task`, `--task-arg`, `--steps` given there)."""
     p = argparse.ArgumentParser(prog="python -m cgt_viz", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("train", help="train a CGT (or a GPT baseline) on a task; checkpoints into OUT/ckpt")
+    shown = _help_defaults(argv)
+    t = sub.add_parser("train", help="train a CGT (or a GPT baseline) on a task; checkpoints into OUT/ckpt",
+                       epilog=shown.pop("", None))
     t.add_argument("--task", help=f"one of {', '.join(TASK_NAMES)}, or module:Class for your own Task subclass; "
                                   f"{', '.join(PRETRAINED_TASKS)}: a CGT head over a frozen pretrained LM "
                                   f"(train-head's pipeline; its settings as --task-arg)")
     t.add_argument("--out", required=True, help="run folder, e.g. runs/NAME")
-    t.add_argument("--model", choices=("cgt", "gpt"), help="cgt (default) or the plain gpt baseline")
+    t.add_argument("--model", choices=("cgt", "gpt"), help="cgt or the plain gpt baseline (default: cgt)")
     for name, text in settings_help().items():   # one flag per TrainConfig field
         t.add_argument("--" + name.replace("_", "-"), dest=name, type=_flag_type(name), metavar=name.upper(),
-                       help=text + " (default: the task's recipe, else TrainConfig's)")
+                       help=f"{text} ({shown[name]})".replace("%", "%%"))
     t.add_argument("--curriculum", type=int, help="updates of the task's curriculum (regression: the live "
-                   "dimensions of x grow from 1; icl: the share of pure shifts falls from 1); default: the recipe's, "
-                   "0 = off")
+                   "dimensions of x grow from 1; icl: the share of pure shifts falls from 1; 0 = off) "
+                   f"({shown['curriculum']})")
     t.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:N, mps")
     t.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice); 1 on a busy machine")
     t.add_argument("--compile", action="store_true", help="torch.compile the training step")
     t.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--no-progress", action="store_true", help="no progress (a bar in a terminal, a line per "
+                   "evaluation interval in a log)")
     for name in MODEL_FLAGS:
-        extra = {"help": "comma-separated subset of attn_in,attn_out,mlp_in,mlp_out"} if name == "sites" else {}
-        t.add_argument("--" + name.replace("_", "-"), type=_model_flag_type(name), dest=name, **extra)
+        t.add_argument("--" + name.replace("_", "-"), type=_model_flag_type(name), dest=name,
+                       help=f"{MODEL_HELP[name]} ({shown[name]})".replace("%", "%%"))
     t.add_argument("--task-arg", action="append", metavar="KEY=VALUE",
-                   help="a task constructor argument (repeatable), e.g. --task-arg family=affine --task-arg P=7")
+                   help="a task constructor argument (repeatable), e.g. --task-arg family=affine --task-arg P=7 "
+                        f"({shown['task_arg']})".replace("%", "%%"))
 
     e = sub.add_parser("evaluate", help="compare prompted, specialised and no-context models of a run")
     e.add_argument("run", help="run folder written by train")
@@ -102,6 +118,78 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("run", help="run folder written by train")
     r.add_argument("--output", help="HTML file (default RUN/report.html); - writes the page to stdout")
     return p
+
+
+def _help_defaults(argv: Sequence[str] | None) -> dict[str, str]:
+    """{flag: "default: VALUE"} for `train --help`: the value a run takes when the flag is left out, for the
+    task named by --task in `argv` (its recipe, with the variant its --task-arg select), else the library's
+    value followed by each recipe that differs. Settings whose default follows from steps get the number for
+    the run's steps. Key "": a closing note (the epilog)."""
+    from .config import CGTConfig
+    from .recipes import RECIPES, recipe_for
+
+    pre = argparse.ArgumentParser(add_help=False)
+    for flag in ("--task", "--steps"):
+        pre.add_argument(flag)
+    pre.add_argument("--task-arg", action="append")
+    known = pre.parse_known_args(list(argv or []))[0]
+    base_model = {f.name: f.default for f in dataclasses.fields(CGTConfig) if f.name in MODEL_FLAGS}
+
+    def values(task: str | None, task_args: dict[str, Any]) -> dict[str, Any]:
+        recipe = recipe_for(task, task_args) if task in RECIPES else {}
+        out = {**TrainConfig().to_dict(), **recipe.get("train", {}), **base_model, **recipe.get("model", {}),
+               "curriculum": recipe.get("curriculum") or 0, "task_arg": recipe.get("task", {})}
+        return {k: (",".join(v) if k == "sites" else v) for k, v in out.items()}
+
+    def derived(name: str, steps: int) -> str | None:     # what train() makes of None
+        return {"warmup": f"min(100, steps // 10) = {min(100, steps // 10)}",
+                "eval_every": f"max(1, steps // 20) = {max(1, steps // 20)}",
+                "checkpoint_every": f"max(1, steps // 10) = {max(1, steps // 10)}"}.get(name)
+
+    def fmt(name: str, value: Any, steps: int, short: bool = False) -> str:
+        if value is None and derived(name, steps):
+            text = derived(name, steps)
+            return text.rpartition(" = ")[2] if short else text
+        if name == "task_arg":
+            return " ".join(f"{k}={v}" for k, v in value.items()) or "none"
+        if name == "betas":
+            return ",".join(str(b) for b in value)
+        return "off" if name == "curriculum" and not value else str(value)
+
+    def steps_of(vals: dict[str, Any]) -> int:
+        try:
+            return int(known.steps)
+        except (TypeError, ValueError):
+            return int(vals["steps"])
+
+    names = [*TrainConfig().to_dict(), *MODEL_FLAGS, "curriculum", "task_arg"]
+    task = known.task
+    if task in PRETRAINED_TASKS:
+        return {**{n: "train-head's default: python -m cgt_viz train-head --help" for n in names},
+                "": f"--task {task} is trained by train-head's pipeline: its defaults are in "
+                    f"python -m cgt_viz train-head --help"}
+    if task is not None:
+        try:
+            task_args = _task_kwargs(known.task_arg)
+        except CLIError:
+            task_args = {}
+        vals = values(task, task_args)
+        steps = steps_of(vals)
+        where = f"--task {task}" + "".join(f" --task-arg {k}={v}" for k, v in task_args.items())
+        note = (f"defaults shown for {where}: its recipe (cgt_viz.recipes), else the library's"
+                if task in RECIPES else f"defaults shown for --task {task}: the library's (no recipe)")
+        return {**{n: f"default: {fmt(n, vals[n], steps)}" for n in names}, "": note}
+    base = values(None, {})
+    per_task = {name: values(name, {}) for name in RECIPES}
+    shown = {}
+    for n in names:
+        text = f"default: {fmt(n, base[n], steps_of(base))}"
+        differ = [f"{t} {fmt(n, v[n], steps_of(v), short=True)}" for t, v in per_task.items()
+                  if fmt(n, v[n], steps_of(v)) != fmt(n, base[n], steps_of(base))]
+        shown[n] = text + (f"; --task {', '.join(differ)}" if differ else "")
+    shown[""] = ("defaults: each task's recipe (cgt_viz.recipes), else the library's; "
+                 "python -m cgt_viz train --task NAME --help shows one task's values")
+    return shown
 
 
 def _flag_type(name: str):
@@ -523,7 +611,8 @@ def cmd_train_head(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code (see the module docstring)."""
-    parser = _parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = _parser(argv)
     args, rest = parser.parse_known_args(argv)
     if args.command == "train-head":      # its flags (--help among them) are the head pipeline's own
         args.head_args = [*rest, *args.head_args]
@@ -533,12 +622,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                "train-head": cmd_train_head}[args.command]
     from .checkpoint import FolderLocked
     try:
-        threads = getattr(args, "threads", None)
-        _check_flags(threads=threads)
-        if threads is not None:
-            import torch
-            torch.set_num_threads(threads)
-        return command(args)
+        with _warnings_as_lines():
+            return _run_command(command, args)
     except ModuleNotFoundError as err:
         print(f"error: {err.name} is needed for this command; install the notebook extras: "
               f"pip install -e '.[notebook]'", file=sys.stderr)
@@ -550,6 +635,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as err:   # Ctrl-C outside training (which stops cleanly by itself): one line, 130
         # (the head pipeline's says after which step and how to resume)
         return _report_error(err, str(err) or f"interrupted (Ctrl-C) during {args.command}", 130)
+
+
+def _run_command(command, args: argparse.Namespace) -> int:
+    threads = getattr(args, "threads", None)
+    _check_flags(threads=threads)
+    if threads is not None:
+        import torch
+        torch.set_num_threads(threads)
+    return command(args)
+
+
+@contextlib.contextmanager
+def _warnings_as_lines():
+    """A warning (the aux loss never joining, a plateau) as one "warning: ..." line on stderr, as a log reads
+    it, not Python's file:line header with a line of source code."""
+    import warnings
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"warning: {message}", file=sys.stderr if file is None else file)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
 
 
 def _report_error(err: BaseException, message: str, code: int) -> int:

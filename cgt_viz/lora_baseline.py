@@ -625,7 +625,10 @@ def lora_compile_figure(results: dict[str, dict], title: str | None = None):
             text = [f"N={r['steps']}" if r["steps"] is not None else "" for r in pts]
             hover = [f"{METHOD_LABELS[method]} {t}<br>G {r['G']:.3f}, loss {r['loss']:.4f}<br>update "
                      f"{x:.2f} ms" for r, t, x in zip(pts, text, xs)]
-            fig.add_trace(go.Scatter(x=xs, y=[r["G"] for r in pts], text=text, hovertext=hover, hoverinfo="text",
+            # an undefined G (a prompt that gains nothing over no context) is a gap in the curve: NaN is no JSON,
+            # and a figure widget's state must be
+            ys = [r["G"] if r["G"] is not None and math.isfinite(r["G"]) else None for r in pts]
+            fig.add_trace(go.Scatter(x=xs, y=ys, text=text, hovertext=hover, hoverinfo="text",
                                      mode="lines+markers+text" if len(pts) > 1 else "markers",
                                      textposition="top center", marker_size=9, **kw), row=1, col=col)
         fig.update_xaxes(type="log", title_text="update latency per prompt (ms, log)", row=1, col=col)
@@ -633,7 +636,8 @@ def lora_compile_figure(results: dict[str, dict], title: str | None = None):
     fig.update_layout(title=html.escape(title, quote=False) if title else
                       "Compiling a prompt vs training a LoRA for it: quality against update time",
                       height=480, width=520 * len(names) + 200)
-    return fig
+    from .figures._style import finish       # the template and modebar of every other view
+    return finish(fig)
 
 
 def _fmt(x, digits: int = 3) -> str:

@@ -36,6 +36,7 @@ import math
 import os
 import random
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -300,6 +301,85 @@ def _check_writable(folder: Path, model: nn.Module, keep: int) -> None:
                                     f"the checkpoints need about {need / 2**20:.1f} MiB (weights and optimizer state, "
                                     f"{max(keep, 1)} kept + 1 being written); nothing was trained")
 
+# ------------------------------------------------------------------------------------------ warnings, progress
+class AuxDelayWarning(UserWarning):
+    """The run ends before the auxiliary loss joins (steps <= aux_delay): ȳ is never trained to specialise."""
+
+
+def aux_never_on(cfg: TrainConfig, model: nn.Module) -> str | None:
+    """Why the auxiliary loss never joins this run, in words; None when it does (or the model has none)."""
+    w_aux = float(getattr(getattr(model, "config", None), "w_aux", 0.0) or 0.0)
+    if not hasattr(model, "sample_split") or w_aux == 0 or cfg.steps > cfg.aux_delay:
+        return None
+    return (f"steps = {cfg.steps} ends before aux_delay = {cfg.aux_delay}: the auxiliary loss is weighted 0 for the "
+            f"whole run, so ȳ is never trained to specialise the model and a compiled prompt will do little. Train "
+            f"for more than aux_delay steps (the auxiliary loss then ramps up over aux_ramp = {cfg.aux_ramp}), or "
+            f"lower aux_delay")
+
+
+def _is_terminal(stream: Any) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty()) if callable(isatty) else False
+    except (OSError, ValueError):       # a closed or detached stream
+        return False
+
+
+def progress_bar(total: int, initial: int, *, every: int, stream: Any = None):
+    """The training progress: tqdm's bar in a notebook or a terminal; in a log (the stream, stderr by default,
+    is not a terminal) a `LogProgress`, one plain line per `every` updates, since a bar redrawn with carriage
+    returns is one unreadable line in a file."""
+    from tqdm.asyncio import tqdm as console_tqdm
+    from tqdm.auto import tqdm
+
+    stream = sys.stderr if stream is None else stream
+    if tqdm is not console_tqdm or _is_terminal(stream):      # a notebook's widget (tqdm.auto's choice), a terminal's bar
+        return tqdm(total=total, initial=initial, desc="train", dynamic_ncols=True, file=stream)
+    return LogProgress(total, initial, every=every, stream=stream)
+
+
+class LogProgress:
+    """Progress for a log file: one line "train step N/TOTAL (percent): main …, aux …, lr …, val_main …;
+    elapsed, about … left" after every `every`-th update (after its evaluation, when it has one) and after the
+    last. The same calls as the tqdm bar the loop drives (update, set_postfix, write, close), plus `step_done`."""
+
+    def __init__(self, total: int, initial: int, *, every: int, stream: Any = None):
+        self.total, self.n, self.every = total, initial, max(1, int(every))
+        self.stream = sys.stderr if stream is None else stream
+        self.postfix: dict[str, str] = {}
+        self._start_n, self._t0 = initial, time.perf_counter()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+
+    def set_postfix(self, refresh: bool = False, **values: str) -> None:
+        self.postfix.update(values)
+
+    def step_done(self, step: int) -> None:
+        if step % self.every == 0 or step == self.total:
+            self.write(self.line(step))
+
+    def line(self, step: int) -> str:
+        elapsed = time.perf_counter() - self._t0
+        done = step - self._start_n
+        left = (self.total - step) * elapsed / done if done > 0 else None
+        values = ", ".join(f"{k} {v}" for k, v in self.postfix.items())
+        timing = f"{_duration(elapsed)}" + (f", about {_duration(left)} left" if left and step < self.total else "")
+        return (f"train step {step}/{self.total} ({100 * step / max(1, self.total):.0f}%)"
+                + (f": {values}" if values else "") + f"; {timing}")
+
+    def write(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+def _duration(seconds: float) -> str:
+    """Seconds, minutes or hours, whichever reads best."""
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
 # ------------------------------------------------------------------------------------------------ train
 def train(model: nn.Module, task: Task, config: TrainConfig | None = None, *,
           eval_fn: Callable[[nn.Module, int], dict[str, float]] | None = None,
@@ -322,7 +402,8 @@ def train(model: nn.Module, task: Task, config: TrainConfig | None = None, *,
     callbacks       functions called with plain dicts: once before the first update {"kind": "start", "step"
                     (the first update's number − 1), "steps", "aux_delay", "aux_ramp", "weights": {"main": 1.0,
                     "aux": w_aux, "smooth": w_smooth}} (what a monitor needs to draw the run), then
-                    {"kind": "step", "step", "main", "aux", "smooth", "total", "lr"}, {"kind": "eval", "step", <metric>: float, ...}, {"kind": "end", "step"},
+                    {"kind": "step", "step", "main", "aux", "smooth", "total", "lr"} (a GPT, which has no aux or
+                    smoothness term: "main" and "total"), {"kind": "eval", "step", <metric>: float, ...}, {"kind": "end", "step"},
                     and once per run {"kind": "warning", "step", "message"} when the main loss has sat at the
                     task's no-information level for plateau_steps updates (see cgt_viz.plateau)
     seed            seeds the batch, split and global torch streams (see the module docstring)
@@ -335,10 +416,14 @@ def train(model: nn.Module, task: Task, config: TrainConfig | None = None, *,
                     the checkpoint must come from the same model config, task and hyper-parameters
                     (`steps` may differ: the cosine then ends at the new last step, the warm-up is kept).
                     Without resume, a checkpoint_dir that holds a checkpoint is an error.
+    progress        show progress on stderr: tqdm's bar in a notebook or a terminal; when stderr is not a
+                    terminal (a log file, a pipe) one plain line per evaluation interval (`LogProgress`)
 
     aux_delay, aux_ramp  weight the auxiliary loss by 0 for the first aux_delay updates, then ramp it linearly
                     to w_aux over aux_ramp updates (the aux term is still computed and logged; "total" is what
-                    is optimised); docs/notes.md measures what this does on SyntheticICL
+                    is optimised); docs/notes.md measures what this does on SyntheticICL. A CGT run with
+                    steps <= aux_delay never trains the auxiliary loss: `AuxDelayWarning` (and a "warning"
+                    record for the callbacks)
 
     Ctrl-C stops after the step in flight, checkpoints it and returns normally with history.interrupted = True.
     NaN/inf raises TrainingDiverged before the bad update (see the module docstring).
@@ -493,6 +578,7 @@ def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: 
     if writes:
         _check_writable(Path(checkpoint_dir), model, cfg.keep_checkpoints)
 
+    has_aux = hasattr(model, "sample_split")   # a CGT; the GPT baseline has no auxiliary loss
     reference = task.no_information_loss() if callable(getattr(task, "no_information_loss", None)) else None
     warned = any(w.get("kind") == "plateau" for w in history.warnings)   # a resumed run warns once in all
     plateau = PlateauDetector(reference, cfg.plateau_steps, cfg.plateau_tolerance, fired=warned) \
@@ -501,15 +587,20 @@ def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: 
     # ---------------------------------------------------------------- the loop
     bar = None
     if progress and is_main:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=steps, initial=start, desc="train", dynamic_ncols=True)
+        bar = progress_bar(steps, start, every=eval_every or max(1, steps // 20))
     t0 = time.perf_counter() - history.seconds
     step = start
     if is_main and start < steps:
         cfg_m = getattr(model, "config", None)
+        # a model without the context stream (the GPT baseline) has no aux or smoothness term: weight 0, so a
+        # monitor neither draws them nor puts them in the total
         emit({"kind": "start", "step": start, "steps": steps, "aux_delay": cfg.aux_delay, "aux_ramp": cfg.aux_ramp,
-              "weights": {"main": 1.0, "aux": float(getattr(cfg_m, "w_aux", 0.0) or 0.0),
-                          "smooth": float(getattr(cfg_m, "w_smooth", 0.0) or 0.0)}})
+              "weights": {"main": 1.0, "aux": float(getattr(cfg_m, "w_aux", 0.0) or 0.0) if has_aux else 0.0,
+                          "smooth": float(getattr(cfg_m, "w_smooth", 0.0) or 0.0) if has_aux else 0.0}})
+        message = aux_never_on(cfg, model) if start < cfg.aux_delay else None
+        if message is not None:
+            warnings.warn(message, AuxDelayWarning, stacklevel=3)   # points at the train() call
+            emit({"kind": "warning", "step": start, "message": message})
     # the random streams the loop advances, as they were after the last completed step (for a save on error;
     # Python's and NumPy's, which the loop does not touch, are read at save time: cheaper per step)
     snapshot = lambda: {"torch": torch.get_rng_state(), "generators": {n: g.get_state() for n, g in generators.items()}}
@@ -567,11 +658,12 @@ def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: 
                         warnings.warn(message, PlateauWarning, stacklevel=3)   # points at the train() call
                         emit({"kind": "warning", "step": step, "message": message})
                 if is_main:
-                    emit({"kind": "step", "step": step, **terms, "lr": cur_lr})
+                    emit({"kind": "step", "step": step, **(terms if has_aux else {k: terms[k] for k in ("main", "total")}),
+                          "lr": cur_lr})
                     if bar is not None:
                         bar.update(1)
-                        bar.set_postfix(main=f"{terms['main']:.4g}", aux=f"{terms['aux']:.4g}", lr=f"{cur_lr:.2g}",
-                                        refresh=False)
+                        shown = {"main": f"{terms['main']:.4g}"} | ({"aux": f"{terms['aux']:.4g}"} if has_aux else {})
+                        bar.set_postfix(**shown, lr=f"{cur_lr:.2g}", refresh=False)
                     if eval_every and (step % eval_every == 0 or step == steps):
                         event = evaluate(model, task, step, batch_size=batch_size, eval_batches=cfg.eval_batches,
                                          seed=seed, dev=dev, use_amp=use_amp, eval_fn=eval_fn)
@@ -579,6 +671,8 @@ def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: 
                         emit(event)
                         if bar is not None:
                             bar.set_postfix(val_main=f"{event['val_main']:.4g}", refresh=False)
+                    if isinstance(bar, LogProgress):
+                        bar.step_done(step)      # a log's line comes after the step's evaluation, with it
                 # single process: also honour a Ctrl-C that came during this step's callbacks or evaluation
                 stop_now = stop_now or (not distributed and stop.requested)
                 if writes and (step % checkpoint_every == 0 or step == steps or stop_now):

@@ -23,7 +23,7 @@ class TrainConfig:
     batch_size: int = _setting(32, Int(1), "global batch: sequences per update over all ranks")
     lr: float = _setting(1e-3, Float(0.0, lo_open=True), "peak learning rate")
     warmup: int | None = _setting(None, Int(0, none=True, hint=" (number of updates)"),
-                                  "linear warm-up updates (default min(100, steps // 10)), then cosine decay")
+                                  "linear warm-up updates, then cosine decay")
     min_lr_ratio: float = _setting(0.1, Float(0.0, 1.0), "the cosine ends at lr * min_lr_ratio")
     weight_decay: float = _setting(0.01, Float(0.0), "AdamW decay of matrices (not biases, norms, embeddings)")
     betas: tuple[float, float] = _setting((0.9, 0.999), Seq(Float(0.0, 1.0, hi_open=True), 2, "a pair (beta1, beta2) "
@@ -31,10 +31,10 @@ class TrainConfig:
     grad_clip: float | None = _setting(1.0, Float(0.0, lo_open=True, none=True),
                                        "max global gradient norm (None: no clipping)")
     eval_every: int | None = _setting(None, Int(0, none=True, hint=" (0 = never)"),
-                                      "evaluate every so many updates and at the last (default steps // 20; 0 = never)")
+                                      "evaluate every so many updates and at the last (0 = never)")
     eval_batches: int = _setting(4, Int(1), "validation batches per evaluation")
     checkpoint_every: int | None = _setting(None, Int(1, none=True),
-                                            "checkpoint every so many updates (default steps // 10)")
+                                            "checkpoint every so many updates")
     keep_checkpoints: int = _setting(2, Int(0, hint=" (0 = keep all)"), "newest checkpoints kept (0: all)")
     seed: int = _setting(0, Int(0), "seeds the model init (CLI), the batches, the splits and torch's RNG")
     aux_delay: int = _setting(0, Int(0, hint=" (number of updates)"), "updates with the auxiliary loss weighted 0")

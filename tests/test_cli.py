@@ -244,3 +244,137 @@ def test_a_pretrained_lm_task_refuses_what_it_cannot_use_by_name(tmp_path, capsy
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and "Traceback" not in err
     assert not (out / "run.json").exists()
+
+
+# ------------------------------------------------------------------------------------------ the CLI in a log
+def test_train_writing_to_a_file_logs_one_line_per_interval(tmp_path):
+    """stdout and stderr are files (not terminals): a plain line per evaluation interval, no carriage returns."""
+    log = tmp_path / "train.log"
+    argv = [a for a in TINY if a != "--no-progress"]
+    with log.open("w") as f:
+        proc = subprocess.run([sys.executable, "-m", "cgt_viz", "train", *argv, "--out", str(tmp_path / "run"),
+                               "--steps", "12", "--batch-size", "4", "--eval-every", "3", "--task-arg", "P=4"],
+                              env=_env(), stdout=f, stderr=subprocess.STDOUT, timeout=300)
+    text = log.read_text()
+    assert proc.returncode == 0, text
+    assert "\r" not in text
+    lines = [line for line in text.splitlines() if line.startswith("train step ")]
+    assert [line.split()[2] for line in lines] == ["3/12", "6/12", "9/12", "12/12"]
+    assert all("main " in line and "val_main " in line for line in lines)
+
+
+def test_progress_is_a_bar_in_a_terminal_and_lines_in_a_log(capsys):
+    from cgt_viz.train import LogProgress, progress_bar
+
+    class Terminal:
+        def isatty(self):
+            return True
+
+        def write(self, text):
+            pass
+
+        def flush(self):
+            pass
+
+    bar = progress_bar(10, 0, every=5, stream=Terminal())
+    assert not isinstance(bar, LogProgress)
+    bar.close()
+    lines = progress_bar(10, 0, every=4, stream=sys.stderr)      # pytest's capture: not a terminal
+    assert isinstance(lines, LogProgress)
+    for step in range(1, 11):
+        lines.update(1)
+        lines.set_postfix(main=f"{1 / step:.3g}")
+        lines.step_done(step)
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split()[2] for line in err] == ["4/10", "8/10", "10/10"]     # every 4th update and the last
+    assert err[-1].endswith("s") and "main 0.1" in err[-1]
+
+
+def test_train_help_shows_each_flags_default_for_the_chosen_task(capsys):
+    """--help's defaults are the values the run takes when the flag is left out (its recipe, else the library's)."""
+    from pathlib import Path as P
+
+    from cgt_viz import CGTConfig
+    from cgt_viz.__main__ import MODEL_FLAGS, TRAIN_FIELDS, _parser, _settings
+
+    library = CGTConfig(vocab_size=8)          # a model flag the recipe leaves out takes CGTConfig's value
+    for task in ("icl", "regression", "text"):
+        argv = ["train", "--task", task, "--out", "unused"]
+        settings = _settings(_parser().parse_args(argv), P("/nonexistent/run"))
+        sub = next(a for a in _parser(argv)._actions if a.dest == "command").choices["train"]
+        helps = {a.dest: a.help for a in sub._actions}
+        for name in (*TRAIN_FIELDS, *MODEL_FLAGS, "curriculum"):
+            value = settings[name] if name in settings else getattr(library, name)
+            assert "the task's recipe" not in helps[name]
+            if value is None and name != "curriculum":        # decided by train() from steps: the number for this run's steps
+                assert f"steps // " in helps[name] and helps[name].rstrip(")").split(" = ")[-1].isdigit(), helps[name]
+                continue
+            shown = (",".join(str(v) for v in value) if isinstance(value, (tuple, list)) else "off" if name == "curriculum" and not value
+                     else str(value))
+            assert f"default: {shown})" in helps[name], (task, name, helps[name])
+    with pytest.raises(SystemExit) as done:
+        main(["train", "--task", "regression", "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "default: 3000" in out.replace("\n", " ").replace("  ", " ")
+    assert "(default: the task's recipe" not in out
+
+
+def test_a_run_that_ends_before_aux_delay_says_so(tmp_path, capsys):
+    assert main(["train", *TINY, "--out", str(tmp_path / "short"), "--steps", "4", "--batch-size", "4",
+                 "--aux-delay", "4", "--task-arg", "P=4"]) == 0
+    err = capsys.readouterr().err
+    warned = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert len(warned) == 1 and "steps = 4 ends before aux_delay = 4" in warned[0]
+    assert ".py:" not in err                                   # a log line, not Python's file:line header
+    assert main(["train", *TINY, "--out", str(tmp_path / "long"), "--steps", "4", "--batch-size", "4",
+                 "--aux-delay", "3", "--task-arg", "P=4"]) == 0
+    assert "aux_delay" not in capsys.readouterr().err
+
+
+def test_aux_delay_past_the_last_step_warns_for_a_cgt_only():
+    """A run that ends before the auxiliary loss joins warns (and tells the monitor); the GPT baseline, which
+    has no auxiliary loss, neither warns nor reports an aux weight to the monitor."""
+    import warnings
+
+    from cgt_viz.train import AuxDelayWarning, train
+    from helpers import TinyTask
+    from test_train import fresh, tiny_config
+
+    task = TinyTask()
+    events = []
+    with pytest.warns(AuxDelayWarning, match="aux_delay = 5"):
+        train(fresh(tiny_config(task)), task, steps=3, batch_size=4, aux_delay=5, progress=False,
+              callbacks=[events.append])
+    assert [e["kind"] for e in events].count("warning") == 1
+    assert events[0]["weights"]["aux"] == 1.0
+    gpt_events = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AuxDelayWarning)
+        train(fresh(tiny_config(task), cls=GPT), task, steps=3, batch_size=4, aux_delay=5, progress=False,
+              callbacks=[gpt_events.append])
+        train(fresh(tiny_config(task)), task, steps=3, batch_size=4, aux_delay=2, progress=False)
+    start = gpt_events[0]
+    assert start["kind"] == "start" and start["weights"]["aux"] == 0.0 and start["weights"]["smooth"] == 0.0
+    assert "warning" not in [e["kind"] for e in gpt_events]
+
+
+def test_the_gpt_baselines_monitor_shows_no_aux_term():
+    """Notebook 01's baseline monitor: a plain GPT has no auxiliary loss, so neither the total's formula nor the
+    status line nor the curves mention one (they said "total = main + 1·aux" and "aux 0.0000")."""
+    import cgt_viz
+    from helpers import TinyTask
+    from test_train import fresh, tiny_config
+
+    from cgt_viz.train import train
+
+    task = TinyTask()
+    gpt_monitor, cgt_monitor = cgt_viz.TrainingMonitor(min_interval=0), cgt_viz.TrainingMonitor(min_interval=0)
+    train(fresh(tiny_config(task), cls=GPT), task, steps=4, batch_size=4, eval_every=2, progress=False,
+          callbacks=[gpt_monitor])
+    train(fresh(tiny_config(task)), task, steps=4, batch_size=4, eval_every=2, progress=False,
+          callbacks=[cgt_monitor])
+    gpt_fig, cgt_fig = gpt_monitor.static_figures()[0], cgt_monitor.static_figures()[0]
+    words = lambda fig: " ".join(a.text for a in fig.layout.annotations)   # noqa: E731 (the subplot titles)
+    assert "total = main" in words(gpt_fig) and "aux" not in words(gpt_fig)
+    assert "aux" not in gpt_monitor.status_text(final=True) and not any("aux" in (t.name or "") for t in gpt_fig.data)
+    assert "aux" in words(cgt_fig) and "aux " in cgt_monitor.status_text(final=True)   # a CGT keeps its term

@@ -175,7 +175,29 @@ class CurrentState:
     reloaded with the kernel alive (or a second view) asked for the state and drew the first figure
     (a monitor's empty axes, an explorer's preview). Here every state request (ipywidgets' `request_state`
     and `get_state` for the control comm, embedding, saved state) is answered with the current figure;
-    the traits are refreshed without a message, so updates cost nothing extra."""
+    the traits are refreshed without a message, so updates cost nothing extra.
+
+    The comm opens only once the figure is set up (`open_with_figure`, at the end of the constructor), so the
+    first state the page receives already holds it. ipywidgets opens a widget's comm inside its constructor,
+    before plotly has set the figure, so the figure then came in update messages right after the open; anywidget
+    drops every message to a model whose code did not start within its time limit (a page busy loading
+    plotly's code for the figure before it), and such a figure drew as empty axes until a page reload
+    (notebook 01's LoRA plot, the second figure of its view)."""
+
+    _figure_set = True            # False while the constructor runs: the comm waits for the figure
+
+    def __init__(self, *args, **kwargs):
+        self._figure_set = False
+        super().__init__(*args, **kwargs)
+
+    def open(self):
+        if self._figure_set:
+            super().open()
+
+    def open_with_figure(self) -> None:
+        """Open the comm now that the figure is set (the end of the constructor)."""
+        self._figure_set = True
+        self.open()
 
     def get_state(self, key=None, drop_defaults=False):
         keys = [key] if isinstance(key, str) else key
@@ -194,6 +216,11 @@ class CurrentState:
 
 class PlainFigureWidget(CurrentState, go.FigureWidget):
     """plotly's own FigureWidget (CGT_VIZ_EMBED_PLOTLY=1) with the current figure in its state."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._config = {**self._config, **PLOTLY_CONFIG}
+        self.open_with_figure()
 
 
 class LeanFigureWidget(CurrentState, go.FigureWidget):
@@ -215,6 +242,7 @@ class LeanFigureWidget(CurrentState, go.FigureWidget):
             if shell is not None:
                 _install_hook(shell)
         self.on_msg(self._serve_bundle)
+        self.open_with_figure()
 
     @traitlets.default("_bundle")
     def _default_bundle(self) -> str:
@@ -230,9 +258,7 @@ class LeanFigureWidget(CurrentState, go.FigureWidget):
 def figure_widget(fig: go.Figure, **kwargs) -> go.FigureWidget:
     """A FigureWidget showing `fig`: lean by default, plain plotly with CGT_VIZ_EMBED_PLOTLY=1."""
     if os.environ.get("CGT_VIZ_EMBED_PLOTLY") == "1":
-        fw = PlainFigureWidget(fig)
-        fw._config = {**fw._config, **PLOTLY_CONFIG}
-        return fw
+        return PlainFigureWidget(fig)
     return LeanFigureWidget(fig, **kwargs)
 
 
