@@ -10,8 +10,8 @@ Per prompt (the test windows of `compile_comparison`, prompt length --prefix, --
   coeffs  the best coefficients of every template (the whole fixed template space)
   lora    the compiled update plus a free rank --rank update at the same maps (any direction)
 
-optimised for --steps Adam steps under the head's own objective, on the scored text's teacher (capacity) or on
---samples continuations sampled from the prompted LM (fair). G of each, the paired compiled − oracle per
+optimised for --steps Adam steps: KL to the prompted LM on the scored text (capacity; its tokens are never used)
+or the head's own objective on --samples continuations sampled from the prompted LM (fair). G of each, the paired compiled − oracle per
 document, and all of it at prompt-token positions and elsewhere.
 """
 from __future__ import annotations
@@ -42,6 +42,7 @@ def _args(argv=None):
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--rank", type=int, default=8, help="rank of the free update (kind lora)")
+    p.add_argument("--lora-lr", type=float, default=3e-3, help="Adam's step for the free update's factors")
     p.add_argument("--samples", type=int, default=2, help="sampled continuations per prompt (target fair)")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--threads", type=int, default=1)
@@ -61,8 +62,8 @@ def _args(argv=None):
             check_int(name, getattr(args, name), 1)
         except ValueError as err:
             p.error(f"--{name.replace('_', '-')}: {err}")
-    if args.steps < 0 or not args.lr > 0:
-        p.error("--steps takes an integer ≥ 0 and --lr a number > 0")
+    if args.steps < 0 or not args.lr > 0 or not args.lora_lr > 0:
+        p.error("--steps takes an integer ≥ 0, --lr and --lora-lr a number > 0")
     return args
 
 
@@ -106,7 +107,7 @@ def main(argv=None) -> dict:
         t0 = time.perf_counter()
         one = oracle_comparison(model, task, args.part, args.prefix, args.suffix, args.draws, args.per_topic, means,
                                 kinds=args.kinds, target=target, steps=args.steps, lr=args.lr, rank=args.rank,
-                                samples=args.samples, batch_size=args.batch, seed=args.seed)
+                                samples=args.samples, batch_size=args.batch, seed=args.seed, lora_lr=args.lora_lr)
         one["seconds"] = time.perf_counter() - t0
         res["targets"][target] = one
         line = ", ".join(f"{k} {one[f'G_oracle_{k}']['value']:.3f}" for k in args.kinds)

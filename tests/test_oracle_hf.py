@@ -87,8 +87,21 @@ def test_oracle_comparison_reports_each_kind_beside_the_head(head):
 
 @pytest.mark.parametrize("kw, name", [({"kinds": ("ybar", "all")}, "kinds"), ({"target": "cheat"}, "target"),
                                       ({"steps": -1}, "steps"), ({"lr": 0.0}, "lr"), ({"rank": 0}, "rank"),
-                                      ({"samples": 0}, "samples"), ({"prefix_len": 13}, "prefix_len")])
+                                      ({"samples": 0}, "samples"), ({"prefix_len": 13}, "prefix_len"),
+                                      ({"lora_lr": -1.0}, "lora_lr")])
 def test_bad_oracle_arguments_are_refused_by_name(head, kw, name):
     kw = {"prefix_len": PREFIX, **kw}
     with pytest.raises(ValueError, match=name):
         oracle.oracle_window_losses(head, _windows(n=2), **kw)
+
+
+def test_the_capacity_oracle_never_reads_the_continuations_own_next_tokens(head):
+    """Its objective is the teacher's distributions on the scored text: the last token (a target only) changes
+    the scored loss but not the optimum's objective."""
+    tokens = _windows(n=3)
+    changed = tokens.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % 96
+    a = oracle.oracle_window_losses(head, tokens, PREFIX, kinds=("coeffs",), steps=3, batch_size=3)
+    b = oracle.oracle_window_losses(head, changed, PREFIX, kinds=("coeffs",), steps=3, batch_size=3)
+    torch.testing.assert_close(a["objective"]["coeffs"]["best"], b["objective"]["coeffs"]["best"])
+    assert not torch.equal(a["oracle_coeffs"][:, -1], b["oracle_coeffs"][:, -1])

@@ -13,8 +13,11 @@ kinds
              direction, the reference for what a richer template kind could reach
 
 targets
-    capacity the objective is taken on the scored continuation itself (its teacher): an upper bound
-    fair     on continuations sampled from the prompted LM; the scored text is never seen
+    capacity KL to the prompted LM on the scored continuation itself: an upper bound of what the space can
+             express of the prompt. Only the teacher's distributions are used, never the continuation's own
+             next tokens (a cross-entropy on them would hand the optimum the answer: G far above 1)
+    fair     the head's own objective (aux_ce · CE + aux_kl · KL) on continuations sampled from the prompted LM;
+             the scored text is never seen
 
 Each optimum starts at the compiled prompt (the free update at zero) and keeps the best point seen, the start
 included, so per window it is never worse than the compiled prompt on the objective it optimises.
@@ -97,13 +100,16 @@ def _free_sites(model, factors: dict[str, tuple[torch.Tensor, torch.Tensor]]):
             model.templates[layer][site] = base
 
 
-def _objective(model, logits: torch.Tensor, targets: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
+def _objective(model, logits: torch.Tensor, targets: torch.Tensor | None, teacher_logp: torch.Tensor) -> torch.Tensor:
     """The head's own objective per row: aux_ce · CE(targets) + aux_kl · KL(teacher ‖ student), each the mean over
-    positions; logits (b, m, v), targets (b, m), teacher_logp (b, m, v) -> (b,). The KL is over the whole
-    vocabulary (the head trains on the teacher's top-k plus a rest bucket, a lower bound of it)."""
+    positions; logits (b, m, v), targets (b, m), teacher_logp (b, m, v) -> (b,). targets None: the KL alone (with
+    weight 1 if the head has none). The KL is over the whole vocabulary (the head trains on the teacher's top-k
+    plus a rest bucket, a lower bound of it)."""
     cfg = model.config
     logp = F.log_softmax(logits.float(), -1)
     value = torch.zeros(len(logits), device=logits.device)
+    if targets is None:
+        return (teacher_logp.exp() * (teacher_logp - logp)).sum(-1).mean(1)
     if cfg.aux_ce:
         value = value + cfg.aux_ce * F.nll_loss(logp.flatten(0, 1), targets.flatten(),
                                                 reduction="none").view(targets.shape).mean(1)
@@ -128,10 +134,13 @@ def _sampled_continuations(model, prompts: torch.Tensor, length: int, samples: i
 
 def oracle_window_losses(model, tokens: torch.Tensor, prefix_len: int, kinds: Sequence[str] = ORACLE_KINDS,
                          target: str = "capacity", steps: int = 30, lr: float = 0.05, rank: int = 8,
-                         samples: int = 2, batch_size: int = 8, seed: int = 0) -> dict[str, Any]:
+                         samples: int = 2, batch_size: int = 8, seed: int = 0,
+                         lora_lr: float = 3e-3) -> dict[str, Any]:
     """The oracle of each kind on windows tokens (n, p + m + 1): per-position cross-entropy on the scored
     continuation under each optimum -> {"oracle_<kind>": (n, m), "objective": {kind: {"start": (n,),
-    "best": (n,)}}}. See the module's docstring for kinds and targets."""
+    "best": (n,)}}}. See the module's docstring for kinds and targets. lr is Adam's step for ȳ and the
+    coefficients, lora_lr for the free update's factors (a free rank-r update of every site moves the LM far
+    more per unit of step)."""
     from .model import check_cgtlm
     check_cgtlm(model)
     for kind in kinds:
@@ -141,6 +150,7 @@ def oracle_window_losses(model, tokens: torch.Tensor, prefix_len: int, kinds: Se
         raise refuse("target", f"one of {ORACLE_TARGETS}", repr(target))
     check_int("steps", steps, 0)
     check_float("lr", lr, 0.0, None, lo_open=True)
+    check_float("lora_lr", lora_lr, 0.0, None, lo_open=True)
     check_int("rank", rank, 1)
     check_int("samples", samples, 1)
     check_int("batch_size", batch_size, 1)
@@ -161,7 +171,7 @@ def oracle_window_losses(model, tokens: torch.Tensor, prefix_len: int, kinds: Se
             scored_x = model.x_at_layer(w[:, prefix_len:prefix_len + m])       # (b, m, d)
             scored_tgt = w[:, prefix_len + 1:]
             if target == "capacity":
-                fit_x, fit_tgt = scored_x, scored_tgt
+                fit_x, fit_tgt = scored_x, None       # the teacher's distributions only, never the answer
                 hidden, _ = model.teacher_pass(w[:, :prefix_len + m], prefix_len)
                 fit_teacher = F.log_softmax(model._logits(hidden[:, prefix_len:]).float(), -1)
                 rows = torch.arange(b, device=w.device)
@@ -182,7 +192,7 @@ def oracle_window_losses(model, tokens: torch.Tensor, prefix_len: int, kinds: Se
                 run, params = _oracle_pass(model, kind, ybar, compiled, rank, gen)
                 objective = lambda ps: per_row(_objective(model, model._logits(run(ps, fit_x, rows)), fit_tgt,
                                                           fit_teacher))
-                best, start, best_value = best_of(params, objective, steps, lr)
+                best, start, best_value = best_of(params, objective, steps, lora_lr if kind == "lora" else lr)
                 with torch.no_grad():
                     logits = model._logits(run(best, scored_x, torch.arange(b, device=w.device)))
                     ce = F.cross_entropy(logits.flatten(0, 1).float(), scored_tgt.flatten(), reduction="none")
@@ -222,7 +232,7 @@ def oracle_comparison(model, task, part: str = "test", prompt_len: int = 64, suf
                       draws: int = 3, per_topic: int | None = 8, topic_means: torch.Tensor | None = None,
                       kinds: Sequence[str] = ORACLE_KINDS, target: str = "capacity", steps: int = 30,
                       lr: float = 0.05, rank: int = 8, samples: int = 2, batch_size: int = 8,
-                      seed: int = 0) -> dict[str, Any]:
+                      seed: int = 0, lora_lr: float = 3e-3) -> dict[str, Any]:
     """`compile_comparison`'s windows and conditions for one prompt length, with each oracle beside the head:
     G_oracle_<kind>, the paired compiled − oracle_<kind> per document (its interval below 0 never happens on
     the objective; on the scored loss it says how much the space leaves), the objectives at the start and the
@@ -234,7 +244,7 @@ def oracle_comparison(model, task, part: str = "test", prompt_len: int = 64, suf
     losses = window_losses(model, tokens, prompt_len, topics, docs, topic_means, batch_size, seed,
                            per_position=True)
     oracle = oracle_window_losses(model, tokens, prompt_len, kinds, target, steps, lr, rank, samples,
-                                  batch_size, seed)
+                                  batch_size, seed, lora_lr)
     objective = oracle.pop("objective")
     losses.update(oracle)
     res = summarize_comparison({c: v.mean(1) for c, v in losses.items()}, docs, seed=seed)
@@ -248,6 +258,6 @@ def oracle_comparison(model, task, part: str = "test", prompt_len: int = 64, suf
                                     "best": float(objective[kind]["best"].mean()),
                                     "never_worse": bool((objective[kind]["best"] <= objective[kind]["start"]).all())}
     res["by_position"] = by_position(losses, prompt_token_positions(tokens, prompt_len), docs, seed=seed)
-    res["oracle"] = {"target": target, "kinds": list(kinds), "steps": steps, "lr": lr, "rank": rank,
-                     "samples": samples}
+    res["oracle"] = {"target": target, "kinds": list(kinds), "steps": steps, "lr": lr, "lora_lr": lora_lr,
+                     "rank": rank, "samples": samples}
     return res
