@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ._checks import Int
-from .train_config import TrainConfig, settings_help
+from .train_config import DERIVED, TrainConfig, settings_help
 
 RUN_FILE = "run.json"
 TASK_NAMES = ("icl", "regression", "text")
@@ -142,9 +142,7 @@ def _help_defaults(argv: Sequence[str] | None) -> dict[str, str]:
         return {k: (",".join(v) if k == "sites" else v) for k, v in out.items()}
 
     def derived(name: str, steps: int) -> str | None:     # what train() makes of None
-        return {"warmup": f"min(100, steps // 10) = {min(100, steps // 10)}",
-                "eval_every": f"max(1, steps // 20) = {max(1, steps // 20)}",
-                "checkpoint_every": f"max(1, steps // 10) = {max(1, steps // 10)}"}.get(name)
+        return f"{DERIVED[name][0]} = {DERIVED[name][1](steps)}" if name in DERIVED else None
 
     def fmt(name: str, value: Any, steps: int, short: bool = False) -> str:
         if value is None and derived(name, steps):

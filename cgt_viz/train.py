@@ -56,7 +56,7 @@ from .config import with_added_fields
 from .losses import LOSS_TERMS
 from .plateau import PlateauDetector, PlateauWarning
 from .tasks.base import Batch, Task, check_task_fits
-from .train_config import TrainConfig
+from .train_config import DERIVED, TrainConfig
 
 # offsets that separate the random streams derived from one seed
 _SPLIT_STREAM, _VAL_STREAM, _VAL_SPLIT_STREAM = 1_000_003, 2_000_029, 3_000_017
@@ -306,7 +306,7 @@ class AuxDelayWarning(UserWarning):
     """The run ends before the auxiliary loss joins (steps <= aux_delay): ȳ is never trained to specialise."""
 
 
-def aux_never_on(cfg: TrainConfig, model: nn.Module) -> str | None:
+def _aux_never_on(cfg: TrainConfig, model: nn.Module) -> str | None:
     """Why the auxiliary loss never joins this run, in words; None when it does (or the model has none)."""
     w_aux = float(getattr(getattr(model, "config", None), "w_aux", 0.0) or 0.0)
     if not hasattr(model, "sample_split") or w_aux == 0 or cfg.steps > cfg.aux_delay:
@@ -325,9 +325,9 @@ def _is_terminal(stream: Any) -> bool:
         return False
 
 
-def progress_bar(total: int, initial: int, *, every: int, stream: Any = None):
+def _progress_bar(total: int, initial: int, *, every: int, stream: Any = None):
     """The training progress: tqdm's bar in a notebook or a terminal; in a log (the stream, stderr by default,
-    is not a terminal) a `LogProgress`, one plain line per `every` updates, since a bar redrawn with carriage
+    is not a terminal) a `_LogProgress`, one plain line per `every` updates, since a bar redrawn with carriage
     returns is one unreadable line in a file."""
     from tqdm.asyncio import tqdm as console_tqdm
     from tqdm.auto import tqdm
@@ -335,10 +335,10 @@ def progress_bar(total: int, initial: int, *, every: int, stream: Any = None):
     stream = sys.stderr if stream is None else stream
     if tqdm is not console_tqdm or _is_terminal(stream):      # a notebook's widget (tqdm.auto's choice), a terminal's bar
         return tqdm(total=total, initial=initial, desc="train", dynamic_ncols=True, file=stream)
-    return LogProgress(total, initial, every=every, stream=stream)
+    return _LogProgress(total, initial, every=every, stream=stream)
 
 
-class LogProgress:
+class _LogProgress:
     """Progress for a log file: one line "train step N/TOTAL (percent): main …, aux …, lr …, val_main …;
     elapsed, about … left" after every `every`-th update (after its evaluation, when it has one) and after the
     last. The same calls as the tqdm bar the loop drives (update, set_postfix, write, close), plus `step_done`."""
@@ -417,7 +417,7 @@ def train(model: nn.Module, task: Task, config: TrainConfig | None = None, *,
                     (`steps` may differ: the cosine then ends at the new last step, the warm-up is kept).
                     Without resume, a checkpoint_dir that holds a checkpoint is an error.
     progress        show progress on stderr: tqdm's bar in a notebook or a terminal; when stderr is not a
-                    terminal (a log file, a pipe) one plain line per evaluation interval (`LogProgress`)
+                    terminal (a log file, a pipe) one plain line per evaluation interval, no carriage returns
 
     aux_delay, aux_ramp  weight the auxiliary loss by 0 for the first aux_delay updates, then ramp it linearly
                     to w_aux over aux_ramp updates (the aux term is still computed and logged; "total" is what
@@ -503,8 +503,8 @@ def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: 
     """The training loop of `train` (arguments validated there). Every setting is read from `cfg` here, so
     a TrainConfig field this function does not read is caught by tests/test_train.py."""
     steps, batch_size, seed = cfg.steps, cfg.batch_size, cfg.seed
-    eval_every = max(1, steps // 20) if cfg.eval_every is None else cfg.eval_every
-    checkpoint_every = max(1, steps // 10) if cfg.checkpoint_every is None else cfg.checkpoint_every
+    eval_every = DERIVED["eval_every"][1](steps) if cfg.eval_every is None else cfg.eval_every
+    checkpoint_every = DERIVED["checkpoint_every"][1](steps) if cfg.checkpoint_every is None else cfg.checkpoint_every
     check_divisible("batch_size", batch_size, world, "the number of ranks")
     lo, hi = rank * (batch_size // world), (rank + 1) * (batch_size // world)
     is_main = rank == 0
@@ -522,7 +522,7 @@ def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: 
     ckpt = load_checkpoint(found) if found is not None else None
     warmup = cfg.warmup
     if warmup is None:  # the default depends on steps; a resumed run that extends `steps` keeps its warm-up
-        warmup = ckpt.run["warmup"] if ckpt is not None else min(100, steps // 10)
+        warmup = ckpt.run["warmup"] if ckpt is not None else DERIVED["warmup"][1](steps)
     run_id = _json_safe({"model_class": type(model).__name__, "config": model.config.to_dict(),
                          "task": _task_identity(task), **cfg.identity(warmup)})
     history, start = TrainHistory(), 0
@@ -587,7 +587,7 @@ def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: 
     # ---------------------------------------------------------------- the loop
     bar = None
     if progress and is_main:
-        bar = progress_bar(steps, start, every=eval_every or max(1, steps // 20))
+        bar = _progress_bar(steps, start, every=eval_every or DERIVED["eval_every"][1](steps))
     t0 = time.perf_counter() - history.seconds
     step = start
     if is_main and start < steps:
@@ -597,7 +597,7 @@ def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: 
         emit({"kind": "start", "step": start, "steps": steps, "aux_delay": cfg.aux_delay, "aux_ramp": cfg.aux_ramp,
               "weights": {"main": 1.0, "aux": float(getattr(cfg_m, "w_aux", 0.0) or 0.0) if has_aux else 0.0,
                           "smooth": float(getattr(cfg_m, "w_smooth", 0.0) or 0.0) if has_aux else 0.0}})
-        message = aux_never_on(cfg, model) if start < cfg.aux_delay else None
+        message = _aux_never_on(cfg, model) if start < cfg.aux_delay else None
         if message is not None:
             warnings.warn(message, AuxDelayWarning, stacklevel=3)   # points at the train() call
             emit({"kind": "warning", "step": start, "message": message})
@@ -671,7 +671,7 @@ def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: 
                         emit(event)
                         if bar is not None:
                             bar.set_postfix(val_main=f"{event['val_main']:.4g}", refresh=False)
-                    if isinstance(bar, LogProgress):
+                    if isinstance(bar, _LogProgress):
                         bar.step_done(step)      # a log's line comes after the step's evaluation, with it
                 # single process: also honour a Ctrl-C that came during this step's callbacks or evaluation
                 stop_now = stop_now or (not distributed and stop.requested)

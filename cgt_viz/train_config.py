@@ -83,6 +83,15 @@ class TrainConfig:
         return d
 
 
+# The fields whose None means a value that follows from the run's steps: {field: (the rule in words, the rule)}.
+# train() applies them; `train --help` shows them, with the number for the run's steps.
+DERIVED: dict[str, tuple[str, Any]] = {
+    "warmup": ("min(100, steps // 10)", lambda steps: min(100, steps // 10)),
+    "eval_every": ("max(1, steps // 20)", lambda steps: max(1, steps // 20)),
+    "checkpoint_every": ("max(1, steps // 10)", lambda steps: max(1, steps // 10)),
+}
+
+
 def settings_help() -> dict[str, str]:
     """{field: help} for generated command-line flags."""
     return {f.name: f.metadata["help"] for f in dataclasses.fields(TrainConfig)}

@@ -264,7 +264,7 @@ def test_train_writing_to_a_file_logs_one_line_per_interval(tmp_path):
 
 
 def test_progress_is_a_bar_in_a_terminal_and_lines_in_a_log(capsys):
-    from cgt_viz.train import LogProgress, progress_bar
+    from cgt_viz.train import _LogProgress, _progress_bar
 
     class Terminal:
         def isatty(self):
@@ -276,11 +276,11 @@ def test_progress_is_a_bar_in_a_terminal_and_lines_in_a_log(capsys):
         def flush(self):
             pass
 
-    bar = progress_bar(10, 0, every=5, stream=Terminal())
-    assert not isinstance(bar, LogProgress)
+    bar = _progress_bar(10, 0, every=5, stream=Terminal())
+    assert not isinstance(bar, _LogProgress)
     bar.close()
-    lines = progress_bar(10, 0, every=4, stream=sys.stderr)      # pytest's capture: not a terminal
-    assert isinstance(lines, LogProgress)
+    lines = _progress_bar(10, 0, every=4, stream=sys.stderr)      # pytest's capture: not a terminal
+    assert isinstance(lines, _LogProgress)
     for step in range(1, 11):
         lines.update(1)
         lines.set_postfix(main=f"{1 / step:.3g}")

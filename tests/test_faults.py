@@ -450,7 +450,7 @@ def test_disk_full_during_a_save_is_one_line_and_keeps_the_previous_checkpoint(t
         return real(path, tensors, metadata)
     monkeypatch.setattr(ckpt_mod, "save_tensors", full_after_two)
     code = main(["train", *ICL, "--out", str(out), "--steps", "4", "--batch-size", "4", "--eval-every", "0",
-                 "--checkpoint-every", "1"])
+                 "--checkpoint-every", "1", "--aux-delay", "0"])   # (4 steps before icl's aux_delay would warn first)
     err = capsys.readouterr().err
     assert code == 3 and err.startswith("error: No space left on device: ") and "Traceback" not in err, err
     assert load_checkpoint(out / "ckpt").step == 2       # the previous checkpoint is intact

@@ -306,4 +306,3 @@ def test_a_task_argument_selects_its_recipe_variant_in_the_cli():
     shift = settings("--task", "icl", "--task-arg", "answer_tokens=value", "--task-arg", "family=shift")
     assert shift["curriculum"] is None and "novel_split" not in shift["task_arg"]
     assert recipe_for("icl") == RECIPES["icl"] and recipe_for("module:Task", {"dim": 16}) == {}
-
