@@ -599,6 +599,8 @@ def test_widget_state_stays_json_through_selections_isolate_and_show_all(ex):
                                                       "source_view_id": "v1"}})
     ex.show_all()
     assert non_json_states() == [] and ex.selection.empty
+    # the outline the page reported is gone from the state a reload draws (it belonged to the isolated map)
+    assert "selections" not in fig.get_state("_widget_layout")["_widget_layout"]
 
 
 def test_json_state_drops_plotly_sentinels_and_non_finite_numbers():
