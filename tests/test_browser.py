@@ -299,9 +299,12 @@ def _reload_draws_every_widget_live(page) -> None:
             page.screenshot(path=str(ARTIFACTS / "browser_reload_failure.png"), full_page=False)
             raise AssertionError(f"after a reload the widgets are not live: {live} (views before: {n_views})")
         page.wait_for_timeout(500)
-    page.locator(".js-plotly-plot").first.scroll_into_view_if_needed()
-    # the map is 3-D now: no lasso outline of an earlier 2-D map comes back with it (it drew a 2-D plot area)
-    assert page.evaluate(f"({EXPLORER_JS}.layout.selections || []).length") == 0
+    page.locator(".cgt-viz-view .js-plotly-plot").first.scroll_into_view_if_needed()
+    # the live map is drawn as it is now, in 3-D, and no lasso outline of an earlier 2-D map comes back with
+    # it (an outline kept in the state drew a 2-D plot area behind the scene)
+    live_map = "document.querySelector('.cgt-viz-view .js-plotly-plot')"
+    assert page.evaluate(f"{live_map}.data.every(t => t.type === 'scatter3d')")
+    assert page.evaluate(f"({live_map}.layout.selections || []).length") == 0
     page.screenshot(path=str(ARTIFACTS / "browser_after_reload.png"), full_page=False)
 
 
