@@ -335,8 +335,8 @@ def test_lean_figure_widget_ships_plotly_code_only_on_demand(monkeypatch):
     assert isinstance(fw, go.FigureWidget) and len(fw._esm) < 10_000 and fw._bundle == ""   # no kernel here
     sent = []
     monkeypatch.setattr(fw, "send", lambda content, buffers=None: sent.append(content))
-    fw._serve_bundle(fw, {"type": "cgt_viz_bundle_request"}, [])
-    fw._serve_bundle(fw, {"type": "something else"}, [])
+    fw._on_custom_msg(fw, {"type": "cgt_viz_bundle_request"}, [])
+    fw._on_custom_msg(fw, {"type": "something else"}, [])
     assert len(sent) == 1 and sent[0]["type"] == "cgt_viz_bundle" and len(sent[0]["text"]) > 1_000_000
     carrier = _base.LeanFigureWidget(go.Figure(), send_code=True)
     assert len(carrier.get_state()["_bundle"]) > 1_000_000                 # in the comm_open state

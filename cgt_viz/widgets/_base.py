@@ -11,6 +11,11 @@ custom message. The browser loads it once and keeps the module in `globalThis` f
 Trade-off: a saved notebook reopened without its kernel shows no plots (plain FigureWidget state would
 need 5 MB per figure); the figure functions in `cgt_viz.figures` are the way to static HTML.
 Set the environment variable CGT_VIZ_EMBED_PLOTLY=1 to use plain `go.FigureWidget` instead.
+
+The loader also sends each click and box/lasso selection to the kernel as a message of its own, and no
+hovers: through plotly's synced trait, a selection made while the kernel was busy waited in ipywidgets'
+pending update and the next hover replaced it (notebook 04's background UMAP fit, which holds the GIL,
+made the kernel slow to answer).
 """
 from __future__ import annotations
 
@@ -268,7 +273,9 @@ class CurrentState:
 
 
 class PlainFigureWidget(CurrentState, go.FigureWidget):
-    """plotly's own FigureWidget (CGT_VIZ_EMBED_PLOTLY=1) with the current figure in its state."""
+    """plotly's own FigureWidget (CGT_VIZ_EMBED_PLOTLY=1) with the current figure in its state. Its page
+    code is plotly's, so a click or selection travels in the synced trait, where a busy kernel can lose it
+    under a later hover (see `_LOADER`, which the lean widget uses instead)."""
 
 
 class LeanFigureWidget(CurrentState, go.FigureWidget):
@@ -307,7 +314,6 @@ class LeanFigureWidget(CurrentState, go.FigureWidget):
             # what plotly's trait handler does with the same event: the trace callbacks run
             self._handler_js2py_pointsCallback({"new": content["data"]})
 
-    _serve_bundle = _on_custom_msg
 
 
 def figure_widget(fig: go.Figure, **kwargs) -> go.FigureWidget:

@@ -310,8 +310,8 @@ class MapSelection:
             self.select(chosen, _from_browser=True)
             if len(chosen) == 1:
                 # a click (clickmode "event+select") selects its point and then sends plotly_click in the
-                # same instant; the frontend may pass on only the first of the two messages (after a box
-                # or lasso it always did): so a one-point selection opens the point itself (a selector
+                # same instant; with plotly's own page code (CGT_VIZ_EMBED_PLOTLY=1) ipywidgets may merge the
+                # two messages and pass on only one: so a one-point selection opens the point itself (a selector
                 # may still be attached: plotly repeats the last lasso's outline in the event)
                 self._opened_by_select = int(chosen[0])
                 self.open_point(int(chosen[0]))
