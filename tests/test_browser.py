@@ -3,7 +3,10 @@
 Runs tests/browser/widgets.ipynb (copied to a temp dir, so the repo's copy never gets outputs), checks
 that the plotly figures render (a `.js-plotly-plot`, a WebGL canvas for the explorer), that changing the
 colour-by dropdown reaches the kernel and recolours the points in the page, and that a figure whose
-plotly code must be requested from the kernel renders too. Screenshots go to test-artifacts/ (and, with
+plotly code must be requested from the kernel renders too. The mouse drags a box and a lasso on the map
+while the kernel is busy (the selections, and the status line, are read back from the kernel), clicks
+Isolate and Show all; after each step every widget's state must be strict JSON, and a page reload at the
+end must draw every view live again. Screenshots go to test-artifacts/ (and, with
 CGT_SCREENSHOTS=<dir>, small element screenshots of the explorer, the strip and the inspector there).
 
 Skipped when /usr/bin/chromium is missing, unless CGT_REQUIRE_BROWSER=1 (CI), where that is a failure.
@@ -208,7 +211,7 @@ def _busy_drag(page, tool: str, drag) -> int:
     plot = page.locator(".js-plotly-plot").first
     plot.hover()
     plot.locator(f'.modebar-btn[data-val="{tool}"]').click()
-    page.evaluate(BUSY_JS, "import time; time.sleep(4)")
+    page.evaluate(BUSY_JS, "import time; time.sleep(3)")
     page.wait_for_timeout(300)
     _hover_a_point(page)
     drag(page)
