@@ -3,7 +3,10 @@
 Runs tests/browser/widgets.ipynb (copied to a temp dir, so the repo's copy never gets outputs), checks
 that the plotly figures render (a `.js-plotly-plot`, a WebGL canvas for the explorer), that changing the
 colour-by dropdown reaches the kernel and recolours the points in the page, and that a figure whose
-plotly code must be requested from the kernel renders too. Screenshots go to test-artifacts/ (and, with
+plotly code must be requested from the kernel renders too. The mouse drags a box and a lasso on the map
+while the kernel is busy (the selections, and the status line, are read back from the kernel), clicks
+Isolate and Show all; after each step every widget's state must be strict JSON, and a page reload at the
+end must draw every view live again. Screenshots go to test-artifacts/ (and, with
 CGT_SCREENSHOTS=<dir>, small element screenshots of the explorer, the strip and the inspector there).
 
 Skipped when /usr/bin/chromium is missing, unless CGT_REQUIRE_BROWSER=1 (CI), where that is a failure.
@@ -170,6 +173,145 @@ def _lasso(page, frac=(0.15, 0.85)) -> None:
     page.mouse.up()
 
 
+STATE_JS_CODE = """
+import json
+from ipywidgets.widgets.widget import _instances, _remove_buffers
+bad = []
+for w in list(_instances.values()):
+    try:
+        json.dumps(_remove_buffers(w.get_state())[0], allow_nan=False)
+    except (TypeError, ValueError) as err:
+        bad.append(f"{type(w).__name__}: {err}")
+print("NON-JSON", bad)"""
+SELECTED_IN_PAGE_JS = f"""() => {EXPLORER_JS}.data.slice(0, -1).reduce((n, t) =>
+    n + (t.selectedpoints ? Array.from(t.selectedpoints).length : 0), 0)"""
+BUSY_JS = """(code) => { const k = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+    window.__busy = k.requestExecute({code}).done; }"""
+
+
+def _states_are_json(page, when: str) -> None:
+    """Every widget's state in the kernel passes json.dumps(allow_nan=False) (buffers aside)."""
+    out = page.evaluate(KERNEL_JS, STATE_JS_CODE)
+    assert out.strip() == "NON-JSON []", f"{when}: {out}"
+
+
+def _plot_box(page) -> list[float]:
+    return page.evaluate(f"(() => {{ const b = {EXPLORER_JS}.querySelector('.nsewdrag').getBoundingClientRect(); "
+                         "return [b.left, b.top, b.width, b.height]; })()")
+
+
+def _busy_drag(page, tool: str, drag) -> int:
+    """With the kernel busy (a running cell; in notebook 04 a background UMAP fit holding the GIL), pick
+    `tool` in the modebar, hover a point, drag, and hover again (the hover messages that used to overwrite
+    the pending selection); returns how many points plotly selected in the page."""
+    assert "ERROR" not in page.evaluate(KERNEL_JS, "ex.clear()")          # no outline to start the drag in
+    page.wait_for_function(f"({EXPLORER_JS}.layout.selections || []).length === 0", timeout=30_000)
+    page.evaluate(f"() => {{ window.__sel = []; {EXPLORER_JS}.on('plotly_selected', "
+                  "(d) => window.__sel.push(d ? d.points.length : 0)); }")
+    plot = page.locator(".js-plotly-plot").first
+    plot.hover()
+    plot.locator(f'.modebar-btn[data-val="{tool}"]').click()
+    page.evaluate(BUSY_JS, "import time; time.sleep(3)")
+    page.wait_for_timeout(300)
+    _hover_a_point(page)
+    drag(page)
+    _hover_a_point(page)
+    page.wait_for_function("window.__sel.length > 0 && window.__sel[window.__sel.length - 1] > 0", timeout=10_000)
+    page.evaluate("async () => { await window.__busy; return 1; }")   # the cell ends, the kernel reads the queue
+    return page.evaluate("window.__sel[window.__sel.length - 1]")
+
+
+def _hover_a_point(page) -> None:
+    point = page.evaluate(PICK_POINT_JS)
+    page.mouse.move(point["px"] - 3, point["py"] - 3)
+    page.mouse.move(point["px"], point["py"], steps=3)
+    page.wait_for_timeout(150)
+
+
+def _box(page, a=(0.2, 0.25), b=(0.7, 0.75)) -> None:
+    r = _plot_box(page)
+    page.mouse.move(r[0] + r[2] * a[0], r[1] + r[3] * a[1])
+    page.mouse.down()
+    page.mouse.move(r[0] + r[2] * b[0], r[1] + r[3] * b[1], steps=10)
+    page.mouse.up()
+
+
+def _selection_in_kernel(page) -> tuple[int, str]:
+    out = page.evaluate(KERNEL_JS, "import html, re; print(len(ex.selection)); "
+                                   "print(html.unescape(re.sub('<[^>]+>', '', ex.selection_info.value)))")
+    n, text = out.strip().split("\n", 1)
+    return int(n), text
+
+
+def _drag_selections_isolate_and_show_all(page) -> None:
+    """A box drag and a lasso drag with the mouse reach `ex.selection` and the status line (read back from
+    the kernel); Isolate and Show all (mouse clicks) agree with the status line and the page's faded
+    points; a selection made in Python is drawn; every widget's state stays JSON."""
+    for tool, drag in (("select", _box), ("lasso", _lasso)):
+        n_page = _busy_drag(page, tool, drag)
+        n, text = _selection_in_kernel(page)
+        assert n == n_page and f"{n:,} point" in text, (tool, n_page, n, text)
+        page.locator(".widget-html", has_text=f"{n:,} point").first.wait_for(timeout=30_000)
+        _states_are_json(page, f"after a {tool} drag")
+    page.screenshot(path=str(ARTIFACTS / "browser_lasso_selected.png"), full_page=False)
+    # Isolate: only the selection, projected afresh, nothing selected and nothing faded
+    page.locator(".widget-button", has_text="Isolate selection").first.click()
+    page.wait_for_function(f"String({EXPLORER_JS}.layout.title.text).startsWith('ȳ of {n:,} tokens')", timeout=30_000)
+    for button in ("Isolate selection", "Show all"):
+        if button == "Show all":
+            page.locator(".widget-button", has_text="Show all").first.click()
+            page.wait_for_function(f"!String({EXPLORER_JS}.layout.title.text).startsWith('ȳ of {n:,} tokens')",
+                                   timeout=30_000)
+        page.wait_for_function(f"({SELECTED_IN_PAGE_JS})() === 0 && {EXPLORER_JS}.data.slice(0, -1).every("
+                               "t => t.selectedpoints == null)", timeout=30_000)
+        n_sel, text = _selection_in_kernel(page)
+        assert n_sel == 0 and text.startswith("No selection"), (button, n_sel, text)
+        _states_are_json(page, f"after {button}")
+    # a box selected from Python is drawn: its points, and only they, keep full colour in the page
+    out = page.evaluate(KERNEL_JS, "xy = ex.coords; import numpy as np; "
+                                   "ex.select_box((xy[:, 0].min(), np.median(xy[:, 0])), (xy[:, 1].min(), "
+                                   "np.median(xy[:, 1]))); print(len(ex.selection))")
+    n_py = int(out.strip())
+    assert n_py > 0
+    page.wait_for_function(f"({SELECTED_IN_PAGE_JS})() === {n_py}", timeout=30_000)
+    page.locator(".widget-html", has_text=f"{n_py:,} point").first.wait_for(timeout=30_000)
+    page.locator(".js-plotly-plot").first.scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "browser_select_box_from_python.png"), full_page=False)
+    _states_are_json(page, "after select_box")
+
+
+def _reload_draws_every_widget_live(page) -> None:
+    """Reload the page with the kernel alive: every view draws live again (no "Loading widget...")."""
+    n_views = page.evaluate("document.querySelectorAll('.cgt-viz-view').length")
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")   # the outputs the page reopens
+    page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
+    page.reload(wait_until="domcontentloaded")
+    page.wait_for_function(WAIT_IDLE_JS, timeout=60_000)
+    deadline = time.monotonic() + 60
+    while True:
+        for cell in page.locator(".jp-Notebook .jp-Cell").all():    # JupyterLab renders outputs in view
+            cell.scroll_into_view_if_needed()
+        live = page.evaluate("""() => ({views: document.querySelectorAll('.cgt-viz-view').length,
+            plots: Array.from(document.querySelectorAll('.cgt-viz-view .js-plotly-plot')).filter(
+                gd => gd._fullLayout && gd.data && gd.data.length > 0).length,
+            loading: Array.from(document.querySelectorAll('.jp-OutputArea-output')).filter(
+                e => e.innerText.includes('Loading widget')).length})""")
+        if live["views"] >= n_views and live["plots"] >= 3 and live["loading"] == 0:
+            break
+        if time.monotonic() > deadline:
+            page.screenshot(path=str(ARTIFACTS / "browser_reload_failure.png"), full_page=False)
+            raise AssertionError(f"after a reload the widgets are not live: {live} (views before: {n_views})")
+        page.wait_for_timeout(500)
+    page.locator(".cgt-viz-view .js-plotly-plot").first.scroll_into_view_if_needed()
+    # the live map is drawn as it is now, in 3-D, and no lasso outline of an earlier 2-D map comes back with
+    # it (an outline kept in the state drew a 2-D plot area behind the scene)
+    live_map = "document.querySelector('.cgt-viz-view .js-plotly-plot')"
+    assert page.evaluate(f"{live_map}.data.every(t => t.type === 'scatter3d')")
+    assert page.evaluate(f"({live_map}.layout.selections || []).length") == 0
+    page.screenshot(path=str(ARTIFACTS / "browser_after_reload.png"), full_page=False)
+
+
+
 TITLES_JS = ("() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
              ".map(p => String(p.layout && p.layout.title && p.layout.title.text))")
 MONITOR_JS = """() => { const m = Array.from(document.querySelectorAll('.js-plotly-plot')).find(
@@ -313,6 +455,8 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
                       page.evaluate(f"{EXPLORER_JS}.data.map(t => String(t.selectedpoints).slice(0, 80))"))
                 raise
 
+            _drag_selections_isolate_and_show_all(page)
+
             # a lasso's outline belongs to the coordinates it was drawn in: a projection switch removes it
             _lasso(page, (0.3, 0.7))
             page.wait_for_function(f"({EXPLORER_JS}.layout.selections || []).length > 0", timeout=30_000)
@@ -338,6 +482,9 @@ def test_widgets_render_and_talk_to_the_kernel(lab):
             out = page.evaluate(KERNEL_JS, "import time; time.sleep(0.5); print(ex.dims, ex.coords.shape)")
             assert out.split()[0] == "3", out
             page.screenshot(path=str(ARTIFACTS / "browser_explorer_3d.png"), full_page=False)
+
+            # a reload with the kernel alive after all of that (lassos, boxes, clicks): every widget draws live
+            _reload_draws_every_widget_live(page)
         except Exception:
             try:
                 page.screenshot(path=str(ARTIFACTS / "browser_failure.png"), full_page=True)

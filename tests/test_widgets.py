@@ -335,8 +335,8 @@ def test_lean_figure_widget_ships_plotly_code_only_on_demand(monkeypatch):
     assert isinstance(fw, go.FigureWidget) and len(fw._esm) < 10_000 and fw._bundle == ""   # no kernel here
     sent = []
     monkeypatch.setattr(fw, "send", lambda content, buffers=None: sent.append(content))
-    fw._serve_bundle(fw, {"type": "cgt_viz_bundle_request"}, [])
-    fw._serve_bundle(fw, {"type": "something else"}, [])
+    fw._on_custom_msg(fw, {"type": "cgt_viz_bundle_request"}, [])
+    fw._on_custom_msg(fw, {"type": "something else"}, [])
     assert len(sent) == 1 and sent[0]["type"] == "cgt_viz_bundle" and len(sent[0]["text"]) > 1_000_000
     carrier = _base.LeanFigureWidget(go.Figure(), send_code=True)
     assert len(carrier.get_state()["_bundle"]) > 1_000_000                 # in the comm_open state
@@ -520,3 +520,94 @@ def test_a_one_off_static_copy_fades_the_unselected_points(ex):
     assert chosen == [3, 25, 64] and all(t.unselected.marker.opacity < 0.5 for t in snap.data[:ex._n_map])
     assert all(t.selectedpoints is None for t in ex.static_figures()[0].data[:ex._n_map])
     assert '"selectedpoints"' in ex.static_html(include_plotlyjs=False)
+
+
+# ---------------------------------------------------------------------------------------------- widget state is JSON
+def from_frontend(widget, method: str, payload: dict) -> None:
+    """A comm message as the page sends it: "update" (synced traits, through the widget's deserialisers:
+    plotly's turns the string "_undefined_" into its `Undefined` sentinel) or "custom" (`model.send`)."""
+    data = {"method": "update", "state": payload, "buffer_paths": []} if method == "update" else \
+        {"method": "custom", "content": payload}
+    widget._handle_msg({"content": {"data": data}, "buffers": []})
+
+
+def non_json_states() -> list[str]:
+    """Every live widget whose state (what a reloaded page asks for) is not strict JSON, with the reason:
+    numpy arrays travel as binary buffers; everything else must pass json.dumps(allow_nan=False)."""
+    from ipywidgets.widgets.widget import _instances, _remove_buffers
+    bad = []
+    for w in list(_instances.values()):
+        state, _paths, _buffers = _remove_buffers(w.get_state())
+        try:
+            json.dumps(state, allow_nan=False)
+        except (TypeError, ValueError) as err:
+            bad.append(f"{type(w).__name__}: {err}")
+    return bad
+
+
+def points_message(event: str, pairs, selector=None) -> dict:
+    """plotly's points callback payload for (trace, index in that trace) pairs."""
+    return {"event_type": event, "device_state": {"alt": False, "ctrl": False, "meta": False, "shift": False,
+                                                  "button": 0, "buttons": 0},
+            "points": {"trace_indexes": [t for t, _ in pairs], "point_indexes": [i for _, i in pairs],
+                       "xs": [0.0] * len(pairs), "ys": [0.0] * len(pairs)}, "selector": selector}
+
+
+def test_widget_state_stays_json_through_selections_isolate_and_show_all(ex):
+    """The messages the page sends on a lasso (recorded from plotly.js in JupyterLab: the outline's opacity
+    and line colour come as undefined), a click, a selection from Python, Isolate and Show all: after each,
+    every widget's state is strict JSON, and the map's faded points follow the selection."""
+    assert non_json_states() == []
+    fig, groups = ex.figure, ex._groups
+    outline = {"xref": "x", "yref": "y", "opacity": "_undefined_", "line": {"color": "_undefined_", "width": 1,
+               "dash": "dot"}, "type": "path", "path": "M-1,0.7L1.8,0.7L1.8,-1.2L-1,-1.2Z"}
+    lasso = [(0, 1), (1, 2), (2, 0), (2, 3)]
+    selector = {"type": "lasso", "selector_state": {"xs": [-1, 1.8, 1.8, -1], "ys": [0.7, 0.7, -1.2, -1.2]}}
+    # the trait path, the selection and the outline in one merged update (what a busy kernel receives)
+    from_frontend(fig, "update", {"_js2py_pointsCallback": points_message("plotly_selected", lasso, selector),
+                                  "_js2py_relayout": {"relayout_data": {"selections": [outline]},
+                                                      "source_view_id": "v1"}})
+    want = sorted(int(groups[t][i]) for t, i in lasso)
+    assert ex.selection["point"].tolist() == want and "4 points selected" in ex.selection_info.value
+    kept = fig.get_state("_widget_layout")["_widget_layout"]["selections"]      # what a reloaded page draws
+    assert kept == [{"xref": "x", "yref": "y", "line": {"width": 1, "dash": "dot"}, "type": "path",
+                     "path": outline["path"]}]
+    assert non_json_states() == [], "after a lasso"
+    # the loader's own message (a selection sent apart from the synced traits), then a click opening views
+    box = [(0, 0), (1, 0)]
+    from_frontend(fig, "custom", {"type": "cgt_viz_points", "data": points_message("plotly_selected", box)})
+    assert ex.selection["point"].tolist() == sorted(int(groups[t][i]) for t, i in box)
+    from_frontend(fig, "custom", {"type": "cgt_viz_points", "data": points_message("plotly_click", [(1, 3)])})
+    assert ex.strip is not None and ex.strip.sequence == int(ex.points.seq[groups[1][3]])
+    assert non_json_states() == [], "after a click opened the linked views"
+    # a selection made in Python is drawn (selectedpoints per trace); Isolate and Show all leave none faded
+    xy = ex.coords
+    ex.select_box((xy[:, 0].min(), np.median(xy[:, 0])), (xy[:, 1].min(), np.median(xy[:, 1])))
+    chosen = ex.selection["point"].tolist()
+    assert len(chosen) >= 2
+    drawn = sorted(int(rows[i]) for t, rows in zip(map_traces(ex), groups) for i in (t.selectedpoints or ()))
+    assert drawn == chosen and non_json_states() == []
+    for action in (ex.isolate, ex.show_all):
+        action()
+        assert ex.selection.empty and "No selection" in ex.selection_info.value
+        assert [t.selectedpoints for t in map_traces(ex)] == [None] * ex._n_map, action.__name__
+        assert non_json_states() == [], action.__name__
+    # a lasso in the isolated set and back
+    ex.select(chosen[:2])
+    ex.isolate()
+    from_frontend(fig, "update", {"_js2py_relayout": {"relayout_data": {"selections": [outline]},
+                                                      "source_view_id": "v1"}})
+    ex.show_all()
+    assert non_json_states() == [] and ex.selection.empty
+    # the outline the page reported is gone from the state a reload draws (it belonged to the isolated map)
+    assert "selections" not in fig.get_state("_widget_layout")["_widget_layout"]
+
+
+def test_json_state_drops_plotly_sentinels_and_non_finite_numbers():
+    from plotly.basedatatypes import Undefined
+    state = {"a": Undefined, "b": [1.0, float("nan"), Undefined, {"c": float("inf"), "d": "x"}],
+             "e": np.array([np.nan, 1.0])}
+    out = _base.json_state(state)
+    assert "a" not in out and out["b"] == [1.0, None, None, {"c": None, "d": "x"}]
+    assert np.isnan(out["e"][0])                     # an array travels as a binary buffer: NaN is fine there
+    json.dumps({k: v for k, v in out.items() if k != "e"}, allow_nan=False)

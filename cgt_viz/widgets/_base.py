@@ -11,6 +11,11 @@ custom message. The browser loads it once and keeps the module in `globalThis` f
 Trade-off: a saved notebook reopened without its kernel shows no plots (plain FigureWidget state would
 need 5 MB per figure); the figure functions in `cgt_viz.figures` are the way to static HTML.
 Set the environment variable CGT_VIZ_EMBED_PLOTLY=1 to use plain `go.FigureWidget` instead.
+
+The loader also sends each click and box/lasso selection to the kernel as a message of its own, and no
+hovers: through plotly's synced trait, a selection made while the kernel was busy waited in ipywidgets'
+pending update and the next hover replaced it (notebook 04's background UMAP fit, which holds the GIL,
+made the kernel slow to answer).
 """
 from __future__ import annotations
 
@@ -65,10 +70,47 @@ function bundle(model) {
   promise.catch(() => { if (globalThis[KEY] === entry) delete globalThis[KEY]; });
   return promise;
 }
+// plotly's view reports a point event (hover, click, selection) by setting the synced trait
+// _js2py_pointsCallback; while the kernel has not answered the previous message (busy: a background fit
+// holding the GIL, a running cell), ipywidgets merges further changes into one pending update, so the
+// hover that follows a lasso overwrote the selection before it was sent. Here a click or selection goes
+// to the kernel as a custom message of its own (never merged), and hovers, which no Python code listens
+// to, are not sent at all.
+const POINTS = "_js2py_pointsCallback";
+function pointsAsMessages(model) {
+  let skipSave = false;
+  return new Proxy(model, {
+    get(target, prop) {
+      if (prop === "set") {
+        return (key, value, ...rest) => {
+          if (key === POINTS && value) {
+            skipSave = true;
+            const kind = value.event_type;
+            if (kind !== "plotly_hover" && kind !== "plotly_unhover") {
+              target.send({ type: "cgt_viz_points", data: JSON.parse(JSON.stringify(value)) });
+            }
+            return undefined;
+          }
+          skipSave = false;
+          return target.set(key, value, ...rest);
+        };
+      }
+      if (prop === "save_changes") {
+        return (...args) => {
+          if (skipSave) { skipSave = false; return undefined; }
+          return target.save_changes(...args);
+        };
+      }
+      const value = Reflect.get(target, prop);
+      return typeof value === "function" ? value.bind(target) : value;
+    },
+  });
+}
 export default () => {
   let ready = null;
   return {
     initialize({ model }) {
+      model = pointsAsMessages(model);
       ready = bundle(model).then((mod) => {
         const inner = mod.default();
         inner.initialize({ model });
@@ -77,6 +119,7 @@ export default () => {
       ready.catch((err) => console.error("[cgt_viz] could not load plotly's widget code", err));
     },
     async render({ model, el }) {
+      model = pointsAsMessages(model);
       el.textContent = "loading plot…";
       const slow = setTimeout(() => {
         el.textContent = "loading plot… (plotly's code comes from the kernel that made this widget: if that " +
@@ -168,6 +211,33 @@ def _send_code_now(shell) -> bool:
     return _in_cell
 
 
+def json_state(value):
+    """A copy of widget state that JSON can carry (ipywidgets sends it with allow_nan=False): plotly's
+    `Undefined` sentinel (an unset field) is dropped, a float NaN or infinity becomes None (null), numpy
+    arrays stay as they are (they travel as binary buffers)."""
+    from plotly.basedatatypes import Undefined
+    if isinstance(value, dict):
+        return {k: json_state(v) for k, v in value.items() if v is not Undefined}
+    if isinstance(value, (list, tuple)):
+        return [None if v is Undefined else json_state(v) for v in value]
+    if isinstance(value, (float, np.floating)) and not np.isfinite(value):
+        return None
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if value is Undefined:
+        return None
+    return value
+
+
+def _without_unset(value):
+    """`value` from the page without the fields plotly's frontend marks unset ("_undefined_")."""
+    if isinstance(value, dict):
+        return {k: _without_unset(v) for k, v in value.items() if v != "_undefined_"}
+    if isinstance(value, list):
+        return [None if v == "_undefined_" else _without_unset(v) for v in value]
+    return value
+
+
 class CurrentState:
     """Mixin for `go.FigureWidget`: the widget state a frontend reads (`_widget_data`, `_widget_layout`) is
     the figure as it is now. plotly sets those traits only when the widget is made or displayed; later
@@ -207,15 +277,27 @@ class CurrentState:
 
     def sync_widget_state(self) -> None:
         """Make the synced traits hold the current figure, without sending them (an open page has it)."""
-        from copy import deepcopy
         if getattr(self, "_layout_obj", None) is None:      # the comm opens before plotly has set the figure up
             return
-        self._trait_values["_widget_data"] = deepcopy(self._data)
-        self._trait_values["_widget_layout"] = deepcopy(self._layout_obj._props)
+        self._trait_values["_widget_data"] = json_state(self._data)
+        self._trait_values["_widget_layout"] = json_state(self._layout_obj._props)
+
+    def set_state(self, sync_data):
+        # plotly.js reports a box/lasso outline with `undefined` fields (its opacity, line colour), sent as the
+        # string "_undefined_"; plotly's deserialiser turns that into the Python sentinel `Undefined`, which
+        # plotly.py then stored in the layout: the widget state was no longer JSON, and a page reloaded after
+        # one lasso hung on "Loading widget..." for every widget of the kernel. Unset fields are dropped
+        # before the layout takes them (an unset field is what plotly.js meant).
+        msg = sync_data.get("_js2py_relayout") if isinstance(sync_data, dict) else None
+        if isinstance(msg, dict) and isinstance(msg.get("relayout_data"), dict):
+            sync_data = {**sync_data, "_js2py_relayout": {**msg, "relayout_data": _without_unset(msg["relayout_data"])}}
+        return super().set_state(sync_data)
 
 
 class PlainFigureWidget(CurrentState, go.FigureWidget):
-    """plotly's own FigureWidget (CGT_VIZ_EMBED_PLOTLY=1) with the current figure in its state."""
+    """plotly's own FigureWidget (CGT_VIZ_EMBED_PLOTLY=1) with the current figure in its state. Its page
+    code is plotly's, so a click or selection travels in the synced trait, where a busy kernel can lose it
+    under a later hover (see `_LOADER`, which the lean widget uses instead)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -241,7 +323,7 @@ class LeanFigureWidget(CurrentState, go.FigureWidget):
             _carriers.append(weakref.ref(self))
             if shell is not None:
                 _install_hook(shell)
-        self.on_msg(self._serve_bundle)
+        self.on_msg(self._on_custom_msg)
         self.open_with_figure()
 
     @traitlets.default("_bundle")
@@ -250,9 +332,16 @@ class LeanFigureWidget(CurrentState, go.FigureWidget):
         # `initialize`, before any later update could reach the model
         return _bundle_text() if getattr(self, "_send_code", False) else ""
 
-    def _serve_bundle(self, _widget, content, _buffers) -> None:
-        if isinstance(content, dict) and content.get("type") == "cgt_viz_bundle_request":
+    def _on_custom_msg(self, _widget, content, _buffers) -> None:
+        """The page's own messages: a request for plotly's code, or a click / selection (see the loader)."""
+        if not isinstance(content, dict):
+            return
+        if content.get("type") == "cgt_viz_bundle_request":
             self.send({"type": "cgt_viz_bundle", "text": _bundle_text()})
+        elif content.get("type") == "cgt_viz_points" and isinstance(content.get("data"), dict):
+            # what plotly's trait handler does with the same event: the trace callbacks run
+            self._handler_js2py_pointsCallback({"new": content["data"]})
+
 
 
 def figure_widget(fig: go.Figure, **kwargs) -> go.FigureWidget:

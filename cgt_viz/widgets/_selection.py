@@ -82,7 +82,15 @@ class MapSelection:
         self._quiet_until = time.monotonic() + _OWN_DESELECT_S   # the deselect plotly answers with is ours
         with self.figure.batch_update():
             self.figure.layout.selections = ()
+        self._forget_outline()
         self.figure._send_relayout_msg({"selections": []})
+
+    def _forget_outline(self) -> None:
+        """Drop the outline the page reported (its relayout) from the figure's layout. plotly.py keeps that
+        report apart from `layout.selections` (empty already, so setting it changes nothing), and the
+        widget state a reloaded page draws from still held it: a stale outline over the new map, and
+        after a switch to 3-D a 2-D plot area behind the scene."""
+        self.figure._layout_obj._props.pop("selections", None)
 
     def _on_plotly_deselect(self) -> None:
         # one deselect answers our own outline removal: ignore it (once), however late a busy machine delivers it
@@ -204,6 +212,7 @@ class MapSelection:
             # the new selectedpoints (see _clear_outline)
             self._quiet_until = time.monotonic() + _OWN_DESELECT_S
             self.figure._send_update_msg({"selectedpoints": per_trace}, {"selections": []}, trace_indexes=traces)
+            self._forget_outline()
         self._describe_selection()
 
     def _restyle_selection(self) -> tuple[list, list[int]]:
@@ -301,8 +310,8 @@ class MapSelection:
             self.select(chosen, _from_browser=True)
             if len(chosen) == 1:
                 # a click (clickmode "event+select") selects its point and then sends plotly_click in the
-                # same instant; the frontend may pass on only the first of the two messages (after a box
-                # or lasso it always did): so a one-point selection opens the point itself (a selector
+                # same instant; with plotly's own page code (CGT_VIZ_EMBED_PLOTLY=1) ipywidgets may merge the
+                # two messages and pass on only one: so a one-point selection opens the point itself (a selector
                 # may still be attached: plotly repeats the last lasso's outline in the event)
                 self._opened_by_select = int(chosen[0])
                 self.open_point(int(chosen[0]))

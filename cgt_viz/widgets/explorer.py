@@ -444,6 +444,10 @@ class Explorer(MapSelection, Projecting, Controls, StaticForm, W.VBox):
     def _redraw(self) -> None:
         """Rebuild the traces (colouring, point set or legend grouping changed), keeping the selection."""
         replace_figure(self.figure, self._figure(self.projection))
+        # replace_figure updates traces in place, which keeps a property the new trace leaves unset: the
+        # old selectedpoints stayed after isolate / show_all (faded points under "No selection")
+        if self.figure.data and self.figure.data[0].type != "scatter3d":    # (plotly's 3-D scatter: no selection)
+            self._restyle_selection()
         self._clear_outline()
         self._wire_traces()
 
