@@ -55,6 +55,29 @@ def test_the_stream_read_through_nnsight_is_transformers_hidden_states(setup):
         assert torch.allclose(got[:, 0], _hidden(model, rest), atol=1e-6)
 
 
+def test_reading_through_nnsight_leaves_the_model_as_it_was(setup):
+    lm, spec, prompt, rest = setup
+    with torch.no_grad():
+        before = lm(input_ids=rest[None]).logits.clone()
+    residual_departures(_wrap(lm), _wrap(spec), prompt, rest)
+    with torch.no_grad():
+        assert torch.equal(lm(input_ids=rest[None]).logits, before)
+
+
+def test_the_stream_of_the_exported_gpt2_is_read_at_its_blocks():
+    from cgt_viz import GPT, CGTConfig
+    from cgt_viz.hf import to_transformers
+    torch.manual_seed(0)
+    gpt2 = to_transformers(GPT(CGTConfig(vocab_size=VOCAB, block_size=16, n_layer=3, d_x=32, n_head=4, d_y=16,
+                                         n_head_y=2, y_layer=1))).eval()
+    idx = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(2))
+    got = residual_stream(_wrap(gpt2), idx)
+    with torch.no_grad():
+        states = gpt2(input_ids=idx, output_hidden_states=True).hidden_states
+    assert got.shape == (3, 1, 8, 32)
+    assert torch.allclose(got[:-1], torch.stack(states[1:-1]), atol=1e-6)   # the last entry there is after ln_f
+
+
 def test_departures_are_those_of_transformers_hidden_states(setup):
     lm, spec, prompt, rest = setup
     skip = 2

@@ -130,7 +130,7 @@ def departure_figure(departures: dict, *, y_layer: int | None = None, title: str
     if y_layer is not None:
         _vline(fig, y_layer + 0.5, "black", "dot", "y_layer")
         fig.add_annotation(x=y_layer + 0.5, y=1, yref="paper", text=f"ℓ = {y_layer}: modulated above",
-                           showarrow=False, xanchor="left")
+                           showarrow=False, xanchor="left", xshift=4)
     n = departures.get("tokens")
     fig.update_layout(title=dict(text=title or "Residual stream on the continuation: departure from the LM alone"
                                  + (f" ({n} tokens)" if isinstance(n, int) else ""), x=0.01),
