@@ -126,3 +126,19 @@ def test_bad_arguments_are_refused_by_name(setup, call, name):
     lm, spec, prompt, rest = setup
     with pytest.raises((TypeError, ValueError), match=name):
         call(_wrap(lm), spec, prompt, rest)
+
+
+def test_transformerlens_hooks_hold_the_same_stream(setup):
+    """The guide's TransformerLens route: blocks.{i}.hook_out of a TransformerBridge is the stream nnsight reads."""
+    pytest.importorskip("transformer_lens")
+    import copy
+
+    from transformer_lens.model_bridge import TransformerBridge
+    lm, spec, prompt, rest = setup
+    want = residual_stream(_wrap(spec), rest[None])
+    bridge = TransformerBridge.boot_transformers("cgt_viz-compiled", hf_model=copy.deepcopy(spec),
+                                                 tokenizer=_word_tokenizer(VOCAB), device="cpu")
+    with torch.no_grad():
+        _, cache = bridge.run_with_cache(rest[None])
+    got = torch.stack([cache[f"blocks.{i}.hook_out"] for i in range(lm.config.num_hidden_layers)])
+    assert torch.allclose(got, want, atol=1e-5)
