@@ -6,11 +6,13 @@
     spec = model.specialize(prompt_ids)                      # a LlamaForCausalLM with the prompt compiled in
     model.export_peft(prompt_ids, "adapter/")                # the same as a PEFT LoRA adapter
     export_hf(gpt, "gpt2/")                                  # a from-scratch cgt_viz GPT as a transformers GPT-2
+    residual_departures(base, compiled, prompt, rest)        # nnsight-wrapped models: where the compiled prompt acts
 """
 from .source import HF_EXTRA, cache_root, convert_gguf, load_local, smollm2, smollm2_gguf
 
 __all__ = ["CGTLM", "BBCTokens", "tiny_llama", "smollm2", "load_local", "convert_gguf", "cache_root",
-           "smollm2_gguf", "HF_EXTRA", "chunked_cross_entropy", "export_hf", "export_hf_peft", "to_transformers"]
+           "smollm2_gguf", "HF_EXTRA", "chunked_cross_entropy", "export_hf", "export_hf_peft", "to_transformers",
+           "residual_stream", "residual_departures", "departure_figure"]
 
 
 def __getattr__(name):
@@ -21,6 +23,9 @@ def __getattr__(name):
     if name in ("export_hf", "export_hf_peft", "to_transformers"):
         from . import export
         return getattr(export, name)
+    if name in ("residual_stream", "residual_departures", "departure_figure"):
+        from . import interp
+        return getattr(interp, name)
     if name == "BBCTokens":
         from .data import BBCTokens
         return BBCTokens
