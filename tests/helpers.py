@@ -78,3 +78,19 @@ class ByteTokenizer:
 
     def __len__(self):
         return 256
+
+
+def record_png_renders(monkeypatch) -> list:
+    """Stand a recorder in for the PNG renderer's Chromium session: every spec it is asked to draw lands in the
+    returned list and a tiny PNG comes back. The caller resets `_png` when done (`_png._reset()`)."""
+    from cgt_viz.widgets import _png
+    drawn = []
+
+    class Recorder:
+        def render(self, spec):
+            drawn.append(spec)
+            return b"\x89PNG\r\n\x1a\n" + b"\0" * 16
+
+    _png._reset()
+    monkeypatch.setattr(_png, "_get_session", lambda: Recorder())
+    return drawn

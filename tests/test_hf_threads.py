@@ -1,5 +1,6 @@
 """Passes over one CGTLM from two threads: the explorer's background collection beside a cell's specialize."""
 import threading
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -18,6 +19,33 @@ def _model():
     return randomize_templates(model).eval()
 
 
+@contextmanager
+def _paused_pass(model, target, name: str):
+    """Run target() in a thread called name, stopped inside its pass over model.lm (after decoder layer 1, its
+    own hooks registered) until the block ends or 3 s pass; yields the dict target's result lands in ("out")."""
+    inside, done, result = threading.Event(), threading.Event(), {}
+
+    def pause(module, args, out):
+        if threading.current_thread().name == name and not inside.is_set():
+            inside.set()
+            done.wait(timeout=3)
+
+    def run():
+        with torch.no_grad():
+            result["out"] = target()
+
+    handle = model.lm.model.layers[0].register_forward_hook(pause)
+    thread = threading.Thread(target=run, name=name)
+    try:
+        thread.start()
+        assert inside.wait(timeout=10)
+        yield result
+    finally:
+        done.set()
+        thread.join(timeout=30)
+        handle.remove()
+
+
 def _foreground(model, prompt, inputs):
     with torch.no_grad():
         return model.specialize(prompt)(inputs).logits, model(inputs), model.x_only()(inputs)
@@ -31,32 +59,9 @@ def test_a_background_collection_and_a_foreground_specialize_give_the_numbers_of
     with torch.no_grad():
         alone = model.context(background_rows)
     foreground_alone = _foreground(model, prompt, inputs)
-
-    inside, foreground_done, result = threading.Event(), threading.Event(), {}
-
-    def pause_inside_the_background_pass(module, args, out):
-        # the background thread stops here, its hooks registered, until the foreground is done (or 3 s passed)
-        if threading.current_thread().name == "collect" and not inside.is_set():
-            inside.set()
-            foreground_done.wait(timeout=3)
-
-    handle = model.lm.model.layers[0].register_forward_hook(pause_inside_the_background_pass)
-
-    def collect():
-        with torch.no_grad():
-            result["context"] = model.context(background_rows)
-
-    thread = threading.Thread(target=collect, name="collect")
-    try:
-        thread.start()
-        assert inside.wait(timeout=10)
-        foreground = _foreground(model, prompt, inputs)
-        foreground_done.set()
-        thread.join(timeout=30)
-    finally:
-        foreground_done.set()
-        handle.remove()
-    torch.testing.assert_close(result["context"], alone)
+    with _paused_pass(model, lambda: model.context(background_rows), "collect") as result:
+        foreground = _foreground(model, prompt, inputs)   # waits for the background pass: one pass at a time
+    torch.testing.assert_close(result["out"], alone)
     for got, want in zip(foreground, foreground_alone):
         torch.testing.assert_close(got, want)
     assert len(model.lm.model.layers) == 4 and not any(
@@ -68,23 +73,6 @@ def test_a_plain_lm_call_in_another_thread_runs_past_a_pass_in_progress():
     inputs = torch.randint(0, 96, (2, 9), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         plain = model.lm(input_ids=inputs).logits
-    inside, done, result = threading.Event(), threading.Event(), {}
-
-    def pause(module, args, out):
-        if threading.current_thread().name == "pass" and not inside.is_set():
-            inside.set()
-            done.wait(timeout=3)
-
-    handle = model.lm.model.layers[0].register_forward_hook(pause)
-    thread = threading.Thread(target=lambda: model(inputs), name="pass")
-    try:
-        thread.start()
-        assert inside.wait(timeout=10)
-        with torch.no_grad():                 # the user's own call, outside cgt_viz: no lock, the hooks stay inert
-            result["plain"] = model.lm(input_ids=inputs).logits
-        done.set()
-        thread.join(timeout=30)
-    finally:
-        done.set()
-        handle.remove()
-    torch.testing.assert_close(result["plain"], plain)
+    with _paused_pass(model, lambda: model(inputs), "pass"), torch.no_grad():
+        mine = model.lm(input_ids=inputs).logits   # the user's own call, outside cgt_viz: no lock, hooks inert
+    torch.testing.assert_close(mine, plain)

@@ -6,6 +6,7 @@ pytest.importorskip("transformers")
 from cgt_viz import hf  # noqa: E402
 from cgt_viz.hf import oracle  # noqa: E402
 from cgt_viz.hf.measure import window_losses  # noqa: E402
+from cgt_viz.hf.tiny import RandomWindows  # noqa: E402
 from tests.helpers import randomize_templates  # noqa: E402
 
 PREFIX, M = 6, 8
@@ -64,18 +65,8 @@ def test_the_capacity_oracle_lowers_the_objective_of_every_kind(head):
         assert float(out["objective"][kind]["best"].mean()) < float(out["objective"][kind]["start"].mean()), kind
 
 
-class _Windows:
-    """A task with document_windows, as BBCTokens has: two topics, three documents each."""
-
-    def document_windows(self, length, part, per_doc, per_topic, seed):
-        n = 6 * per_doc
-        tokens = torch.randint(0, 96, (n, length), generator=torch.Generator().manual_seed(seed))
-        docs = torch.arange(6).repeat_interleave(per_doc)
-        return tokens, docs // 3, docs
-
-
 def test_oracle_comparison_reports_each_kind_beside_the_head(head):
-    res = oracle.oracle_comparison(head, _Windows(), prompt_len=PREFIX, suffix_len=M, draws=2,
+    res = oracle.oracle_comparison(head, RandomWindows(), prompt_len=PREFIX, suffix_len=M, draws=2,
                                    topic_means=torch.zeros(2, 8), steps=2, rank=2, batch_size=4)
     for kind in oracle.ORACLE_KINDS:
         assert f"G_oracle_{kind}" in res and res[f"objective_{kind}"]["never_worse"]

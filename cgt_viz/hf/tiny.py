@@ -17,3 +17,17 @@ def tiny_llama(seed: int = 0, vocab_size: int = 96, hidden_size: int = 64, num_h
                                       tie_word_embeddings=tie_word_embeddings)
     torch.manual_seed(seed)
     return freeze(transformers.LlamaForCausalLM(config))
+
+
+class RandomWindows:
+    """A stand-in for `BBCTokens.document_windows` over random tokens of a tiny vocabulary: two topics of three
+    documents each, per_doc windows a document (per_topic and part are accepted and ignored)."""
+
+    def __init__(self, vocab_size: int = 96):
+        self.vocab_size = vocab_size
+
+    def document_windows(self, length: int, part: str, per_doc: int, per_topic: int | None, seed: int):
+        torch = require("torch")
+        tokens = torch.randint(0, self.vocab_size, (6 * per_doc, length), generator=torch.Generator().manual_seed(seed))
+        docs = torch.arange(6).repeat_interleave(per_doc)
+        return tokens, docs // 3, docs
