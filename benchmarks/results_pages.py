@@ -352,10 +352,13 @@ def oracle_section(root: Path = ROOT) -> list[str]:
         f"--{k.replace('_', '-')} {v}" for k, v in st.items() if k in ("per_topic", "steps", "rank", "prefix")))
     out = ["## The ceiling of the head's update space (oracle)", "",
            provenance(cmd, HF_ORACLE, res.get("environment")), "",
-           f"Per prompt ({text(st['prefix'])} tokens; {text(st['suffix'])} scored), one part of the head's output optimised by "
-           f"{text(st['steps'])} Adam steps under the head's own objective, everything else frozen: on the scored text's "
-           "teacher (*capacity*, an upper bound) or on continuations sampled from the prompted LM (*fair*). "
-           "compiled − oracle is paired per document (above 0: the oracle is better).", "",
+           f"Per prompt ({text(st['prefix'])} tokens; {text(st['suffix'])} scored), one part of the head's output "
+           f"optimised by {text(st['steps'])} Adam steps, everything else frozen. *capacity*: KL to the prompted LM on "
+           "the scored text (its own next tokens are never used): an upper bound of what the space can express of "
+           f"the prompt. *fair*: the head's own objective on {text(st.get('samples'))} continuations sampled from the "
+           "prompted LM, the scored text unseen; with so few samples and no held-out stop it overfits them, so its "
+           "rows measure per-prompt fitting, not a ceiling. compiled − oracle is paired per document (above 0: the "
+           "oracle is better).", "",
            "| target | docs / windows | head G [95 %] | oracle | oracle G [95 %] | compiled − oracle [95 %] | "
            "oracle G at prompt tokens | oracle own − topic mean [95 %] |", "|---|---|---|---|---|---|---|---|"]
     for target, r in res["targets"].items():
