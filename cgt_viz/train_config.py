@@ -12,6 +12,8 @@ from typing import Any
 
 from ._checks import Constraint, Float, Instance, Int, Seq, check_dict, refuse
 
+SEED_MAX = 2**63 - 1   # every seed a user types; offsets added to it stay inside torch's 64-bit range
+
 
 def _setting(default: Any, check: Constraint | None, help: str) -> Any:
     return field(default=default, metadata={"check": check, "help": help})
@@ -36,7 +38,8 @@ class TrainConfig:
     checkpoint_every: int | None = _setting(None, Int(1, none=True),
                                             "checkpoint every so many updates")
     keep_checkpoints: int = _setting(2, Int(0, hint=" (0 = keep all)"), "newest checkpoints kept (0: all)")
-    seed: int = _setting(0, Int(0), "seeds the model init (CLI), the batches, the splits and torch's RNG")
+    seed: int = _setting(0, Int(0, SEED_MAX, hint=" (torch's generators take a 64-bit seed; the splits add offsets)"),
+                         "seeds the model init (CLI), the batches, the splits and torch's RNG")
     aux_delay: int = _setting(0, Int(0, hint=" (number of updates)"), "updates with the auxiliary loss weighted 0")
     aux_ramp: int = _setting(0, Int(0, hint=" (number of updates)"), "then updates to ramp its weight up to w_aux")
     plateau_steps: int = _setting(500, Int(0, hint=" (number of updates; 0 = never warn)"),

@@ -373,3 +373,17 @@ def test_a_checkpoint_that_vanishes_inside_safetensors_is_retried_not_a_runtime_
     monkeypatch.setattr(cio, "load_file", lambda name, device="cpu": (_ for _ in ()).throw(RuntimeError("bad dtype")))
     with pytest.raises(ValueError, match="not a readable safetensors file .*bad dtype"):
         cio.load_tensors(ckpt.path / "model.safetensors")
+
+
+@pytest.mark.parametrize("seed", ["-1", "99999999999999999999"])
+@pytest.mark.parametrize("command", ["train", "train-head"])
+def test_a_seed_outside_torchs_range_is_refused_naming_seed_before_anything_is_written(tmp_path, capsys, command,
+                                                                                      seed):
+    """B25: `--seed -1` reached train-head's cache build; a seed past 64 bits died in torch ("Overflow when
+    unpacking long long") without naming --seed."""
+    from cgt_viz.__main__ import main
+    task = ["--task", "icl", "--steps", "2"] if command == "train" else []
+    code = main([command, *task, "--seed", seed, "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: --seed must be an int in 0..") and seed in err[0]
+    assert not (tmp_path / "run").exists()

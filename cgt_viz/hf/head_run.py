@@ -42,6 +42,7 @@ from .._checks import check_divisible, check_float, check_int, refuse
 from ..checkpoint import RunLock
 from ..io import read_json, write_json
 from ..train import TrainingDiverged
+from ..train_config import SEED_MAX
 from .._ranks import process_group
 from . import distill
 from .data import BBCTokens
@@ -115,6 +116,7 @@ def check_args(args) -> None:
         check_int(f"--{name.replace('_', '-')}", getattr(args, name), 1)
     check_int("--train-per-topic", args.train_per_topic, 1, allow_none=True)
     check_int("--steps", args.steps, 1, allow_none=True)
+    check_int("--seed", args.seed, 0, SEED_MAX, hint=" (torch's generators take a 64-bit seed; the splits add offsets)")
     check_float("--minutes", args.minutes, 0.0, lo_open=True)
     check_float("--lr", args.lr, 0.0, lo_open=True)
     for name in ("aux_ce", "aux_kl"):
