@@ -107,6 +107,18 @@ def view_figures(model, task, seed: int = 0) -> list:
     return figs
 
 
+def _loss_weight(run: Path, cfg: dict, name: str) -> float:
+    """config[name] of a run's run.json as a loss weight: a finite number ≥ 0 (absent or null: 0), else refused
+    naming the file and the field (a hand-edited run.json is data, not a traceback)."""
+    from ._checks import refuse
+    value = cfg.get(name)
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise refuse(f"config.{name} in {str(Path(run) / 'run.json')!r}", "a finite number >= 0", repr(value))
+    return float(value)
+
+
 def build_report(run: Path, info: dict, history: dict, load_model: Callable[[], tuple] | None = None,
                  evaluation: list[dict] | None = None) -> str:
     """The report page as a string. load_model() -> (model, task, info) gives the views (None: none)."""
@@ -117,7 +129,7 @@ def build_report(run: Path, info: dict, history: dict, load_model: Callable[[], 
 
     sections: list[tuple[str, list, str]] = []          # (heading, figures, note)
     cfg, settings = info.get("config") or {}, info.get("settings") or {}
-    weights = ({"main": 1.0, "aux": float(cfg.get("w_aux") or 0.0), "smooth": float(cfg.get("w_smooth") or 0.0)}
+    weights = ({"main": 1.0, "aux": _loss_weight(run, cfg, "w_aux"), "smooth": _loss_weight(run, cfg, "w_smooth")}
                if isinstance(cfg, dict) and "w_aux" in cfg else None)
     delay = settings.get("aux_delay") if isinstance(settings, dict) else None
     sections.append(("Training", [training_curves_figure(

@@ -387,3 +387,22 @@ def test_a_seed_outside_torchs_range_is_refused_naming_seed_before_anything_is_w
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error: --seed must be an int in 0..") and seed in err[0]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("value", ["heavy", -1.0, True])
+def test_report_names_the_file_and_field_of_a_bad_loss_weight_in_run_json(tmp_path, capsys, value):
+    """A16: `config.w_aux = "heavy"` in run.json made `report` say only "could not convert string to float"."""
+    from cgt_viz.__main__ import main
+    from test_faults import ICL
+    run = tmp_path / "run"
+    assert main(["train", *ICL, "--out", str(run), "--steps", "2", "--batch-size", "4", "--eval-every", "0",
+                 "--aux-delay", "0"]) == 0
+    info = json.loads((run / "run.json").read_text())
+    info["config"]["w_aux"] = value
+    (run / "run.json").write_text(json.dumps(info))
+    capsys.readouterr()
+    code = main(["report", str(run)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert f"config.w_aux in {str(run / 'run.json')!r} must be a finite number >= 0, got {value!r}" in err[0]
+    assert not (run / "report.html").exists()
