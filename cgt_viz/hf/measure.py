@@ -188,13 +188,32 @@ def _nanmean(v: torch.Tensor) -> torch.Tensor:
     return keep.mean() if len(keep) else torch.tensor(float("nan"), dtype=v.dtype)
 
 
+def _per_document(values: torch.Tensor, docs: torch.Tensor) -> np.ndarray:
+    """Each document's mean of its windows' values (n,) -> (documents,), NaN windows left out (a window can lack
+    a subset of positions, see by_position; an all-NaN document stays NaN)."""
+    return torch.stack([_nanmean(values[docs == d]) for d in torch.unique(docs)]).double().numpy()
+
+
+def _resamples(n_docs: int, n_boot: int, seed: int) -> np.ndarray:
+    """n_boot bootstrap resamples of document indices (n_boot, n_docs)."""
+    return np.random.default_rng(seed).integers(0, n_docs, size=(n_boot, n_docs))
+
+
+def _interval(fn, boots: np.ndarray) -> dict[str, Any]:
+    """fn(document indices) -> a number: its value on all documents and a 95 % interval over the resamples."""
+    value = float(fn(np.arange(boots.shape[1])))
+    with warnings.catch_warnings():   # a resample may hold only documents without data for a subset: NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        draws = np.array([fn(b) for b in boots])
+    lo, hi = np.nanpercentile(draws, [2.5, 97.5])
+    return {"value": value, "ci95": [float(lo), float(hi)]}
+
+
 def document_interval(values: torch.Tensor, docs: torch.Tensor, n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
     """The mean over documents of each document's mean of values (n,) (windows of docs (n,)), with a 95 %
     bootstrap interval over documents -> {"value", "ci95"}. For a paired difference, pass it per window."""
-    per_doc = torch.stack([_nanmean(values[docs == d]) for d in torch.unique(docs)]).double().numpy()
-    boots = np.random.default_rng(seed).integers(0, len(per_doc), size=(n_boot, len(per_doc)))
-    lo, hi = np.nanpercentile(np.nanmean(per_doc[boots], axis=1), [2.5, 97.5])
-    return {"value": float(np.nanmean(per_doc)), "ci95": [float(lo), float(hi)]}
+    per_doc = _per_document(values, docs)
+    return _interval(lambda b: np.nanmean(per_doc[b]), _resamples(len(per_doc), n_boot, seed))
 
 
 def summarize_comparison(losses: dict[str, torch.Tensor], docs: torch.Tensor, n_boot: int = 2000,
@@ -203,18 +222,9 @@ def summarize_comparison(losses: dict[str, torch.Tensor], docs: torch.Tensor, n_
     (none − prompted) and G for every control (G_other_doc, ...); own − other = compiled − other_doc per
     document; each with a 95 % bootstrap interval over documents (n_boot resamples)."""
     uniq = torch.unique(docs)
-    # nanmean: a window can lack a subset of positions (see by_position); all-NaN documents stay NaN
-    per_doc = {c: torch.stack([_nanmean(v[docs == d]) for d in uniq]).double() for c, v in losses.items()}
-    rng = np.random.default_rng(seed)
-    boots = rng.integers(0, len(uniq), size=(n_boot, len(uniq)))
-
-    def stats(fn):
-        value = float(fn(np.arange(len(uniq))))
-        with warnings.catch_warnings():   # a resample may hold only documents without data for a subset: NaN
-            warnings.simplefilter("ignore", RuntimeWarning)
-            draws = np.array([fn(b) for b in boots])
-        lo, hi = np.nanpercentile(draws, [2.5, 97.5])
-        return {"value": value, "ci95": [float(lo), float(hi)]}
+    per_doc = {c: torch.from_numpy(_per_document(v, docs)) for c, v in losses.items()}
+    boots = _resamples(len(uniq), n_boot, seed)
+    stats = lambda fn: _interval(fn, boots)
 
     # a control with no candidate (e.g. no other document of the same topic among few) has no value: left out
     arr = {c: v.numpy() for c, v in per_doc.items() if not bool(torch.isnan(v).all())}
