@@ -285,3 +285,61 @@ class TokenShift(nn.Module):
             return self.embed(prev * self.vocab_size + inp if exact else (prev * 1_000_003 + inp) % self.buckets)
         first = torch.zeros_like(inp[:, :1]) if before is None else before[:, None]
         return self.embed(torch.cat([first, inp[:, :-1]], dim=1))                      # (b, t, input_dim) -> (b, t, d)
+
+
+class TokenMemory(nn.Module):
+    """Update directions read from the prompt's own tokens: a compiled memory of what the prompt said.
+
+    At the map W (o, i) of each memory layer ν (the map that reads the MLP's hidden state, writing the residual):
+
+        W' = W + s_ν / m · Σ_j u(t_{j+1}) a_ν,jᵀ,     a_ν,j = K_ν R LN(x_ℓ,j) + k_ν
+
+    one rank-one term per prompt position j = 1..p−2 (m = p − 2; position 0, the attention sink, is left out).
+    Its key a_ν,j (i,) is read from the prompt's layer-ℓ state at j; its value u(t) (o,) is the LM's output
+    embedding row of the token t_{j+1} that followed position j in the prompt. So the compiled model, in a state
+    like the one the prompt was in before t_{j+1}, raises t_{j+1}: the document's own names and words, where the
+    pooled templates can only carry its topic. ΔW = B A with A (m, i) the keys and B (o, m) the scaled values: a
+    LoRA of rank m (its rank grows with the prompt), merged, exported and costing what any LoRA does.
+
+    R (d → rank) is shared by the layers, K_ν (rank → i) and k_ν are each layer's; s_ν starts at 0, so an
+    untrained memory leaves the model as it is. In the full (per-token) mode position t uses the slots j ≤ t − 1
+    (their next token already read), with m = t − 1: the same map as the compile of the prefix ending at t.
+    """
+
+    def __init__(self, d: int, d_in: int, layers: list[int], rank: int):
+        super().__init__()
+        self.layers = [int(layer) for layer in layers]
+        self.read = nn.Linear(d, rank, bias=False)                                    # R, shared
+        self.keys = nn.ModuleDict({str(layer): nn.Linear(rank, d_in) for layer in self.layers})   # K_ν, k_ν
+        self.scale = nn.Parameter(torch.zeros(len(self.layers)))                      # s_ν
+        self.norm = 1.0 / math.sqrt(d_in)      # keeps a · h of order one at any width
+
+    def slot_keys(self, layer: int, states: torch.Tensor) -> torch.Tensor:
+        """states (b, s, d): LN(x_ℓ) of the prompt's positions -> keys a_ν (b, s, i), the 1/√i scale folded in."""
+        return self.keys[str(layer)](self.read(states)) * self.norm
+
+    def gain(self, layer: int) -> torch.Tensor:
+        return self.scale[self.layers.index(layer)]
+
+    def factors(self, layer: int, states: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The compiled update of one layer from m slots: states (b, m, d), values (b, m, o) (u(t_{j+1}) of each
+        slot) -> A (b, m, i), B (b, o, m) with ΔW = B @ A."""
+        lora_a = self.slot_keys(layer, states)
+        lora_b = rearrange(values, "b m o -> b o m") * (self.gain(layer) / max(states.shape[1], 1))
+        return lora_a, lora_b
+
+    @staticmethod
+    def apply_fixed(h: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor) -> torch.Tensor:
+        """ΔW h for a compiled memory: h (b, t, i), A (b, m, i), B (b, o, m) -> (b, t, o)."""
+        return (h @ lora_a.transpose(1, 2)) @ lora_b.transpose(1, 2)
+
+    def apply_causal(self, layer: int, h: torch.Tensor, states: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """ΔW_t h_t of the full mode, each position with the memory of its own prefix: h (b, t, i), states
+        (b, t, d) LN(x_ℓ) of this pass, values (b, t, o) u(t_{j+1}) per position j (the last one unused) -> (b, t, o)."""
+        t = h.shape[1]
+        scores = h @ self.slot_keys(layer, states).transpose(1, 2)                    # (b, t query, t slot)
+        j = torch.arange(t, device=h.device)
+        usable = (j[None, :] >= 1) & (j[None, :] <= j[:, None] - 1)                   # slot j at query q: 1 ≤ j ≤ q − 1
+        count = (j - 1).clamp_min(1).to(h.dtype)                                      # (t,): m at each query
+        weights = scores * usable.to(h.dtype) / count[:, None]
+        return self.gain(layer) * (weights @ values)

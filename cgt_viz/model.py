@@ -311,12 +311,16 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         if ybar_vec.shape[0] != 1:
             raise refuse("ybar_vec", "one summary (d_y,) or (1, d_y) for merged_gpt", f"shape {tuple(ybar_vec.shape)}",
                          hint="use specialize for a batch of prompts")
+        return self._merged(self.lora_factors(ybar_vec[0]), share_weights)
+
+    def _merged(self, factors: dict[str, tuple[torch.Tensor, torch.Tensor]], share_weights: bool) -> nn.Module:
+        """The x stream's model with W + B @ A at every weight named in factors {name: (A (r, i), B (o, r))}."""
         base = self.stream.base(self)
         # the merged weights go straight into deepcopy's memo: a full copy would clone W only for it to be overwritten
         memo: dict[int, Any] = ({id(t): t for t in itertools.chain(base.parameters(), base.buffers())}
                                 if share_weights else {})
         with torch.no_grad():
-            for name, (lora_a, lora_b) in self.lora_factors(ybar_vec[0]).items():
+            for name, (lora_a, lora_b) in factors.items():
                 weight = base.get_parameter(name)
                 # W + (B @ A) in W's dtype, not addmm: under autocast the sum keeps W's dtype
                 memo[id(weight)] = nn.Parameter(weight + (lora_b @ lora_a).to(weight.dtype),

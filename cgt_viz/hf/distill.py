@@ -12,6 +12,8 @@ on the head's parameters can be computed once:
     teacher_logp   (n, m, k + 1)   ... their log-probabilities and the rest bucket (cgt_viz.distill);
                                    top_k None: ids (n, m, 0) and the whole vocabulary's log-probs (n, m, v + 1)
     topic, doc     (n,)            where each window comes from
+    prefix_x       (n, p, d)       with a token memory only (`CGTLM(memory_layers=...)`): x_ℓ of the prefix, from
+                                   the teacher's pass (what the memory's slots read), in the store dtype
 
 The teacher is the frozen LM with the prefix in context. A training step then runs only the modulated layers
 ℓ+1..N on 64 cached states and the LM head: no forward below ℓ + 1, no backward below it.
@@ -109,6 +111,8 @@ class FeatureCache:
         t = self.tensors
         out = {"pooled": t["pooled"][rows].float().to(device), "suffix_x": t["suffix_x"][rows].float().to(device),
                "targets": t["tokens"][rows, p + 1:].long().to(device)}
+        if "prefix_x" in t:
+            out.update(prefix_x=t["prefix_x"][rows].float().to(device), prefix=t["tokens"][rows, :p].long().to(device))
         if t["teacher_ids"].shape[-1] == 0:      # the whole vocabulary: the teacher as log-probs, no rest bucket
             return {**out, "teacher": t["teacher_logp"][rows, :, :-1].float().to(device)}
         return {**out, "teacher_ids": t["teacher_ids"][rows].long().to(device),
@@ -131,15 +135,19 @@ def compute_features(model, tokens: torch.Tensor, prefix_len: int, top_k: int | 
     """The cached tensors of windows tokens (n, p + m + 1), without writing anything (see the module docstring)."""
     n, length = tokens.shape
     m = length - prefix_len - 1
-    out: dict[str, list[torch.Tensor]] = {k: [] for k in ("pooled", "suffix_x", "teacher_ids", "teacher_logp")}
+    names = ("pooled", "suffix_x", "teacher_ids", "teacher_logp") + (("prefix_x",) if model.memory is not None else ())
+    out: dict[str, list[torch.Tensor]] = {k: [] for k in names}
     rows = range(0, n, batch_size)
     if progress:
         from tqdm.auto import tqdm
         rows = tqdm(rows, desc="feature cache", unit="batch")
     for i in rows:
         w = tokens[i:i + batch_size].to(model.device)
-        hidden, pooled = model.teacher_pass(w[:, :prefix_len + m], prefix_len)   # the LM with the prefix in context
+        # the LM with the prefix in context
+        hidden, pooled, prefix_x = model.teacher_pass(w[:, :prefix_len + m], prefix_len, states=True)
         out["pooled"].append(pooled.float().cpu())
+        if "prefix_x" in out:
+            out["prefix_x"].append(prefix_x.to(dtype).cpu())
         logits = model._logits(hidden[:, prefix_len:])
         ids, logp = teacher_topk(logits, top_k)
         if top_k is None or top_k >= logits.shape[-1]:     # every token, in order: the ids say nothing
@@ -179,6 +187,8 @@ def build_feature_cache(model, tokens: torch.Tensor, prefix_len: int, *, top_k: 
     settings = {"format": CACHE_FORMAT, "prefix_len": prefix_len, "suffix_len": tokens.shape[1] - prefix_len - 1,
                 "top_k": top_k, "y_layer": model.config.y_layer, "pool_half_life": model.pool_half_life,
                 "store_dtype": store_dtype}
+    if model.memory is not None:          # only then: the keys of caches without prefix states stay as they were
+        settings["prefix_states"] = True
     weights_sha256 = weights_sha256 or lm_fingerprint(model.lm)
     key = cache_key(model, tokens, settings, weights_sha256)
     folder = cache_root(root) / "features" / key
@@ -238,6 +248,8 @@ def load_feature_cache(path: str | os.PathLike) -> FeatureCache:
                          f"{manifest.get('file_bytes')} bytes and another sha256): delete {str(folder)!r} to rebuild")
     tensors = load_tensors(file)
     need = {"pooled", "suffix_x", "tokens", "teacher_ids", "teacher_logp", "topic", "doc"}
+    if manifest.get("settings", {}).get("prefix_states"):
+        need.add("prefix_x")
     if set(tensors) != need:
         raise ValueError(f"{str(file)!r} holds {sorted(tensors)}, expected {sorted(need)}")
     return FeatureCache(tensors, manifest, folder)
@@ -258,7 +270,13 @@ def cached_loss(model, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     """The aux objective of `model.config` (aux_ce · CE + aux_kl · KL to the cached teacher) on a batch of
     `FeatureCache.batch`: ȳ from the pooled read-out, layers ℓ+1..N over the cached suffix states."""
     ybar = model._summary(batch["pooled"])                                                    # (b, e)
-    hidden = model._upper_hidden(batch["suffix_x"], model._fixed_coeffs(ybar))               # (b, m, d)
+    coeffs = model._fixed_coeffs(ybar)
+    if model.memory is not None:
+        if "prefix_x" not in batch:
+            raise refuse("cache", "a feature cache with the prefix states a token memory reads (built for a CGTLM "
+                         "with memory_layers > 0)", "a cache without prefix_x")
+        coeffs.update(model.memory_coeffs(batch["prefix_x"], batch["prefix"]))
+    hidden = model._upper_hidden(batch["suffix_x"], coeffs)                                   # (b, m, d)
     return _scored(model, ybar, hidden, batch["targets"], batch.get("teacher_ids"), batch.get("teacher_logp"),
                    batch.get("teacher"))
 
@@ -273,8 +291,10 @@ def uncached_loss(model, tokens: torch.Tensor, prefix_len: int, top_k: int | Non
     with torch.no_grad():
         teacher_hidden = model.teacher_pass(tokens[:, :prefix_len + m], prefix_len)[0]
         ids, logp = teacher_topk(model._logits(teacher_hidden[:, prefix_len:]), top_k)
-    ybar = model.context(tokens[:, :prefix_len])[:, -1]
-    hidden = model._hidden(tokens[:, prefix_len:prefix_len + m], model._fixed_coeffs(ybar))[0]
+    prefix_x, ybar, _ = model._lower(tokens[:, :prefix_len])
+    ybar = ybar[:, -1]
+    coeffs = {**model._fixed_coeffs(ybar), **model.memory_coeffs(prefix_x, tokens[:, :prefix_len])}
+    hidden = model._hidden(tokens[:, prefix_len:prefix_len + m], coeffs)[0]
     return _scored(model, ybar, hidden, tokens[:, prefix_len + 1:].long(), ids, logp)
 
 

@@ -71,6 +71,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--templates", type=int, default=16)
     p.add_argument("--rank", type=int, default=2)
     p.add_argument("--sites", nargs="+", default=["attn_in", "mlp_in"])
+    p.add_argument("--memory-layers", type=int, default=0,
+                   help="a token memory at the MLP output map of the top N layers (0: none; see layers.TokenMemory)")
+    p.add_argument("--memory-rank", type=int, default=64, help="width of the memory's shared key read-out")
+    p.add_argument("--init-from", default=None,
+                   help="start from the head saved in this folder (its y read-out and templates; a token memory it "
+                        "lacks starts at zero); the read-out is then not re-calibrated")
     p.add_argument("--prefix", type=int, default=64)
     p.add_argument("--suffix", type=int, default=64)
     p.add_argument("--per-doc", type=int, default=2, help="training windows per training document")
@@ -109,12 +115,33 @@ def _settings(args) -> dict:
     return out
 
 
+def init_from(model, folder: Path, lm) -> dict:
+    """Load the head saved in folder into model, whose every other tensor (a token memory the saved head lacks)
+    keeps its initial value. Refused by name when a tensor of the saved head has another shape here or is unknown.
+    -> the state loaded."""
+    saved = CGTLM.from_pretrained(folder, lm).state_dict()
+    own = model.state_dict()
+    wrong = [f"{k}: {tuple(v.shape)} saved, {tuple(own[k].shape)} here" for k, v in saved.items()
+             if k in own and own[k].shape != v.shape]
+    unknown = sorted(set(saved) - set(own))
+    if wrong or unknown:
+        raise refuse("--init-from", "a head of the same y read-out and templates (d_y, y_layer, templates, rank, "
+                     "sites)", f"{str(folder)!r}, whose {(wrong + unknown)[:3]} do not fit this head")
+    model.load_state_dict({**own, **saved})
+    return saved
+
+
 def check_args(args) -> None:
     """Every number checked before minutes of loading and caching (the CLI prints the message, exit 2)."""
     for name in ("threads", "y_layer", "d_y", "templates", "rank", "prefix", "suffix", "per_doc", "top_k", "batch",
                  "val_windows", "eval_per_topic", "eval_draws", "checkpoint_every"):
         check_int(f"--{name.replace('_', '-')}", getattr(args, name), 1)
     check_int("--train-per-topic", args.train_per_topic, 1, allow_none=True)
+    check_int("--memory-layers", args.memory_layers, 0, hint=" (0: no token memory)")
+    check_int("--memory-rank", args.memory_rank, 1)
+    if args.init_from is not None and not Path(args.init_from).is_dir():
+        raise refuse("--init-from", "a folder written by CGTLM.save_pretrained (e.g. data/models/smollm2-bbc-head)",
+                     repr(args.init_from))
     check_int("--steps", args.steps, 1, allow_none=True)
     check_int("--seed", args.seed, 0, SEED_MAX, hint=" (torch's generators take a 64-bit seed; the splits add offsets)")
     check_float("--minutes", args.minutes, 0.0, lo_open=True)
@@ -258,7 +285,12 @@ def run(args, out: Path, dev: torch.device | str = "cpu", distributed: bool = Fa
     else:
         model = CGTLM(lm, y_layer=args.y_layer, d_y=args.d_y, n_head_y=4, n_templates=args.templates,
                          template_rank=args.rank, sites=tuple(args.sites), pooled_only=True, aux_ce=args.aux_ce,
-                         aux_kl=args.aux_kl, aux_kl_top_k=args.top_k, w_aux=1.0).to(dev)
+                         aux_kl=args.aux_kl, aux_kl_top_k=args.top_k, w_aux=1.0, memory_layers=args.memory_layers,
+                         memory_rank=args.memory_rank).to(dev)
+        if args.init_from is not None:
+            start = init_from(model, Path(args.init_from), lm)
+            say(f"started from the head in {args.init_from!r} ({len(start)} tensors; new: "
+                f"{sorted({k.split('.')[0] for k in model.state_dict()} - {k.split('.')[0] for k in start})})")
         length = args.prefix + args.suffix + 1
         tokens, topics, docs = task.document_windows(length, "train", per_doc=args.per_doc,
                                                      per_topic=args.train_per_topic, seed=args.seed)
@@ -274,8 +306,10 @@ def run(args, out: Path, dev: torch.device | str = "cpu", distributed: bool = Fa
                                                seed=args.seed + 1)
         val_cache = distill.build_feature_cache(model, vt, args.prefix, top_k=args.top_k, topics=vtop, docs=vdoc,
                                                 weights_sha256=weights_sha, progress=False)
-        model.calibrate_pool_from(cache.tensors["pooled"].float())
-        say(f"validation cache: {val_cache}; read-out calibrated on {len(cache)} pooled vectors")
+        if args.init_from is None:
+            model.calibrate_pool_from(cache.tensors["pooled"].float())
+        say(f"validation cache: {val_cache}; read-out " + (f"calibrated on {len(cache)} pooled vectors"
+                                                          if args.init_from is None else "as saved"))
         # the frozen LM's own no-grad forward on the same machine, as the yardstick of the head's training speed
         with torch.no_grad():
             x = tokens[:16, :128].to(dev)

@@ -84,7 +84,11 @@ def window_losses(model, tokens: torch.Tensor, prefix_len: int, topics: torch.Te
     other_doc    the same with ȳ of a random window of another document; same_topic / other_topic: of another
                  document of the same / another topic
     topic_mean   ȳ = topic_means[topic] (e.g. the mean ȳ of the topic's training windows)
-    no_context   the LM alone on the suffix"""
+    no_context   the LM alone on the suffix
+
+    With a token memory (`CGTLM(memory_layers=...)`) a condition that borrows another window's ȳ borrows its
+    memory too (the whole compiled prompt is swapped); topic_mean has no memory (a mean ȳ holds no tokens), and
+    one more condition, compiled_ybar_only, is the own ȳ without the memory: what the memory adds."""
     from .model import check_cgtlm
     check_cgtlm(model)
     n, length = tokens.shape
@@ -100,15 +104,19 @@ def window_losses(model, tokens: torch.Tensor, prefix_len: int, topics: torch.Te
             choice.append(pool[int(torch.randint(len(pool), (1,), generator=gen))] if pool else -1)
         pick[name] = torch.tensor(choice)
     shape = (n, m) if per_position else (n,)
-    out = {c: torch.full(shape, float("nan")) for c in CONDITIONS + (("full_mode",) if full_mode else ())}
+    memory = model.memory is not None
+    extra = (("full_mode",) if full_mode else ()) + (("compiled_ybar_only",) if memory else ())
+    out = {c: torch.full(shape, float("nan")) for c in CONDITIONS + extra}
     ce = lambda logits, targets: _ce(logits, targets, per_position)
     with eval_mode(model):
-        ybar, suffix_x = [], []
+        ybar, suffix_x, prefix_x = [], [], []
         for i in range(0, n, batch_size):
             w = tokens[i:i + batch_size].to(model.device)
             tgt = w[:, prefix_len + 1:]
             # the teacher's pass also gives the prompt's pooled read-out, all that a pooled-only head reads
-            hidden, pooled = model.teacher_pass(w[:, :prefix_len + m], prefix_len)
+            hidden, pooled, states = model.teacher_pass(w[:, :prefix_len + m], prefix_len, states=True)
+            if memory:
+                prefix_x.append(states)
             out["prompted"][i:i + len(w)] = ce(model._logits(hidden[:, prefix_len:]), tgt)
             if full_mode:
                 out["full_mode"][i:i + len(w)] = ce(model(w[:, :prefix_len + m])[:, prefix_len:], tgt)
@@ -118,18 +126,25 @@ def window_losses(model, tokens: torch.Tensor, prefix_len: int, topics: torch.Te
                 ybar.append(model.context(w[:, :prefix_len])[:, -1])
             suffix_x.append(model.x_at_layer(w[:, prefix_len:prefix_len + m]))
         ybar, suffix_x = torch.cat(ybar), torch.cat(suffix_x)
-        summaries = {"compiled": ybar, "no_context": None}
+        own = torch.arange(n)
+        summaries = {"compiled": (ybar, own), "no_context": (None, None)}
         for name, rows in pick.items():
-            summaries[name] = torch.where((rows >= 0)[:, None], ybar[rows.clamp_min(0)], torch.nan)
+            summaries[name] = (torch.where((rows >= 0)[:, None], ybar[rows.clamp_min(0)], torch.nan), rows.clamp_min(0))
         if topic_means is not None:
-            summaries["topic_mean"] = topic_means.to(ybar)[topics.to(ybar.device)]
-        for name, summary in summaries.items():
+            summaries["topic_mean"] = (topic_means.to(ybar)[topics.to(ybar.device)], None)
+        if memory:
+            prefix_x = torch.cat(prefix_x)
+            summaries["compiled_ybar_only"] = (ybar, None)
+        for name, (summary, source) in summaries.items():
             for i in range(0, n, batch_size):
                 x, tgt = suffix_x[i:i + batch_size], tokens[i:i + batch_size, prefix_len + 1:].to(model.device)
                 if summary is None:
                     coeffs = {k: torch.zeros_like(c) for k, c in model._fixed_coeffs(ybar[i:i + len(x)]).items()}
                 else:
                     coeffs = model._fixed_coeffs(summary[i:i + len(x)])
+                if memory and source is not None:     # the memory of the window whose ȳ is used
+                    rows = source[i:i + len(x)]
+                    coeffs.update(model.memory_coeffs(prefix_x[rows], tokens[rows, :prefix_len].to(model.device)))
                 out[name][i:i + len(x)] = ce(model._logits(model._upper_hidden(x, coeffs)), tgt)
     return out
 
@@ -269,7 +284,8 @@ def compile_comparison(model, task, part: str = "val", prompt_lens=(64, 128), su
 
 LABELS = {"prompted": "prompted (LM reads the prompt)", "compiled": "compiled (own ȳ)", "other_doc": "another document's ȳ",
           "same_topic": "same topic, other document", "other_topic": "another topic's document",
-          "topic_mean": "the topic's mean ȳ", "no_context": "no context", "full_mode": "CGT full mode"}
+          "topic_mean": "the topic's mean ȳ", "no_context": "no context", "full_mode": "CGT full mode",
+          "compiled_ybar_only": "compiled, own ȳ without the token memory"}
 
 
 def comparison_verdict(result: dict[str, Any]) -> str:

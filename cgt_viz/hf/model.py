@@ -35,14 +35,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .._checks import Device, Folder, check_bool, check_float, check_int, checked, describe, refuse
+from .._checks import Bool, Device, Folder, check_bool, check_float, check_int, checked, describe, refuse
 from ..config import CGTConfig
-from ..contracts import IGNORE_INDEX, check_inputs
+from ..contracts import IGNORE_INDEX, check_inputs, check_prompts
 from ..distill import aux_objective
 from ..io import CONFIG_NAME, WEIGHTS_NAME, load_tensors, model_folder, read_json, save_tensors, warn_non_finite, write_json
-from ..layers import SiteTemplates, YBlock
+from ..layers import SiteTemplates, TokenMemory, YBlock
 from ..losses import SMOOTHNESS, take_positions
-from ..model import CGT
+from ..model import CGT, LoraFactors
 from ..outputs import X
 from ..sites import SITE_TABLE, site_width
 from .source import require
@@ -53,6 +53,7 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")   # the decoder l
 # a view of sites.SITE_TABLE
 SITE_MODULES: dict[str, tuple[str, bool, tuple[str, ...]]] = {
     site.name: (site.hf_at, site.hf_output, site.hf_maps) for site in SITE_TABLE}
+MEMORY_SITE = "mlp_out"   # the token memory writes at the map reading this site (the MLP's output map)
 VOCAB_CHUNK = 8192   # the loss computes logits this many vocabulary entries at a time
 
 
@@ -175,7 +176,8 @@ class CGTLM(CGT):
                  w_smooth: float = 0.0, smooth: str = "l2", aux_min_prefix: int = 1, aux_min_suffix: int = 1,
                  aux_suffix_len: int | None = None, aux_row_fraction: float = 1.0, aux_ce: float = 1.0,
                  aux_kl: float = 0.0, aux_kl_top_k: int | None = None, block_size: int | None = None,
-                 y_mlp_ratio: int = 4, pool_half_life: float | None = None, pooled_only: bool = False):
+                 y_mlp_ratio: int = 4, pool_half_life: float | None = None, pooled_only: bool = False,
+                 memory_layers: int = 0, memory_rank: int = 64):
         nn.Module.__init__(self)   # not CGT.__init__: the x stream is lm, not a cgt_viz GPT
         check_lm(lm)
         c = lm.config
@@ -194,6 +196,14 @@ class CGTLM(CGT):
             pool_half_life = check_float("pool_half_life", pool_half_life, 0.0, None, lo_open=True,
                                          hint=" (tokens; None for the causal mean over the whole prefix)")
         check_bool("pooled_only", pooled_only)
+        check_int("memory_layers", memory_layers, 0, n_layer - y_layer,
+                  hint=f" (0: no token memory; at most the {n_layer - y_layer} layers above y_layer={y_layer})")
+        check_int("memory_rank", memory_rank, 1)
+        if memory_layers and MEMORY_SITE in tuple(sites):
+            # the memory reads the input of that site's map, which the templates would transform first: the
+            # merged map would then be (W + B A) T, not W T + B A
+            raise refuse("sites", f"no {MEMORY_SITE!r} with memory_layers > 0 (the token memory writes at that "
+                         f"site's map)", repr(tuple(sites)))
         self.pool_half_life, self.pooled_only = pool_half_life, pooled_only
         self.config = cfg = CGTConfig(
             vocab_size=c.vocab_size, block_size=block_size, n_layer=n_layer, d_x=c.hidden_size,
@@ -206,7 +216,8 @@ class CGTLM(CGT):
                           "name_or_path": str(getattr(c, "_name_or_path", "")), "hidden_size": c.hidden_size,
                           "intermediate_size": c.intermediate_size, "num_hidden_layers": n_layer,
                           "vocab_size": c.vocab_size, "pool_half_life": pool_half_life,
-                          "pooled_only": pooled_only}})
+                          "pooled_only": pooled_only, "memory_layers": memory_layers,
+                          "memory_rank": memory_rank}})
         self.lm = lm.requires_grad_(False).eval()
         d, e = c.hidden_size, d_y
         self.y_blocks = nn.ModuleList(YBlock(d, e, n_head_y, y_mlp_ratio, True, 0.0)
@@ -231,6 +242,8 @@ class CGTLM(CGT):
                                        for s in cfg.sites})
             for layer in self.modulated_layers})
         self._n_attention = n_layer + y_layer
+        self.memory = (TokenMemory(d, site_width(MEMORY_SITE, widths), self.modulated_layers[-memory_layers:],
+                                   memory_rank) if memory_layers else None)
 
     # ------------------------------------------------------------------ module plumbing
     def train(self, mode: bool = True) -> "CGTLM":
@@ -288,9 +301,10 @@ class CGTLM(CGT):
         return self._pooled(self.ln_x(x.to(self.pool.weight.dtype)))[:, -1]
 
     @torch.no_grad()
-    def teacher_pass(self, idx: torch.Tensor, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def teacher_pass(self, idx: torch.Tensor, prompt_len: int, states: bool = False) -> tuple[torch.Tensor, ...]:
         """The plain LM (no templates) over idx (b, t): the distillation teacher. -> its final hidden states
-        (b, t, d) and, from the same pass, the pooled read-out after the first prompt_len tokens (b, d)."""
+        (b, t, d) and, from the same pass, the pooled read-out after the first prompt_len tokens (b, d); with
+        states also the prompt's layer-ℓ states x_ℓ (b, prompt_len, d) (what a token memory reads)."""
         grabbed = {}
         with pass_lock(self.lm):
             handle = self.lm.model.layers[self.config.y_layer - 1].register_forward_hook(own_thread(
@@ -299,7 +313,8 @@ class CGTLM(CGT):
                 hidden = self.lm.model(input_ids=idx, use_cache=False).last_hidden_state
             finally:
                 handle.remove()
-        return hidden, self._pooled_last(grabbed["x"][:, :prompt_len])
+        pooled = self._pooled_last(grabbed["x"][:, :prompt_len])
+        return (hidden, pooled, grabbed["x"][:, :prompt_len]) if states else (hidden, pooled)
 
     @torch.no_grad()
     def x_at_layer(self, idx: torch.Tensor, layer: int | None = None) -> torch.Tensor:
@@ -333,6 +348,102 @@ class CGTLM(CGT):
                 return model(inputs_embeds=x_ell.to(self.lm.dtype), use_cache=False).last_hidden_state
             finally:
                 model.layers = full
+
+    # ------------------------------------------------------------------ the token memory (layers.TokenMemory)
+    def memory_map(self, layer: int) -> str:
+        """The weight of lm (a state-dict key) that the token memory of decoder layer ν writes."""
+        return self.stream.site_maps(self, layer, MEMORY_SITE)[0]
+
+    def memory_slots(self, states: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A prompt's slots j = 1..p−2: states (b, p, d) its x_ℓ, tokens (b, p) -> LN(x_ℓ,j) (b, p−2, d) and the
+        output embedding row of the token after each, u(t_{j+1}) (b, p−2, o)."""
+        dtype = self.memory.read.weight.dtype
+        return self.ln_x(states[:, 1:-1].to(dtype)), self.lm.lm_head.weight[tokens[:, 2:].long()].to(dtype)
+
+    def memory_coeffs(self, states: torch.Tensor, tokens: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """The compiled memory of prompts (states (b, p, d) x_ℓ, tokens (b, p)) as entries of a pass's coeffs:
+        {"ν.memory": (A (b, m, i), B (b, o, m))}, ΔW = B @ A at layer ν's memory map ({} without a memory)."""
+        if self.memory is None:
+            return {}
+        slots, values = self.memory_slots(states, tokens)
+        return {f"{layer}.memory": self.memory.factors(layer, slots, values) for layer in self.memory.layers}
+
+    def _remember(self, layer: int, h: torch.Tensor, out: torch.Tensor, coeffs: dict | None) -> torch.Tensor:
+        """The output of layer ν's memory map plus the memory's term: h its input (b, t, i), out (b, t, o).
+        coeffs holds "ν.memory" (a compiled memory, ȳ frozen) or "memory" (the full mode's causal memory)."""
+        if not coeffs or ("memory" not in coeffs and f"{layer}.memory" not in coeffs):
+            return out
+        dtype = out.dtype if torch.is_autocast_enabled() else self.memory.read.weight.dtype
+        fixed = coeffs.get(f"{layer}.memory")
+        if fixed is not None:
+            delta = TokenMemory.apply_fixed(h.to(dtype), fixed[0].to(dtype), fixed[1].to(dtype))
+        else:
+            delta = self.memory.apply_causal(layer, h.to(dtype), *coeffs["memory"])
+        return out + delta.to(out.dtype)
+
+    def _y_stream(self, inp, *args, **kwargs):
+        """CGT._y_stream; with a token memory the coefficients at ℓ also carry this pass's slots (the full mode:
+        every position reads the memory of its own prefix)."""
+        ystep, out = super()._y_stream(inp, *args, **kwargs)
+        if self.memory is None:
+            return ystep, out
+        dtype = self.memory.read.weight.dtype
+
+        def with_memory(nu, x):
+            coeffs = ystep(nu, x)
+            if coeffs is not None:
+                after = torch.cat([inp[:, 1:], inp[:, -1:]], dim=1)       # (b, t): the token after each position
+                coeffs = {**coeffs, "memory": (self.ln_x(x.to(dtype)), self.lm.lm_head.weight[after].to(dtype))}
+            return coeffs
+        return with_memory, out
+
+    @torch.no_grad()
+    def compiled_coeffs(self, prompt: torch.Tensor) -> dict:
+        """Everything a compile freezes, for one prompt (t,) or (1, t), from one pass over it (layers 1..ℓ):
+        {"ν.site": (1, 1, K)} the templates' coefficients at ȳ after the prompt and, with a token memory,
+        {"ν.memory": (A (1, m, i), B (1, o, m))}. A pass with these coeffs is specialize(prompt), unmerged."""
+        rows, single = check_prompts(self.config, prompt, self.device)
+        if not single:
+            raise refuse("prompt", "one prompt (t,) or (1, t) here", describe(prompt))
+        x, ybar, _ = self._lower(rows)
+        return {**self._fixed_coeffs(ybar[:, -1]), **self.memory_coeffs(x, rows)}
+
+    def forward_compiled(self, idx: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
+        """The compiled model of one prompt, unmerged: idx (b, t) -> logits (b, t, v), the logits of
+        specialize(prompt)(idx) (with or without a token memory)."""
+        coeffs = self.compiled_coeffs(prompt)
+        idx = check_inputs(self.config, idx, device=self.device)
+        return self._logits(self._hidden(idx, coeffs)[0])
+
+    @torch.no_grad()
+    def prompt_factors(self, prompt: torch.Tensor) -> LoraFactors:
+        """The whole compiled update of one prompt (t,) or (1, t): {weight name: (A (r, i), B (o, r))} with
+        W' = W + B @ A. The templates' factors at ȳ after the prompt (`lora_factors`) and, with a token memory,
+        its slots' at each memory map (a map both write gets both, stacked along r)."""
+        rows, single = check_prompts(self.config, prompt, self.device)
+        if not single:
+            raise refuse("prompt", "one prompt (t,) or (1, t) here", describe(prompt))
+        x, ybar, _ = self._lower(rows)
+        factors = self.lora_factors(ybar[0, -1])
+        for key, (lora_a, lora_b) in self.memory_coeffs(x, rows).items():
+            name = self.memory_map(int(key.split(".")[0]))
+            lora_a, lora_b = lora_a[0], lora_b[0]
+            if name in factors:
+                lora_a = torch.cat([factors[name][0], lora_a])
+                lora_b = torch.cat([factors[name][1], lora_b], dim=1)
+            factors[name] = (lora_a, lora_b)
+        return factors
+
+    @torch.no_grad()
+    @checked(share_weights=Bool())
+    def specialize(self, prompt: torch.Tensor | Sequence[torch.Tensor], share_weights: bool = True):
+        """CGT.specialize: one pass over each prompt, then W' = W + B @ A at every map the templates and the
+        token memory (if any) write; a model of lm's class, or a list of them for several prompts."""
+        if self.memory is None:
+            return super().specialize(prompt, share_weights)
+        prompts, single = check_prompts(self.config, prompt, self.device)
+        models = [self._merged(self.prompt_factors(p), share_weights) for p in prompts]
+        return models[0] if single else models
 
     def _pooled(self, h: torch.Tensor) -> torch.Tensor:
         """The read-out's running mean of LN(x_ℓ): (b, t, d) -> (b, t, d), over the whole prefix or exponential."""
@@ -391,11 +502,19 @@ class CGTLM(CGT):
         """merged_gpt under the LM's name: a model of lm's class whose modulated weights are W + B @ A."""
         return self.merged_gpt(ybar_vec, share_weights)
 
-    def peft_config(self):
-        """The peft.LoraConfig of `export_peft`: rank K·r, alpha = rank (scale 1), the layers above ℓ."""
+    def peft_config(self, factors: dict | None = None):
+        """The peft.LoraConfig of `export_peft`: rank K·r, alpha = rank (scale 1), the layers above ℓ. Given the
+        factors of a compile with a token memory: each map named, at its own rank (rank_pattern, alpha_pattern)."""
         peft = require("peft")
         cfg = self.config
         rank = cfg.n_templates * cfg.template_rank
+        if factors is not None and self.memory is not None:
+            import re
+            modules = {name[:-len(".weight")]: int(a.shape[0]) for name, (a, _) in factors.items()}
+            pattern = {re.escape(m): r for m, r in modules.items() if r != rank}
+            return peft.LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, bias="none",
+                                   target_modules=sorted(modules), rank_pattern=pattern, alpha_pattern=dict(pattern),
+                                   task_type="CAUSAL_LM", base_model_name_or_path=cfg.extra["hf"].get("name_or_path") or None)
         targets = sorted({linear.split(".")[-1] for s in cfg.sites for linear in SITE_MODULES[s][2]})
         return peft.LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, bias="none", target_modules=targets,
                                layers_to_transform=[layer - 1 for layer in self.modulated_layers],
@@ -411,15 +530,15 @@ class CGTLM(CGT):
         # a folder holding a model (or another tool's weights) is never changed by an adapter
         from ..io import ADAPTER_WEIGHTS_NAME, PEFT_WRITER, check_artefact_folder
         check_artefact_folder(path, "peft", "export_peft", "a PEFT adapter")
-        ybar = self.prompt_summary(prompt)
+        factors = self.prompt_factors(prompt)
         tensors = {}
-        for name, (lora_a, lora_b) in self.lora_factors(ybar).items():
+        for name, (lora_a, lora_b) in factors.items():
             module = name[:-len(".weight")]
             tensors[f"base_model.model.{module}.lora_A.weight"] = lora_a
             tensors[f"base_model.model.{module}.lora_B.weight"] = lora_b
         path.mkdir(parents=True, exist_ok=True)
         save_tensors(path / ADAPTER_WEIGHTS_NAME, tensors, metadata={"format": "pt", "written_by": PEFT_WRITER})
-        self.peft_config().save_pretrained(str(path))
+        self.peft_config(factors).save_pretrained(str(path))
         return path
 
     # ------------------------------------------------------------------ CGT.loss's scoring, in vocabulary chunks
@@ -474,7 +593,9 @@ class CGTLM(CGT):
         if not isinstance(saved, dict):
             raise refuse("config", "the CGTConfig of a CGTLM (with extra['hf'])", describe(config), TypeError)
         return cls(lm, **cls._settings(config, y_mlp_ratio=config.mlp_ratio, pool_half_life=saved.get("pool_half_life"),
-                                       pooled_only=saved.get("pooled_only", False)))
+                                       pooled_only=saved.get("pooled_only", False),
+                                       memory_layers=saved.get("memory_layers", 0),
+                                       memory_rank=saved.get("memory_rank", 64)))
 
     @checked(path=Folder(new=True))
     def save_pretrained(self, path: str | os.PathLike) -> Path:
@@ -536,7 +657,12 @@ class CGTLM(CGT):
                 raise refuse("lm", "the LM these heads were trained on", f"an LM whose {key} is "
                              f"{getattr(now, key)!r}, the folder says {saved.get(key)!r} "
                              f"({saved.get('name_or_path')!r})")
-        kwargs = cls._settings(cfg, y_mlp_ratio=y_mlp_ratio, pool_half_life=pool_half_life, pooled_only=pooled_only)
+        memory = {k: saved.get(k, default) for k, default in (("memory_layers", 0), ("memory_rank", 64))}
+        for key, value in memory.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{str(file)!r}: config.extra.hf.{key} must be an int >= 0, got {describe(value)}")
+        kwargs = cls._settings(cfg, y_mlp_ratio=y_mlp_ratio, pool_half_life=pool_half_life, pooled_only=pooled_only,
+                               **memory)
         # the shapes the config builds, on the meta device (no memory, no time), against the file's header
         header = _safetensors_header(path / WEIGHTS_NAME)
         try:

@@ -91,6 +91,9 @@ def hooks(model, coeffs: dict | None, ystep=None, record: dict | None = None, st
             return lambda module, args, out: model._modulate(layer, site, out, state["coeffs"])
         return lambda module, args: (model._modulate(layer, site, args[0], state["coeffs"]), *args[1:])
 
+    def remembered(layer):
+        return lambda module, args, out: model._remember(layer, args[0], out, state["coeffs"])
+
     with pass_lock(model.lm):
         try:
             if record is not None:
@@ -106,6 +109,10 @@ def hooks(model, coeffs: dict | None, ystep=None, record: dict | None = None, st
                     handles.append(module.register_forward_hook(own_thread(seam(layer_no, site, True)))
                                    if where.hf_output
                                    else module.register_forward_pre_hook(own_thread(seam(layer_no, site, False))))
+                memory = getattr(model, "memory", None)
+                for layer_no in (memory.layers if memory is not None else ()):
+                    module = model.lm.get_submodule(model.memory_map(layer_no)[:-len(".weight")])
+                    handles.append(module.register_forward_hook(own_thread(remembered(layer_no))))
             yield state
         finally:
             for h in handles:
