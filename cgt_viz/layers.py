@@ -302,7 +302,9 @@ class TokenMemory(nn.Module):
     LoRA of rank m (its rank grows with the prompt), merged, exported and costing what any LoRA does.
 
     R (d → rank) is shared by the layers, K_ν (rank → i) and k_ν are each layer's; s_ν starts at 0, so an
-    untrained memory leaves the model as it is. In the full (per-token) mode position t uses the slots j ≤ t − 1
+    untrained memory leaves the model as it is. s_ν is counted in units (the buffer `unit`, 1 until
+    `CGTLM.calibrate_memory` sets it) in which s = 1 writes about as much as the layer's MLP does, so that an
+    optimizer's step size means the same at every layer and width. In the full (per-token) mode position t uses the slots j ≤ t − 1
     (their next token already read), with m = t − 1: the same map as the compile of the prefix ending at t.
     """
 
@@ -312,6 +314,7 @@ class TokenMemory(nn.Module):
         self.read = nn.Linear(d, rank, bias=False)                                    # R, shared
         self.keys = nn.ModuleDict({str(layer): nn.Linear(rank, d_in) for layer in self.layers})   # K_ν, k_ν
         self.scale = nn.Parameter(torch.zeros(len(self.layers)))                      # s_ν
+        self.register_buffer("unit", torch.ones(len(self.layers)))
         self.norm = 1.0 / math.sqrt(d_in)      # keeps a · h of order one at any width
 
     def slot_keys(self, layer: int, states: torch.Tensor) -> torch.Tensor:
@@ -319,7 +322,8 @@ class TokenMemory(nn.Module):
         return self.keys[str(layer)](self.read(states)) * self.norm
 
     def gain(self, layer: int) -> torch.Tensor:
-        return self.scale[self.layers.index(layer)]
+        at = self.layers.index(layer)
+        return self.scale[at] * self.unit[at]
 
     def factors(self, layer: int, states: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The compiled update of one layer from m slots: states (b, m, d), values (b, m, o) (u(t_{j+1}) of each

@@ -115,6 +115,9 @@ def _settings(args) -> dict:
     return out
 
 
+MEMORY_CALIBRATION_WINDOWS = 256   # windows of the training cache the token memory's keys are fit on
+
+
 def init_from(model, folder: Path, lm) -> dict:
     """Load the head saved in folder into model, whose every other tensor (a token memory the saved head lacks)
     keeps its initial value. Refused by name when a tensor of the saved head has another shape here or is unknown.
@@ -310,6 +313,10 @@ def run(args, out: Path, dev: torch.device | str = "cpu", distributed: bool = Fa
             model.calibrate_pool_from(cache.tensors["pooled"].float())
         say(f"validation cache: {val_cache}; read-out " + (f"calibrated on {len(cache)} pooled vectors"
                                                           if args.init_from is None else "as saved"))
+        if model.memory is not None:
+            n = min(MEMORY_CALIBRATION_WINDOWS, len(cache))
+            model.calibrate_memory(cache.tensors["suffix_x"][:n].float(), cache.tensors["pooled"][:n].float())
+            say(f"token memory at layers {model.memory.layers} calibrated on {n} windows")
         # the frozen LM's own no-grad forward on the same machine, as the yardstick of the head's training speed
         with torch.no_grad():
             x = tokens[:16, :128].to(dev)

@@ -485,6 +485,67 @@ class CGTLM(CGT):
         self.pool.weight.copy_(v[:self.config.d_y])
         return self
 
+    @torch.no_grad()
+    def calibrate_memory(self, suffix_x: torch.Tensor, pooled: torch.Tensor, batch_size: int = 16) -> "CGTLM":
+        """Data-dependent start for the token memory's keys, from a feature cache's layer-ℓ states of continuations
+        suffix_x (n, m, d) and their prompts' pooled read-outs (n, d) (ȳ as the head has it now).
+
+        The keys K_ν R LN(x_ℓ,j) + k_ν are fit (least squares, rank memory_rank shared over the layers) to the
+        input h_ν,j of each memory map at the same position: a slot then starts as the state its position
+        reaches at layer ν, and a · h measures how alike two positions are there, instead of a random number.
+        `unit` is set so that s = 1 writes about as much as the layer's MLP."""
+        if self.memory is None:
+            raise refuse("model", "a CGTLM with a token memory (memory_layers > 0) to calibrate it", "memory_layers=0")
+        mem, maps = self.memory, {layer: self.lm.get_submodule(self.memory_map(layer)[:-len(".weight")])
+                                  for layer in self.memory.layers}
+        inputs: dict[int, list[torch.Tensor]] = {layer: [] for layer in maps}
+        outputs: dict[int, list[torch.Tensor]] = {layer: [] for layer in maps}
+
+        def grab(layer):
+            def hook(module, args, out):
+                inputs[layer].append(args[0].flatten(0, 1).float())
+                outputs[layer].append(out.flatten(0, 1).float())
+            return own_thread(hook)
+
+        states = []
+        with pass_lock(self.lm):
+            handles = [module.register_forward_hook(grab(layer)) for layer, module in maps.items()]
+            try:
+                for i in range(0, len(suffix_x), batch_size):
+                    x = suffix_x[i:i + batch_size].to(self.device, self.pool.weight.dtype)
+                    ybar = self._summary(pooled[i:i + batch_size].to(self.device))
+                    self._upper_hidden(x, self._fixed_coeffs(ybar))
+                    states.append(self.ln_x(x).flatten(0, 1).float())
+            finally:
+                for h in handles:
+                    h.remove()
+        x = torch.cat(states)                                                   # (N, d)
+        h = {layer: torch.cat(v) for layer, v in inputs.items()}               # (N, i) per layer
+        x_mean = x.mean(0)
+        h_mean = {layer: v.mean(0) for layer, v in h.items()}
+        xc = x - x_mean
+        target = torch.cat([h[layer] - h_mean[layer] for layer in mem.layers], dim=1)        # (N, L·i)
+        weights = torch.linalg.lstsq(xc, target).solution                                    # (d, L·i)
+        u, sv, vt = torch.linalg.svd(weights, full_matrices=False)
+        r = min(mem.read.weight.shape[0], sv.shape[0])
+        read = torch.zeros_like(mem.read.weight)
+        read[:r] = u[:, :r].t()                                                              # (rank, d)
+        keys = (sv[:r, None] * vt[:r]).split(h[mem.layers[0]].shape[1], dim=1)              # L × (r, i)
+        mem.read.weight.copy_(read)
+        for layer, k in zip(mem.layers, keys):
+            linear = mem.keys[str(layer)]
+            linear.weight.zero_()
+            linear.weight[:, :r] = k.t() / mem.norm
+            linear.bias.copy_((h_mean[layer] - (x_mean @ read.t()) @ linear.weight.t() * mem.norm) / mem.norm)
+        # s = 1: the memory's write (values of unit norm, as the output rows are about) as large as the MLP's
+        for at, layer in enumerate(mem.layers):
+            a = mem.slot_keys(layer, x[:512][None])[0]                                       # (n, i)
+            scores = h[layer][:512] @ a.t() / a.shape[0]                                     # (n, n)
+            row = self.lm.lm_head.weight.float().norm(dim=1).mean()
+            write = scores.abs().sum(1).mean() * row
+            mem.unit[at] = (torch.cat(outputs[layer]).norm(dim=1).mean() / write.clamp_min(1e-12)).item()
+        return self
+
     def lower_cache(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
         """The activations of layers 0..ℓ only, from a pass that stops after ℓ (as context() does):
         idx (b, t) -> {"x.0".."x.ℓ": (b, t, d), "y.0".."y.ℓ": (b, t, e), "ybar": (b, t, e)}, the same tensors

@@ -143,6 +143,9 @@ def oracle_window_losses(model, tokens: torch.Tensor, prefix_len: int, kinds: Se
     more per unit of step)."""
     from .model import check_cgtlm
     check_cgtlm(model)
+    if model.memory is not None:
+        raise refuse("model", "a CGTLM without a token memory (the oracle optimises the templates' part of a "
+                     "compile; a memory's own ceiling is not measured here)", f"memory_layers={len(model.memory.layers)}")
     for kind in kinds:
         if kind not in ORACLE_KINDS:
             raise refuse("kinds", f"a subset of {ORACLE_KINDS}", repr(kind))
