@@ -137,3 +137,30 @@ def test_calibration_fits_keys_that_predict_the_memory_maps_input(lm, tmp_path):
     residual = ((h - keys).pow(2).sum() / (h - h.mean(0)).pow(2).sum()).item()
     assert residual < 1.0                               # better than the mean alone: R² > 0 on the fitted states
     assert torch.isfinite(model.memory.unit).all() and (model.memory.unit > 0).all()
+
+
+def test_memory_reads_are_what_the_compiled_memory_writes_and_the_figure_escapes_tokens(lm):
+    from cgt_viz.figures import memory_figure
+    model = _head(lm)
+    prompt, text = _ids(11), _ids(7, seed=5)
+    reads = model.memory_reads(prompt, text)
+    layer = model.memory.layers[-1]
+    assert reads["weights"].shape == (7, 9) and torch.equal(reads["written"], prompt[2:])
+    # the weights times the written tokens' output rows are the memory's whole write at that layer
+    coeffs = model.compiled_coeffs(prompt)
+    seen = {}
+    module = model.lm.get_submodule(model.memory_map(layer)[:-len(".weight")])
+    handle = module.register_forward_hook(lambda m, args, out: seen.__setitem__("h", args[0]))
+    try:
+        model._hidden(text[None], coeffs)
+    finally:
+        handle.remove()
+    write = TokenMemory.apply_fixed(seen["h"], *coeffs[f"{layer}.memory"])[0]
+    torch.testing.assert_close(reads["weights"] @ model.lm.lm_head.weight[reads["written"]], write)
+    names = ["<b>x</b>"] * 9
+    fig = memory_figure(reads["weights"].numpy(), names, ["t"] * 7, read_at=names, layer=layer)
+    assert "<b>" not in str(fig.layout.xaxis.ticktext) and "&lt;b&gt;" in str(fig.layout.xaxis.ticktext)
+    with pytest.raises(ValueError, match="written, read_at and positions"):
+        memory_figure(reads["weights"].numpy(), names[:3], ["t"] * 7)
+    with pytest.raises(ValueError, match="layer"):
+        model.memory_reads(prompt, text, layer=1)

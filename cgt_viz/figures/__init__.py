@@ -8,7 +8,8 @@ Every name is imported from here (`from cgt_viz.figures import ybar_map_figure`)
 
     _style    the visual language (colours, scales, modebar, token cuts, escaping), argument checks, colouring
     _map      the ȳ map and its highlight overlay
-    _text     along one text: smoothness strip, step profile, tokens coloured by a value, template inspector
+    _text     along one text: smoothness strip, step profile, tokens coloured by a value, template inspector,
+              the token memory's slots
     _curves   compile-and-compare, loss differences, training curves
 """
 from ._curves import (AUX_MARKER, CURVE_KEYS, TERM_COLORS, _weights_of, compare_figure, drawn_series, ema,
@@ -18,8 +19,8 @@ from ._style import (CLOUD_BUTTONS, COLOR_KINDS, MAX_COLOR_CATEGORIES, MODEL_COL
                      OTHER, OTHER_COLOR, PALETTE, PLOTLY_CONFIG, POSITIVE_COLOR, ROBUST_PERCENTILES, SEQUENTIAL_SCALE,
                      SIGNED_SCALE, TOKEN_CHARS, color_categories, color_kind, color_spec, colorbar, finish, heat_colors,
                      hover_escape, map_groups, natural_key, plotly_scale, plural, robust_range, short_token)
-from ._text import (_rgb, colored_tokens_html, smoothness_figure, step_profile_figure, template_figure,
-                    token_text_figure)
+from ._text import (_rgb, colored_tokens_html, memory_figure, smoothness_figure, step_profile_figure,
+                    template_figure, token_text_figure)
 
 __all__ = ["PALETTE", "MAX_COLOR_CATEGORIES", "MODEL_COLORS", "OTHER", "OTHER_COLOR", "COLOR_KINDS", "SIGNED_SCALE",
            "SEQUENTIAL_SCALE", "POSITIVE_COLOR", "NEGATIVE_COLOR", "NEUTRAL_COLOR", "ROBUST_PERCENTILES",
@@ -27,6 +28,7 @@ __all__ = ["PALETTE", "MAX_COLOR_CATEGORIES", "MODEL_COLORS", "OTHER", "OTHER_CO
            "plotly_scale", "colorbar", "finish", "hover_escape", "color_kind", "natural_key", "color_categories",
            "color_spec", "map_groups", "ybar_map_figure", "HIGHLIGHT_LABELS", "HIGHLIGHT_COLOR", "highlight_trace",
            "smoothness_figure", "step_profile_figure", "token_text_figure", "colored_tokens_html", "template_figure",
+           "memory_figure",
            "CURVE_KEYS", "compare_figure", "loss_difference_figure", "TERM_COLORS", "AUX_MARKER", "drawn_series",
            "run_info", "ema", "total_of", "training_curves_figure", "thin"]
 

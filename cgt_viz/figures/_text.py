@@ -11,7 +11,7 @@ from plotly.subplots import make_subplots
 
 from .._checks import Height, Int, Tokens, check_array, check_int, checked, describe, refuse
 from ..analysis import token_smoothness
-from ._style import (MODEL_COLORS, NEGATIVE_COLOR, NEUTRAL_COLOR, POSITIVE_COLOR, _check_1d, _check_position,
+from ._style import (MODEL_COLORS, NEGATIVE_COLOR, NEUTRAL_COLOR, POSITIVE_COLOR, _as_array, _check_1d, _check_position,
                      _check_shape, _tokens_axis, _vline, colorbar, finish, heat_colors, hover_escape, plural,
                      short_token)
 
@@ -259,4 +259,41 @@ def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: s
     fig.update_annotations(font_size=13)
     fig.update_layout(title=dict(text=title or "κ-template inspector", x=0.01), height=height, showlegend=False,
                       margin=dict(l=60, r=20, t=80, b=50))
+    return finish(fig)
+
+
+# ---------------------------------------------------------------------------------------------- token memory
+@checked(height=Height())
+def memory_figure(weights: Any, written: Sequence[str], positions: Sequence[str], *, read_at: Sequence[str] | None = None,
+                  layer: int | None = None, title: str | None = None, height: int = 480) -> go.Figure:
+    """A compiled token memory over a text (`CGTLM.memory_reads`): weights (c, m) of each prompt slot (column:
+    the token it writes, `written`, after the prompt token it read, `read_at`) at each position of the text
+    (row: `positions`). A bright cell: at that position the memory raises that slot's token."""
+    weights = _as_array("weights", weights, "a (c, m) array of slot weights")
+    if weights.ndim != 2:
+        raise refuse("weights", "a (c, m) array of slot weights", f"shape {weights.shape}")
+    c, m = weights.shape
+    written = [str(t) for t in written]
+    positions = [str(t) for t in positions]
+    if len(written) != m or len(positions) != c or (read_at is not None and len(read_at) != m):
+        raise refuse("written, read_at and positions", f"{m} slot tokens and {c} text tokens (the shape of weights)",
+                     f"{len(written)}, {None if read_at is None else len(read_at)} and {len(positions)}", verb="hold")
+    slots = [f"{j + 1}: {hover_escape(short_token(w))}" for j, w in enumerate(written)]
+    full = [f"slot {j + 1}: after {hover_escape(repr(read_at[j]))} writes {hover_escape(repr(w))}" if read_at is not None
+            else f"slot {j + 1}: writes {hover_escape(repr(w))}" for j, w in enumerate(written)]
+    rows = [f"{i}: {hover_escape(short_token(t))}" for i, t in enumerate(positions)]
+    custom = [[f"{full[j]}<br>at {hover_escape(repr(positions[i]))} (pos {i})" for j in range(m)] for i in range(c)]
+    colors = heat_colors(weights, signed=True)
+    fig = go.Figure(go.Heatmap(z=[[float(v) if np.isfinite(v) else None for v in row] for row in weights],
+                               x=list(range(m)), y=list(range(c)), customdata=custom,
+                               colorscale=colors["colorscale"], zmid=colors["zmid"], zmin=colors["zmin"],
+                               zmax=colors["zmax"], colorbar=colorbar("slot weight"),
+                               hovertemplate="%{customdata}<br>weight %{z:.3g}<extra></extra>"))
+    fig.update_xaxes(title_text="prompt slot (the token it writes)", tickvals=list(range(m)), ticktext=slots,
+                     tickangle=-60, tickfont=dict(size=9))
+    fig.update_yaxes(title_text="position in the text", tickvals=list(range(c)), ticktext=rows, autorange="reversed",
+                     tickfont=dict(size=9))
+    where = f" at layer {layer}" if layer is not None else ""
+    fig.update_layout(title=dict(text=hover_escape(title) if title else f"What the compiled memory writes{where}", x=0.01),
+                      height=height, template="plotly_white")
     return finish(fig)

@@ -416,6 +416,35 @@ class CGTLM(CGT):
         return self._logits(self._hidden(idx, coeffs)[0])
 
     @torch.no_grad()
+    def memory_reads(self, prompt: torch.Tensor, idx: torch.Tensor, layer: int | None = None) -> dict[str, torch.Tensor]:
+        """What the compiled memory of one prompt (t,) or (1, t) does over a text idx (c,) or (1, c) at memory
+        layer ν (default the top one): {"written": (m,) the token each slot writes (t_{j+1}), "read_at": (m,) the
+        token at the slot's own position j, "weights": (c, m) the slot's weight s/m · a_j · h at each position of
+        idx (its write there is weights @ u(written))}. What the memory reads from the prompt and writes."""
+        if self.memory is None:
+            raise refuse("model", "a CGTLM with a token memory (memory_layers > 0)", "memory_layers=0")
+        layer = self.memory.layers[-1] if layer is None else layer
+        if layer not in self.memory.layers:
+            raise refuse("layer", f"one of the memory layers {self.memory.layers}", repr(layer))
+        rows, single = check_prompts(self.config, prompt, self.device)
+        text = check_inputs(self.config, idx if idx.dim() == 2 else idx[None], name="idx", device=self.device)
+        if not single or text.shape[0] != 1:
+            raise refuse("prompt and idx", "one prompt and one text", f"{tuple(rows.shape)} and {tuple(text.shape)}")
+        coeffs = self.compiled_coeffs(rows)
+        seen = {}
+        module = self.lm.get_submodule(self.memory_map(layer)[:-len(".weight")])
+        with pass_lock(self.lm):
+            handle = module.register_forward_hook(own_thread(lambda m, args, out: seen.__setitem__("h", args[0])))
+            try:
+                self._hidden(text, coeffs)
+            finally:
+                handle.remove()
+        lora_a, lora_b = coeffs[f"{layer}.memory"]
+        h = seen["h"].to(lora_a.dtype)
+        scale = self.memory.gain(layer) / max(lora_a.shape[1], 1)
+        return {"written": rows[0, 2:], "read_at": rows[0, 1:-1], "weights": (h @ lora_a.transpose(1, 2))[0] * scale}
+
+    @torch.no_grad()
     def prompt_factors(self, prompt: torch.Tensor) -> LoraFactors:
         """The whole compiled update of one prompt (t,) or (1, t): {weight name: (A (r, i), B (o, r))} with
         W' = W + B @ A. The templates' factors at ȳ after the prompt (`lora_factors`) and, with a token memory,
