@@ -104,6 +104,7 @@ class Explorer(MapSelection, Projecting, Controls, StaticForm, W.VBox):
     (`_tables`); the maths in `cgt_viz.geometry`. This class builds the view and holds what ties them."""
 
     preview_tokens: int | None = 16_384
+    static_slots = 3          # the map, the linked strip and inspector once a point is opened
 
     @checked(**_VIEW_ARGS, sequences=Instance(A.Sequences, "an analysis.Sequences (use cgt_viz.explore for raw data)"))
     def __init__(self, model, sequences: A.Sequences, ybar: np.ndarray | None = None, *, positions: Any = "all",
