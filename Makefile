@@ -28,14 +28,14 @@ browser-deps:   ## Debian's chromium for the real-browser tests (needs root or s
 	  echo "chromium not installed: browser tests will be skipped"
 
 test: env browser-deps   ## every test: unit, notebooks under nbmake (CGT_FAST=1, run once), the site (-W), real browser
-	rm -rf $(EXEC) && mkdir -p $(EXEC) && cp notebooks/*.ipynb $(EXEC)/
+	rm -rf $(EXEC) && mkdir -p $(EXEC) && cp notebooks/*.ipynb $(EXEC)/ && echo '{"CGT_FAST": "1"}' > $(EXEC)/settings.json
 	CGT_FAST=1 $(BIN)/python $(NBMAKE) --overwrite -m "not docs_site" --ignore=$(BROWSER_NB) tests $(EXEC)
 	CGT_FAST=1 $(BIN)/python $(NBMAKE) $(BROWSER_NB)   # tracked: --overwrite would store its outputs
 	$(SPHINX)
 	CGT_REQUIRE_DOCS=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m docs_site tests/test_docs.py
 
 notebooks-executed: env   ## execute the notebooks into _executed/ (CGT_FAST=1 unless set), the copies the site renders
-	rm -rf $(EXEC) && mkdir -p $(EXEC) && cp notebooks/*.ipynb $(EXEC)/
+	rm -rf $(EXEC) && mkdir -p $(EXEC) && cp notebooks/*.ipynb $(EXEC)/ && echo "{\"CGT_FAST\": \"$${CGT_FAST-1}\"}" > $(EXEC)/settings.json
 	CGT_FAST=$${CGT_FAST-1} $(BIN)/python $(NBMAKE) --overwrite $(EXEC)
 
 docs: env   ## the site, offline, into docs/_build/html; executes the notebooks first when _executed/ lacks one

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -98,6 +99,18 @@ _TEXT_CALL = dict(model=_MODEL, task=TextTask(), n_batches=Int(1), batch_size=In
                   part=Choice("train", "val"))
 
 
+
+def _caller_level() -> int:
+    """The stacklevel that names the first frame outside cgt_viz and torch: the decorators in between
+    (torch.no_grad, @checked) made a fixed stacklevel name torch's _contextlib.py, an install path the user
+    never wrote."""
+    import sys
+    frame, level = sys._getframe(1), 1
+    inside = (str(Path(__file__).resolve().parent), str(Path(torch.__file__).resolve().parent))
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
+
 @torch.no_grad()
 @checked(model=_MODEL, k_values=Ints(1), n_batches=Int(1), batch_size=Int(1), baseline=Baseline(), seed=Int(0),
          check_merged=Bool())
@@ -164,7 +177,7 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
                                          GAP_NOISE_FLOOR_ACC)
             row["gap_closed_note"] = gap_note(row["loss_no_context"], row["loss_prompted"])
             if row["gap_closed_note"]:
-                warnings.warn(f"k = {k}: {row['gap_closed_note']}", stacklevel=3)
+                warnings.warn(f"k = {k}: {row['gap_closed_note']}", stacklevel=_caller_level())
             row["spec_merge_max_diff"] = merge_diff
             rows.append(row)
     return rows

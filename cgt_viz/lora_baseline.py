@@ -1,4 +1,4 @@
-"""Why not just train a LoRA? (issue 27) A per-prompt LoRA trained by context distillation, beside the compile.
+"""Why not just train a LoRA? A per-prompt LoRA trained by context distillation, beside the compile.
 
 A CGT compiles a prompt into W' = W + B A at its modulated maps in one forward pass (`CGT.specialize`,
 `CGT.lora_factors`). The obvious alternative is to *train* a LoRA of the same shape for that one prompt.
