@@ -248,8 +248,14 @@ def api_pages() -> None:
 def _rst_problems(text: str) -> bool:
     """Whether docutils reports anything (warning or worse) for this text as reStructuredText."""
     from docutils.core import publish_doctree
+    from docutils.parsers.rst import directives, roles
     from docutils.utils import Reporter
     stream = io.StringIO()
+    # plain docutils: inside a Sphinx build the roles and directives Sphinx registered need its environment,
+    # so every docstring with a `code` span failed here and was shown as a code block
+    saved = dict(roles._roles), dict(directives._directives)
+    roles._roles.clear()
+    directives._directives.clear()
     try:
         publish_doctree(".. default-role:: literal\n\n" + text,
                         settings_overrides={"warning_stream": stream, "report_level": Reporter.WARNING_LEVEL,
@@ -257,6 +263,11 @@ def _rst_problems(text: str) -> bool:
                                             "raw_enabled": False})
     except Exception:  # noqa: BLE001 - any parser failure means: show it as written
         return True
+    finally:
+        roles._roles.clear()
+        roles._roles.update(saved[0])
+        directives._directives.clear()
+        directives._directives.update(saved[1])
     return bool(stream.getvalue().strip())
 
 

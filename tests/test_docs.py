@@ -183,6 +183,23 @@ def test_every_public_docstring_renders_as_rest_not_as_a_code_block():
     assert not shown_as_code, shown_as_code
 
 
+def test_inside_a_sphinx_build_docstrings_render_as_prose_with_parameter_lists(tmp_path):
+    """The check that decides prose or code block runs inside Sphinx, whose registered roles need its
+    environment: there every docstring with a `code` span used to become a highlighted code block."""
+    from sphinx.application import Sphinx
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "conf.py").write_text("extensions = ['sphinx.ext.autodoc']\ndefault_role = 'literal'\n"
+                                 f"import sys\nsys.path.insert(0, {str(ROOT / 'docs')!r})\nimport build\n"
+                                 "def setup(app):\n    app.connect('autodoc-process-docstring', build.docstring_as_written)\n")
+    (src / "index.rst").write_text(".. autofunction:: cgt_viz.widgets.explore\n\n.. autofunction:: cgt_viz.train\n")
+    Sphinx(str(src), str(src), str(tmp_path / "out"), str(tmp_path / "doctrees"), "html", status=None,
+           warning=None, freshenv=True).build()
+    page = (tmp_path / "out" / "index.html").read_text(encoding="utf-8")
+    assert "highlight-default" not in page                                     # no code block
+    assert page.count("Parameters") == 2 and "<strong>positions</strong>" in page and "<strong>steps</strong>" in page
+
+
 def test_no_page_title_carries_an_internal_issue_number():
     pages = [p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts]
     titles = [(p.name, line) for p in pages for line in p.read_text(encoding="utf-8").splitlines()
