@@ -352,7 +352,7 @@ def docstring_as_written(app, what, name, obj, options, lines):
     text = "\n".join(lines)
     if not text.strip():
         return lines
-    if what in ("data", "attribute") and obj is not None and text == (inspect.getdoc(type(obj)) or ""):
+    if what in ("data", "attribute") and obj is not None and text.strip() == (inspect.getdoc(type(obj)) or "").strip():
         lines[:] = []           # a dict or tuple constant: its type's docstring ("dict() -> new empty dictionary")
         return lines
     converted = [_escape_bars(ln) for ln in parameter_lists(list(lines))]
