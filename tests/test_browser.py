@@ -34,6 +34,7 @@ NOTEBOOK = ROOT / "tests" / "browser" / "widgets.ipynb"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 BUNDLE_KEY = "__cgt_viz_plotly_widget_"
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 pytestmark = pytest.mark.browser
@@ -675,7 +676,11 @@ def test_saved_notebook_reopened_in_jupyterlab_draws_every_view(tmp_path):
             page = browser.new_page(viewport={"width": 1280, "height": 1000})
             page.goto(url + "lab/tree/views.ipynb", wait_until="domcontentloaded", timeout=60_000)
             page.wait_for_function("document.querySelectorAll('.jp-Notebook .jp-Cell').length >= 5", timeout=60_000)
-            want = len(TITLES)
+            # every figure of every view, as the export draws them (the strips' token text, the inspector's,
+            # the explorer's linked views: one static output each), not only each view's first
+            want = sum(1 for c in nb.cells for o in c.get("outputs", [])
+                       if o.get("metadata", {}).get("cgt_viz", {}).get("static") and PLOTLY_MIME in o.get("data", {}))
+            assert want > len(TITLES)
             # plotly's lab renderer draws each output as it scrolls into view: visit every output
             for i in range(page.locator(".jp-OutputArea-output").count()):
                 page.locator(".jp-OutputArea-output").nth(i).scroll_into_view_if_needed()
