@@ -172,3 +172,14 @@ def test_saved_notebook_01_holds_no_plotly_js_and_its_export_one(tmp_path):
     page = exporter.from_notebook_node(nb)[0]
     assert page.count('data-cgt-viz="plotly.js"') == 1
     assert page.count('class="cgt-viz-static-plot"') >= figures
+
+
+def test_embed_mode_puts_plotly_js_in_the_first_output_of_a_view_only(ex, monkeypatch):
+    from cgt_viz.widgets import _static
+    monkeypatch.setenv("CGT_VIZ_STATIC", "embed")
+    assert _static.mode() == "embed"
+    ex.open_point(1)
+    bundles = ex.static_bundles(include_plotlyjs=True)
+    assert [b["text/html"].count(PLOTLY_JS_START) for b in bundles] == [1, 0, 0]
+    monkeypatch.setenv("CGT_VIZ_STATIC", "json")
+    assert all("text/html" not in b for b in ex.static_bundles())
