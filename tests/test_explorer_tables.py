@@ -36,3 +36,17 @@ def test_the_status_has_a_line_of_its_own_and_the_controls_wrap():
     assert ex.status in ex.children and all(ex.status not in getattr(c, "children", ()) for c in ex.children)
     rows = [c for c in ex.children if ex.color_picker in getattr(c, "children", ()) or ex.search_box in getattr(c, "children", ())]
     assert len(rows) == 2 and all(r.layout.flex_flow == "row wrap" for r in rows)
+
+
+def test_a_background_fits_status_counts_from_when_it_was_asked_for(monkeypatch):
+    """The status said the fit's own time ("UMAP ready (12.0 s)") while the map switched much later (the
+    fit waited for ȳ and shared the CPU): it now says both, timed by the explorer's clock (replaced here)."""
+    from cgt_viz.widgets import _projections
+    ex = _explorer()
+    now = [100.0]
+    monkeypatch.setattr(_projections.time, "perf_counter", lambda: now[0])
+    key = "umap"                                   # not what the pickers ask for: the status says how to show it
+    ex._fit_asked = {key: 40.0}
+    ex._fit_done(ex._set, key, 12.0)
+    text = re.sub(r"<[^>]+>", "", ex.status.value)
+    assert "60.0 s after it was asked for" in text and "the fit itself 12.0 s" in text and "pick it" in text
