@@ -141,8 +141,7 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
                 outs = comparison_logits(model, batch.inputs, s, x_only, baseline)
                 if check_merged and math.isnan(merge_diff):
                     merged = model.specialize(prompt[0])
-                    merged_out = merged(queries[:1])
-                    merged_out = getattr(merged_out, "logits", merged_out)   # a transformers model (hf.CGTLM)
+                    merged_out = model.stream.merged_logits(merged, queries[:1])
                     merge_diff = float((merged_out - outs["specialized"][:1]).abs().max())
                 n_scored += int(mask.sum())
                 for mode, out in outs.items():

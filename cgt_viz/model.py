@@ -276,7 +276,8 @@ class CGT(PretrainedMixin, Generation, nn.Module):
     def lora_factors(self, ybar_vec: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Per modulated weight name of the x stream's module, (A, B) with W' = W + B @ A.
 
-        ybar_vec (e,) -> A (K·r, i), B (o, K·r);  ybar_vec (b, e) -> A (b, K·r, i), B (b, o, K·r).
+        ybar_vec (e,) -> A (K·r, i), B (o, K·r);  ybar_vec (b, e) -> A (b, K·r, i), B (b, o, K·r), whatever the
+        orientation W is stored in (a Conv1D's (i, o) is transposed first: B @ A is always (o, i), as PEFT's).
         Names are state-dict keys of that module (a GPT: "blocks.2.attn.c_attn.weight"); the maps that read one
         site share A. A GPT name of a site's map resolves in every family (see LoraFactors).
         """
@@ -289,7 +290,9 @@ class CGT(PretrainedMixin, Generation, nn.Module):
             names = self.stream.site_maps(self, layer, site)
             aliases[f"blocks.{layer - 1}.{SITE_WEIGHTS[site]}.weight"] = names
             for name in names:
-                lora_a, lora_b = temp.factors(base.get_parameter(name).to(temp.U.dtype), coeffs)
+                weight = base.get_parameter(name)   # (o, i); stored (i, o) by a Conv1D (the stream says which)
+                weight = weight.t() if self.stream.fan_in_fan_out(self, name) else weight
+                lora_a, lora_b = temp.factors(weight.to(temp.U.dtype), coeffs)
                 out[name] = (lora_a[0], lora_b[0]) if single else (lora_a, lora_b)
         return LoraFactors(out, aliases)
 
@@ -318,8 +321,10 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         with torch.no_grad():
             for name, (lora_a, lora_b) in self.lora_factors(ybar_vec[0]).items():
                 weight = base.get_parameter(name)
+                delta = lora_b @ lora_a                                    # (o, i)
+                delta = delta.t() if self.stream.fan_in_fan_out(self, name) else delta
                 # W + (B @ A) in W's dtype, not addmm: under autocast the sum keeps W's dtype
-                memo[id(weight)] = nn.Parameter(weight + (lora_b @ lora_a).to(weight.dtype),
+                memo[id(weight)] = nn.Parameter(weight + delta.to(weight.dtype),
                                                 requires_grad=weight.requires_grad)
         return self.stream.finish_merged(copy.deepcopy(base, memo))
 

@@ -17,7 +17,7 @@ __all__ = ["CGTLM", "BBCTokens", "tiny_llama", "smollm2", "load_local", "convert
 
 def __getattr__(name):
     # transformers is imported only when a model is asked for, so `from cgt_viz import hf` is cheap
-    if name in ("CGTLM", "chunked_cross_entropy", "SITE_MODULES", "SUPPORTED_MODEL_TYPES", "check_lm"):
+    if name in ("CGTLM", "chunked_cross_entropy", "SITE_MODULES", "SUPPORTED_MODEL_TYPES", "check_lm", "lm_facts"):
         from . import model
         return getattr(model, name)
     if name in ("export_hf", "export_hf_peft", "to_transformers"):
