@@ -87,6 +87,17 @@ class XStream:
         """The x stream alone (T = I), called like a GPT: idx (b, t) -> logits (b, t, v)."""
         raise NotImplementedError
 
+    @staticmethod
+    def widths(model) -> dict[str, int]:
+        """The input widths of the x stream's site maps, {"model": d, "attn": ..., "mlp": ...} (`sites.WIDTHS`):
+        how wide the templates are."""
+        raise NotImplementedError
+
+    @staticmethod
+    def caches(model) -> int:
+        """How many KV-cache entries the x stream holds in a cached pass (its layers, and any history it keeps)."""
+        raise NotImplementedError
+
 
 def _at(cache, i):
     return None if cache is None else cache[i]
@@ -157,3 +168,11 @@ class GPTStream(XStream):
     @staticmethod
     def no_context(model) -> nn.Module:
         return copy.deepcopy(model.gpt)
+
+    @staticmethod
+    def widths(model):
+        return model.config.widths
+
+    @staticmethod
+    def caches(model):
+        return model.gpt._n_attention

@@ -205,3 +205,21 @@ def test_the_x_stream_protocol_is_declared_and_filled_in_by_both_families():
             getattr(XStream, name)(*[None] * getattr(XStream, name).__code__.co_argcount)
         for stream in (GPTStream, HFStream):
             assert name in vars(stream), (stream.__name__, name)
+
+
+def test_a_cgtlm_is_built_by_cgt_init_with_the_streams_widths(lm, monkeypatch):
+    from cgt_viz import CGT
+    from cgt_viz.sites import site_width
+    calls = []
+    init = CGT.__init__
+    monkeypatch.setattr(CGT, "__init__", lambda self, *a, **kw: (calls.append(type(self)), init(self, *a, **kw))[1])
+    model = _model(lm)
+    assert calls == [hf.CGTLM]
+    widths = layout_of(lm).widths(lm.config)
+    for layer, site in model.template_sites:
+        assert model.templates[str(layer)][site].U.shape[1] == site_width(site, widths)
+    layout = layout_of(lm)
+    for site in SITES:       # every map of a site reads exactly that width (a Conv1D's input is its first axis)
+        for linear in layout.sites[site].maps:
+            shape = lm.get_parameter(layout.weight_name(1, linear)).shape
+            assert shape[0 if layout.fan_in_fan_out else 1] == site_width(site, widths), (site, linear)

@@ -41,11 +41,9 @@ from ..config import CGTConfig
 from ..contracts import IGNORE_INDEX, check_inputs
 from ..distill import aux_objective
 from ..io import CONFIG_NAME, WEIGHTS_NAME, load_tensors, model_folder, read_json, save_tensors, warn_non_finite, write_json
-from ..layers import SiteTemplates, YBlock
 from ..losses import SMOOTHNESS, take_positions
 from ..model import CGT
 from ..outputs import X
-from ..sites import site_width
 from .layouts import LAYOUTS, SUPPORTED_MODEL_TYPES, layout_of
 from .source import require
 from .stream import HFStream, StopAfterY, hooks, own_thread, pass_lock, upper_hidden
@@ -174,7 +172,6 @@ class CGTLM(CGT):
                  aux_suffix_len: int | None = None, aux_row_fraction: float = 1.0, aux_ce: float = 1.0,
                  aux_kl: float = 0.0, aux_kl_top_k: int | None = None, block_size: int | None = None,
                  y_mlp_ratio: int = 4, pool_half_life: float | None = None, pooled_only: bool = False):
-        nn.Module.__init__(self)   # not CGT.__init__: the x stream is lm, not a cgt_viz GPT
         check_lm(lm)
         c = lm.config
         n_layer = c.num_hidden_layers
@@ -192,8 +189,7 @@ class CGTLM(CGT):
             pool_half_life = check_float("pool_half_life", pool_half_life, 0.0, None, lo_open=True,
                                          hint=" (tokens; None for the causal mean over the whole prefix)")
         check_bool("pooled_only", pooled_only)
-        self.pool_half_life, self.pooled_only = pool_half_life, pooled_only
-        self.config = cfg = CGTConfig(
+        cfg = CGTConfig(
             vocab_size=c.vocab_size, block_size=block_size, n_layer=n_layer, d_x=c.hidden_size,
             n_head=c.num_attention_heads, mlp_ratio=y_mlp_ratio, bias=True, d_y=d_y, n_head_y=n_head_y,
             y_layer=y_layer, y_pos=False, n_templates=n_templates, template_rank=template_rank, sites=sites,
@@ -205,10 +201,19 @@ class CGTLM(CGT):
                           "intermediate_size": lm_facts(lm)["intermediate_size"], "num_hidden_layers": n_layer,
                           "vocab_size": c.vocab_size, "pool_half_life": pool_half_life,
                           "pooled_only": pooled_only}})
+        CGT.__init__(self, cfg, lm=lm)   # the y stream and templates as every CGT's; the x stream is lm (_build_x)
+        self.pool_half_life, self.pooled_only = pool_half_life, pooled_only
+
+    def _build_x(self, cfg: CGTConfig, lm=None) -> None:
+        """The x stream is the frozen LM (y starts at zero: no y embedding)."""
         self.lm = lm.requires_grad_(False).eval()
-        d, e = c.hidden_size, d_y
-        self.y_blocks = nn.ModuleList(YBlock(d, e, n_head_y, y_mlp_ratio, True, 0.0)
-                                      for _ in range(0 if pooled_only else y_layer))
+
+    def _n_y_blocks(self, cfg: CGTConfig) -> int:
+        return 0 if cfg.extra["hf"]["pooled_only"] else cfg.y_layer
+
+    def _init_y(self, cfg: CGTConfig) -> None:
+        """y blocks that start silent, and the pooled read-out of LN(x_ℓ): ln_x, P and μ."""
+        d, e = cfg.d_x, cfg.d_y
         for block in self.y_blocks:
             for m in block.modules():
                 if isinstance(m, nn.Linear):
@@ -221,13 +226,6 @@ class CGTLM(CGT):
         self.pool = nn.Linear(d, e, bias=False)                      # P: d -> e, a random projection at init
         nn.init.normal_(self.pool.weight, 0.0, d ** -0.5)
         self.pool_center = nn.Parameter(torch.zeros(d))             # μ, subtracted before P (see calibrate_pool)
-        self.ln_y = nn.LayerNorm(e, elementwise_affine=False)
-        widths = layout_of(lm).widths(c)
-        self.templates = nn.ModuleDict({
-            str(layer): nn.ModuleDict({s: SiteTemplates(site_width(s, widths), e, n_templates, template_rank)
-                                       for s in cfg.sites})
-            for layer in self.modulated_layers})
-        self._n_attention = n_layer + y_layer
 
     # ------------------------------------------------------------------ module plumbing
     def train(self, mode: bool = True) -> "CGTLM":

@@ -187,3 +187,11 @@ class HFStream(XStream):
     def no_context(model) -> nn.Module:
         return NoContext(model.lm)
 
+    @staticmethod
+    def widths(model):
+        return layout_of(model.lm).widths(model.lm.config)
+
+    @staticmethod
+    def caches(model):
+        return model.config.n_layer   # counted as before, though the pretrained stream runs without a KV cache
+
