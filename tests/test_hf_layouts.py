@@ -185,9 +185,10 @@ def test_a_layout_whose_sites_share_a_map_is_refused_naming_both():
         dataclasses.replace(llama, name="unknown", sites={"attn_mid": SiteAt("x", True, ("y",))})
 
 
-def test_every_registered_layout_is_disjoint_and_covers_every_site():
+def test_every_registered_layout_is_disjoint_covers_every_site_and_has_a_tiny_model_here():
     for layout in {layout.name: layout for layout in LAYOUTS.values()}.values():
         assert isinstance(layout, LMLayout) and set(layout.sites) == set(SITES)
+        assert set(layout.model_types) & set(FAMILIES), f"layout {layout.name!r} has no tiny model in FAMILIES"
         maps = [m for where in layout.sites.values() for m in where.maps]
         assert len(maps) == len(set(maps)), layout.name
 

@@ -168,7 +168,6 @@ GPT2 = LMLayout(
 
 LAYOUTS: dict[str, LMLayout] = {t: layout for layout in (LLAMA, GPT2) for t in layout.model_types}
 SUPPORTED_MODEL_TYPES = tuple(LAYOUTS)
-TESTED_MODEL_TYPES = ("llama", "qwen2", "gpt2")   # tests/test_hf_layouts.py builds a tiny model of each
 
 
 def layout_of(lm: Any) -> LMLayout:
