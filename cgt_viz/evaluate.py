@@ -154,8 +154,7 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
                 outs = comparison_logits(model, batch.inputs, s, x_only, baseline)
                 if check_merged and math.isnan(merge_diff):
                     merged = model.specialize(prompt[0])
-                    merged_out = merged(queries[:1])
-                    merged_out = getattr(merged_out, "logits", merged_out)   # a transformers model (hf.CGTLM)
+                    merged_out = model.stream.merged_logits(merged, queries[:1])
                     merge_diff = float((merged_out - outs["specialized"][:1]).abs().max())
                 n_scored += int(mask.sum())
                 for mode, out in outs.items():
@@ -463,19 +462,26 @@ def collect_excerpt_ends(model: CGT, task, n_batches: int = 8, batch_size: int =
 
 
 @checked(seed=Int(0))
-def knn_topic_accuracy(features, labels, n_neighbors: int = 5, folds: int = 5, seed: int = 0) -> float:
+def knn_topic_accuracy(features, labels, n_neighbors: int = 5, folds: int = 5, seed: int = 0,
+                       groups=None) -> float:
     """Cross-validated k-nearest-neighbour accuracy (cosine metric) of labels from features (n, e).
 
     Any class labels work: topics of text excerpts, or an ICL task id a·P + b, which shows whether ȳ
     identifies the task even where a linear probe of a alone is weak (ȳ tends to code the answer table).
     folds must be in 2..(size of the smallest class) and n_neighbors at most the rows of a training fold.
-    """
-    from sklearn.model_selection import StratifiedKFold, cross_val_score
+
+    groups (n,), e.g. document ids: folds grouped by them (stratified), so no row is judged by neighbours of its
+    own group (several excerpts of one document would otherwise find each other). Grouped folds differ in
+    size, so the accuracy is then over all rows, each judged once (without groups: the mean over folds)."""
+    from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold, cross_val_score
     from sklearn.neighbors import KNeighborsClassifier
 
     X = check_array("features", features, 2, what="2-D (n, e)")
     y = _labels_array("labels", labels, 1)
     _check_same_rows("features", X, "labels", y, "(n,)")
+    if groups is not None:
+        groups = _labels_array("groups", groups, 1)
+        _check_same_rows("features", X, "groups", groups, "(n,)")
     _, counts = np.unique(y, return_counts=True)
     if counts.min() < 2:
         raise refuse("labels", "at least 2 examples of every class for cross-validation",
@@ -485,5 +491,10 @@ def knn_topic_accuracy(features, labels, n_neighbors: int = 5, folds: int = 5, s
     n_train = int(X.shape[0] - np.ceil(counts / folds).sum())
     check_int("n_neighbors", n_neighbors, 1, n_train, hint=f" (the rows of a training fold with folds={folds})")
     clf = KNeighborsClassifier(n_neighbors=n_neighbors, metric="cosine")
-    cv = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
-    return float(cross_val_score(clf, X, y, cv=cv).mean())
+    if groups is None:
+        cv = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+        return float(cross_val_score(clf, X, y, cv=cv).mean())
+    correct = 0
+    for train, test in StratifiedGroupKFold(n_splits=folds, shuffle=True, random_state=seed).split(X, y, groups):
+        correct += int((clf.fit(X[train], y[train]).predict(X[test]) == y[test]).sum())
+    return correct / len(y)
