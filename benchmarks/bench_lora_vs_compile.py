@@ -1,4 +1,4 @@
-"""Why not just train a LoRA? (issue 27) Compiling a prompt against its alternatives, side by side.
+"""Why not just train a LoRA? Compiling a prompt against its alternatives, side by side.
 
     python benchmarks/bench_lora_vs_compile.py [--tasks icl,text,smollm2] [--prompts 5] [--steps 10,30,100]
     python benchmarks/bench_lora_vs_compile.py --tasks smollm2 --prompts 5 --lm-samples 4   # re-measure one task:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -98,6 +99,18 @@ _TEXT_CALL = dict(model=_MODEL, task=TextTask(), n_batches=Int(1), batch_size=In
                   part=Choice("train", "val"))
 
 
+
+def _caller_level() -> int:
+    """The stacklevel that names the first frame outside cgt_viz and torch: the decorators in between
+    (torch.no_grad, @checked) made a fixed stacklevel name torch's _contextlib.py, an install path the user
+    never wrote."""
+    import sys
+    frame, level = sys._getframe(1), 1
+    inside = (str(Path(__file__).resolve().parent), str(Path(torch.__file__).resolve().parent))
+    while frame is not None and str(Path(frame.f_code.co_filename).resolve()).startswith(inside):
+        frame, level = frame.f_back, level + 1
+    return level
+
 @torch.no_grad()
 @checked(model=_MODEL, k_values=Ints(1), n_batches=Int(1), batch_size=Int(1), baseline=Baseline(), seed=Int(0),
          check_merged=Bool())
@@ -141,8 +154,7 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
                 outs = comparison_logits(model, batch.inputs, s, x_only, baseline)
                 if check_merged and math.isnan(merge_diff):
                     merged = model.specialize(prompt[0])
-                    merged_out = merged(queries[:1])
-                    merged_out = getattr(merged_out, "logits", merged_out)   # a transformers model (hf.CGTLM)
+                    merged_out = model.stream.merged_logits(merged, queries[:1])
                     merge_diff = float((merged_out - outs["specialized"][:1]).abs().max())
                 n_scored += int(mask.sum())
                 for mode, out in outs.items():
@@ -164,7 +176,7 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
                                          GAP_NOISE_FLOOR_ACC)
             row["gap_closed_note"] = gap_note(row["loss_no_context"], row["loss_prompted"])
             if row["gap_closed_note"]:
-                warnings.warn(f"k = {k}: {row['gap_closed_note']}", stacklevel=3)
+                warnings.warn(f"k = {k}: {row['gap_closed_note']}", stacklevel=_caller_level())
             row["spec_merge_max_diff"] = merge_diff
             rows.append(row)
     return rows
@@ -450,19 +462,26 @@ def collect_excerpt_ends(model: CGT, task, n_batches: int = 8, batch_size: int =
 
 
 @checked(seed=Int(0))
-def knn_topic_accuracy(features, labels, n_neighbors: int = 5, folds: int = 5, seed: int = 0) -> float:
+def knn_topic_accuracy(features, labels, n_neighbors: int = 5, folds: int = 5, seed: int = 0,
+                       groups=None) -> float:
     """Cross-validated k-nearest-neighbour accuracy (cosine metric) of labels from features (n, e).
 
     Any class labels work: topics of text excerpts, or an ICL task id a·P + b, which shows whether ȳ
     identifies the task even where a linear probe of a alone is weak (ȳ tends to code the answer table).
     folds must be in 2..(size of the smallest class) and n_neighbors at most the rows of a training fold.
-    """
-    from sklearn.model_selection import StratifiedKFold, cross_val_score
+
+    groups (n,), e.g. document ids: folds grouped by them (stratified), so no row is judged by neighbours of its
+    own group (several excerpts of one document would otherwise find each other). Grouped folds differ in
+    size, so the accuracy is then over all rows, each judged once (without groups: the mean over folds)."""
+    from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold, cross_val_score
     from sklearn.neighbors import KNeighborsClassifier
 
     X = check_array("features", features, 2, what="2-D (n, e)")
     y = _labels_array("labels", labels, 1)
     _check_same_rows("features", X, "labels", y, "(n,)")
+    if groups is not None:
+        groups = _labels_array("groups", groups, 1)
+        _check_same_rows("features", X, "groups", groups, "(n,)")
     _, counts = np.unique(y, return_counts=True)
     if counts.min() < 2:
         raise refuse("labels", "at least 2 examples of every class for cross-validation",
@@ -472,5 +491,10 @@ def knn_topic_accuracy(features, labels, n_neighbors: int = 5, folds: int = 5, s
     n_train = int(X.shape[0] - np.ceil(counts / folds).sum())
     check_int("n_neighbors", n_neighbors, 1, n_train, hint=f" (the rows of a training fold with folds={folds})")
     clf = KNeighborsClassifier(n_neighbors=n_neighbors, metric="cosine")
-    cv = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
-    return float(cross_val_score(clf, X, y, cv=cv).mean())
+    if groups is None:
+        cv = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+        return float(cross_val_score(clf, X, y, cv=cv).mean())
+    correct = 0
+    for train, test in StratifiedGroupKFold(n_splits=folds, shuffle=True, random_state=seed).split(X, y, groups):
+        correct += int((clf.fit(X[train], y[train]).predict(X[test]) == y[test]).sum())
+    return correct / len(y)

@@ -1,4 +1,4 @@
-"""Why not just train a LoRA? (issue 27) A per-prompt LoRA trained by context distillation, beside the compile.
+"""Why not just train a LoRA? A per-prompt LoRA trained by context distillation, beside the compile.
 
 A CGT compiles a prompt into W' = W + B A at its modulated maps in one forward pass (`CGT.specialize`,
 `CGT.lora_factors`). The obvious alternative is to *train* a LoRA of the same shape for that one prompt.
@@ -50,7 +50,6 @@ from ._checks import (Constraint, Device, Float, Generator, Has, Instance, Int, 
 from .contracts import IGNORE_INDEX, Model, check_prompts
 from .distill import distillation_loss
 from .evaluate import GAP_NOISE_FLOOR, GAP_NOISE_FLOOR_ACC, _gap, gap_note
-from .layers import SITE_WEIGHTS
 from .losses import per_position_loss
 
 Factors = dict[str, tuple[torch.Tensor, torch.Tensor]]     # weight name -> (A (R, i), B (o, R)), W' = W + B A
@@ -157,15 +156,14 @@ def lora_rank(model) -> int:
 
 @checked(model=_SHAPES)
 def lora_shapes(model) -> dict[str, tuple[int, int]]:
-    """{weight name: (o, i)} of every map the compile modulates (GPT state-dict names for a CGT, the LM's
-    names for a CGTLM: q, k, v each for attn_in)."""
-    if hasattr(model, "lm"):                                   # a CGTLM: the LM's own maps
-        from .hf.model import SITE_MODULES
-        names = [f"model.layers.{layer - 1}.{linear}.weight" for layer, site in model.template_sites
-                 for linear in SITE_MODULES[site][2]]
-        return {n: tuple(model.lm.get_parameter(n).shape) for n in names}
-    names = [f"blocks.{layer - 1}.{SITE_WEIGHTS[site]}.weight" for layer, site in model.template_sites]
-    return {n: tuple(model.gpt.get_parameter(n).shape) for n in names}
+    """{weight name: (o, i)} of every map the compile modulates, named as the x stream's own module names them
+    (GPT state-dict names for a CGT, the LM's names for a CGTLM: q, k, v each for attn_in over a Llama)."""
+    stream, base, out = model.stream, model.stream.base(model), {}
+    for layer, site in model.template_sites:
+        for name in stream.site_maps(model, layer, site):
+            shape = tuple(base.get_parameter(name).shape)
+            out[name] = shape[::-1] if stream.fan_in_fan_out(model, name) else shape   # a Conv1D stores (i, o)
+    return out
 
 
 @checked(model=_SHAPES, dtype=_FloatDtype())
@@ -266,11 +264,8 @@ def teacher_outputs(model, prompt: torch.Tensor, inputs: torch.Tensor) -> torch.
     """The compile objective's teacher at the continuation positions: the model with the prompt in context
     (a CGT's full-mode pass; a CGTLM's frozen LM, T = I). prompt (s,), inputs (n, m) -> (n, m, v)."""
     full = torch.cat([prompt[None].expand(inputs.shape[0], -1), inputs], dim=1)
-    if hasattr(model, "lm"):
-        from .hf.stream import pass_lock
-        with pass_lock(model.lm):
-            return model.lm(input_ids=full, use_cache=False).logits[:, prompt.shape[0]:]
-    return model(full)[:, prompt.shape[0]:]
+    teacher = model if model.stream.self_teacher else model.x_only()   # over an LM: the LM itself, T = I
+    return teacher(full)[:, prompt.shape[0]:]
 
 
 @checked(task=Has("eval_batch", "answer_token", "apply", what="a synthetic ICL task (make_task('icl'))"),
@@ -343,8 +338,8 @@ def sample_continuations(model, prompt: torch.Tensor, n: int, length: int, tempe
     torch.manual_seed(seed)
     try:
         rows = prompt[None].expand(n, -1).contiguous()
-        if hasattr(model, "lm"):
-            return sample_lm(model.lm, rows, length, temperature)[:, prompt.shape[0]:]
+        if not model.stream.self_teacher:        # the teacher is the x stream's own model (an LM): its KV cache
+            return sample_lm(model.stream.base(model), rows, length, temperature)[:, prompt.shape[0]:]
         return model.generate(rows, length, temperature=temperature)[:, prompt.shape[0]:]
     finally:
         torch.random.set_rng_state(state)

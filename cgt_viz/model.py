@@ -31,6 +31,7 @@ from .contracts import (IGNORE_INDEX, Ablate, CacheNames, Inputs, Summaries, Sum
 from .generation import Generation
 from .io import PretrainedMixin, fold_affine_ln_y
 from .layers import SITE_WEIGHTS, Block, EMAReadout, SiteTemplates, TokenShift, YBlock, init_weights
+from .sites import site_width
 from .streams import GPTStream, _at
 from .distill import aux_objective
 from .losses import SMOOTHNESS, aux_length_groups, masked_loss, per_position_loss, smoothness_penalty, take_positions
@@ -93,32 +94,48 @@ class CGT(PretrainedMixin, Generation, nn.Module):
     stream = GPTStream
 
     @checked(config=Instance(CGTConfig, "a CGTConfig"))
-    def __init__(self, config: CGTConfig):
+    def __init__(self, config: CGTConfig, **x_parts):
+        """x_parts: what a family's x stream is built from besides the config (`hf.CGTLM`: lm); see _build_x."""
         super().__init__()
         self.config = cfg = config
-        self.gpt = GPT(cfg)
-        self.y_embed = nn.Embedding(cfg.vocab_size, cfg.d_y) if cfg.mode == "tokens" else nn.Linear(cfg.input_dim, cfg.d_y)
-        self.y_wpe = nn.Embedding(cfg.block_size, cfg.d_y) if cfg.y_pos else None
+        self._build_x(cfg, **x_parts)
         self.y_blocks = nn.ModuleList(YBlock(cfg.d_x, cfg.d_y, cfg.n_head_y, cfg.mlp_ratio, cfg.bias, cfg.dropout)
-                                      for _ in range(cfg.y_layer))
+                                      for _ in range(self._n_y_blocks(cfg)))
         # no learnable gain/bias: ȳ keeps a fixed scale (‖ȳ_t‖² = d_y), so the smoothness penalty cannot be met by
         # shrinking a gain, and c = A ȳ + b absorbs any affine map anyway (old checkpoints are folded on load)
         self.ln_y = nn.LayerNorm(cfg.d_y, elementwise_affine=False)
         self.register_load_state_dict_pre_hook(fold_affine_ln_y)
-        init_weights(nn.ModuleList([self.y_embed, self.y_blocks] + ([self.y_wpe] if self.y_wpe is not None else [])),
-                     cfg.n_layer)
+        self._init_y(cfg)
         if SMOOTHNESS[cfg.smooth].posterior:  # log σ of the posterior N(μ_t, σ_t²) over ȳ_t
             self.y_logsigma = nn.Linear(cfg.d_y, cfg.d_y)
             nn.init.zeros_(self.y_logsigma.weight)
             nn.init.constant_(self.y_logsigma.bias, float(torch.tensor(cfg.vae_sigma).log()))
-        # templates["ν"]["site"] for ν = ℓ+1..N (ModuleDict keys must be strings)
+        # templates["ν"]["site"] for ν = ℓ+1..N (ModuleDict keys must be strings), as wide as the x stream's maps
+        widths = self.stream.widths(self)
         self.templates = nn.ModuleDict({
-            str(layer): nn.ModuleDict({site: SiteTemplates(cfg.site_dim(site), cfg.d_y, cfg.n_templates, cfg.template_rank)
+            str(layer): nn.ModuleDict({site: SiteTemplates(site_width(site, widths), cfg.d_y, cfg.n_templates,
+                                                           cfg.template_rank)
                                        for site in cfg.sites})
             for layer in self.modulated_layers})
         self.y_ema = EMAReadout(cfg.d_x, cfg.d_y) if cfg.y_readout == "ema" else None
-        # caches: x blocks, y blocks, then the EMA's history and the token shift's, when present
-        self._n_attention = cfg.n_layer + cfg.y_layer + (self.y_ema is not None) + (self.gpt.shift is not None)
+        # caches: x stream (blocks, and the token shift's history when present), y blocks, the EMA's history
+        self._n_attention = self.stream.caches(self) + cfg.y_layer + (self.y_ema is not None)
+
+    # ------------------------------------------------------------------ what a family builds (hf.CGTLM overrides)
+    def _build_x(self, cfg: CGTConfig) -> None:
+        """The x stream's modules and the y stream's input: a from-scratch GPT, y's token (and position) embedding."""
+        self.gpt = GPT(cfg)
+        self.y_embed = nn.Embedding(cfg.vocab_size, cfg.d_y) if cfg.mode == "tokens" else nn.Linear(cfg.input_dim, cfg.d_y)
+        self.y_wpe = nn.Embedding(cfg.block_size, cfg.d_y) if cfg.y_pos else None
+
+    def _n_y_blocks(self, cfg: CGTConfig) -> int:
+        """How many y blocks read x_1..x_ℓ (one per layer below the templates)."""
+        return cfg.y_layer
+
+    def _init_y(self, cfg: CGTConfig) -> None:
+        """The y stream's initialisation, after its blocks are built (and any read-out modules of the family's own)."""
+        init_weights(nn.ModuleList([self.y_embed, self.y_blocks] + ([self.y_wpe] if self.y_wpe is not None else [])),
+                     cfg.n_layer)
 
     # ------------------------------------------------------------------ names
     @property
@@ -276,7 +293,8 @@ class CGT(PretrainedMixin, Generation, nn.Module):
     def lora_factors(self, ybar_vec: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Per modulated weight name of the x stream's module, (A, B) with W' = W + B @ A.
 
-        ybar_vec (e,) -> A (K·r, i), B (o, K·r);  ybar_vec (b, e) -> A (b, K·r, i), B (b, o, K·r).
+        ybar_vec (e,) -> A (K·r, i), B (o, K·r);  ybar_vec (b, e) -> A (b, K·r, i), B (b, o, K·r), whatever the
+        orientation W is stored in (a Conv1D's (i, o) is transposed first: B @ A is always (o, i), as PEFT's).
         Names are state-dict keys of that module (a GPT: "blocks.2.attn.c_attn.weight"); the maps that read one
         site share A. A GPT name of a site's map resolves in every family (see LoraFactors).
         """
@@ -289,7 +307,9 @@ class CGT(PretrainedMixin, Generation, nn.Module):
             names = self.stream.site_maps(self, layer, site)
             aliases[f"blocks.{layer - 1}.{SITE_WEIGHTS[site]}.weight"] = names
             for name in names:
-                lora_a, lora_b = temp.factors(base.get_parameter(name).to(temp.U.dtype), coeffs)
+                weight = base.get_parameter(name)   # (o, i); stored (i, o) by a Conv1D (the stream says which)
+                weight = weight.t() if self.stream.fan_in_fan_out(self, name) else weight
+                lora_a, lora_b = temp.factors(weight.to(temp.U.dtype), coeffs)
                 out[name] = (lora_a[0], lora_b[0]) if single else (lora_a, lora_b)
         return LoraFactors(out, aliases)
 
@@ -322,8 +342,10 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         with torch.no_grad():
             for name, (lora_a, lora_b) in factors.items():
                 weight = base.get_parameter(name)
+                delta = lora_b @ lora_a                                    # (o, i)
+                delta = delta.t() if self.stream.fan_in_fan_out(self, name) else delta
                 # W + (B @ A) in W's dtype, not addmm: under autocast the sum keeps W's dtype
-                memo[id(weight)] = nn.Parameter(weight + (lora_b @ lora_a).to(weight.dtype),
+                memo[id(weight)] = nn.Parameter(weight + delta.to(weight.dtype),
                                                 requires_grad=weight.requires_grad)
         return self.stream.finish_merged(copy.deepcopy(base, memo))
 

@@ -2,21 +2,8 @@
 
 A CGT is one y stream, ȳ, templates, loss, named outputs, `specialize` and ablation (`cgt_viz.model.CGT`)
 over an x stream. The x stream is a class of static methods that take the model, so its weights stay where
-each family's saved models have them (`gpt.*` for a from-scratch CGT, `lm` for one over a pretrained LM):
-
-    run(model, inp, ystep, coeffs, cache, pos_offset, record, stop)
-        embed; run layers 1..ℓ, handing each state x_ν (ν = 0..ℓ) to ystep(ν, x_ν) (the y stream), which
-        returns the template coefficients at ν = ℓ (unless `coeffs` are given: ȳ frozen, no y stream);
-        then layers ℓ+1..N, each site's input h through the seam model._modulate(layer, site, h, coeffs).
-        Returns the final outputs (None with stop=True: only ȳ was wanted)
-    final_logits(model, final)      the vocabulary (or output) logits of run's final outputs
-    y_input(model, inp, pos_offset) y.0, the y stream's input
-    readout(model, x_ell, y, cache) the summary before its LayerNorm: ȳ = LN(readout)
-    site_maps(model, layer, site)   names of the parameters whose input is the site (merged by specialize)
-    base(model)                     the x stream's own module (its parameters are the merged ones' source)
-    finish_merged(merged)           what a merged prompt-free copy needs before it is handed back
-    no_context(model)               the x stream alone (T = I), called like a GPT: idx -> logits
-
+each family's saved models have them (`gpt.*` for a from-scratch CGT, `lm` for one over a pretrained LM).
+`XStream` declares every method the CGT calls, each raising NotImplementedError until a family fills it in;
 `refuses` names the features a family lacks, with the reason; `refuse(feature)` raises for them by name.
 """
 from __future__ import annotations
@@ -30,16 +17,86 @@ from .outputs import X
 
 
 class XStream:
-    """The protocol (see the module docstring); a family subclasses it and fills in every method."""
+    """The protocol of an x stream (see the module docstring): a family subclasses it and fills in every method.
+
+    Shapes: b batch, t time, d the x stream's width, e d_y, k templates, v the output width (vocabulary)."""
 
     family = "x stream"
     refuses: dict[str, str] = {}
-    self_teacher = True    # the aux distillation teacher is the CGT's own full pass (else the family computes it)
+    self_teacher = True    # the aux distillation teacher is the CGT's own full pass (else the x stream alone, T = I)
 
     @classmethod
     def refuse(cls, feature: str, hint: str = "") -> None:
         if feature in cls.refuses:
             raise ValueError(f"{feature} is not available for a CGT over {cls.family}: {cls.refuses[feature]}{hint}")
+
+    @staticmethod
+    def run(model, inp, ystep, coeffs=None, cache=None, pos_offset=0, record=None, stop=False):
+        """One pass over inp (b, t) tokens (or (b, t, input_dim) vectors) at positions pos_offset.. .
+
+        Embed; run layers 1..ℓ, handing each state x_ν (b, t, d), ν = 0..ℓ, to ystep(ν, x_ν) (the y stream), which
+        returns the coefficients {"ν.site": (b, t, k)} at ν = ℓ; with `coeffs` given ({"ν.site": (b, 1, k)}: ȳ
+        frozen) ystep is not called. Then layers ℓ+1..N, each site's input h through the seam
+        model._modulate(layer, site, h, coeffs). record: a dict filled with "x.ν" (b, t, d). Returns the final
+        outputs (b, t, ·) that final_logits reads, or None with stop=True (only ȳ was wanted: nothing above ℓ runs)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def final_logits(model, final):
+        """run's final outputs (..., ·) -> logits (..., v)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def y_input(model, inp, pos_offset):
+        """y.0 (b, t, e), the y stream's input, for inp (b, t) at positions pos_offset.. ."""
+        raise NotImplementedError
+
+    @staticmethod
+    def readout(model, x_ell, y, cache):
+        """The summary before its LayerNorm (b, t, e) from x_ℓ (b, t, d) and y_ℓ (b, t, e): ȳ = LN(readout)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def site_maps(model, layer, site) -> list[str]:
+        """Names (in base(model)'s state dict) of the weights whose input is `site` of layer ν: merged by specialize."""
+        raise NotImplementedError
+
+    @staticmethod
+    def fan_in_fan_out(model, name) -> bool:
+        """Whether the weight `name` of base(model) is stored (in, out), as transformers' Conv1D does, rather than
+        (out, in) as nn.Linear: the merge and lora_factors transpose it (PEFT's flag of the same name)."""
+        return False
+
+    @staticmethod
+    def base(model) -> nn.Module:
+        """The x stream's own module: its parameters are the merged ones' source, its class the merged model's."""
+        raise NotImplementedError
+
+    @staticmethod
+    def finish_merged(merged):
+        """What a merged prompt-free copy of base(model) needs before it is handed back -> that model."""
+        raise NotImplementedError
+
+    @staticmethod
+    def merged_logits(merged, idx):
+        """A merged model's (specialize's) logits (b, t, v) on idx (b, t), whatever that model returns."""
+        raise NotImplementedError
+
+    @staticmethod
+    def no_context(model) -> nn.Module:
+        """The x stream alone (T = I), called like a GPT: idx (b, t) -> logits (b, t, v)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def widths(model) -> dict[str, int]:
+        """The input widths of the x stream's site maps, {"model": d, "attn": ..., "mlp": ...} (`sites.WIDTHS`):
+        how wide the templates are."""
+        raise NotImplementedError
+
+    @staticmethod
+    def caches(model) -> int:
+        """How many KV-cache entries the x stream holds in a cached pass (its layers, and any history it keeps)."""
+        raise NotImplementedError
 
 
 def _at(cache, i):
@@ -105,5 +162,17 @@ class GPTStream(XStream):
         return merged
 
     @staticmethod
+    def merged_logits(merged, idx):
+        return merged(idx)
+
+    @staticmethod
     def no_context(model) -> nn.Module:
         return copy.deepcopy(model.gpt)
+
+    @staticmethod
+    def widths(model):
+        return model.config.widths
+
+    @staticmethod
+    def caches(model):
+        return model.gpt._n_attention

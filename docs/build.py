@@ -66,14 +66,89 @@ def tutorials(root: Path) -> None:
         raise FileNotFoundError(f"no executed copy of {', '.join(missing)} in {source}: `make docs` executes the "
                                 "notebooks there first (or set CGT_DOCS_EXECUTED to a folder of executed copies)")
     out = DOCS / "tutorials"
+    fast = executed_settings(source).get("CGT_FAST")
     for name in names:
         nb = nbformat.read(source / name, as_version=4)
-        nb = site_notebook(nb, StaticViews())
+        nb = site_notebook(nb, StaticViews(), fast=fast, name=name, root=root)
         _write_if_changed(out / name, nbformat.writes(nb) + "\n")
 
 
-def site_notebook(nb, static_views):
-    """An executed notebook as the site shows it: static views, no widget state, links that resolve."""
+SETTINGS_FILE = "settings.json"     # written beside the executed copies by the Makefile: {"CGT_FAST": "1"}
+
+
+def executed_settings(source: Path) -> dict:
+    """The settings the executed copies ran with ({} when the folder does not say)."""
+    import json
+    path = source / SETTINGS_FILE
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return settings if isinstance(settings, dict) else {}
+
+
+# what a smoke run's page shows instead of results, per notebook (the note at the top of the page)
+SMOKE_WHAT = {
+    "01_synthetic_icl.ipynb": "the CGT and the baseline GPT train for a small fraction of the notebook's steps, so "
+                              "they are barely trained: accuracies near chance, G undefined (NaN) or noisy, a probe "
+                              "that may sit below chance",
+    "02_linear_regression.ipynb": "the model trains for a small fraction of the notebook's steps, so gap closed and "
+                                  "the probe's R² are a barely trained model's",
+    "03_text_mixture.ipynb": "the shipped reference text model is loaded, but the evaluations use short excerpts "
+                             "and a handful of sequences, and the model with the smoothness term trains for a few "
+                             "dozen steps",
+    "04_y_explorer.ipynb": "the shipped reference text model is loaded, but the map holds one batch of sequences "
+                           "and no UMAP is fitted",
+    "05_pretrained_lm.ipynb": "the shipped head and its measurement files (the tables read from them) are the real "
+                              "ones; the live comparison, the map, the generations and the layer read-out use one "
+                              "or a few windows",
+}
+
+
+def smoke_note(name: str, fast) -> str | None:
+    """The note a tutorial page opens with when its executed copy is not a run at the notebook's defaults."""
+    if str(fast) == "0":
+        return None
+    what = SMOKE_WHAT.get(name, "the heavy settings are shrunk")
+    if fast is None:
+        head = ("**Settings not recorded.** The executed copy this page shows does not say how it was run "
+                "(`make test` and `make docs` run the notebooks with `CGT_FAST=1`, the fast settings CI uses); "
+                f"if it was such a run, {what}.")
+    else:
+        head = ("**A smoke run, not results.** This page was executed with `CGT_FAST=1`, the fast settings CI uses "
+                f"to check that every cell runs: {what}.")
+    return (":::{note}\n" + head + " Its numbers show that the code runs, not how well CGT works: the measured "
+            "numbers are on the [results page](../results.md); `make lab` runs the notebook at its defaults.\n:::")
+
+
+_WARNING_AT = re.compile(r"^(?:/|[A-Za-z]:\\)\S*?\.py:\d+: (?=\w*Warning: )", re.M)
+
+
+def clean_text(text: str, root: Path | None = None) -> str:
+    """An output's text without the machine that built the site: a warning's "file:line: " prefix (an
+    install path, and the source line printed under it) goes, the repository and the Python environment
+    become relative names."""
+    lines, out, skip = text.split("\n"), [], False
+    for line in lines:
+        if skip and line.startswith("  "):
+            skip = False
+            continue
+        skip = False
+        if _WARNING_AT.match(line):
+            line, skip = _WARNING_AT.sub("", line), True
+        out.append(line)
+    text = "\n".join(out)
+    for prefix, name in ((sys.prefix, "<env>"), (str(root) if root else None, "."), (str(Path.home()), "~")):
+        if prefix and len(prefix) > 1:
+            text = text.replace(prefix.rstrip("/") + "/", name + "/").replace(prefix, name)
+    return text
+
+
+def site_notebook(nb, static_views, fast="1", name: str = "", root: Path | None = None):
+    """An executed notebook as the site shows it: static views, no widget state, links that resolve, no
+    build paths in its outputs, and a note at the top unless it ran at the notebook's defaults."""
+    import nbformat
+    root = DOCS.parent if root is None else root
     nb = copy.deepcopy(nb)
     nb, _ = static_views.preprocess(nb, {})
     nb.metadata.pop("widgets", None)
@@ -91,7 +166,22 @@ def site_notebook(nb, static_views):
                 if "text/html" not in data:
                     data["text/html"] = _figure_html(data[PLOTLY_MIME])
                 del data[PLOTLY_MIME]
+        for output in cell.get("outputs", []):
+            if "text" in output:
+                output["text"] = clean_text(output["text"], root)
+            data = output.get("data", {})
+            if isinstance(data.get("text/plain"), str):
+                data["text/plain"] = clean_text(data["text/plain"], root)
     nb.cells = [c for c in nb.cells if not (c.cell_type == "code" and not c.source.strip())]
+    note = smoke_note(name, fast)
+    if note:
+        # after the title: the page's heading stays its first line (the toctree reads it)
+        at = 1 if nb.cells and nb.cells[0].cell_type == "markdown" and nb.cells[0].source.lstrip().startswith("# ") else 0
+        if at and "\n" in nb.cells[0].source.strip():
+            title, _, rest = nb.cells[0].source.partition("\n")
+            nb.cells[0].source = title + "\n\n" + note + "\n\n" + rest.lstrip("\n")
+        else:
+            nb.cells.insert(at, nbformat.v4.new_markdown_cell(note))
     _ensure_plotly_js(nb)
     return nb
 
@@ -158,8 +248,14 @@ def api_pages() -> None:
 def _rst_problems(text: str) -> bool:
     """Whether docutils reports anything (warning or worse) for this text as reStructuredText."""
     from docutils.core import publish_doctree
+    from docutils.parsers.rst import directives, roles
     from docutils.utils import Reporter
     stream = io.StringIO()
+    # plain docutils: inside a Sphinx build the roles and directives Sphinx registered need its environment,
+    # so every docstring with a `code` span failed here and was shown as a code block
+    saved = dict(roles._roles), dict(directives._directives)
+    roles._roles.clear()
+    directives._directives.clear()
     try:
         publish_doctree(".. default-role:: literal\n\n" + text,
                         settings_overrides={"warning_stream": stream, "report_level": Reporter.WARNING_LEVEL,
@@ -167,14 +263,103 @@ def _rst_problems(text: str) -> bool:
                                             "raw_enabled": False})
     except Exception:  # noqa: BLE001 - any parser failure means: show it as written
         return True
+    finally:
+        roles._roles.clear()
+        roles._roles.update(saved[0])
+        directives._directives.clear()
+        directives._directives.update(saved[1])
     return bool(stream.getvalue().strip())
 
 
+_ROW = re.compile(r"^(?P<name>[`*\w][\w`*.,/|()\[\]' =-]{0,40}?)(?P<gap> {2,})(?P<desc>\S.*)$")
+_IDENT = re.compile(r"^\**[A-Za-z_]\w*$")
+
+
+def _rows(lines: list[str], start: int):
+    """The "name  description" table starting at lines[start] (rows at column 0, continuation lines
+    indented), as (end, [(name, description)]), or None when it is not one: fewer than two rows, or
+    rows whose descriptions do not mostly start at one column."""
+    rows, cols, i = [], [], start
+    while i < len(lines):
+        m = _ROW.match(lines[i])
+        if m and len(m.group("name").split()) <= 4:
+            name, desc, col = m.group("name"), [m.group("desc")], m.start("desc")
+        elif cols and re.match(r"^[\w, ]+:$", lines[i]) and i + 1 < len(lines) and lines[i + 1].startswith("  "):
+            name, desc, col = lines[i][:-1], [], cols[-1]      # names too long for the column: on a line of their own
+        else:
+            # a name that fills its column leaves one space: "projection the first paint"
+            col = max(set(cols), key=cols.count) if cols else 0
+            head = lines[i][:col]
+            if not (col and len(lines[i]) > col and head.endswith(" ") and head.strip() and " " not in head.strip()
+                    and lines[i][col] != " "):
+                break
+            name, desc = head, [lines[i][col:]]
+        cols.append(col)
+        i += 1
+        while i < len(lines) and lines[i].startswith(" ") and lines[i].strip():
+            desc.append(lines[i].strip())
+            i += 1
+        rows.append((name.strip(), " ".join(desc)))
+    if len(rows) < 2 or max(cols.count(c) for c in set(cols)) * 2 < len(cols):
+        return None
+    return i, rows
+
+
+def parameter_lists(lines: list[str]) -> list[str]:
+    """Our docstrings list arguments, fields and values as a table of "name  description" rows (the
+    description column aligned, continuation lines indented). As reST that is one run-on paragraph, so
+    each such table becomes a list: Sphinx's parameter list (`:param name:`) when every name is a
+    Python name, else a definition list (``name`` then its description)."""
+    out, i = [], 0
+    while i < len(lines):
+        found = _rows(lines, i) if (i == 0 or not lines[i - 1].strip()) else None
+        if found is None:
+            out.append(lines[i])
+            i += 1
+            continue
+        i, rows = found
+        names = [n.strip("`") for n, _ in rows]
+        # "config / settings": one row for two arguments; the first names it, the others are said
+        parts = [[p.strip() for p in re.split(r" / |, ", n)] for n in names]
+        if all(_IDENT.match(p) for ps in parts for p in ps):
+            out += [f":param {ps[0].lstrip('*')}: " + (f"(also `{', '.join(ps[1:])}`) " if ps[1:] else "") + d
+                    for ps, (_, d) in zip(parts, rows)]
+        else:
+            for (name, desc), bare in zip(rows, names):
+                out += [f"``{bare}``", f"    {desc}"]
+        if i < len(lines) and lines[i].strip():
+            out.append("")              # a list ends with a blank line
+    return out
+
+
+def _escape_bars(line: str) -> str:
+    """|x| in prose is a norm or an absolute value, never a reST substitution: escaped outside `code`."""
+    parts = re.split(r"(``.*?``|`[^`]*`)", line)
+    out = []
+    for k, part in enumerate(parts):
+        if part.startswith("`"):
+            # a code span followed by a letter ("`FigureWidget`s") ends only with an escaped space after it
+            out.append(part + ("\\ " if k + 1 < len(parts) and parts[k + 1][:1].isalnum() else ""))
+        else:   # "root/<topic>/*.txt": a star beside a path is not emphasis
+            out.append(re.sub(r"(?<=/)\*|\*(?=[./])", r"\\*", part.replace("|", "\\|")))
+    return "".join(out)
+
+
 def docstring_as_written(app, what, name, obj, options, lines):
-    """The docstrings are plain prose with `code` spans, not always valid reST: one that would make docutils
-    warn is shown as written (a literal block) rather than mangled or failing the -W build."""
+    """The docstrings are plain prose with `code` spans and "name  description" tables, not always valid
+    reST: the tables become parameter lists (`parameter_lists`); one that would still make docutils warn
+    is shown as written (a literal block) rather than mangled or failing the -W build."""
     text = "\n".join(lines)
-    if not text.strip() or not _rst_problems(text):
+    if not text.strip():
+        return lines
+    if what in ("data", "attribute") and obj is not None and text.strip() == (inspect.getdoc(type(obj)) or "").strip():
+        lines[:] = []           # a dict or tuple constant: its type's docstring ("dict() -> new empty dictionary")
+        return lines
+    converted = [_escape_bars(ln) for ln in parameter_lists(list(lines))]
+    if not _rst_problems("\n".join(converted)):
+        lines[:] = converted
+        return lines
+    if not _rst_problems(text):
         return lines
     shown = ["::", ""] + [("    " + ln) if ln.strip() else "" for ln in lines] + [""]
     lines[:] = shown

@@ -42,6 +42,7 @@ autodoc_typehints = "signature"
 autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": True}
 autosummary_generate = False
 default_role = "literal"           # the docstrings write `name` for code
+smartquotes = False                # quotes as written: the docstrings quote values ("pca", 'all') in prose
 
 # -- HTML
 html_theme = "furo"

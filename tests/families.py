@@ -66,8 +66,9 @@ def factor_names(model) -> set[str]:
     """The weight names lora_factors must return: GPT names, or the LM's maps of each site."""
     if not is_hf(model.config):
         return {f"blocks.{l - 1}.{SITE_WEIGHTS[s]}.weight" for l, s in model.template_sites}
-    from cgt_viz.hf.model import SITE_MODULES
-    return {f"model.layers.{l - 1}.{m}.weight" for l, s in model.template_sites for m in SITE_MODULES[s][2]}
+    from cgt_viz.hf.layouts import layout_of
+    layout = layout_of(model.lm)
+    return {layout.weight_name(l, m) for l, s in model.template_sites for m in layout.sites[s].maps}
 
 
 def y_modules(model) -> list:

@@ -645,15 +645,16 @@ cgtlm_case = lambda **kw: _hf().CGTLM(LM(), **{"y_layer": 2, "d_y": 16, "n_head_
 _HF_IDX = torch.randint(0, 96, (2, 24), generator=torch.Generator().manual_seed(0))
 
 
-def _gpt2():
-    from transformers import GPT2Config, GPT2LMHeadModel
-    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=50, n_positions=32))
+def _opt():
+    from transformers import OPTConfig, OPTForCausalLM
+    return OPTForCausalLM(OPTConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, ffn_dim=32, num_attention_heads=2,
+                                    max_position_embeddings=32, word_embed_proj_dim=16))
 
 
 case("CGTLM", "site", [("attn_in", "attn_mid")], lambda v: cgtlm_case(sites=v), shows="attn_mid")
 case("CGTLM", "y_layer", [4], lambda v: cgtlm_case(y_layer=v), says=r"1\.\.3")
 case("CGTLM", "y_layer", [0], lambda v: cgtlm_case(y_layer=v))
-case("CGTLM", "lm", ["gpt2"], lambda v: _hf().CGTLM(_gpt2()), shows="'gpt2'", says="Llama-family")
+case("CGTLM", "lm", ["opt"], lambda v: _hf().CGTLM(_opt()), shows="'opt'", says="family with a layout")
 case("CGTLM", "lm", [torch.nn.Linear(2, 2)], lambda v: _hf().CGTLM(v), shows="Linear", says="transformers causal LM")
 case("CGTLM", "smooth", ["vae"], lambda v: cgtlm_case(smooth=v), says="'l2' or 'relative'")
 case("CGTLM", "block_size", [500], lambda v: cgtlm_case(block_size=v), says=r"2\.\.128")

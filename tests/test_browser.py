@@ -34,6 +34,7 @@ NOTEBOOK = ROOT / "tests" / "browser" / "widgets.ipynb"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 BUNDLE_KEY = "__cgt_viz_plotly_widget_"
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 pytestmark = pytest.mark.browser
@@ -563,6 +564,18 @@ def _executed_views_notebook(tmp_path: Path):
     return nb
 
 
+def _configured_nbconvert():
+    """The nbconvert config `make env` writes (cgt_viz.widgets.export.install_config), read as nbconvert reads it."""
+    import tempfile
+
+    from traitlets.config import JSONFileConfigLoader
+
+    from cgt_viz.widgets.export import install_config
+    with tempfile.TemporaryDirectory() as prefix:
+        install_config(prefix)
+        return JSONFileConfigLoader("jupyter_nbconvert_config.json", str(Path(prefix) / "etc" / "jupyter")).load_config()
+
+
 def _open_offline(page, path: Path) -> list[str]:
     """Open a file with every non-file request refused (no CDN, no kernel); the URLs that were refused."""
     refused: list[str] = []
@@ -594,31 +607,31 @@ def test_static_export_draws_every_view_without_a_kernel(tmp_path):
     nb = _executed_views_notebook(tmp_path)
     from static_views import TITLES
     outputs = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "display_data"]
-    # every view is three outputs (cgt_viz.widgets._static): its style, the live widget, the static copy
+    # every view is its style, the live widget, then one static output per figure it can show
+    # (cgt_viz.widgets._static): monitor 1, explorer 3 (map, strip, inspector), strip 2, inspector 2, compare 3
     kinds = [("static" if o["metadata"].get("cgt_viz", {}).get("static") else "style"
               if o["metadata"].get("cgt_viz", {}).get("style") else "live" if WIDGET_MIME in o["data"] else "?")
              for o in outputs]
-    assert kinds == ["style", "live", "static"] * len(TITLES), kinds
+    assert kinds == [k for slots in (1, 3, 2, 2, 3) for k in ["style", "live"] + ["static"] * slots], kinds
     assert "widgets" in nb.metadata                      # nbclient stored widget state, as nbconvert --execute does
     saved = tmp_path / "saved.ipynb"
     nbformat.write(nb, saved)
-    plotly_js = len((Path(__import__("plotly").__file__).parent / "package_data" / "plotly.min.js").read_bytes())
-    carriers = sum(1 for c in nb.cells if any(o.get("metadata", {}).get("cgt_viz", {}).get("static") for o in c.get("outputs", [])))
-    assert saved.stat().st_size < carriers * plotly_js // 2 + 1_500_000, saved.stat().st_size   # gzip, once per cell
+    assert 'data-cgt-viz=\\"plotly.js\\"' not in saved.read_text() and saved.stat().st_size < 1_500_000   # no plotly.js
 
     pages = {}
     exporter = HTMLExporter()
     exporter.register_preprocessor(StaticViews, enabled=True)
     pages["preprocessed"] = exporter.from_notebook_node(copy.deepcopy(nb))[0]
     plain = copy.deepcopy(nb)
-    del plain.metadata["widgets"]                        # what a notebook saved from JupyterLab looks like
-    pages["no widget state"] = HTMLExporter().from_notebook_node(plain)[0]
+    del plain.metadata["widgets"]                        # what a notebook saved from JupyterLab looks like,
+    configured = HTMLExporter(config=_configured_nbconvert())     # exported as `jupyter nbconvert` does after make env
+    pages["no widget state"] = configured.from_notebook_node(plain)[0]
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
             for name, body in pages.items():
                 marker = 'data-cgt-viz="plotly.js"'
-                assert body.count(marker) == (1 if name == "preprocessed" else carriers), name
+                assert body.count(marker) == 1, name
                 path = tmp_path / f"{name.replace(' ', '_')}.html"
                 path.write_text(body, encoding="utf-8")
                 page = browser.new_page(viewport={"width": 1200, "height": 900})
@@ -663,7 +676,11 @@ def test_saved_notebook_reopened_in_jupyterlab_draws_every_view(tmp_path):
             page = browser.new_page(viewport={"width": 1280, "height": 1000})
             page.goto(url + "lab/tree/views.ipynb", wait_until="domcontentloaded", timeout=60_000)
             page.wait_for_function("document.querySelectorAll('.jp-Notebook .jp-Cell').length >= 5", timeout=60_000)
-            want = len(TITLES)
+            # every figure of every view, as the export draws them (the strips' token text, the inspector's,
+            # the explorer's linked views: one static output each), not only each view's first
+            want = sum(1 for c in nb.cells for o in c.get("outputs", [])
+                       if o.get("metadata", {}).get("cgt_viz", {}).get("static") and PLOTLY_MIME in o.get("data", {}))
+            assert want > len(TITLES)
             # plotly's lab renderer draws each output as it scrolls into view: visit every output
             for i in range(page.locator(".jp-OutputArea-output").count()):
                 page.locator(".jp-OutputArea-output").nth(i).scroll_into_view_if_needed()
@@ -832,7 +849,7 @@ def test_views_show_their_latest_state_after_reload_restart_shutdown_and_export(
 
             exporter = HTMLExporter()
             exporter.register_preprocessor(StaticViews, enabled=True)
-            pages = {"plain": HTMLExporter().from_notebook_node(saved)[0],
+            pages = {"configured": HTMLExporter(config=_configured_nbconvert()).from_notebook_node(saved)[0],
                      "StaticViews": exporter.from_notebook_node(saved)[0]}
             for name, body in pages.items():
                 path = tmp_path / f"export_{name}.html"
@@ -852,7 +869,8 @@ def test_views_show_their_latest_state_after_reload_restart_shutdown_and_export(
                 assert not errors, (name, errors)
                 export.close()
             marker = 'data-cgt-viz="plotly.js"'     # (nbconvert reorders the attributes)
-            assert pages["StaticViews"].count(marker) == 1 < pages["plain"].count(marker)
+            assert pages["StaticViews"].count(marker) == 1 == pages["configured"].count(marker)
+            assert 'data-cgt-viz=\\"plotly.js\\"' not in (work / "state.ipynb").read_text()   # the saved notebook: none
         except Exception:
             print(log.read_text()[-3000:])
             raise

@@ -98,13 +98,113 @@ def test_a_tutorial_becomes_static_views_without_widget_state():
     cell = nbformat.v4.new_code_cell("view", outputs=[style, live, static, bar])
     md = nbformat.v4.new_markdown_cell("![CGT](../docs/img/cgt.svg)")
     nb.cells = [md, cell, nbformat.v4.new_code_cell("   ")]
-    out = build.site_notebook(nb, StaticViews())
+    out = build.site_notebook(nb, StaticViews(), fast="0")                  # at defaults: no note
     assert "widgets" not in out.metadata and "widgets" in nb.metadata          # the input is left alone
     assert out.cells[0].source == "![CGT](../img/cgt.svg)"
     assert len(out.cells) == 2                                                  # the empty cell is gone
     outputs = out.cells[1].outputs
     assert [o["data"].get("text/plain") for o in outputs] == ["view", "100%"]
     assert all(WIDGET_MIME not in o["data"] for o in outputs)
+
+
+def _page(source: str, outputs=()):
+    import nbformat
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell(source), nbformat.v4.new_code_cell("run()", outputs=list(outputs))]
+    return nb
+
+
+def test_a_smoke_run_page_says_so_at_its_top():
+    from cgt_viz.widgets.export import StaticViews
+    nb = _page("# 01 · A title\n\nThe text.")
+    for fast, marker in (("1", "A smoke run, not results"), (None, "Settings not recorded")):
+        out = build.site_notebook(nb, StaticViews(), fast=fast, name="01_synthetic_icl.ipynb")
+        title, rest = out.cells[0].source.split("\n", 1)
+        assert title == "# 01 · A title"                                         # the page keeps its title
+        assert rest.index(marker) < rest.index("The text.") and "results.md" in rest and "CGT_FAST" in rest
+    out = build.site_notebook(nb, StaticViews(), fast="0", name="01_synthetic_icl.ipynb")
+    assert out.cells[0].source == nb.cells[0].source
+
+
+def test_executed_settings_come_from_the_folder(tmp_path):
+    assert build.executed_settings(tmp_path) == {}
+    (tmp_path / build.SETTINGS_FILE).write_text('{"CGT_FAST": "0"}')
+    assert build.executed_settings(tmp_path) == {"CGT_FAST": "0"}
+    assert build.smoke_note("01_synthetic_icl.ipynb", "0") is None
+
+
+def test_outputs_on_the_site_hold_no_build_paths():
+    import nbformat
+
+    from cgt_viz.widgets.export import StaticViews
+    site_packages = Path(sys.prefix) / "lib" / "python3.11" / "site-packages" / "torch" / "utils" / "_contextlib.py"
+    warning = (f"{site_packages}:124: UserWarning: k = 4: below the noise floor\n  return func(*args, **kwargs)\n"
+               f"saved to {ROOT}/runs/nb01/compiled\n")
+    stream = nbformat.v4.new_output("stream", name="stderr", text=warning)
+    result = nbformat.v4.new_output("execute_result", {"text/plain": f"PosixPath('{ROOT}/data/models/x')"}, execution_count=1)
+    out = build.site_notebook(_page("# T", [stream, result]), StaticViews(), fast="0", root=ROOT)
+    text = out.cells[1].outputs[0]["text"]
+    assert text == "UserWarning: k = 4: below the noise floor\nsaved to ./runs/nb01/compiled\n"
+    assert out.cells[1].outputs[1]["data"]["text/plain"] == "PosixPath('./data/models/x')"
+
+
+# ---------------------------------------------------------------------------------------------- API docstrings
+def test_name_description_tables_become_parameter_lists():
+    import cgt_viz
+    lines = build.parameter_lists(inspect.getdoc(cgt_viz.explore).splitlines())
+    params = [ln.split(":")[1].split()[1] for ln in lines if ln.startswith(":param ")]
+    assert params[:4] == ["data", "labels", "positions", "projection"]       # "projection" fills its column
+    assert set(params) <= set(inspect.signature(cgt_viz.explore).parameters)
+    mixed = build.parameter_lists(["Intro.", "", "a / b   one", "c d     two", "        more", "", "After."])
+    assert mixed == ["Intro.", "", "``a / b``", "    one", "``c d``", "    two more", "", "After."]
+    prose = ["A sentence  with two spaces.", "", "name  alone"]               # not a table: left as is
+    assert build.parameter_lists(list(prose)) == prose
+
+
+def test_every_public_docstring_renders_as_rest_not_as_a_code_block():
+    """The API reference shows docstrings as prose with parameter lists: none of them falls back to a
+    literal block (what every docstring with a "name  description" table or a |norm| used to be)."""
+    shown_as_code = []
+    for module, _title in build.API_MODULES:
+        mod = importlib.import_module(module)
+        objs = [(module, mod, "module")]
+        for name in build.public_names(module):
+            obj = getattr(mod, name)
+            objs.append((f"{module}.{name}", obj, "class" if inspect.isclass(obj) else "function" if callable(obj) else "data"))
+            if inspect.isclass(obj):
+                objs += [(f"{module}.{name}.{k}", v, "method") for k, v in vars(obj).items()
+                         if not k.startswith("_") and inspect.isfunction(v)]
+        for name, obj, what in objs:
+            doc = inspect.getdoc(obj)
+            if doc:
+                lines = build.docstring_as_written(None, what, name, obj, None, doc.splitlines())
+                if lines and lines[0] == "::":
+                    shown_as_code.append(name)
+    assert not shown_as_code, shown_as_code
+
+
+def test_inside_a_sphinx_build_docstrings_render_as_prose_with_parameter_lists(tmp_path):
+    """The check that decides prose or code block runs inside Sphinx, whose registered roles need its
+    environment: there every docstring with a `code` span used to become a highlighted code block."""
+    from sphinx.application import Sphinx
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "conf.py").write_text("extensions = ['sphinx.ext.autodoc']\ndefault_role = 'literal'\n"
+                                 f"import sys\nsys.path.insert(0, {str(ROOT / 'docs')!r})\nimport build\n"
+                                 "def setup(app):\n    app.connect('autodoc-process-docstring', build.docstring_as_written)\n")
+    (src / "index.rst").write_text(".. autofunction:: cgt_viz.widgets.explore\n\n.. autofunction:: cgt_viz.train\n")
+    Sphinx(str(src), str(src), str(tmp_path / "out"), str(tmp_path / "doctrees"), "html", status=None,
+           warning=None, freshenv=True).build()
+    page = (tmp_path / "out" / "index.html").read_text(encoding="utf-8")
+    assert "highlight-default" not in page                                     # no code block
+    assert page.count("Parameters") == 2 and "<strong>positions</strong>" in page and "<strong>steps</strong>" in page
+
+
+def test_no_page_title_carries_an_internal_issue_number():
+    pages = [p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts]
+    titles = [(p.name, line) for p in pages for line in p.read_text(encoding="utf-8").splitlines()
+              if line.startswith("#") and re.search(r"\bissue \d+", line, re.I)]
+    assert not titles, titles
 
 
 def test_the_site_names_what_is_missing_when_no_executed_copy_exists(tmp_path, monkeypatch):
@@ -130,10 +230,31 @@ def test_the_api_reference_lists_every_public_name_with_signature_and_docstring(
                 params = [p for p in inspect.signature(obj).parameters if p not in ("self", "cls")]
                 assert all(p in shown for p in params) and ("(" in shown or not params), f"{module}.{name}: {shown}"
             doc = inspect.getdoc(obj)
+            if not callable(obj) and doc == inspect.getdoc(type(obj)):
+                # a constant (a str, a dict) shows no docstring of its type ("str(object='') -> str")
+                assert "Createanewstringobject" not in re.sub(r"\s", "", _text(body[:3_000])), f"{module}.{name}"
+                continue
             if doc and not doc.startswith(f"{name}("):     # (a dataclass without a docstring of its own)
                 words = "".join(re.sub(r"[`*]", "", doc).split()[:4])        # compared without white space:
                 assert words in re.sub(r"[`*\s]", "", _text(body[:30_000])), (   # markup splits the text anywhere
                     f"{module}.{name}: its docstring is not on the page")
+
+
+@pytest.mark.docs_site
+def test_the_built_pages_hold_no_build_paths_and_the_api_lists_parameters():
+    _need_site()
+    leaks = []
+    for page in SITE.rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        for needle in (str(ROOT) + "/", sys.prefix + "/", "/.venv/", "site-packages/"):
+            if needle in text:
+                leaks.append((str(page.relative_to(SITE)), needle))
+        title = re.search(r"<title>(.*?)</title>", text, re.S)
+        assert not (title and re.search(r"\bissue \d+", title.group(1), re.I)), (page.name, title.group(1))
+    assert not leaks, leaks[:10]
+    api = (SITE / "api" / "cgt_viz.widgets.html").read_text(encoding="utf-8")
+    entry = api.split('id="cgt_viz.widgets.explore"', 1)[1].split("</dd>", 1)[0]
+    assert "Parameters" in entry and "<strong>positions</strong>" in entry and "highlight-" not in entry
 
 
 def _text(markup: str) -> str:

@@ -147,3 +147,18 @@ def test_text_curves_and_excerpt_ends(tmp_path):
     assert row["n_scored"] == 2 * (32 - 4) and np.isfinite(row["acc_specialized"])
     feats, labels = collect_excerpt_ends(model, task, n_batches=2, batch_size=2, part="train")
     assert feats.shape == (8, 8) and labels.shape == (8,) and set(labels.tolist()) <= {0, 1}
+
+
+def test_knn_grouped_folds_never_judge_a_row_by_its_own_group():
+    """Rows of one group (say, excerpts of one document) share their features and their label: ungrouped folds
+    find a row's own group among its neighbours; grouped folds cannot, so the labels drawn at random per group
+    are then guessed at chance."""
+    rng = np.random.default_rng(0)
+    group = np.repeat(np.arange(60), 4)                                    # 60 groups of 4 rows
+    label = rng.integers(0, 3, 60)[group]
+    features = rng.normal(size=(60, 16))[group] + 0.01 * rng.normal(size=(240, 16))
+    assert knn_topic_accuracy(features, label, n_neighbors=1) > 0.9
+    grouped = knn_topic_accuracy(features, label, n_neighbors=1, groups=group)
+    assert grouped < 0.6
+    with pytest.raises(ValueError, match="groups"):
+        knn_topic_accuracy(features, label, groups=group[:10])

@@ -54,6 +54,19 @@ def test_the_compiled_memory_is_the_unmerged_pass_and_its_peft_adapter(lm, tmp_p
     torch.testing.assert_close(adapted(input_ids=idx).logits, unmerged, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["qwen2", "gpt2"])
+def test_the_compiled_memory_merges_and_exports_in_every_family(family, tmp_path):
+    peft = pytest.importorskip("peft")
+    build = getattr(hf, f"tiny_{family}")
+    model = _head(build())
+    prompt, idx = _ids(12), _ids(2, 8, seed=6)
+    unmerged = model.forward_compiled(idx, prompt)
+    torch.testing.assert_close(model.specialize(prompt)(input_ids=idx).logits, unmerged, rtol=1e-4, atol=1e-5)
+    path = model.export_peft(prompt, tmp_path / "adapter")
+    adapted = peft.PeftModel.from_pretrained(build(), str(path)).eval()
+    torch.testing.assert_close(adapted(input_ids=idx).logits, unmerged, rtol=1e-4, atol=1e-5)
+
+
 def test_a_memory_at_zero_gain_is_the_head_without_one(lm):
     model, plain = _head(lm, scale=0.0), _head(lm, memory_layers=0)
     model.load_state_dict({**model.state_dict(), **plain.state_dict()})    # the same templates and read-out

@@ -27,7 +27,9 @@ def compare_figure(losses: dict, *, boundary: float | None = None, split: int | 
 
     losses: {"position": (m,), "prompted": (m,), "specialized": (m,), "no_context": (m,)} as returned by
     `analysis.compare_losses` (or the "positions" / "loss_<mode>" dict of `evaluate.text_position_curves`);
-    boundary: the topic switch (red dashed line); split: s (black dotted line).
+    boundary: the topic switch (red dashed line); split: s (black dotted line). A position no row scores
+    (NaN: a loss mask leaves it out, e.g. the random inputs u of synthetic ICL) is skipped and the line
+    joins the scored ones.
     """
     found = {} if not isinstance(losses, dict) else \
         {name: next((k for k in keys if k in losses), None) for name, keys in CURVE_KEYS.items()}
@@ -42,7 +44,8 @@ def compare_figure(losses: dict, *, boundary: float | None = None, split: int | 
         key = found[name]
         if key is not None:
             fig.add_trace(go.Scatter(x=pos, y=_check_1d(f"losses[{key!r}]", losses[key], len(pos)), mode="lines+markers",
-                                     name=name.replace("_", "-"), line=dict(color=color, dash=dash), marker=dict(size=4)))
+                                     name=name.replace("_", "-"), line=dict(color=color, dash=dash), marker=dict(size=4),
+                                     connectgaps=True))
     _mark_switch_and_split(fig, boundary, split)
     fig.update_layout(title=dict(text=title or "Compile and compare: loss per position", x=0.01), height=height,
                       xaxis_title="position (tokens)", yaxis_title=ylabel,

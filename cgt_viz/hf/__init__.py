@@ -10,14 +10,14 @@
 """
 from .source import HF_EXTRA, cache_root, convert_gguf, load_local, smollm2, smollm2_gguf
 
-__all__ = ["CGTLM", "BBCTokens", "tiny_llama", "smollm2", "load_local", "convert_gguf", "cache_root",
+__all__ = ["CGTLM", "BBCTokens", "tiny_llama", "tiny_qwen2", "tiny_gpt2", "smollm2", "load_local", "convert_gguf", "cache_root",
            "smollm2_gguf", "HF_EXTRA", "chunked_cross_entropy", "export_hf", "export_hf_peft", "to_transformers",
            "residual_stream", "residual_departures", "departure_figure"]
 
 
 def __getattr__(name):
     # transformers is imported only when a model is asked for, so `from cgt_viz import hf` is cheap
-    if name in ("CGTLM", "chunked_cross_entropy", "SITE_MODULES", "SUPPORTED_MODEL_TYPES", "check_lm"):
+    if name in ("CGTLM", "chunked_cross_entropy", "SITE_MODULES", "SUPPORTED_MODEL_TYPES", "check_lm", "lm_facts"):
         from . import model
         return getattr(model, name)
     if name in ("export_hf", "export_hf_peft", "to_transformers"):
@@ -29,7 +29,7 @@ def __getattr__(name):
     if name == "BBCTokens":
         from .data import BBCTokens
         return BBCTokens
-    if name == "tiny_llama":
-        from .tiny import tiny_llama
-        return tiny_llama
+    if name in ("tiny_llama", "tiny_qwen2", "tiny_gpt2"):
+        from . import tiny
+        return getattr(tiny, name)
     raise AttributeError(f"module 'cgt_viz.hf' has no attribute {name!r}")

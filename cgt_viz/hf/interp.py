@@ -19,14 +19,17 @@ from .._checks import check_height, check_int, refuse
 
 
 def _decoder_layers(wrapped) -> Any:
-    """The decoder layers of an nnsight-wrapped causal LM: `model.layers` (Llama and its kin) or
-    `transformer.h` (GPT-2, the from-scratch export)."""
-    for outer, inner in (("model", "layers"), ("transformer", "h")):
+    """The decoder layers of an nnsight-wrapped causal LM, wherever a family's layout (`hf.layouts`) keeps them
+    (Llama and its kin, GPT-2 and so the from-scratch export)."""
+    from .layouts import LAYOUTS
+    places = list(dict.fromkeys((layout.body, layout.layers) for layout in LAYOUTS.values()))
+    for outer, inner in places:
         try:
             return getattr(getattr(wrapped, outer), inner)
         except AttributeError:
             continue
-    raise refuse("wrapped", "an nnsight-wrapped causal LM with decoder layers at model.layers or transformer.h",
+    raise refuse("wrapped", "an nnsight-wrapped causal LM with decoder layers at "
+                 + " or ".join(f"{outer}.{inner}" for outer, inner in places),
                  type(wrapped).__name__, TypeError, verb="be")
 
 

@@ -47,25 +47,23 @@ def peft_factors(peft_model) -> Factors:
 @torch.no_grad()
 def merged_lm(lm, factors: Factors):
     """A copy of the LM with W + B A at the factors' weights (the others shared), like CGTLM.merged_lm."""
+    from .layouts import layout_of
+    flip = layout_of(lm).fan_in_fan_out          # W stored (in, out) by a Conv1D: B A (out, in) goes in transposed
     memo = {id(t): t for t in list(lm.parameters()) + list(lm.buffers())}
     for name, (a, b) in factors.items():
         w = lm.get_parameter(name)
-        memo[id(w)] = nn.Parameter(w + (b @ a).to(w.dtype), requires_grad=False)
+        delta = (b @ a).t() if flip else b @ a
+        memo[id(w)] = nn.Parameter(w + delta.to(w.dtype), requires_grad=False)
     return copy.deepcopy(lm, memo).eval()
 
 
 def upper_logits(lm, x_ell: torch.Tensor, ell: int) -> torch.Tensor:
     """Logits of a causal LM run from the output of its decoder layer ℓ: x_ell (b, t, d), positions from 0.
-    The LM's own loop runs over layers ℓ+1..N only (the list swapped for this call, as CGTLM._upper_hidden)."""
-    from .stream import pass_lock
-    body = lm.model
+    The LM's own loop runs over layers ℓ+1..N only (`hf.stream.upper_hidden`, as CGTLM._upper_hidden)."""
+    from .layouts import layout_of
+    from .stream import pass_lock, upper_hidden
     with pass_lock(lm):
-        layers = body.layers
-        body.layers = nn.ModuleList(list(layers)[ell:])
-        try:
-            return lm.lm_head(body(inputs_embeds=x_ell.to(lm.dtype), use_cache=False).last_hidden_state)
-        finally:
-            body.layers = layers
+        return layout_of(lm).head_of(lm)(upper_hidden(lm, x_ell, ell))
 
 
 @checked(steps=StepCounts(), init=Choice(*INITS))

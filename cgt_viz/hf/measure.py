@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from .._checks import check_int
 from ..comparison import comparison_logits
+from ..evaluate import _gap
 from ..sequences import eval_mode
 
 
@@ -43,7 +44,8 @@ def continuation_losses(model, task, k: int = 64, n_batches: int = 4, batch_size
     control      the same, but ȳ from another row's prompt (a different document)
     no_context   the LM alone on the continuation
 
-    and gap_closed = (no_context − compiled) / (no_context − prompted), gap_closed_control likewise."""
+    and gap_closed = (no_context − compiled) / (no_context − prompted), gap_closed_control likewise: G as
+    `evaluate.gap_closed` defines it (NaN when no_context − prompted is under evaluate.GAP_NOISE_FLOOR)."""
     check_int("n_batches", n_batches, 1)
     check_int("batch_size", batch_size, 2, hint=" (the control borrows another row's prompt)")
     gen = torch.Generator().manual_seed(seed)
@@ -59,10 +61,9 @@ def continuation_losses(model, task, k: int = 64, n_batches: int = 4, batch_size
                 sums[names[mode]] += float(ce)
             count += tgt.numel()
     res: dict[str, Any] = {f"loss_{m}": v / count for m, v in sums.items()}
-    denom = res["loss_no_context"] - res["loss_prompted"]
-    for name in ("compiled", "control"):
-        res[f"gap_closed{'' if name == 'compiled' else '_control'}"] = (
-            (res["loss_no_context"] - res[f"loss_{name}"]) / denom if denom > 1e-8 else float("nan"))
+    for name in ("compiled", "control"):     # evaluate's G: NaN under its noise floor
+        res[f"gap_closed{'' if name == 'compiled' else '_control'}"] = _gap(
+            res["loss_no_context"], res[f"loss_{name}"], res["loss_prompted"])
     res["n_scored"] = count
     return res
 

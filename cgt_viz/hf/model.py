@@ -1,4 +1,5 @@
-"""CGTLM: a CGT whose x stream is a frozen pretrained Hugging Face causal LM (Llama family).
+"""CGTLM: a CGT whose x stream is a frozen pretrained Hugging Face causal LM (a family with a layout: Llama,
+Mistral, Qwen2/3, GPT-2; `hf.layouts`).
 
 Notation (einops letters): b batch, t time, d width of the LM (x), e width of y (d_y), k templates (K),
 r template rank, i input width of a modulated map, o its output width, v vocabulary, ν layer (1-based).
@@ -15,7 +16,7 @@ x stream `hf.stream.HFStream`, which runs the LM with hooks for one call at a ti
   exponential mean that forgets what came long before). P starts as a random projection and μ at 0;
   `calibrate_pool(tokens)` sets them to the principal directions and mean of a sample.
 * above ℓ, each site's input is transformed by T(ȳ) (c = A ȳ + b starts at 0, so the untrained CGTLM is the
-  LM) by one hook on the module `cgt_viz.sites.SITE_TABLE` names for it, merged into the maps it lists.
+  LM) by one hook on the module the LM's layout (`hf.layouts`) names for it, merged into the maps it lists.
 
 Because every map reading a site is linear, W T(ȳ) = W + (W U diag c) Vᵀ exactly: `specialize` merges
 that product into copies of the modulated weights only (every other tensor is shared with `lm`; with
@@ -40,40 +41,44 @@ from ..config import CGTConfig
 from ..contracts import IGNORE_INDEX, check_inputs, check_prompts
 from ..distill import aux_objective
 from ..io import CONFIG_NAME, WEIGHTS_NAME, load_tensors, model_folder, read_json, save_tensors, warn_non_finite, write_json
-from ..layers import SiteTemplates, TokenMemory, YBlock
+from ..layers import TokenMemory
 from ..losses import SMOOTHNESS, take_positions
 from ..model import CGT, LoraFactors
 from ..outputs import X
-from ..sites import SITE_TABLE, site_width
+from ..sites import site_width
+from .layouts import LAYOUTS, SUPPORTED_MODEL_TYPES, layout_of
 from .source import require
-from .stream import HFStream, StopAfterY, hooks, own_thread, pass_lock
+from .stream import HFStream, StopAfterY, hooks, own_thread, pass_lock, upper_hidden
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")   # the decoder layout below; tested: llama
-# site -> (module inside a decoder layer whose output (True) or input (False) T acts on, the maps that read it),
-# a view of sites.SITE_TABLE
+# site -> (module hooked, its output (True) or input (False), the maps that read it) of the Llama layout: the
+# view callers of hf.SITE_MODULES had before layouts (every family's is hf.layouts.LAYOUTS[model_type].sites)
 SITE_MODULES: dict[str, tuple[str, bool, tuple[str, ...]]] = {
-    site.name: (site.hf_at, site.hf_output, site.hf_maps) for site in SITE_TABLE}
+    site: (where.at, where.output, where.maps) for site, where in LAYOUTS["llama"].sites.items()}
 MEMORY_SITE = "mlp_out"   # the token memory writes at the map reading this site (the MLP's output map)
 VOCAB_CHUNK = 8192   # the loss computes logits this many vocabulary entries at a time
 
 
 def check_lm(lm: Any, name: str = "lm") -> None:
-    """TypeError/ValueError unless lm is a Llama-family transformers causal LM this wrapper can hook."""
+    """TypeError/ValueError unless lm is a transformers causal LM of a family with a layout, laid out as it says."""
     transformers = require("transformers")
     if not isinstance(lm, transformers.PreTrainedModel):
         raise refuse(name, "a transformers causal LM (a PreTrainedModel such as LlamaForCausalLM, e.g. from "
                      "cgt_viz.hf.smollm2())", describe(lm), TypeError)
     model_type = getattr(lm.config, "model_type", None)
-    layers = getattr(getattr(lm, "model", None), "layers", None)
-    if model_type not in SUPPORTED_MODEL_TYPES or not isinstance(layers, nn.ModuleList) or \
-            not isinstance(getattr(lm, "lm_head", None), nn.Linear):
-        raise refuse(name, f"a Llama-family causal LM (config.model_type one of {SUPPORTED_MODEL_TYPES}, with "
-                     f".model.layers and .lm_head)", f"{type(lm).__name__} with model_type {model_type!r}")
-    for site, (where, _, maps) in SITE_MODULES.items():
-        for part in (where, *maps):
-            if not isinstance(layers[0].get_submodule(part) if _has(layers[0], part) else None, nn.Module):
-                raise refuse(name, "the Llama decoder layout", f"{type(lm).__name__}, whose model.layers[0] has no "
-                             f"{part!r} (needed by site {site!r})", verb="have")
+    if model_type not in LAYOUTS:
+        raise refuse(name, f"a causal LM of a family with a layout (config.model_type one of "
+                     f"{SUPPORTED_MODEL_TYPES}; cgt_viz.hf.layouts)", f"{type(lm).__name__} with model_type {model_type!r}")
+    problem = LAYOUTS[model_type].problems(lm)
+    if problem is not None:
+        raise refuse(name, f"the {LAYOUTS[model_type].name} decoder layout (cgt_viz.hf.layouts)",
+                     f"{type(lm).__name__}: {problem}", verb="have")
+
+
+def lm_facts(lm) -> dict:
+    """What a CGTLM's config records of its LM (and from_pretrained checks against the LM it is given)."""
+    c = lm.config
+    return {"model_type": c.model_type, "hidden_size": c.hidden_size, "num_hidden_layers": c.num_hidden_layers,
+            "vocab_size": c.vocab_size, "intermediate_size": layout_of(lm).widths(c)["mlp"]}
 
 
 def check_cgtlm(model: Any, name: str = "model", *, pooled_only: bool = False) -> None:
@@ -85,14 +90,6 @@ def check_cgtlm(model: Any, name: str = "model", *, pooled_only: bool = False) -
         raise refuse(name, "a CGTLM(pooled_only=True) for the feature cache", "a CGTLM with y blocks",
                      hint="with y blocks ȳ depends on x_1..x_ℓ of every prefix token, which the cache does not hold "
                           "(train it with CGTLM.loss)")
-
-
-def _has(module: nn.Module, path: str) -> bool:
-    try:
-        module.get_submodule(path)
-        return True
-    except AttributeError:
-        return False
 
 
 def causal_mean_skip_first(h: torch.Tensor) -> torch.Tensor:
@@ -146,7 +143,8 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
 class CGTLM(CGT):
     """A CGT over a frozen transformers causal LM: y heads read layers 1..ℓ, templates modulate ℓ+1..N.
 
-    lm              a Llama-family causal LM (e.g. `smollm2()[0]`); frozen here (requires_grad False)
+    lm              a transformers causal LM of a family with a layout (`hf.layouts`: Llama, Qwen2, GPT-2, ...;
+                    e.g. `smollm2()[0]`); frozen here (requires_grad False)
     y_layer         ℓ: the y stream reads decoder layers 1..ℓ; layers ℓ+1..N are modulated
     d_y, n_head_y   width and heads of y (d_y divisible by n_head_y)
     n_templates     K templates per site, template_rank r each
@@ -178,7 +176,6 @@ class CGTLM(CGT):
                  aux_kl: float = 0.0, aux_kl_top_k: int | None = None, block_size: int | None = None,
                  y_mlp_ratio: int = 4, pool_half_life: float | None = None, pooled_only: bool = False,
                  memory_layers: int = 0, memory_rank: int = 64):
-        nn.Module.__init__(self)   # not CGT.__init__: the x stream is lm, not a cgt_viz GPT
         check_lm(lm)
         c = lm.config
         n_layer = c.num_hidden_layers
@@ -204,8 +201,7 @@ class CGTLM(CGT):
             # merged map would then be (W + B A) T, not W T + B A
             raise refuse("sites", f"no {MEMORY_SITE!r} with memory_layers > 0 (the token memory writes at that "
                          f"site's map)", repr(tuple(sites)))
-        self.pool_half_life, self.pooled_only = pool_half_life, pooled_only
-        self.config = cfg = CGTConfig(
+        cfg = CGTConfig(
             vocab_size=c.vocab_size, block_size=block_size, n_layer=n_layer, d_x=c.hidden_size,
             n_head=c.num_attention_heads, mlp_ratio=y_mlp_ratio, bias=True, d_y=d_y, n_head_y=n_head_y,
             y_layer=y_layer, y_pos=False, n_templates=n_templates, template_rank=template_rank, sites=sites,
@@ -214,14 +210,25 @@ class CGTLM(CGT):
             aux_ce=aux_ce, aux_kl=aux_kl, aux_kl_top_k=aux_kl_top_k,
             extra={"hf": {"model_type": c.model_type, "class": type(lm).__name__,
                           "name_or_path": str(getattr(c, "_name_or_path", "")), "hidden_size": c.hidden_size,
-                          "intermediate_size": c.intermediate_size, "num_hidden_layers": n_layer,
+                          "intermediate_size": lm_facts(lm)["intermediate_size"], "num_hidden_layers": n_layer,
                           "vocab_size": c.vocab_size, "pool_half_life": pool_half_life,
                           "pooled_only": pooled_only, "memory_layers": memory_layers,
                           "memory_rank": memory_rank}})
+        CGT.__init__(self, cfg, lm=lm)   # the y stream and templates as every CGT's; the x stream is lm (_build_x)
+        self.pool_half_life, self.pooled_only = pool_half_life, pooled_only
+        self.memory = (TokenMemory(cfg.d_x, site_width(MEMORY_SITE, self.stream.widths(self)),
+                                   self.modulated_layers[-memory_layers:], memory_rank) if memory_layers else None)
+
+    def _build_x(self, cfg: CGTConfig, lm=None) -> None:
+        """The x stream is the frozen LM (y starts at zero: no y embedding)."""
         self.lm = lm.requires_grad_(False).eval()
-        d, e = c.hidden_size, d_y
-        self.y_blocks = nn.ModuleList(YBlock(d, e, n_head_y, y_mlp_ratio, True, 0.0)
-                                      for _ in range(0 if pooled_only else y_layer))
+
+    def _n_y_blocks(self, cfg: CGTConfig) -> int:
+        return 0 if cfg.extra["hf"]["pooled_only"] else cfg.y_layer
+
+    def _init_y(self, cfg: CGTConfig) -> None:
+        """y blocks that start silent, and the pooled read-out of LN(x_ℓ): ln_x, P and μ."""
+        d, e = cfg.d_x, cfg.d_y
         for block in self.y_blocks:
             for m in block.modules():
                 if isinstance(m, nn.Linear):
@@ -234,16 +241,6 @@ class CGTLM(CGT):
         self.pool = nn.Linear(d, e, bias=False)                      # P: d -> e, a random projection at init
         nn.init.normal_(self.pool.weight, 0.0, d ** -0.5)
         self.pool_center = nn.Parameter(torch.zeros(d))             # μ, subtracted before P (see calibrate_pool)
-        self.ln_y = nn.LayerNorm(e, elementwise_affine=False)
-        widths = {"model": d, "attn": c.num_attention_heads * getattr(c, "head_dim", d // c.num_attention_heads),
-                  "mlp": c.intermediate_size}
-        self.templates = nn.ModuleDict({
-            str(layer): nn.ModuleDict({s: SiteTemplates(site_width(s, widths), e, n_templates, template_rank)
-                                       for s in cfg.sites})
-            for layer in self.modulated_layers})
-        self._n_attention = n_layer + y_layer
-        self.memory = (TokenMemory(d, site_width(MEMORY_SITE, widths), self.modulated_layers[-memory_layers:],
-                                   memory_rank) if memory_layers else None)
 
     # ------------------------------------------------------------------ module plumbing
     def train(self, mode: bool = True) -> "CGTLM":
@@ -307,10 +304,11 @@ class CGTLM(CGT):
         states also the prompt's layer-ℓ states x_ℓ (b, prompt_len, d) (what a token memory reads)."""
         grabbed = {}
         with pass_lock(self.lm):
-            handle = self.lm.model.layers[self.config.y_layer - 1].register_forward_hook(own_thread(
+            layout = layout_of(self.lm)
+            handle = layout.layers_of(self.lm)[self.config.y_layer - 1].register_forward_hook(own_thread(
                 lambda module, args, out: grabbed.__setitem__("x", out[0] if isinstance(out, tuple) else out)))
             try:
-                hidden = self.lm.model(input_ids=idx, use_cache=False).last_hidden_state
+                hidden = layout.final_hidden(self.lm, idx)
             finally:
                 handle.remove()
         pooled = self._pooled_last(grabbed["x"][:, :prompt_len])
@@ -327,9 +325,10 @@ class CGTLM(CGT):
             raise StopAfterY
 
         with pass_lock(self.lm):
-            handle = self.lm.model.layers[layer - 1].register_forward_hook(own_thread(grab))
+            layout = layout_of(self.lm)
+            handle = layout.layers_of(self.lm)[layer - 1].register_forward_hook(own_thread(grab))
             try:
-                self.lm.model(input_ids=idx, use_cache=False)
+                layout.final_hidden(self.lm, idx)
             except StopAfterY:
                 pass
             finally:
@@ -340,14 +339,8 @@ class CGTLM(CGT):
         """Layers ℓ+1..N only, over given layer-ℓ states x_ell (b, t, d) (positions from 0), with T fixed by
         coeffs {"ν.site": (b, 1, K)} -> final normed hidden states (b, t, d). The short pass of a feature-cache
         step: nothing below ℓ + 1 runs, so autograd records only the modulated layers."""
-        model, ell = self.lm.model, self.config.y_layer
-        full = model.layers
         with hooks(self, coeffs):      # holds the LM's pass_lock: no other pass sees the shorter list
-            model.layers = nn.ModuleList(list(full)[ell:])   # the LM's own loop over a shorter list, for this call
-            try:
-                return model(inputs_embeds=x_ell.to(self.lm.dtype), use_cache=False).last_hidden_state
-            finally:
-                model.layers = full
+            return upper_hidden(self.lm, x_ell, self.config.y_layer)
 
     # ------------------------------------------------------------------ the token memory (layers.TokenMemory)
     def memory_map(self, layer: int) -> str:
@@ -358,7 +351,8 @@ class CGTLM(CGT):
         """A prompt's slots j = 1..p−2: states (b, p, d) its x_ℓ, tokens (b, p) -> LN(x_ℓ,j) (b, p−2, d) and the
         output embedding row of the token after each, u(t_{j+1}) (b, p−2, o)."""
         dtype = self.memory.read.weight.dtype
-        return self.ln_x(states[:, 1:-1].to(dtype)), self.lm.lm_head.weight[tokens[:, 2:].long()].to(dtype)
+        rows = self.lm.get_output_embeddings().weight
+        return self.ln_x(states[:, 1:-1].to(dtype)), rows[tokens[:, 2:].long()].to(dtype)
 
     def memory_coeffs(self, states: torch.Tensor, tokens: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """The compiled memory of prompts (states (b, p, d) x_ℓ, tokens (b, p)) as entries of a pass's coeffs:
@@ -393,7 +387,8 @@ class CGTLM(CGT):
             coeffs = ystep(nu, x)
             if coeffs is not None:
                 after = torch.cat([inp[:, 1:], inp[:, -1:]], dim=1)       # (b, t): the token after each position
-                coeffs = {**coeffs, "memory": (self.ln_x(x.to(dtype)), self.lm.lm_head.weight[after].to(dtype))}
+                rows = self.lm.get_output_embeddings().weight
+                coeffs = {**coeffs, "memory": (self.ln_x(x.to(dtype)), rows[after].to(dtype))}
             return coeffs
         return with_memory, out
 
@@ -570,7 +565,7 @@ class CGTLM(CGT):
         for at, layer in enumerate(mem.layers):
             a = mem.slot_keys(layer, x[:512][None])[0]                                       # (n, i)
             scores = h[layer][:512] @ a.t() / a.shape[0]                                     # (n, n)
-            row = self.lm.lm_head.weight.float().norm(dim=1).mean()
+            row = self.lm.get_output_embeddings().weight.float().norm(dim=1).mean()
             write = scores.abs().sum(1).mean() * row
             mem.unit[at] = (torch.cat(outputs[layer]).norm(dim=1).mean() / write.clamp_min(1e-12)).item()
         return self
@@ -593,10 +588,11 @@ class CGTLM(CGT):
         return self.merged_gpt(ybar_vec, share_weights)
 
     def peft_config(self, factors: dict | None = None):
-        """The peft.LoraConfig of `export_peft`: rank K·r, alpha = rank (scale 1), the layers above ℓ. Given the
+        """The peft.LoraConfig of `export_peft`: rank K·r, alpha = rank (scale 1), the layers above ℓ; the
+        targets, layer pattern and weight orientation (fan_in_fan_out: GPT-2's Conv1D) from the LM's layout. Given the
         factors of a compile with a token memory: each map named, at its own rank (rank_pattern, alpha_pattern)."""
         peft = require("peft")
-        cfg = self.config
+        cfg, layout = self.config, layout_of(self.lm)
         rank = cfg.n_templates * cfg.template_rank
         if factors is not None and self.memory is not None:
             import re
@@ -604,11 +600,12 @@ class CGTLM(CGT):
             pattern = {re.escape(m): r for m, r in modules.items() if r != rank}
             return peft.LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, bias="none",
                                    target_modules=sorted(modules), rank_pattern=pattern, alpha_pattern=dict(pattern),
+                                   fan_in_fan_out=layout.fan_in_fan_out,
                                    task_type="CAUSAL_LM", base_model_name_or_path=cfg.extra["hf"].get("name_or_path") or None)
-        targets = sorted({linear.split(".")[-1] for s in cfg.sites for linear in SITE_MODULES[s][2]})
-        return peft.LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, bias="none", target_modules=targets,
+        return peft.LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0, bias="none",
+                               target_modules=layout.peft_targets(cfg.sites), fan_in_fan_out=layout.fan_in_fan_out,
                                layers_to_transform=[layer - 1 for layer in self.modulated_layers],
-                               layers_pattern="layers", task_type="CAUSAL_LM",
+                               layers_pattern=layout.layers, task_type="CAUSAL_LM",
                                base_model_name_or_path=cfg.extra["hf"].get("name_or_path") or None)
 
     @torch.no_grad()
@@ -663,9 +660,10 @@ class CGTLM(CGT):
 
     def _chunked_ce(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Per-position cross-entropy of the LM head on hidden states h (n, d), targets (n,) -> (n,) float32."""
-        if self.lm.lm_head.bias is not None:
-            raise NotImplementedError("an lm_head with a bias is not supported by the chunked loss")
-        return chunked_cross_entropy(h, self.lm.lm_head.weight, targets)
+        head = layout_of(self.lm).head_of(self.lm)
+        if head.bias is not None:
+            raise NotImplementedError("an LM head with a bias is not supported by the chunked loss")
+        return chunked_cross_entropy(h, head.weight, targets)
 
     # ------------------------------------------------------------------ persistence
     @staticmethod
@@ -741,11 +739,11 @@ class CGTLM(CGT):
         if isinstance(y_mlp_ratio, bool) or not isinstance(y_mlp_ratio, int) or y_mlp_ratio < 1:
             raise ValueError(f"{str(file)!r}: y_mlp_ratio must be an int >= 1, got {describe(y_mlp_ratio)}")
         check_lm(lm)
-        now = lm.config
+        now = lm_facts(lm)
         for key in lm_keys:
-            if saved.get(key) != getattr(now, key):
+            if saved.get(key) != now[key]:
                 raise refuse("lm", "the LM these heads were trained on", f"an LM whose {key} is "
-                             f"{getattr(now, key)!r}, the folder says {saved.get(key)!r} "
+                             f"{now[key]!r}, the folder says {saved.get(key)!r} "
                              f"({saved.get('name_or_path')!r})")
         memory = {k: saved.get(k, default) for k, default in (("memory_layers", 0), ("memory_rank", 64))}
         for key, value in memory.items():

@@ -1,9 +1,9 @@
-"""The x stream of a CGT over a frozen Hugging Face causal LM (Llama layout): `streams.XStream` by hooks.
+"""The x stream of a CGT over a frozen Hugging Face causal LM: `streams.XStream` by hooks.
 
 Nothing inside the LM is edited. During a pass, hooks registered for that pass only (so `lm` stays a plain
 model between calls) hand the outputs of decoder layers 1..ℓ to the y stream and transform each template
-site's input above ℓ at the module `sites.SITE_TABLE` names for it (hf_at). The LM's parameters never
-require gradients and the lower layers see no tensor that does, so autograd records nothing there.
+site's input above ℓ at the module the LM family's layout names for it (`hf.layouts`). The LM's parameters
+never require gradients and the lower layers see no tensor that does, so autograd records nothing there.
 
 Hooks and the shortened layer list of a short pass are visible to any pass over the same LM, so every pass
 cgt_viz makes over one LM holds that LM's `pass_lock` (one pass at a time, whichever thread runs it: the
@@ -21,8 +21,8 @@ import torch
 import torch.nn as nn
 
 from ..outputs import X
-from ..sites import SITE
 from ..streams import XStream
+from .layouts import layout_of
 from .source import strip_remote_code
 
 
@@ -69,7 +69,8 @@ def hooks(model, coeffs: dict | None, ystep=None, record: dict | None = None, st
     """The hooks of one pass over model.lm. ystep(ν, x_ν) gets layers 1..ℓ's outputs (in the y stream's dtype
     outside autocast) and returns the coefficients at ℓ, which the site hooks then read; with coeffs given
     (ȳ frozen) ystep is None. stop: raise StopAfterY after layer ℓ. Yields the dict holding "coeffs"."""
-    layers, ell = model.lm.model.layers, model.config.y_layer
+    layout, ell = layout_of(model.lm), model.config.y_layer
+    layers = layout.layers_of(model.lm)
     state, handles = {"coeffs": coeffs}, []
     dtype = model.pool.weight.dtype
 
@@ -96,18 +97,18 @@ def hooks(model, coeffs: dict | None, ystep=None, record: dict | None = None, st
 
     with pass_lock(model.lm):
         try:
-            if record is not None:
-                handles.append(model.lm.model.embed_tokens.register_forward_hook(
-                    own_thread(lambda module, args, out: record.__setitem__(X(0), out))))
+            if record is not None:   # x.0: what the first layer reads (GPT-2 adds its positions after the embedding)
+                handles.append(layers[0].register_forward_pre_hook(
+                    own_thread(lambda module, args: record.__setitem__(X(0), args[0]))))
             for n, layer in enumerate(layers):
                 if record is not None or (n < ell and ystep is not None):
                     handles.append(layer.register_forward_hook(own_thread(layer_out(n))))
             if not stop:
                 for layer_no, site in model.template_sites:
-                    where = SITE[site]
-                    module = layers[layer_no - 1].get_submodule(where.hf_at)
+                    output = layout.sites[site].output
+                    module = layout.site_module(model.lm, layer_no, site)
                     handles.append(module.register_forward_hook(own_thread(seam(layer_no, site, True)))
-                                   if where.hf_output
+                                   if output
                                    else module.register_forward_pre_hook(own_thread(seam(layer_no, site, False))))
                 memory = getattr(model, "memory", None)
                 for layer_no in (memory.layers if memory is not None else ()):
@@ -117,6 +118,23 @@ def hooks(model, coeffs: dict | None, ystep=None, record: dict | None = None, st
         finally:
             for h in handles:
                 h.remove()
+
+
+def upper_hidden(lm: nn.Module, x: torch.Tensor, first: int) -> torch.Tensor:
+    """Decoder layers first+1..N of lm over given states x (b, t, d) of layer `first` (positions from 0) ->
+    the final normed hidden states (b, t, d). The LM's own loop runs over a shorter list, swapped for this call,
+    and the first layer left reads x itself (a pre-hook: GPT-2 would add its position embeddings to inputs_embeds).
+    The caller holds lm's pass_lock: no other pass sees the shorter list."""
+    layout = layout_of(lm)
+    body, full = layout.body_of(lm), layout.layers_of(lm)
+    x = x.to(lm.dtype)
+    handle = full[first].register_forward_pre_hook(own_thread(lambda module, args: (x, *args[1:])))
+    setattr(body, layout.layers, nn.ModuleList(list(full)[first:]))
+    try:
+        return body(inputs_embeds=x, use_cache=False).last_hidden_state
+    finally:
+        setattr(body, layout.layers, full)
+        handle.remove()
 
 
 class HFStream(XStream):
@@ -134,13 +152,13 @@ class HFStream(XStream):
             ystep(0, None)
         with hooks(model, coeffs, ystep if coeffs is None else None, record, stop):
             try:
-                return model.lm.model(input_ids=inp, use_cache=False).last_hidden_state
+                return layout_of(model.lm).final_hidden(model.lm, inp)
             except StopAfterY:
                 return None
 
     @staticmethod
     def final_logits(model, final):
-        return model.lm.lm_head(final)
+        return layout_of(model.lm).head_of(model.lm)(final)
 
     @staticmethod
     def y_input(model, inp, pos_offset):
@@ -152,7 +170,12 @@ class HFStream(XStream):
 
     @staticmethod
     def site_maps(model, layer, site):
-        return [f"model.layers.{layer - 1}.{linear}.weight" for linear in SITE[site].hf_maps]
+        layout = layout_of(model.lm)
+        return [layout.weight_name(layer, linear) for linear in layout.sites[site].maps]
+
+    @staticmethod
+    def fan_in_fan_out(model, name):
+        return layout_of(model.lm).fan_in_fan_out
 
     @staticmethod
     def base(model) -> nn.Module:
@@ -164,6 +187,18 @@ class HFStream(XStream):
         return merged.eval()
 
     @staticmethod
+    def merged_logits(merged, idx):
+        return merged(input_ids=idx, use_cache=False).logits
+
+    @staticmethod
     def no_context(model) -> nn.Module:
         return NoContext(model.lm)
+
+    @staticmethod
+    def widths(model):
+        return layout_of(model.lm).widths(model.lm.config)
+
+    @staticmethod
+    def caches(model):
+        return model.config.n_layer   # counted as before, though the pretrained stream runs without a KV cache
 

@@ -178,7 +178,10 @@ class MapSelection:
 
     def _show_neighbours(self, point: int):
         df = self.neighbors(point, min(NEIGHBOURS_SHOWN, len(self.points) - 1))
-        self.neighbours_info.value = neighbours_html(df, point, self.points.token[point])
+        hover = self.points.hover
+        contexts = [str(hover[int(i)]).split("<br>")[1] if "<br>" in str(hover[int(i)]) else ""
+                    for i in df["point"].tolist()]
+        self.neighbours_info.value = neighbours_html(df, point, self.points.token[point], contexts)
         return df
 
     def export(self, path=None) -> str:

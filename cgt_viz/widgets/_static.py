@@ -1,48 +1,59 @@
 """The static form every view carries, so that a saved notebook still shows its plots without a kernel.
 
-A view's display is three outputs, one after the other:
+A view's display is its style, its live widget, then one static output per figure it can show:
 
     1. text/html: a <style> for JupyterLab / Notebook 7 (below); hides itself
     2. the live widget (`application/vnd.jupyter.widget-view+json`) and a text/plain line
-    3. the static copy (display id of its own, refreshed in place), marked with metadata cgt_viz.static:
-       application/vnd.plotly.v1+json  the view's main figure; JupyterLab draws it with the plotly extension
-                                       that ships inside the plotly package (a safe renderer: also used for
-                                       untrusted notebooks, e.g. one executed by nbclient / nbconvert)
-       text/html                       every figure of the view, drawn by plotly.js (nbconvert HTML, nbviewer,
-                                       VS Code, any HTML frontend); plotly.js itself (from the installed plotly
-                                       package, never a CDN; gzip + base64) is embedded in the first
-                                       view of every cell run, so an export draws whatever outputs survived
-                                       re-runs (the `StaticViews` preprocessor keeps one copy per export)
+    3. `static_slots` static outputs (display ids of their own, refreshed in place), marked with metadata
+       cgt_viz.static; output i holds the view's figure i (a slot the view does not fill now is empty):
+       application/vnd.plotly.v1+json  the figure; JupyterLab draws it with the plotly extension that ships
+                                       inside the plotly package (a safe renderer: also used for untrusted
+                                       notebooks, e.g. one executed by nbclient / nbconvert), VS Code with
+                                       its own. One output per figure, so a notebook reopened without its
+                                       kernel shows every figure of a view (the strip's token text, the
+                                       LoRA plot), as an export does, not only the first.
+       text/html                       the same figure drawn by plotly.js (nbconvert HTML, nbviewer, any HTML
+                                       frontend) once plotly.js is on the page
        text/plain                      one line saying what the view is
 
-Why three: JupyterLab draws an output holding the widget MIME type with the widget renderer (rank -10,
-before every other) and, when the widget model is gone (kernel shut down or restarted, notebook reopened),
-shows "Error displaying widget: model not found" without falling back to the rest of the bundle. So the
-static copy is an output of its own, and the style hides it while a live view is drawn next to it
-(`.cgt-viz-view` on the view's root), and hides the failed live output when a static copy is drawn after it.
-No JupyterLab extension of our own is involved; the style needs a trusted notebook (a session's own outputs,
-or one saved and reopened by the same user); untrusted, the live output shows its text line above the plot.
+plotly.js (4.8 MB; 2 MB gzip + base64) is not in the notebook: a saved notebook stays small whatever number
+of views it shows. Whoever draws the HTML brings it: exports go through the `StaticViews` preprocessor
+(`cgt_viz.widgets.export`), which puts one copy, from the installed plotly package (never a CDN), into the
+first static output, so the page draws offline; `make env` configures it for `jupyter nbconvert --to html`
+and for JupyterLab's "Save and Export Notebook As > HTML". CGT_VIZ_STATIC=embed stores one copy in the
+first view of every cell run instead, for HTML frontends that run no preprocessor (the notebook then grows
+by 2 MB per such cell).
+
+Why separate outputs: JupyterLab draws an output holding the widget MIME type with the widget renderer (rank
+-10, before every other) and, when the widget model is gone (kernel shut down or restarted, notebook
+reopened), shows "Error displaying widget: model not found" without falling back to the rest of the bundle.
+So the static copies are outputs of their own, and the style hides them while a live view is drawn next
+to them (`.cgt-viz-view` on the view's root), and hides the failed live output when a static copy is drawn
+after it. No JupyterLab extension of our own is involved; the style needs a trusted notebook (a session's
+own outputs, or one saved and reopened by the same user); untrusted, the live output shows its text line
+above the plots.
 
 The widget model itself always holds the current figure (`_base.CurrentState`), so a page reloaded with the
 kernel alive draws the latest state of every view.
 
-The static copy follows the view: after every cell that changed a displayed view, the output is refreshed
+The static copy follows the view: after every cell that changed a displayed view, the outputs are refreshed
 in place (`update_display`), so a monitor shows the finished training, an explorer its last colouring.
 Changes made through a view's controls between cells reach the saved copy with the next cell that runs
 (JupyterLab applies display updates only to the cell being run; updating the saved copy straight from a
 widget event would need a frontend extension); `view.show_static()` shows the view as it is now.
 Big views are thinned in the static copy (the explorer draws at most `STATIC_MAX_POINTS` points).
 
-nbconvert draws the static copy's text/html; where the notebook stores widget state (nbclient and
+nbconvert draws the static copies' text/html; where the notebook stores widget state (nbclient and
 `jupyter nbconvert --execute` do) it would also try the live widget, which cannot draw without a kernel:
-the preprocessor in `cgt_viz.widgets.export` drops the live outputs and keeps one copy of plotly.js:
+the preprocessor drops the live outputs and adds plotly.js once:
 
     jupyter nbconvert --to html --execute --HTMLExporter.preprocessors=cgt_viz.widgets.export.StaticViews nb.ipynb
 
-CGT_VIZ_STATIC=json keeps plotly.js out of the notebook (JupyterLab and VS Code only), CGT_VIZ_STATIC=0
+CGT_VIZ_STATIC=json keeps the HTML out of the notebook (JupyterLab and VS Code only), CGT_VIZ_STATIC=0
 turns the static form off (see `mode`).
 
-GitHub's notebook preview runs no JavaScript and shows only images and text. Opt in and the bundle also holds
+GitHub's notebook preview runs no JavaScript and shows only images and text. Opt in and the main figure's
+output also holds
 
     image/png                        the view's main figure, drawn by kaleido in a headless system Chromium
                                      (offline: local plotly.js, no MathJax); slow per figure, so
@@ -77,10 +88,10 @@ _PLOTLY_JS_PATH = Path(plotly.__file__).parent / "package_data" / "plotly.min.js
 _PLOTLY_JS_B64: str | None = None
 
 _lock = threading.Lock()
-_carriers: set[str] = set()         # display ids whose static HTML embeds plotly.js (one per cell run)
+_carriers: set[str] = set()         # CGT_VIZ_STATIC=embed: views (first display id) whose HTML embeds plotly.js
 _cell_has_carrier = False           # the running cell has displayed a view that carries plotly.js
 _in_cell = False                    # between pre_run_cell and post_run_cell
-_shown: dict[str, tuple[weakref.ref, str]] = {}   # display id -> (view, hash of its last published static form)
+_shown: dict[str, tuple[weakref.ref, list[str], str]] = {}   # first display id -> (view, its display ids, hash of its last published figures)
 _hook_installed = False
 
 
@@ -92,19 +103,32 @@ VIEW_CLASS = "cgt-viz-view"                          # on the live widget's root
 # trusted (the outputs of a session always are). Scoped to the three outputs of a view (style, live, static),
 # it hides the style output itself; the static copy while the live view is drawn; and the live output while
 # it has no view (kernel gone: "Loading widget..." / "model not found") and the static copy is drawn.
-_TRIPLE = ".jp-NotebookPanel .jp-OutputArea-child:has(.cgt-viz-style)"
-LIVE_STYLE = f"""<div class="cgt-viz-style" style="display:none"><style>
-{_TRIPLE} {{ display: none; }}
-{_TRIPLE} + .jp-OutputArea-child:has(.cgt-viz-view) + .jp-OutputArea-child {{ display: none; }}
-{_TRIPLE} + .jp-OutputArea-child:not(:has(.cgt-viz-view)):has(+ .jp-OutputArea-child .jp-RenderedPlotly) {{ display: none; }}
+_FIRST = ".jp-NotebookPanel .jp-OutputArea-child:has(.cgt-viz-style)"
+_NEXT = " + .jp-OutputArea-child"
+
+
+def live_style(slots: int = 1) -> str:
+    """The style output of a view with `slots` static outputs: hides itself, the static outputs while the
+    live view is drawn (its root has `.cgt-viz-view`), and the failed live output (no view: "Loading
+    widget..." / "model not found") when the first static copy is drawn after it."""
+    hide_static = ",\n".join(f"{_FIRST}{_NEXT}:has(.cgt-viz-view){_NEXT * (i + 1)}" for i in range(slots))
+    return f"""<div class="cgt-viz-style" style="display:none"><style>
+{_FIRST} {{ display: none; }}
+{hide_static} {{ display: none; }}
+{_FIRST}{_NEXT}:not(:has(.cgt-viz-view)):has(+ .jp-OutputArea-child .jp-RenderedPlotly) {{ display: none; }}
 </style></div>"""
 
 
+LIVE_STYLE = live_style(1)     # a view with one figure
+
+
 def mode() -> str:
-    """CGT_VIZ_STATIC: "1" (default) plotly JSON + HTML, "json" the plotly JSON only (no plotly.js in the
-    notebook: JupyterLab and VS Code still draw it, nbconvert HTML does not), "0" no static form."""
+    """CGT_VIZ_STATIC: "1" (default) plotly JSON + HTML, plotly.js left to the exporter (`StaticViews`);
+    "embed" the same with plotly.js in the first view of every cell run (for HTML frontends that run no
+    preprocessor; 2 MB per such cell); "json" the plotly JSON only (JupyterLab and VS Code draw it,
+    nbconvert HTML does not); "0" no static form."""
     value = os.environ.get("CGT_VIZ_STATIC", "1")
-    return value if value in ("0", "1", "json") else "1"
+    return value if value in ("0", "1", "json", "embed") else "1"
 
 
 def enabled() -> bool:
@@ -131,8 +155,8 @@ def _plotly_js_gzip_b64() -> str:
 def plotly_js_html() -> str:
     """plotly.js from the installed plotly package (gzip + base64, well under half its size) as one inline
     <script>: the browser inflates it (DecompressionStream), runs it unless window.Plotly is there already
-    (also on pages with an AMD loader), then tells every static view waiting for it. Every cell that shows a
-    view carries one, so an export draws whichever outputs survive re-runs; `StaticViews` keeps one."""
+    (also on pages with an AMD loader), then tells every static view waiting for it. It is needed on a page
+    once: `StaticViews` adds it to an export (CGT_VIZ_STATIC=embed: to every cell run)."""
     return (PLOTLY_JS_START + "window.PlotlyConfig = {MathJaxConfig: 'local'};"
             "(function () { var b64 = \"" + _plotly_js_gzip_b64() + "\";\n"
             "if (window.Plotly) { window.dispatchEvent(new Event('" + _READY_EVENT + "')); return; }\n"
@@ -175,8 +199,10 @@ def figures_html(figures, *, include_plotlyjs: bool = False, title: str | None =
 
 class StaticForm:
     """Mixin for the widget views: `static_figures()` (the figures a saved copy shows, main one first) and
-    `static_text()`; displaying the view publishes the live widget and the static form (see the module
-    docstring), and the static form is re-published after each cell that changed it."""
+    `static_text()`; displaying the view publishes the live widget and one static output per figure (see
+    the module docstring), re-published after each cell that changed them."""
+
+    static_slots = 1              # the most figures `static_figures()` returns: one static output each
 
     def static_figures(self) -> list:                          # pragma: no cover - each view defines it
         raise NotImplementedError
@@ -201,35 +227,54 @@ class StaticForm:
         return figures_html(self.snapshot_figures(), include_plotlyjs=include_plotlyjs)
 
     def static_bundle(self, include_plotlyjs: bool = False, figures=None, png: bool | None = None) -> dict:
-        """The static part of the display bundle (see the module docstring). png: add image/png of the main
-        figure (None: as `static_png()` / CGT_STATIC_PNG say, off by default; see `cgt_viz.widgets._png`)."""
-        figs = self.static_figures() if figures is None else figures
-        main = figure_json(figs[0])
-        # JupyterLab's plotly renderer takes the config from the bundle: without it the copy drawn after a
-        # restart or reopen had plotly's logo link in its modebar, unlike the live view and the HTML copy
-        main["config"] = dict(PLOTLY_CONFIG)
-        bundle = {PLOTLY_MIME: main, "text/plain": self.static_text()}
-        if mode() != "json":
-            bundle["text/html"] = figures_html(figs, include_plotlyjs=include_plotlyjs)
-        if _png.wanted(png):
-            data = _png.figure_png({k: v for k, v in main.items() if k != "config"})   # None (after one warning) without kaleido / Chromium
-            if data is not None:
-                bundle[PNG_MIME] = data
-        return bundle
+        """The bundle of the first static output: the main figure (see `static_bundles`)."""
+        return self.static_bundles(include_plotlyjs, figures, png, slots=1)[0]
+
+    def static_bundles(self, include_plotlyjs: bool = False, figures=None, png: bool | None = None,
+                       slots: int | None = None) -> list[dict]:
+        """One bundle per static output (see the module docstring): `slots` of them (default
+        `static_slots`), figure i in bundle i, an empty bundle where the view has no figure i now; figures
+        beyond the last slot join its HTML. png: add image/png of the main figure (None: as `static_png()`
+        / CGT_STATIC_PNG say, off by default; see `cgt_viz.widgets._png`)."""
+        figs = list(self.static_figures() if figures is None else figures)
+        slots = max(1, self.static_slots if slots is None else slots)
+        groups = [figs[i:i + 1] for i in range(slots - 1)] + [figs[slots - 1:]]
+        bundles = []
+        for i, group in enumerate(groups):
+            if not group:
+                bundles.append({"text/html": "", "text/plain": ""})
+                continue
+            main = figure_json(group[0])
+            # JupyterLab's plotly renderer takes the config from the bundle: without it the copy drawn after a
+            # restart or reopen had plotly's logo link in its modebar, unlike the live view and the HTML copy
+            main["config"] = dict(PLOTLY_CONFIG)
+            text = self.static_text() if i == 0 else f"{self.static_text()} (figure {i + 1})"
+            bundle = {PLOTLY_MIME: main, "text/plain": text}
+            if mode() != "json":
+                bundle["text/html"] = figures_html(group, include_plotlyjs=include_plotlyjs and i == 0)
+            if i == 0 and _png.wanted(png):
+                data = _png.figure_png({k: v for k, v in main.items() if k != "config"})   # None (after one warning) without kaleido / Chromium
+                if data is not None:
+                    bundle[PNG_MIME] = data
+            bundles.append(bundle)
+        return bundles
 
     def show_static(self, png: bool | None = None) -> None:
-        """Display only the static form (no widget): a plot that survives wherever the notebook goes.
-        png=True adds a PNG of the main figure (for GitHub's preview), whatever `static_png()` says."""
+        """Display only the static form (no widget), one output per figure: a plot that survives wherever
+        the notebook goes. png=True adds a PNG of the main figure (for GitHub's preview), whatever
+        `static_png()` says."""
         from IPython.display import display
-        display(self.static_bundle(include_plotlyjs=True, png=png, figures=self.snapshot_figures()), raw=True,
-                metadata=OUTPUT_METADATA)
+        figs = self.snapshot_figures()
+        for bundle in self.static_bundles(include_plotlyjs=mode() == "embed", png=png, figures=figs,
+                                          slots=max(1, len(figs))):
+            display(bundle, raw=True, metadata=OUTPUT_METADATA)
 
-    def _bundle(self, display_id: str, figures=None) -> tuple[dict, str]:
-        """(static bundle, digest of its figures) for the output `display_id`."""
+    def _bundles(self, display_id: str, figures=None) -> tuple[list[dict], str]:
+        """(static bundles, digest of their figures) for the view whose first static output is `display_id`."""
         with _lock:
             carry = display_id in _carriers
         figs = self.static_figures() if figures is None else figures
-        return self.static_bundle(include_plotlyjs=carry, figures=figs), _digest(figs)
+        return self.static_bundles(include_plotlyjs=carry, figures=figs), _digest(figs)
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
@@ -238,18 +283,19 @@ class StaticForm:
             return
         global _cell_has_carrier
         self.add_class(VIEW_CLASS)
-        display_id = uuid.uuid4().hex
+        display_ids = [uuid.uuid4().hex for _ in range(max(1, self.static_slots))]
         with _lock:
-            if not _cell_has_carrier:              # the first view of each cell run carries plotly.js
-                _carriers.add(display_id)
+            if mode() == "embed" and not _cell_has_carrier:   # the first view of each cell run carries plotly.js
+                _carriers.add(display_ids[0])
                 _cell_has_carrier = _in_cell
-        bundle, digest = self._bundle(display_id)
-        display({"text/html": LIVE_STYLE}, raw=True, metadata={"cgt_viz": {"style": True}})
+        bundles, digest = self._bundles(display_ids[0])
+        display({"text/html": live_style(len(display_ids))}, raw=True, metadata={"cgt_viz": {"style": True}})
         live = self._repr_mimebundle_()            # the widget view, from ipywidgets
         live["text/plain"] = self.live_text()
         display(live, raw=True, metadata={"cgt_viz": {"live": True}})
-        display(bundle, raw=True, display_id=display_id, metadata=OUTPUT_METADATA)
-        _shown[display_id] = (weakref.ref(self), digest)
+        for display_id, bundle in zip(display_ids, bundles):
+            display(bundle, raw=True, display_id=display_id, metadata=OUTPUT_METADATA)
+        _shown[display_ids[0]] = (weakref.ref(self), display_ids, digest)
         _install_hook()
 
 
@@ -258,30 +304,31 @@ def _digest(figures) -> str:
 
 
 def refresh_static(*_args) -> int:
-    """Re-publish the static form of every displayed view that changed since it was last published (runs
-    after each cell; only the static output is replaced, the live widget next to it is not touched).
-    Returns the number of outputs updated."""
+    """Re-publish the static outputs of every displayed view that changed since they were last published
+    (runs after each cell; only the static outputs are replaced, the live widget next to them is not
+    touched). Returns the number of outputs updated."""
     global _in_cell
     _in_cell = False
     from IPython.display import update_display
     updated = 0
-    for display_id, (ref, digest) in list(_shown.items()):
+    for key, (ref, display_ids, digest) in list(_shown.items()):
         view = ref()
         if view is None:
-            _shown.pop(display_id, None)
-            _carriers.discard(display_id)
+            _shown.pop(key, None)
+            _carriers.discard(key)
             continue
         try:
             figs = view.static_figures()
             now = _digest(figs)
             if now == digest:
                 continue
-            bundle, digest = view._bundle(display_id, figs)
+            bundles, digest = view._bundles(key, figs)
         except Exception:            # a view in a broken state keeps its last copy
             continue
-        update_display(bundle, raw=True, display_id=display_id, metadata=OUTPUT_METADATA)
-        _shown[display_id] = (ref, digest)
-        updated += 1
+        for display_id, bundle in zip(display_ids, bundles):
+            update_display(bundle, raw=True, display_id=display_id, metadata=OUTPUT_METADATA)
+            updated += 1
+        _shown[key] = (ref, display_ids, digest)
     return updated
 
 

@@ -11,15 +11,19 @@ from ..figures import plural
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")   # what makes a spreadsheet read a cell as a formula
 
 
-def neighbours_html(df, point: int, token) -> str:
-    """The neighbours of drawn point `point` (token `token`), `Explorer.neighbors`' DataFrame, as a table."""
+def neighbours_html(df, point: int, token, contexts=None) -> str:
+    """The neighbours of drawn point `point` (token `token`), `Explorer.neighbors`' DataFrame, as a table.
+    contexts: per row, the token in its text ("…before <b>[token]</b> after…", HTML-escaped by
+    `analysis.points_at`, the hover text's snippet): a BPE fragment alone says little."""
+    cells = [""] * len(df) if contexts is None else [f"<td>{c}</td>" for c in contexts]
     rows = "".join(f"<tr><td>{int(r.point)}</td><td>{int(r.sequence)}</td><td>{int(r.position)}</td>"
-                   f"<td><code>{html.escape(str(r.token))}</code></td><td>{html.escape(str(r.label))}</td>"
-                   f"<td>{r.cosine:.3f}</td></tr>" for r in df.itertuples())
+                   f"<td><code>{html.escape(str(r.token))}</code></td>{cell}<td>{html.escape(str(r.label))}</td>"
+                   f"<td>{r.cosine:.3f}</td></tr>" for r, cell in zip(df.itertuples(), cells))
+    context_head = "" if contexts is None else "<th>in context</th>"
     return (f"<div style='font-size:12px'><b>nearest in ȳ (cosine) to point {point}</b> "
             f"<code>{html.escape(str(token))}</code> — <code>explorer.neighbors({point})</code> gives them as a "
             f"DataFrame<table style='font-size:12px'><tr><th>point</th><th>seq</th><th>pos</th><th>token</th>"
-            f"<th>label</th><th>cos</th></tr>{rows}</table></div>")
+            f"{context_head}<th>label</th><th>cos</th></tr>{rows}</table></div>")
 
 
 def selection_text(seq: np.ndarray, label: np.ndarray | None) -> str:

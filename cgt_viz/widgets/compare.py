@@ -23,6 +23,8 @@ ALL = "all"   # the sequence picker's value for "mean over all sequences" (None 
 class CompileCompare(StaticForm, W.VBox):
     """A split slider, a sequence picker (one or the mean of all), and `compare_figure`."""
 
+    static_slots = 3          # the comparison, one sequence's tokens, the LoRA plot
+
     @checked(model=Model(), height=Height())
     def __init__(self, model, data, labels=None, *, split: int | None = None, sequence: int | str | None = None,
                  boundary=None, height: int = 420, lora=None, **prepare_kw):

@@ -104,6 +104,7 @@ class Explorer(MapSelection, Projecting, Controls, StaticForm, W.VBox):
     (`_tables`); the maths in `cgt_viz.geometry`. This class builds the view and holds what ties them."""
 
     preview_tokens: int | None = 16_384
+    static_slots = 3          # the map, the linked strip and inspector once a point is opened
 
     @checked(**_VIEW_ARGS, sequences=Instance(A.Sequences, "an analysis.Sequences (use cgt_viz.explore for raw data)"))
     def __init__(self, model, sequences: A.Sequences, ybar: np.ndarray | None = None, *, positions: Any = "all",
@@ -146,11 +147,14 @@ class Explorer(MapSelection, Projecting, Controls, StaticForm, W.VBox):
         self._wire_traces()
         self._set_status(f"{method_name(key_of('pca', dims))} of {len(self._set.points):,} points in "
                          f"{time.perf_counter() - t0:.2f} s", "ok")
-        super().__init__([W.HBox([self.projection_picker, self.dims_picker, self.pc_picker, self.color_picker,
-                                  self.status]),
+        # the status has a line of its own and the control rows wrap whole controls: in a notebook narrower
+        # than the controls (JupyterLab with its side panel open) the status was squeezed into a column of words
+        rows = W.Layout(flex_flow="row wrap", align_items="center")
+        super().__init__([W.HBox([self.projection_picker, self.dims_picker, self.pc_picker, self.color_picker],
+                                 layout=rows),
                           W.HBox([self.search_box, self.clear_button, self.isolate_button, self.all_button,
-                                  self.export_button]),
-                          self.figure, self.selection_info, self.neighbours_info, self.linked])
+                                  self.export_button], layout=W.Layout(flex_flow="row wrap", align_items="center")),
+                          self.status, self.figure, self.selection_info, self.neighbours_info, self.linked])
         self._start_background(projection, background)
 
     def _init_state(self, model, sequences, positions, params, seed, max_points, linked, height, dims) -> None:

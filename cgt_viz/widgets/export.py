@@ -6,8 +6,13 @@
 `StaticViews` drops the outputs that hold a cgt_viz view's live widget and its JupyterLab style (and the
 widget entry of a static output, as notebooks saved by older versions had it), so every frontend
 (nbconvert's HTML, nbviewer, JupyterLab without the kernel, trusted or not) draws the static plot instead
-of looking for a widget model that only a running kernel has; and keeps plotly.js in the first static copy
-only (each cell run embeds one). Other widgets are left as they are.
+of looking for a widget model that only a running kernel has; and puts plotly.js, from the installed plotly
+package, once on the page: in the first static copy (a notebook stores none; one saved with
+CGT_VIZ_STATIC=embed, or by an older version, one per cell run: the first is kept, the others dropped).
+Other widgets are left as they are.
+
+`make env` makes it the HTML exporter's preprocessor for this environment (`install_config`), so
+`jupyter nbconvert --to html nb.ipynb` and JupyterLab's "Save and Export Notebook As > HTML" draw every view.
 
 With `--StaticViews.png=True` (or CGT_STATIC_PNG=1 in the environment of nbconvert) it also adds image/png
 of each view's main figure, drawn by kaleido from the plotly JSON the output stores, to outputs that have
@@ -24,7 +29,7 @@ from nbconvert.preprocessors import Preprocessor
 from traitlets import Bool
 
 from . import _png
-from ._static import PLOTLY_JS_START, PLOTLY_MIME, PNG_MIME, WIDGET_MIME
+from ._static import PLOTLY_JS_START, PLOTLY_MIME, PNG_MIME, WIDGET_MIME, plotly_js_html
 
 
 def is_static_view(output) -> bool:
@@ -35,6 +40,11 @@ def is_live_part(output) -> bool:
     """The live widget or the style output of a view (see cgt_viz.widgets._static)."""
     meta = output.get("metadata", {}).get("cgt_viz", {})
     return bool(meta.get("live") or meta.get("style"))
+
+
+def _html(output) -> str:
+    page = output.get("data", {}).get("text/html", "")
+    return "".join(page) if isinstance(page, list) else page
 
 
 class StaticViews(Preprocessor):
@@ -49,7 +59,14 @@ class StaticViews(Preprocessor):
 
     def preprocess(self, nb, resources):
         self._plotly_js_kept = False
-        return super().preprocess(nb, resources)
+        nb, resources = super().preprocess(nb, resources)
+        if not self._plotly_js_kept:
+            first = next((o for c in nb.cells for o in c.get("outputs", []) if is_static_view(o)
+                          and "cgt-viz-static" in _html(o)), None)
+            if first is not None:
+                first["data"]["text/html"] = plotly_js_html() + _html(first)
+                self._plotly_js_kept = True
+        return nb, resources
 
     def preprocess_cell(self, cell, resources, index):
         png = self.want_png()
@@ -76,3 +93,38 @@ class StaticViews(Preprocessor):
                 if image is not None:
                     data[PNG_MIME] = image
         return cell, resources
+
+
+CONFIG_FILES = ("jupyter_nbconvert_config.json", "jupyter_server_config.json")
+
+
+def install_config(prefix: str | None = None) -> list[str]:
+    """Make `StaticViews` the HTML exporter's preprocessor in this environment's Jupyter config
+    (`<prefix>/etc/jupyter`, default `sys.prefix`): `jupyter nbconvert --to html` reads
+    jupyter_nbconvert_config.json, JupyterLab's export (the server's nbconvert handler) the server's config.
+    Other settings in those files are kept. Returns the files written."""
+    import json
+    import sys
+    from pathlib import Path
+
+    folder = Path(sys.prefix if prefix is None else prefix) / "etc" / "jupyter"
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"{StaticViews.__module__}.{StaticViews.__name__}"
+    written = []
+    for file in CONFIG_FILES:
+        path = folder / file
+        config = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+        if not isinstance(config, dict):
+            raise ValueError(f"{path} holds no JSON object: set HTMLExporter.preprocessors there by hand")
+        section = config.setdefault("HTMLExporter", {})
+        listed = list(section.get("preprocessors", []))
+        if name not in listed:
+            section["preprocessors"] = listed + [name]
+            path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+            written.append(str(path))
+    return written
+
+
+if __name__ == "__main__":      # `python -m cgt_viz.widgets.export`: what `make env` runs
+    for path in install_config():
+        print(f"StaticViews set as the HTML exporter's preprocessor in {path}")

@@ -60,6 +60,8 @@ class TrainingMonitor(StaticForm, W.VBox):
         self._draw_cost = 0.0
         self._t0: float | None = None
         self._first_step: int | None = None      # the step before the first update this monitor saw (resume)
+        self._ended: float | None = None         # when the run's "end" record came: a redraw later (the smoothing
+                                                 # slider) still says "done · took …", timed to the end, not to now
         self.redraws = 0
         self.figure = figure_widget(self.figure_static())
         self.status = W.HTML(html_status("waiting for the first training step …"))
@@ -92,11 +94,15 @@ class TrainingMonitor(StaticForm, W.VBox):
             self._t0 = now
         self.records.append(dict(record))
         if kind == "start":
-            self._t0, self._first_step = now, int(record["step"])
+            self._t0, self._first_step, self._ended = now, int(record["step"]), None
             self.steps = record.get("steps", self.steps) if self.steps is None else self.steps
             return
         if kind == "step" and self._first_step is None:
             self._t0, self._first_step = now, int(record["step"]) - 1
+        if kind == "end":
+            self._ended = now
+        elif kind == "step":
+            self._ended = None                  # more steps after an end: a resumed run
         if kind == "warning":
             self.warnings.append(f"step {record['step']}: {record.get('message', '')}")
             self.alerts.value = "<br>".join(html_status("⚠ " + w, "error") for w in self.warnings)
@@ -110,7 +116,7 @@ class TrainingMonitor(StaticForm, W.VBox):
                     ys.append(float(value))
         # at most every min_interval, and never more than a tenth of the time on drawing (min_interval ≥ 10 × the last draw's cost)
         if kind != "step" or now - self._last_draw >= max(self.min_interval, 10 * self._draw_cost):
-            self.redraw(final=kind == "end")
+            self.redraw()                     # final once the "end" record has come
 
     @property
     def history(self) -> list[dict]:
@@ -131,8 +137,10 @@ class TrainingMonitor(StaticForm, W.VBox):
         text = f"training monitor: {len(self._steps.get('main', ([], []))[0])} steps recorded, last step {last.get('step', '-')}"
         return "\n".join([text] + [f"warning at {w}" for w in self.warnings])
 
-    def redraw(self, final: bool = False) -> None:
-        """Push the current curves to the plot (called for you, throttled)."""
+    def redraw(self, final: bool | None = None) -> None:
+        """Push the current curves to the plot (called for you, throttled). final: the run has ended
+        (None: as the records say)."""
+        final = self._ended is not None if final is None else final
         t0 = self._last_draw = time.monotonic()
         self.redraws += 1
         fig = self.figure_static()
@@ -150,8 +158,10 @@ class TrainingMonitor(StaticForm, W.VBox):
         self.status.value = html_status(self.status_text(final), "ok" if final else "busy")
         self._draw_cost = time.monotonic() - t0
 
-    def status_text(self, final: bool = False) -> str:
-        """The status line: step N of M, the latest losses, steps/s and the ETA."""
+    def status_text(self, final: bool | None = None) -> str:
+        """The status line: step N of M, the latest losses, steps/s and the ETA; once the run has ended
+        (final; None: as the records say), "done", the time it took and its rate, however late it is drawn."""
+        final = self._ended is not None if final is None else final
         last = self.records[-1] if self.records else {}
         step = int(last.get("step", 0))
         parts = [f"step {step:,}" + (f" of {self.steps:,}" if self.steps else "")]
@@ -165,7 +175,8 @@ class TrainingMonitor(StaticForm, W.VBox):
                 parts.append(f"{key} {latest[key]:.4f}")
         for key, (_, ys) in self._evals.items():
             parts.append(f"{key} {ys[-1]:.4f}")
-        elapsed = time.monotonic() - (self._t0 or time.monotonic())
+        now = self._ended if (final and self._ended is not None) else time.monotonic()
+        elapsed = now - (self._t0 or now)
         done = step - (self._first_step or 0)
         if elapsed > 0 and done > 0:
             rate = done / elapsed

@@ -19,6 +19,8 @@ from ._static import StaticForm
 class SmoothnessStrip(Controls, StaticForm, W.VBox):
     """‖ȳ_t − ȳ_{t−1}‖, cosine and the ȳ heatmap of one sequence; a sequence picker; optional second model."""
 
+    static_slots = 2          # the strip and its token text
+
     @checked(model=Model(), other=Model(none=True), names=Strings(2, "(model, other)"), height=Height())
     def __init__(self, model, data, labels=None, *, sequence: int = 0, highlight: int | None = None,
                  other=None, names: tuple[str, str] = ("model", "other"), boundary=None,

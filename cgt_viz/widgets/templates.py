@@ -23,6 +23,8 @@ class TemplateInspector(Controls, StaticForm, W.VBox):
     """Site picker, sequence picker, token slider, coefficient heatmap, mean |c_k| per label, singular
     values of ΔW(ȳ) at the chosen token, and template ablation Δloss (button)."""
 
+    static_slots = 2          # the inspector and its token text
+
     @checked(model=Model(), site=A.Site(none=True), ablation_sequences=Int(1), height=Height())
     def __init__(self, model, data, labels=None, *, site=None, sequence: int = 0, token: int | None = None,
                  boundary=None, ybar: np.ndarray | None = None, ablation_sequences: int = 32, height: int = 620,
