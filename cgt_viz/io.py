@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import tempfile
 import warnings
 from pathlib import Path
@@ -36,8 +37,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     A crash mid-write leaves the previous file at `path` untouched (the temp file is removed).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:   # a read-only folder: name the file asked for, not mkstemp's random temp name
+        raise _write_error(err, path) from None
     os.close(fd)
     try:
         write(tmp)
@@ -45,9 +49,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())   # mkstemp makes 0600; the file gets an ordinary file's permissions
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.remove(tmp)
+        if isinstance(err, (OSError, SafetensorError)):
+            raise _write_error(err, path) from None
         raise
     try:  # make the rename itself durable
         dir_fd = os.open(path.parent, os.O_RDONLY)
@@ -57,6 +63,21 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
             os.close(dir_fd)
     except OSError:
         pass
+
+
+_OS_ERROR_CODE = re.compile(r"os error (\d+)")
+
+
+def _write_error(err: BaseException, path: Path) -> OSError:
+    """An error while writing `path` as an OSError naming `path` (the file asked for, not the temp file it was
+    written to) with the OS's reason: safetensors reports a full disk (ENOSPC) or a file-size limit (EFBIG) as a
+    SafetensorError whose text carries the OS error number; a plain write's OSError carries no file name."""
+    code = getattr(err, "errno", None)
+    if code is None and (found := _OS_ERROR_CODE.search(str(err))):
+        code = int(found.group(1))
+    if code is None:
+        return OSError(f"could not write {str(path)!r}: {err}")
+    return OSError(code, os.strerror(code), str(path))
 
 
 def sha256_file(path: str | os.PathLike) -> str:

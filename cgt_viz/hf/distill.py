@@ -215,8 +215,11 @@ def _load_or_build(model, tokens, prefix_len, top_k, topics, docs, batch_size, s
         if folder.exists():          # a damaged cache of the same key: replaced by the fresh one
             shutil.rmtree(folder)
         os.replace(tmp, folder)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError) and err.filename and Path(err.filename).parent == tmp:
+            # the file of the cache it was for (the temp folder is gone): a full disk is one line naming it
+            raise OSError(err.errno, err.strerror, str(folder / Path(err.filename).name)) from None
         raise
     return FeatureCache(feats, manifest, folder)
 

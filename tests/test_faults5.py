@@ -1,0 +1,113 @@
+"""Faults from the fourth reliability audit (issue 39), the rest: a real full disk is one line, sizes are checked
+before anything is allocated, a head run resumes only to itself, the feature cache is checked against what was
+asked for, and the errors name what the user typed. Real file-size limits, real files, real processes."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_faults import ICL
+from test_faults4_writes import HEAD_FLAGS, _train_head, _tree
+
+
+# ---------------------------------------------------------------------------------------------- A21, B16, B18
+@contextlib.contextmanager
+def file_size_limit(nbytes: int):
+    """A real limit on the size of any file this process writes (RLIMIT_FSIZE, what `ulimit -f` sets): a write
+    past it fails with EFBIG (os error 27), as a full disk fails with ENOSPC, inside safetensors' Rust writer
+    too. SIGXFSZ is ignored meanwhile (its default action ends the process)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if hard != resource.RLIM_INFINITY and hard < nbytes:
+        pytest.skip(f"the hard file-size limit here is {hard} bytes")
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)
+
+
+def _one_line(err: str) -> str:
+    lines = [line for line in err.strip().splitlines() if not line.startswith("warning:")]
+    assert len(lines) == 1 and "Traceback" not in err and "SafetensorError" not in err, err
+    return lines[0]
+
+
+def test_a_full_disk_during_a_train_checkpoint_is_one_line_naming_the_file(tmp_path, capsys):
+    """A21: the optimizer state of the first checkpoint does not fit; the run ends in one line naming the file
+    of the step folder and the OS's reason, and leaves no step folder or pointer a resume would trust."""
+    from cgt_viz.__main__ import main
+    from cgt_viz.checkpoint import latest_checkpoint
+    out = tmp_path / "run"
+    with file_size_limit(60_000):          # the tiny model's weights fit, its AdamW state does not
+        code = main(["train", *ICL, "--out", str(out), "--steps", "2", "--batch-size", "4", "--eval-every", "0",
+                     "--checkpoint-every", "1"])
+    line = _one_line(capsys.readouterr().err)
+    assert code == 3, line
+    assert line.startswith("error: File too large: ") and "step-00000001/train_state.safetensors" in line, line
+    assert ".tmp" not in line
+    assert latest_checkpoint(out / "ckpt") is None
+    assert not [p for p in (out / "ckpt").iterdir() if p.name != ".lock"] if (out / "ckpt").exists() else True
+    assert main(["train", *ICL, "--out", str(out), "--steps", "2", "--batch-size", "4", "--eval-every", "0",
+                 "--checkpoint-every", "1"]) == 0          # the same command runs once there is room
+
+
+def test_a_full_disk_during_the_feature_cache_is_one_line_and_leaves_no_cache(tiny_smollm2, tmp_path, capsys):
+    """B16: the training cache does not fit: one line naming the cache file, no cache folder or temp folder
+    left (a later run would load it), no head; the same command then builds it and trains."""
+    with file_size_limit(40_000):
+        code, err = _train_head(capsys, tmp_path / "head")
+    line = _one_line(err)
+    assert code == 3 and line.startswith("error: File too large: ") and "features.safetensors" in line, line
+    assert ".partial" not in line
+    features = Path(os.environ["CGT_VIZ_CACHE"]) / "features"
+    assert [p.name for p in features.iterdir()] == [] if features.exists() else True
+    assert not (tmp_path / "head" / "model.safetensors").exists()
+    assert _train_head(capsys, tmp_path / "head")[0] == 0
+
+
+def test_a_full_disk_during_a_head_checkpoint_is_one_line_and_leaves_no_state(tiny_smollm2, tmp_path, capsys):
+    """B18: the caches exist (a first run built them); the head's first checkpoint does not fit: one line naming
+    the file, no head-state.json naming a state that is not there, no head; --resume then trains from step 0."""
+    assert _train_head(capsys, tmp_path / "first")[0] == 0
+    out = tmp_path / "head"
+    with file_size_limit(20_000):          # the caches and the head fit, the head with its AdamW state does not
+        code, err = _train_head(capsys, out)
+    line = _one_line(err)
+    assert code == 3 and line.startswith("error: File too large: ") and "/ckpt/head-state" in line, line
+    assert not (out / "ckpt" / "head-state.json").exists() and not (out / "model.safetensors").exists()
+    assert not [p for p in (out / "ckpt").iterdir() if p.name != ".lock"] if (out / "ckpt").exists() else True
+    code, err = _train_head(capsys, out)
+    assert code == 0, err
+    assert (out / "model.safetensors").read_bytes() == (tmp_path / "first" / "model.safetensors").read_bytes()
+
+
+def test_a_read_only_folder_names_the_file_asked_for_not_a_temp_file(tmp_path, monkeypatch):
+    """B50: a write into a folder that refuses new files names the file that was asked for (mkstemp's random
+    `.name.xxxx.tmp` meant nothing to the user). Root ignores a folder's permissions, so there the OS's refusal
+    is what mkstemp raises for anyone else."""
+    from cgt_viz.io import write_json
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    if os.access(folder, os.W_OK):                      # root: the refusal an ordinary user gets
+        import tempfile
+
+        def refused(prefix="", suffix="", dir=None):
+            raise PermissionError(13, "Permission denied", os.path.join(dir, f"{prefix}k3j2h1{suffix}"))
+        monkeypatch.setattr(tempfile, "mkstemp", refused)
+    try:
+        with pytest.raises(PermissionError) as caught:
+            write_json(folder / "metrics.json", {"a": 1})
+    finally:
+        folder.chmod(0o755)
+    assert caught.value.filename == str(folder / "metrics.json") and ".tmp" not in str(caught.value)
+    assert list(folder.iterdir()) == []
