@@ -19,7 +19,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ._checks import Choice, Device, Folder, checked, describe, refuse
+from ._checks import Choice, Device, Folder, available_memory, checked, describe, refuse
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -200,18 +200,8 @@ def _check_sizes(path: Path, cfg: Any, header: dict) -> None:
 
 
 def _available_memory() -> int | None:
-    """Bytes of memory available to a new allocation (Linux MemAvailable: free + reclaimable cache), or None."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+    """Bytes of memory available to a new allocation (`_checks.available_memory`), or None."""
+    return available_memory()
 
 
 def _check_memory(path: Path, header: dict) -> None:

@@ -111,3 +111,56 @@ def test_a_read_only_folder_names_the_file_asked_for_not_a_temp_file(tmp_path, m
         folder.chmod(0o755)
     assert caught.value.filename == str(folder / "metrics.json") and ".tmp" not in str(caught.value)
     assert list(folder.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------- B19, B20, B21, B45
+HUGE = 10 ** 9
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--d-x", "1000000"], "--d-x"),
+    (["--n-templates", "100000000"], "--n-templates"),
+    (["--task-arg", f"P={HUGE}"], "P"),
+    (["--task-arg", "n_pairs=10000000", "--task-arg", "aux_min_pairs=1"], "n_pairs"),
+    (["--threads", "100000"], "--threads"),
+])
+def test_train_sizes_are_refused_with_an_estimate_before_anything_is_allocated(tmp_path, capsys, flags, named):
+    """B19/B20 (train): a model, a vocabulary or a block the machine cannot hold, and a thread count no machine
+    runs, are refused in one line naming the argument (with the estimate in GiB), before anything is written."""
+    from cgt_viz.__main__ import main
+    import time
+    t0 = time.perf_counter()
+    code = main(["train", *ICL, "--out", str(tmp_path / "run"), "--steps", "1", "--batch-size", "4",
+                 "--eval-every", "0", *flags])
+    line = _one_line(capsys.readouterr().err)
+    assert code == 2 and f"{named} must be " in line, line
+    assert "GiB" in line or named == "--threads", line
+    assert not (tmp_path / "run" / "run.json").exists()
+
+
+def test_regression_n_points_is_refused_with_an_estimate(tmp_path):
+    from cgt_viz.tasks.regression import LinearRegression
+    with pytest.raises(ValueError, match=r"n_points must be small enough to fit in the .* GiB of memory free here, "
+                                         r"got 10000000, for which the attention over the block of 20000000 "
+                                         r"positions .* needs about .* GiB"):
+        LinearRegression(n_points=10 ** 7)
+    LinearRegression(n_points=64)                      # an ordinary size is not refused
+
+
+@pytest.mark.parametrize("flags, named, says", [
+    (["--d-y", str(10 ** 8)], "--d-y", "the head's training state"),
+    (["--templates", str(10 ** 7)], "--templates", "the head's training state"),
+    (["--rank", str(10 ** 8)], "--rank", "the head's training state"),
+    (["--per-doc", str(10 ** 12)], "--per-doc", "the feature cache"),
+    (["--top-k", "1000"], "--top-k", "the LM's vocabulary"),
+    (["--threads", "100000"], "--threads", "cores"),
+])
+def test_train_head_sizes_are_refused_before_the_head_or_the_cache(tiny_smollm2, tmp_path, capsys, flags, named, says):
+    """B21, B45 (train-head): sizes checked once the LM is loaded (its widths and vocabulary decide them), before
+    the head, the windows or a cache are allocated; --top-k above the vocabulary is refused (it meant 'all')."""
+    code, err = _train_head(capsys, tmp_path / "head", *flags)
+    line = _one_line(err)
+    assert code == 2 and f"{named} must be " in line and says in line, line
+    features = Path(os.environ["CGT_VIZ_CACHE"]) / "features"
+    assert not features.exists() or list(features.iterdir()) == []
+    assert not (tmp_path / "head" / "model.safetensors").exists()

@@ -38,7 +38,7 @@ import torch
 
 import torch.distributed as dist
 
-from .._checks import check_divisible, check_float, check_int, refuse
+from .._checks import THREADS_MAX, check_divisible, check_float, check_int, refuse
 from ..checkpoint import RunLock
 from ..io import read_json, write_json
 from ..train import TrainingDiverged
@@ -111,6 +111,7 @@ def _settings(args) -> dict:
 
 def check_args(args) -> None:
     """Every number checked before minutes of loading and caching (the CLI prints the message, exit 2)."""
+    check_int("--threads", args.threads, 1, THREADS_MAX, hint=" (a few times this machine's cores)")
     for name in ("threads", "y_layer", "d_y", "templates", "rank", "prefix", "suffix", "per_doc", "top_k", "batch",
                  "val_windows", "eval_per_topic", "eval_draws", "checkpoint_every"):
         check_int(f"--{name.replace('_', '-')}", getattr(args, name), 1)
@@ -231,6 +232,60 @@ def main(argv=None, run_record: dict | None = None) -> int:
     return 0
 
 
+def _blamed(args, need, names: tuple[str, ...]) -> str:
+    """The flag (of `names`) most of an estimate comes from: the one whose default shrinks `need(args)` most."""
+    defaults = _parser().parse_args(["--out", "."])
+
+    def without(name):
+        try:
+            return need(argparse.Namespace(**{**vars(args), name: getattr(defaults, name)}))
+        except (TypeError, ValueError):
+            return float("inf")
+    return min(names, key=without)
+
+
+def check_sizes(args, lm, task) -> None:
+    """The sizes the flags ask for, against the free memory, before the head, the windows or the caches are
+    allocated (the LM is loaded: its widths and vocabulary decide them): --top-k at most the vocabulary; the
+    head's training state (a skeleton on the meta device: no memory, no time); the feature cache."""
+    from .._checks import available_memory, check_fits
+    vocab, width = int(lm.config.vocab_size), int(lm.config.hidden_size)
+    check_int("--top-k", args.top_k, 1, vocab, hint=" (the LM's vocabulary: that many keeps the teacher's whole "
+                                                    "distribution)")
+    free = available_memory()
+    if free is None:
+        return
+
+    def head_bytes(a) -> float:
+        with torch.device("meta"):
+            head = CGTLM(lm, y_layer=a.y_layer, d_y=a.d_y, n_head_y=4, n_templates=a.templates,
+                         template_rank=a.rank, sites=tuple(a.sites), pooled_only=True, aux_kl_top_k=a.top_k)
+        # parameters, gradients and AdamW's two moments, float32
+        return 16 * sum(p.numel() for n, p in head.named_parameters() if not n.startswith("lm."))
+
+    need = head_bytes(args)
+    if need > free:
+        flag = _blamed(args, head_bytes, ("d_y", "templates", "rank"))
+        check_fits("--" + flag.replace("_", "-"), getattr(args, flag), need,
+                   "the head's training state (parameters, gradients and AdamW's two moments in float32)")
+
+    def cache_bytes(a) -> float:
+        docs = task.n_docs("train")
+        if a.train_per_topic is not None:
+            docs = min(docs, a.train_per_topic * len(task.topics))
+        m, length = a.suffix, a.prefix + a.suffix + 1
+        kept = 0 if a.top_k >= vocab else a.top_k                    # ids: none when all are kept, in order
+        window = 4 * width + 2 * m * width + 12 * length + 4 * m * kept + 2 * m * ((a.top_k if kept else vocab) + 1)
+        return 2 * docs * a.per_doc * window                         # the computed batches and their concatenation
+
+    need = cache_bytes(args)
+    if need > free:
+        flag = _blamed(args, cache_bytes, ("per_doc", "top_k", "suffix", "prefix", "train_per_topic"))
+        check_fits("--" + flag.replace("_", "-"), getattr(args, flag), need,
+                   f"the feature cache (up to {task.n_docs('train')} training documents × --per-doc windows, "
+                   f"the teacher's top-{args.top_k} of {vocab} tokens)")
+
+
 def run(args, out: Path, dev: torch.device | str = "cpu", distributed: bool = False, rank: int = 0) -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -249,6 +304,8 @@ def run(args, out: Path, dev: torch.device | str = "cpu", distributed: bool = Fa
     weights_sha = distill.lm_fingerprint(lm)
     task = BBCTokens.for_head(tok, vars(args))
     say(f"SmolLM2 loaded ({weights_sha[:12]}); {task}")
+    if not args.measure_only:
+        check_sizes(args, lm, task)
     speeds = {}
     if args.measure_only and rank != 0:
         return
