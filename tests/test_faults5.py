@@ -164,3 +164,113 @@ def test_train_head_sizes_are_refused_before_the_head_or_the_cache(tiny_smollm2,
     features = Path(os.environ["CGT_VIZ_CACHE"]) / "features"
     assert not features.exists() or list(features.iterdir()) == []
     assert not (tmp_path / "head" / "model.safetensors").exists()
+
+
+# ---------------------------------------------------------------------------------------------- B32, B33, B35, B34
+@pytest.fixture
+def head_and_cache(tmp_path):
+    pytest.importorskip("transformers")
+    from cgt_viz import hf
+    from cgt_viz.hf import distill as hfd
+    from test_distill import _head, _windows
+    lm = hf.tiny_llama(seed=0)
+    cache = hfd.build_feature_cache(_head(lm), _windows(n=8), 6, top_k=7, root=tmp_path, progress=False)
+    return (lambda **kw: _head(lm, **kw)), cache
+
+
+class Died(BaseException):
+    """A process killed at that instruction (nothing after it runs, no handler catches it)."""
+
+
+def test_a_death_between_the_two_head_state_writes_resumes_to_the_uninterrupted_weights(head_and_cache, tmp_path,
+                                                                                         monkeypatch):
+    """B32: the run dies after the tensors of step 5 are written and before head-state.json is: the resume
+    continues from step 5 (the state the file holds), so 8 steps give the uninterrupted run's weights."""
+    from cgt_viz.hf import distill as hfd
+    make, cache = head_and_cache
+    kw = dict(steps=8, batch_size=3, warmup=2, progress=False)
+    straight = make()
+    hfd.train_head(straight, cache, **kw)
+    real = hfd.write_json
+
+    def die_at_step_5(path, obj):
+        if Path(path).name == hfd.HEAD_STATE_JSON and obj["step"] == 5:
+            raise Died
+        return real(path, obj)
+    monkeypatch.setattr(hfd, "write_json", die_at_step_5)
+    with pytest.raises(Died):
+        hfd.train_head(make(), cache, checkpoint_dir=tmp_path / "ckpt", checkpoint_every=1, **kw)
+    monkeypatch.setattr(hfd, "write_json", real)
+    assert json.loads((tmp_path / "ckpt" / hfd.HEAD_STATE_JSON).read_text())["step"] == 4   # the death's trace
+    resumed = make()
+    hist = hfd.train_head(resumed, cache, checkpoint_dir=tmp_path / "ckpt", resume=True, **kw)
+    assert hist["steps"] == 8 and len(hist["aux"]) == 8
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
+def test_resuming_a_head_state_of_another_head_or_an_incomplete_one_is_named(head_and_cache, tmp_path):
+    """B33: a head of another d_y / n_templates is named with the tensor and both shapes (not load_state_dict's
+    traceback); B35: a state without its history or its generator is named, not a KeyError."""
+    from cgt_viz.hf import distill as hfd
+    from cgt_viz.io import load_tensors, save_tensors
+    make, cache = head_and_cache
+    folder = tmp_path / "ckpt"
+    kw = dict(steps=4, batch_size=3, warmup=2, progress=False, checkpoint_dir=folder)
+
+    def stop_at_2(step, out):
+        if step == 2:
+            raise KeyboardInterrupt
+    assert hfd.train_head(make(), cache, callback=stop_at_2, **kw)["interrupted"]
+    from cgt_viz import hf
+    for other in (dict(d_y=16), dict(n_templates=5)):
+        model = hf.CGTLM(hf.tiny_llama(seed=0), y_layer=2, d_y=other.get("d_y", 8), n_head_y=2,
+                         n_templates=other.get("n_templates", 3), template_rank=2, pooled_only=True, aux_kl=1.0,
+                         aux_ce=0.5, aux_kl_top_k=7)
+        with pytest.raises(ValueError, match=r"is of another head than this model: shapes differ \(.*the state has "
+                                             r".*this model .*resume with the run's settings"):
+            hfd.train_head(model, cache, resume=True, **kw)
+    tensors = load_tensors(folder / hfd.HEAD_STATE)
+    info = json.loads((folder / hfd.HEAD_STATE_JSON).read_text())
+    del info["history"]
+    save_tensors(folder / hfd.HEAD_STATE, tensors, metadata={"format": hfd.HEAD_STATE_FORMAT, "info": json.dumps(info)})
+    with pytest.raises(ValueError, match=r"is not a complete head training state: history missing"):
+        hfd.train_head(make(), cache, resume=True, **kw)
+    info = json.loads((folder / hfd.HEAD_STATE_JSON).read_text())
+    save_tensors(folder / hfd.HEAD_STATE, {k: v for k, v in tensors.items() if k != "generator"},
+                 metadata={"format": hfd.HEAD_STATE_FORMAT, "info": json.dumps(info)})
+    with pytest.raises(ValueError, match=r"lacks \['generator'\]"):
+        hfd.train_head(make(), cache, resume=True, **kw)
+
+
+@pytest.mark.parametrize("flag, value", [("--batch", "2"), ("--lr", "0.01"), ("--seed", "1"), ("--top-k", "4"),
+                                         ("--prefix", "6")])
+def test_train_head_resume_with_other_settings_is_refused_before_any_cache(tiny_smollm2, tmp_path, capsys,
+                                                                           monkeypatch, flag, value):
+    """B34: an interrupted head run resumed with another --batch, --lr, --seed, --top-k or --prefix is refused
+    in one line naming the flag and both values, before the LM's caches are built (no new cache folder)."""
+    from cgt_viz.hf import distill as hfd
+    real = hfd.train_head
+
+    def stop_at_2(*a, **k):
+        return real(*a, **k, callback=lambda step, out: (_ for _ in ()).throw(KeyboardInterrupt) if step == 2 else None)
+    monkeypatch.setattr(hfd, "train_head", stop_at_2)
+    out = tmp_path / "head"
+    code, err = _train_head(capsys, out)
+    assert code == 130 and (out / "ckpt" / "head-state.json").exists(), err
+    monkeypatch.setattr(hfd, "train_head", real)
+    caches = sorted((Path(os.environ["CGT_VIZ_CACHE"]) / "features").iterdir())
+    args = list(HEAD_FLAGS)
+    if flag in args:
+        args[args.index(flag) + 1] = value
+    else:
+        args += [flag, value]
+    from cgt_viz.__main__ import main
+    capsys.readouterr()
+    code = main(["train-head", *args, "--out", str(out), "--resume"])
+    line = _one_line(capsys.readouterr().err)
+    assert code == 2 and "--resume must be given the flags the head run was started with" in line, line
+    assert f"{flag} " in line and "(the run has " in line, line
+    assert sorted((Path(os.environ["CGT_VIZ_CACHE"]) / "features").iterdir()) == caches
+    code, err = _train_head(capsys, out, "--resume")                    # its own flags resume it
+    assert code == 0, err

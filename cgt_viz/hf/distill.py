@@ -290,24 +290,87 @@ HEAD_STATE = "head-state.safetensors"
 HEAD_STATE_JSON = "head-state.json"
 
 
+HEAD_STATE_FORMAT = "cgt_viz.head_state/2"
+HISTORY_KEYS = ("step", "aux", "ce", "val_step", "val_aux", "val_ce")
+
+
 def _save_head_state(folder: Path, model, opt, gen, order, info: dict) -> None:
-    """The head, its AdamW state, the data order and the random stream: what resuming needs (no pickle)."""
+    """The head, its AdamW state, the data order and the random stream: what resuming needs (no pickle).
+
+    The tensors' file is the state: one atomic write that carries its own step, plan, history and settings
+    (`info`, as JSON in the safetensors metadata), so a death between it and head-state.json (a copy of `info`
+    for people and for `train-head`'s checks before loading) resumes from the file, never from a step the file
+    does not hold."""
     tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
     for i, p in enumerate(opt.param_groups[0]["params"]):
         for name, value in opt.state.get(p, {}).items():
             tensors[f"opt.{i}.{name}"] = value if isinstance(value, torch.Tensor) else torch.tensor(value)
     tensors["generator"], tensors["order"] = gen.get_state(), order
     folder.mkdir(parents=True, exist_ok=True)
-    save_tensors(folder / HEAD_STATE, tensors, metadata={"format": "cgt_viz.head_state/1"})
-    write_json(folder / HEAD_STATE_JSON, info)      # written last: it names a complete state
+    save_tensors(folder / HEAD_STATE, tensors, metadata={"format": HEAD_STATE_FORMAT, "info": json.dumps(info)})
+    write_json(folder / HEAD_STATE_JSON, info)
+
+
+def _head_state_info(folder: Path) -> dict:
+    """The step, plan, history and settings of the head state in `folder`, checked: from the tensors' file
+    (format /2), else (a state written before it) from head-state.json."""
+    file = folder / HEAD_STATE
+    try:
+        from safetensors import safe_open
+        with safe_open(str(file), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+    except Exception:   # noqa: BLE001 — named below as not a readable state (or as missing)
+        meta = None
+    if meta is None:
+        if not file.is_file():
+            raise FileNotFoundError(f"no head training state at {str(file)!r} (head-state.json names one); the "
+                                    f"checkpoint is incomplete: remove {str(folder)!r} to train from step 0")
+        raise ValueError(f"{str(file)!r} is not a readable safetensors file (truncated or tampered?)")
+    where, info = (file, None) if "info" in meta else (folder / HEAD_STATE_JSON, read_json(folder / HEAD_STATE_JSON))
+    if info is None:
+        try:
+            info = json.loads(meta["info"])
+        except ValueError:
+            info = None
+    if not isinstance(info, dict) or not isinstance(info.get("step"), int) or isinstance(info.get("step"), bool):
+        raise ValueError(f"{str(where)!r} is not a head training state (no integer 'step')")
+    history = info.get("history")
+    lacking = ([k for k in HISTORY_KEYS if not isinstance(history.get(k), list)] if isinstance(history, dict)
+               else ["history"])
+    if lacking:
+        raise ValueError(f"{str(where)!r} is not a complete head training state: "
+                         f"{'history' if lacking == ['history'] else 'history ' + repr(lacking)} missing or not "
+                         f"{'a JSON object' if lacking == ['history'] else 'lists'} (tampered, or written by "
+                         f"something else); remove {str(folder)!r} to train from step 0")
+    return info
+
+
+def resume_differences(saved: dict, now: dict, flag=lambda k: k) -> list[str]:
+    """The settings of a resume that differ from the run's: "<flag> <now> (the run has <then>)" each."""
+    return [f"{flag(k)} {now[k]!r} (the run has {saved[k]!r})" for k in sorted(saved)
+            if k in now and json.loads(json.dumps(now[k])) != saved[k]]
 
 
 def _load_head_state(folder: Path, model, opt, gen) -> tuple[torch.Tensor, dict]:
-    info = read_json(folder / HEAD_STATE_JSON)
-    if not isinstance(info, dict) or not isinstance(info.get("step"), int):
-        raise ValueError(f"{str(folder / HEAD_STATE_JSON)!r} is not a head training state (no integer 'step')")
-    tensors = load_tensors(folder / HEAD_STATE)
-    model.load_state_dict({k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
+    info = _head_state_info(folder)
+    file = folder / HEAD_STATE
+    tensors = load_tensors(file)
+    lacking = [k for k in ("generator", "order") if k not in tensors]
+    if lacking:
+        raise ValueError(f"{str(file)!r} is not a complete head training state: it lacks {lacking} (tampered, or "
+                         f"written by something else); remove {str(folder)!r} to train from step 0")
+    state = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    wrong = [f"{k}: the state has {tuple(state[k].shape)}, this model {want[k]}" for k in want
+             if k in state and tuple(state[k].shape) != want[k]]
+    missing, unexpected = sorted(set(want) - set(state)), sorted(set(state) - set(want))
+    if wrong or missing or unexpected:
+        raise ValueError(f"the head state in {str(file)!r} is of another head than this model: "
+                         + "; ".join(filter(None, [f"shapes differ ({'; '.join(wrong[:3])})" if wrong else "",
+                                                   f"missing {missing[:5]}" if missing else "",
+                                                   f"unexpected {unexpected[:5]}" if unexpected else ""]))
+                         + "; resume with the run's settings (d_y, n_templates, template_rank, sites, y_layer)")
+    model.load_state_dict(state)
     for i, p in enumerate(opt.param_groups[0]["params"]):
         state = {k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"opt.{i}.")}
         if state:
@@ -322,7 +385,7 @@ def train_head(model, cache: FeatureCache, *, steps: int | None = None, minutes:
                batch_size: int = 16, lr: float = 2e-3, weight_decay: float = 0.0, warmup: int = 20,
                seed: int = 0, val_cache: FeatureCache | None = None, eval_every: int = 0, eval_windows: int = 128,
                checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 50, resume: bool = False,
-               callback=None, progress: bool = True, log=None) -> dict[str, Any]:
+               callback=None, progress: bool = True, log=None, settings: dict | None = None) -> dict[str, Any]:
     """Train the head of a `CGTLM(pooled_only=True)` on a feature cache (AdamW, linear warmup, cosine decay to
     a tenth of lr over `steps`; with only `minutes` the schedule assumes the step rate of the first 10 steps).
 
@@ -330,7 +393,9 @@ def train_head(model, cache: FeatureCache, *, steps: int | None = None, minutes:
                     batch_size // world of them and the gradients are averaged: the same update as one process)
     checkpoint_dir  write the head, optimizer, data order and random stream there every checkpoint_every steps,
                     at the end and on Ctrl-C / an exception; resume=True continues from it (the same steps give
-                    the same weights as an uninterrupted run; minutes count again from the resume)
+                    the same weights as an uninterrupted run; minutes count again from the resume). The state
+                    records steps, batch_size, lr, seed, weight_decay, warmup and `settings` (the caller's, e.g.
+                    the cache's): a resume with other values is refused, naming them
     callback        called as callback(step, out) after each update (out: the step's loss dict; rank 0 only)
     Ctrl-C (SIGINT, SIGTERM) stops after the step in flight, on every rank, with a checkpoint.
     -> history {"step", "aux", "ce", "val_step", "val_aux", "val_ce", "seconds", "tokens_per_second", "steps",
@@ -345,14 +410,16 @@ def train_head(model, cache: FeatureCache, *, steps: int | None = None, minutes:
     with process_group(model.device, GROUP_TIMEOUT_MINUTES) as (dev, distributed, rank, world):
         check_divisible("batch_size", batch_size, world, "the number of ranks")
         model.to(dev)
+        run = {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed, "weight_decay": weight_decay,
+               "warmup": warmup, **json.loads(json.dumps(settings or {}))}
         return _train_head(model, cache, steps, minutes, batch_size, lr, weight_decay, warmup, seed, val_cache,
                            eval_every, eval_windows, folder, checkpoint_every, resume, callback, progress, log,
-                           distributed, rank, world)
+                           distributed, rank, world, run)
 
 
 def _train_head(model, cache, steps, minutes, batch_size, lr, weight_decay, warmup, seed, val_cache, eval_every,
                 eval_windows, folder, checkpoint_every, resume, callback, progress, log, distributed, rank,
-                world) -> dict[str, Any]:
+                world, run) -> dict[str, Any]:
     dev = model.device
     is_main = rank == 0
     lo, hi = rank * (batch_size // world), (rank + 1) * (batch_size // world)
@@ -362,6 +429,11 @@ def _train_head(model, cache, steps, minutes, batch_size, lr, weight_decay, warm
     hist: dict[str, Any] = {"step": [], "aux": [], "ce": [], "val_step": [], "val_aux": [], "val_ce": []}
     planned, step, order = steps, 0, torch.empty(0, dtype=torch.long)
     if resume and (folder / HEAD_STATE_JSON).exists():
+        differ = resume_differences(_head_state_info(folder).get("settings", {}), run)
+        if differ:
+            raise ValueError(f"resume: the head state in {str(folder)!r} was trained with other settings: "
+                             + "; ".join(differ) + ". Resume with the run's settings, or train from step 0 in "
+                             "another checkpoint_dir")
         order, info = _load_head_state(folder, model, opt, gen)     # every rank reads rank 0's state
         step, planned, hist = info["step"], info.get("planned", steps), info["history"]
         if log and is_main:
@@ -380,7 +452,8 @@ def _train_head(model, cache, steps, minutes, batch_size, lr, weight_decay, warm
         # NaN/inf weights (an update that overflowed) never replace the last good state
         if (folder is not None and is_main and saved["step"] != step
                 and all(bool(torch.isfinite(p).all()) for p in params)):
-            _save_head_state(folder, model, opt, gen, order, {"step": step, "planned": planned, "history": hist})
+            _save_head_state(folder, model, opt, gen, order, {"step": step, "planned": planned, "history": hist,
+                                                              "settings": run})
             saved.update(path=folder, step=step)
 
     def diverged(term: str, value: float) -> TrainingDiverged:

@@ -128,6 +128,17 @@ def check_args(args) -> None:
     check_float("--test-fraction", args.test_fraction, 0.0, 1.0 - args.val_fraction, hi_open=True)
 
 
+# flags that may differ on --resume (where it runs, how it reports, when it stops, how it is measured); every
+# other flag decides the windows, the caches, the head or its training and must be the run's
+HEAD_RESUMABLE = ("out", "results", "threads", "device", "measure_only", "resume", "keep_checkpoint", "no_progress",
+                  "minutes", "checkpoint_every", "eval_per_topic", "eval_draws", "skip_test")
+
+
+def head_settings(args) -> dict:
+    """The flags a head run must resume with, by flag name (what train_head records with its state)."""
+    return {"--" + k.replace("_", "-"): v for k, v in sorted(vars(args).items()) if k not in HEAD_RESUMABLE}
+
+
 HEAD_FILES = ("config.json", "model.safetensors", "metrics.json", "topic_means.json")   # what a head run writes
 
 
@@ -188,8 +199,17 @@ def check_out(args, out: Path) -> str | None:
                               "re-measure it)", f"{str(out)!r}, which already holds a head run "
                                                f"({', '.join(present)})",
                      hint="remove it first to train a new head there, or choose another --out")
-    if (out / CHECKPOINT_DIR / distill.HEAD_STATE_JSON).exists():
-        return None                                     # an interrupted run: train_head resumes it
+    if (out / CHECKPOINT_DIR / distill.HEAD_STATE_JSON).exists():   # an interrupted run: train_head resumes it,
+        # with the flags it was started with (checked now, before minutes of loading and caching)
+        saved = distill._head_state_info(out / CHECKPOINT_DIR).get("settings", {})
+        differ = distill.resume_differences({k: v for k, v in saved.items() if k.startswith("--")},
+                                            head_settings(args))
+        if differ:
+            raise refuse("--resume", "given the flags the head run was started with",
+                         f"{'; '.join(differ)} for the run in {str(out)!r}",
+                         hint=f"only {', '.join('--' + k.replace('_', '-') for k in HEAD_RESUMABLE if k != 'resume')} "
+                              f"may change on --resume; start a new --out for other settings")
+        return None
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
         if (out / "metrics.json").exists():
             try:
@@ -344,7 +364,7 @@ def run(args, out: Path, dev: torch.device | str = "cpu", distributed: bool = Fa
                                      progress=not args.no_progress,
                                      lr=args.lr, seed=args.seed, val_cache=val_cache, eval_every=50, log=say,
                                      checkpoint_dir=out / CHECKPOINT_DIR, checkpoint_every=args.checkpoint_every,
-                                     resume=args.resume)
+                                     resume=args.resume, settings=head_settings(args))
         if history["interrupted"]:
             raise KeyboardInterrupt(f"interrupted after step {history['steps']}; --resume continues from "
                                     f"{str(out / CHECKPOINT_DIR)!r}")
