@@ -274,3 +274,152 @@ def test_train_head_resume_with_other_settings_is_refused_before_any_cache(tiny_
     assert sorted((Path(os.environ["CGT_VIZ_CACHE"]) / "features").iterdir()) == caches
     code, err = _train_head(capsys, out, "--resume")                    # its own flags resume it
     assert code == 0, err
+
+
+# ---------------------------------------------------------------------------------------------- B08, B10, B14, B15
+def _retamper(folder: Path, change) -> None:
+    """Rewrite a cache's tensors (and/or manifest) through `change(tensors, manifest)`, then recompute the
+    manifest's size and sha256, as a tamperer who knows the format would: only the content checks can tell."""
+    from cgt_viz.hf import distill as hfd
+    from cgt_viz.io import load_tensors, save_tensors, sha256_file
+    tensors = load_tensors(folder / hfd.FEATURES_NAME)
+    manifest = json.loads((folder / hfd.MANIFEST_NAME).read_text())
+    change(tensors, manifest)
+    save_tensors(folder / hfd.FEATURES_NAME, tensors, metadata={"format": hfd.CACHE_FORMAT})
+    manifest.update(file_bytes=(folder / hfd.FEATURES_NAME).stat().st_size, sha256=sha256_file(folder / hfd.FEATURES_NAME))
+    (folder / hfd.MANIFEST_NAME).write_text(json.dumps(manifest))
+
+
+def _drop_settings(t, m):
+    del m["settings"]
+
+
+def _narrow(t, m):
+    t["suffix_x"] = t["suffix_x"][..., :-1].contiguous()
+    t["pooled"] = t["pooled"][..., :-1].contiguous()
+
+
+def _token_out_of_range(t, m):
+    t["tokens"][0, 0] = 10 ** 6
+
+
+def _teacher_out_of_range(t, m):
+    t["teacher_ids"][0, 0, 0] = -3
+
+
+def _fewer_rows(t, m):
+    t["topic"] = t["topic"][:-1].contiguous()
+
+
+def _wrong_dtype(t, m):
+    t["pooled"] = t["pooled"].double()
+
+
+@pytest.mark.parametrize("change, says", [
+    (_drop_settings, "the manifest has no 'settings' object"),
+    (_narrow, r"pooled is \(8, 63\) torch.float32, the manifest makes it \(n=8, d=64\)"),
+    (_token_out_of_range, r"tokens holds 0..1000000, each must be a token id in 0..95"),
+    (_teacher_out_of_range, r"teacher_ids holds -3..\d+, each must be a token id in 0..95"),
+    (_fewer_rows, r"topic is \(7,\) torch.int64, the manifest makes it \(n=8\)"),
+    (_wrong_dtype, r"pooled is \(8, 64\) torch.float64"),
+])
+def test_a_tampered_feature_cache_with_a_recomputed_checksum_is_refused_naming_what(head_and_cache, change, says):
+    """B08: a cache whose content was changed and whose size and sha256 were recomputed is refused when it is
+    loaded for a build (the tensors against the manifest and the LM: shapes, dtypes, rows, id ranges), naming
+    the folder and what is wrong: never a KeyError/IndexError/RuntimeError in training."""
+    from cgt_viz.hf import distill as hfd
+    from test_distill import _windows
+    make, cache = head_and_cache
+    _retamper(cache.path, change)
+    with pytest.raises(ValueError, match=r"the feature cache .* is not the cache asked for or does not match its "
+                                         r"manifest: .*" + says):
+        hfd.build_feature_cache(make(), _windows(n=8), 6, top_k=7, root=cache.path.parent.parent, progress=False)
+
+
+def test_a_cache_folder_holding_another_cache_is_refused(head_and_cache, tmp_path):
+    """B10: the folder of one cache holding another (another top_k, another LM's weights): its manifest's key,
+    settings and weights hash are compared with what was asked for."""
+    import shutil
+    from cgt_viz import hf
+    from cgt_viz.hf import distill as hfd
+    from test_distill import _head, _windows
+    make, cache = head_and_cache
+    root = cache.path.parent.parent
+    other = hfd.build_feature_cache(make(), _windows(n=8), 6, top_k=5, root=root, progress=False)
+    shutil.rmtree(cache.path)
+    shutil.copytree(other.path, cache.path)                       # the top-7 folder now holds the top-5 cache
+    with pytest.raises(ValueError, match=r"its key is '.*', asked for '.*'.*its setting top_k is 5, asked for 7"):
+        hfd.build_feature_cache(make(), _windows(n=8), 6, top_k=7, root=root, progress=False)
+    shutil.rmtree(cache.path)
+    model2 = _head(hf.tiny_llama(seed=1))                          # another LM's weights, under this LM's key
+    shutil.copytree(hfd.build_feature_cache(model2, _windows(n=8), 6, top_k=7, root=root, progress=False).path,
+                    cache.path)
+    with pytest.raises(ValueError, match=r"its weights_sha256 is"):
+        hfd.build_feature_cache(make(), _windows(n=8), 6, top_k=7, root=root, progress=False)
+
+
+def test_a_cache_root_that_is_a_file_or_a_dangling_link_is_named(head_and_cache, tmp_path):
+    """B14: the feature cache's root as a dangling link is named with its target (not "File exists"); as a file
+    it is named (not the .partial temp folder)."""
+    from cgt_viz.hf import distill as hfd
+    from test_distill import _windows
+    make, _ = head_and_cache
+    link = tmp_path / "linked"
+    link.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match=r"the cache root .*linked' is a dangling symbolic link to .*nowhere"):
+        hfd.build_feature_cache(make(), _windows(n=8), 6, top_k=7, root=link, progress=False)
+    file = tmp_path / "file"
+    file.write_text("x")
+    with pytest.raises(NotADirectoryError, match=r"the cache root .*file' is a file, not a folder") as caught:
+        hfd.build_feature_cache(make(), _windows(n=8), 6, top_k=7, root=file, progress=False)
+    assert ".partial" not in str(caught.value)
+
+
+BUILDER = """
+import os, sys, time
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from cgt_viz import hf
+from cgt_viz.hf import distill as hfd
+from test_distill import _head, _windows
+real = hfd.compute_features
+def slow(*a, **k):                      # a computation long enough for the builders to overlap
+    Path({marks!r}, str(os.getpid())).touch()
+    time.sleep(1.0)
+    return real(*a, **k)
+hfd.compute_features = slow
+model = _head(hf.tiny_llama(seed=0))
+Path({ready!r}, str(os.getpid())).touch()
+while not Path({go!r}).exists():
+    time.sleep(0.005)
+cache = hfd.build_feature_cache(model, _windows(n=8), 6, top_k=7, root={root!r}, progress=False)
+print(cache.path, len(cache))
+"""
+
+
+def test_concurrent_builders_of_one_cache_all_get_it_and_it_is_computed_once(tmp_path):
+    """B15: three processes asking for the same cache at once (real processes, released together): every one
+    gets it, the features are computed once (the others wait for the builder's lock and load its cache), and no
+    temp folder is left."""
+    pytest.importorskip("transformers")
+    import subprocess
+    import sys
+    from test_faults import _env
+    marks, ready, go, root = tmp_path / "marks", tmp_path / "ready", tmp_path / "go", tmp_path / "cache"
+    marks.mkdir()
+    ready.mkdir()
+    code = BUILDER.format(tests=str(Path(__file__).parent), marks=str(marks), ready=str(ready), go=str(go),
+                          root=str(root))
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_env()) for _ in range(3)]
+    import time
+    deadline = time.monotonic() + 120
+    while len(list(ready.iterdir())) < len(procs) and time.monotonic() < deadline:   # each built its model
+        time.sleep(0.05)
+    go.touch()
+    results = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-800:] for _, err in results]
+    paths = {out.split()[0] for out, _ in results}
+    assert len(paths) == 1 and all(out.split()[1] == "8" for out, _ in results)
+    assert len(list(marks.iterdir())) == 1                       # computed once
+    assert not [p for p in (root / "features").iterdir() if p.name.endswith(".partial")]

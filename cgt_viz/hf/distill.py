@@ -32,12 +32,15 @@ checkpoints. The process group is the from-scratch trainer's (`cgt_viz.train`): 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import shutil
+import stat
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -195,38 +198,139 @@ def build_feature_cache(model, tokens: torch.Tensor, prefix_len: int, *, top_k: 
 def _load_or_build(model, tokens, prefix_len, top_k, topics, docs, batch_size, store_dtype, progress, settings,
                    weights_sha256, key, folder) -> FeatureCache:
     n = tokens.shape[0]
-    if (folder / MANIFEST_NAME).exists():
-        return load_feature_cache(folder)
-    t0 = time.perf_counter()
-    feats = compute_features(model, tokens, prefix_len, top_k, batch_size, STORE_DTYPES[store_dtype], progress)
-    feats["topic"] = (topics if topics is not None else torch.full((n,), -1)).long()
-    feats["doc"] = (docs if docs is not None else torch.full((n,), -1)).long()
-    build_seconds = time.perf_counter() - t0
-    tmp = folder.with_name(f".{key}.partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        save_tensors(tmp / FEATURES_NAME, feats, metadata={"format": CACHE_FORMAT})
-        manifest = {"format": CACHE_FORMAT, "key": key, "settings": settings, "weights_sha256": weights_sha256,
-                    "n_windows": n, "file_bytes": (tmp / FEATURES_NAME).stat().st_size,
-                    "sha256": sha256_file(tmp / FEATURES_NAME), "build_seconds": build_seconds,
-                    "lm": str(getattr(model.lm.config, "_name_or_path", ""))}
-        write_json(tmp / MANIFEST_NAME, manifest)
-        if folder.exists():          # a damaged cache of the same key: replaced by the fresh one
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-    except BaseException as err:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(err, OSError) and err.filename and Path(err.filename).parent == tmp:
-            # the file of the cache it was for (the temp folder is gone): a full disk is one line naming it
-            raise OSError(err.errno, err.strerror, str(folder / Path(err.filename).name)) from None
-        raise
+    expect = {"key": key, "settings": settings, "weights_sha256": weights_sha256, "n_windows": n,
+              "vocab_size": int(model.lm.config.vocab_size), "width": int(model.lm.config.hidden_size)}
+    from .source import _folder_for_cache
+    _folder_for_cache(folder.parent.parent, "the cache root")           # a file or a dangling link, by name
+    _folder_for_cache(folder.parent, "the feature cache folder")
+    # one builder per cache: a second process asking for the same cache waits for the first, then loads it
+    with _build_lock(folder):
+        if (folder / MANIFEST_NAME).exists():
+            return load_feature_cache(folder, expect=expect)
+        t0 = time.perf_counter()
+        feats = compute_features(model, tokens, prefix_len, top_k, batch_size, STORE_DTYPES[store_dtype], progress)
+        feats["topic"] = (topics if topics is not None else torch.full((n,), -1)).long()
+        feats["doc"] = (docs if docs is not None else torch.full((n,), -1)).long()
+        build_seconds = time.perf_counter() - t0
+        # a temp folder of this process's own (a killed builder's is removed by the next one under the lock)
+        for stale in folder.parent.glob(f".{key}.*.partial"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = folder.with_name(f".{key}.{os.getpid()}-{uuid.uuid4().hex[:8]}.partial")
+        tmp.mkdir()
+        try:
+            save_tensors(tmp / FEATURES_NAME, feats, metadata={"format": CACHE_FORMAT})
+            manifest = {"format": CACHE_FORMAT, "key": key, "settings": settings, "weights_sha256": weights_sha256,
+                        "n_windows": n, "file_bytes": (tmp / FEATURES_NAME).stat().st_size,
+                        "sha256": sha256_file(tmp / FEATURES_NAME), "build_seconds": build_seconds,
+                        "lm": str(getattr(model.lm.config, "_name_or_path", ""))}
+            write_json(tmp / MANIFEST_NAME, manifest)
+            if folder.exists() or folder.is_symlink():   # a damaged cache of the same key: replaced by the fresh one
+                aside = folder.with_name(f".{key}.{os.getpid()}-old.partial")
+                os.replace(folder, aside)
+                shutil.rmtree(aside, ignore_errors=True)
+            os.replace(tmp, folder)
+        except BaseException as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(err, OSError) and err.filename and Path(err.filename).parent == tmp:
+                # the file of the cache it was for (the temp folder is gone): a full disk is one line naming it
+                raise OSError(err.errno, err.strerror, str(folder / Path(err.filename).name)) from None
+            raise
     return FeatureCache(feats, manifest, folder)
 
 
-def load_feature_cache(path: str | os.PathLike) -> FeatureCache:
+@contextlib.contextmanager
+def _build_lock(folder: Path):
+    """An exclusive flock on features/.<key>.lock while a cache is looked for and built (a regular file, opened
+    without following a link; where flock does not exist, no lock)."""
+    try:
+        import fcntl
+    except ImportError:          # not POSIX: builders are not serialised
+        yield
+        return
+    lock = folder.with_name(f".{folder.name}.lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"the feature cache lock {str(lock)!r} must be a regular file; remove it")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)            # closing releases the flock
+
+
+# what a cache holds, one row per tensor: the dtypes it may have and its shape in the manifest's terms
+# (n windows, p prefix and m suffix tokens, d the LM's width, k the kept teacher ids, t their log-probs); a tensor
+# not in the table (an optional one of a newer cache) must still have one row per window
+CACHE_TENSORS = {
+    "pooled": ((torch.float32,), ("n", "d")),
+    "suffix_x": (tuple(STORE_DTYPES.values()), ("n", "m", "d")),
+    "tokens": ((torch.int32,), ("n", "p+m+1")),
+    "teacher_ids": ((torch.int32,), ("n", "m", "k")),
+    "teacher_logp": (tuple(STORE_DTYPES.values()), ("n", "m", "t")),
+    "topic": ((torch.int64,), ("n",)),
+    "doc": ((torch.int64,), ("n",)),
+}
+ID_TENSORS = {"tokens": "a token id", "teacher_ids": "a token id", "topic": "a topic (-1: none)",
+              "doc": "a document (-1: none)"}
+
+
+def _cache_problems(manifest: dict, tensors: dict[str, torch.Tensor], expect: dict | None) -> list[str]:
+    """What is wrong with a cache's manifest and tensors (the table above; `expect`: what was asked for)."""
+    settings = manifest.get("settings")
+    if not isinstance(settings, dict):
+        return ["the manifest has no 'settings' object"]
+    sizes = {k: settings.get(k) for k in ("prefix_len", "suffix_len")}
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in sizes.values()):
+        return [f"the manifest's settings have no prefix_len and suffix_len (ints >= 1): {sizes}"]
+    n = manifest.get("n_windows")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        return [f"the manifest's n_windows must be an int >= 1, got {n!r}"]
+    top_k = settings.get("top_k")
+    missing = sorted(set(CACHE_TENSORS) - set(tensors))
+    if missing:
+        return [f"it lacks the tensors {missing}"]
+    p, m = sizes["prefix_len"], sizes["suffix_len"]
+    d = expect["width"] if expect and "width" in expect else tensors["pooled"].shape[-1]
+    k = tensors["teacher_ids"].shape[-1] if tensors["teacher_ids"].dim() == 3 else -1
+    if k not in (0, top_k):
+        return [f"teacher_ids keeps {k} ids per position, the manifest's top_k is {top_k!r}"]
+    vocab = expect.get("vocab_size") if expect else None
+    dims = {"n": n, "d": d, "m": m, "p+m+1": p + m + 1, "k": k,
+            "t": k + 1 if k else (vocab + 1 if vocab else tensors["teacher_logp"].shape[-1])}
+    problems = []
+    for name, (dtypes, shape) in CACHE_TENSORS.items():
+        t, want = tensors[name], tuple(dims[s] for s in shape)
+        if tuple(t.shape) != want or t.dtype not in dtypes:
+            problems.append(f"{name} is {tuple(t.shape)} {t.dtype}, the manifest makes it "
+                            f"({', '.join(f'{s}={w}' for s, w in zip(shape, want))}) "
+                            f"{' or '.join(str(x) for x in dtypes)}")
+    problems += [f"{name} has {t.shape[0] if t.dim() else 0} rows, not one per window ({n})"
+                 for name, t in tensors.items() if name not in CACHE_TENSORS and (t.dim() == 0 or t.shape[0] != n)]
+    if problems:
+        return problems
+    vocab = vocab or (dims["t"] - 1 if not k else None)
+    for name, what in ID_TENSORS.items():
+        t = tensors[name]
+        lo = 0 if "token" in what else -1
+        hi = vocab if "token" in what else None
+        if t.numel() and (int(t.min()) < lo or (hi is not None and int(t.max()) >= hi)):
+            problems.append(f"{name} holds {int(t.min())}..{int(t.max())}, each must be {what} in {lo}.."
+                            f"{'' if hi is None else hi - 1}")
+    if expect:
+        asked = {"key": expect.get("key"), "weights_sha256": expect.get("weights_sha256")}
+        problems += [f"its {name} is {manifest.get(name)!r}, asked for {want!r}" for name, want in asked.items()
+                     if want is not None and manifest.get(name) != want]
+        problems += [f"its setting {name} is {settings.get(name)!r}, asked for {want!r}"
+                     for name, want in sorted((expect.get("settings") or {}).items()) if settings.get(name) != want]
+    return problems
+
+
+def load_feature_cache(path: str | os.PathLike, expect: dict | None = None) -> FeatureCache:
     """A cache folder written by `build_feature_cache`, after checking its manifest, size and sha256 (a damaged
-    or tampered file is refused, naming it: delete the folder to rebuild)."""
+    or tampered file is refused, naming it: delete the folder to rebuild), and its tensors against the manifest
+    (`CACHE_TENSORS`: shapes, dtypes, one row per window, ids in range). `expect` (what `build_feature_cache`
+    asked for: key, settings, weights_sha256, vocab_size, width) must match too: a folder holding another cache
+    (another LM, top_k or prefix) is refused, not used."""
     folder = Path(path)
     manifest = read_json(folder / MANIFEST_NAME)
     if not isinstance(manifest, dict) or manifest.get("format") != CACHE_FORMAT:
@@ -240,9 +344,11 @@ def load_feature_cache(path: str | os.PathLike) -> FeatureCache:
         raise ValueError(f"the feature cache file {str(file)!r} is damaged ({size} bytes; the manifest says "
                          f"{manifest.get('file_bytes')} bytes and another sha256): delete {str(folder)!r} to rebuild")
     tensors = load_tensors(file)
-    need = {"pooled", "suffix_x", "tokens", "teacher_ids", "teacher_logp", "topic", "doc"}
-    if set(tensors) != need:
-        raise ValueError(f"{str(file)!r} holds {sorted(tensors)}, expected {sorted(need)}")
+    problems = _cache_problems(manifest, tensors, expect)
+    if problems:
+        raise ValueError(f"the feature cache {str(folder)!r} is not the cache asked for or does not match its "
+                         f"manifest: {'; '.join(problems[:4])}{' ...' if len(problems) > 4 else ''}; delete "
+                         f"{str(folder)!r} to rebuild")
     return FeatureCache(tensors, manifest, folder)
 
 
