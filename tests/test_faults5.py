@@ -423,3 +423,64 @@ def test_concurrent_builders_of_one_cache_all_get_it_and_it_is_computed_once(tmp
     assert len(paths) == 1 and all(out.split()[1] == "8" for out, _ in results)
     assert len(list(marks.iterdir())) == 1                       # computed once
     assert not [p for p in (root / "features").iterdir() if p.name.endswith(".partial")]
+
+
+# ---------------------------------------------------------------------------------------------- B47, B63
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--lr", "nan"], "--lr must be a finite number > 0.0, got nan"),
+    (["--lm-lr", "0"], "--lm-lr must be a finite number > 0.0"),
+    (["--steps", "0,x"], "--steps must be comma-separated step counts"),
+    (["--lm-compile-steps", "-1"], "--lm-compile-steps must be comma-separated step counts"),
+    (["--prompts", "0"], "--prompts must be an int >= 1"),
+    (["--temperature", "-1"], "--temperature must be a finite number > 0.0"),
+    (["--threads", "100000"], "--threads must be an int in 1.."),
+    (["--tasks", "nope"], "--tasks must be a comma-separated subset"),
+])
+def test_bench_lora_vs_compile_refuses_bad_flags_in_one_line_before_any_work(tmp_path, flags, says):
+    """B47: a bad flag of benchmarks/bench_lora_vs_compile.py is one line, exit 2, before a model is loaded or
+    trained (its lr of nan was refused only after the ICL model had trained)."""
+    import subprocess
+    import sys
+    from test_faults import _env
+    proc = subprocess.run([sys.executable, str(BENCH / "bench_lora_vs_compile.py"), *flags, "--out", str(tmp_path / "o"),
+                           "--icl-model", str(tmp_path / "icl")], capture_output=True, text=True, timeout=120,
+                          env=_env())
+    assert proc.returncode == 2 and says in proc.stderr, proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert not (tmp_path / "icl").exists() and not (tmp_path / "o").exists()
+
+
+def _results_root(root: Path) -> None:
+    (root / "benchmarks" / "results").mkdir(parents=True)
+    (root / "docs").mkdir()
+    (root / "README.md").write_text("# readme\n\n<!-- results:begin -->\nold\n<!-- results:end -->\n")
+    (root / "docs" / "results.md").write_text("# Results\n")
+
+
+@pytest.mark.parametrize("content, says", [
+    ({"argv": ["tasks_results.py"], "table": "| a |"}, r"has no field \['rows'\]"),
+    ({"argv": ["tasks_results.py"], "rows": "abc", "table": "| a |"}, r"\(last read: \['rows'\]\) .*AttributeError"),
+    ("{not json", r"is not a JSON result file"),
+    ([1, 2], r"holds a JSON list, not the object of a result file"),
+])
+def test_results_pages_name_the_file_and_field_of_a_damaged_result_file(tmp_path, capsys, content, says):
+    """B63: results_pages.py on a result file lacking a field, holding one of another kind, or not JSON: one
+    line naming the file (and the field), exit 2, nothing written (it was a KeyError/TypeError/JSONDecodeError
+    traceback without the file, which stopped `make docs` with no clue)."""
+    import sys
+    sys.path.insert(0, str(BENCH))
+    import results_pages as rp
+    _results_root(tmp_path)
+    file = tmp_path / rp.TASKS
+    file.write_text(content if isinstance(content, str) else json.dumps(content))
+    before = _tree(tmp_path)
+    for argv in ([], ["--check"]):
+        capsys.readouterr()
+        assert rp.main(argv, root=tmp_path) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and str(file) in err and "Traceback" not in err, err
+        assert __import__("re").search(says, err), err
+    assert _tree(tmp_path) == before
