@@ -484,3 +484,61 @@ def test_results_pages_name_the_file_and_field_of_a_damaged_result_file(tmp_path
         assert len(err.strip().splitlines()) == 1 and str(file) in err and "Traceback" not in err, err
         assert __import__("re").search(says, err), err
     assert _tree(tmp_path) == before
+
+
+# ---------------------------------------------------------------------------------------------- B22, B23, B26
+@pytest.mark.parametrize("flags, says", [
+    (["--batch", "1000"], r"--batch must be an int in 1..40 \(the training cache will hold 40 windows"),
+    (["--prefix", "100000"], r"--prefix must be short enough that every topic keeps documents of the head's "
+                             r"windows .*got 100000, for windows of 100009 tokens"),
+    (["--eval-prompts", "100000"], r"--eval-prompts must be short enough .*got 100000"),
+    (["--y-layer", "99"], r"--y-layer must be an int in 1..3 \(the LM has 4 layers"),
+    (["--sites", "nope"], r"--sites must be names from"),
+    (["--device", "cuda:7"], r"--device must be"),
+])
+def test_train_head_names_the_flag_before_any_cache_is_built(tiny_smollm2, tmp_path, capsys, flags, says):
+    """B23: --batch larger than the training cache is refused before the caches are built (~26 min on BBC),
+    naming --batch (not batch_size). B22: a --prefix or --eval-prompts longer than the documents names that
+    flag (not block_size). Also --y-layer, --sites, --device by their flags (not y_layer, sites, device)."""
+    import re
+    code, err = _train_head(capsys, tmp_path / "head", *flags)
+    line = _one_line(err)
+    assert code == 2 and re.search(says, line), line
+    features = Path(os.environ["CGT_VIZ_CACHE"]) / "features"
+    assert not features.exists() or list(features.iterdir()) == []
+
+
+@pytest.mark.parametrize("bad, good", [
+    (["--sites", "nope"], ["--sites", "attn_in,mlp_in"]),
+    (["--device", "cuda:7"], ["--device", "cpu"]),
+    (["--y-layer", "99"], ["--y-layer", "2"]),
+    (["--task-arg", "prefix=100000"], ["--task-arg", "prefix=8"]),
+    (["--batch-size", "1000"], ["--batch-size", "4"]),
+])
+def test_a_refused_flag_of_train_with_a_pretrained_task_leaves_no_run_json(tiny_smollm2, tmp_path, capsys, bad, good):
+    """B26: `train --task smollm2-bbc` with a bad --sites, --device, --y-layer, prefix or batch is refused and
+    leaves no run.json, so the corrected command runs (it was refused as "already holds a run", and --resume
+    replayed the bad flag)."""
+    from cgt_viz.__main__ import main
+    from test_cli import HEAD
+
+    def with_(pairs):
+        args = list(HEAD)
+        for flag, value in zip(pairs[::2], pairs[1::2]):
+            if flag == "--task-arg":
+                key = value.split("=")[0]
+                args = [a for i, a in enumerate(args) if not (a.startswith(key + "=") or
+                                                             (a == "--task-arg" and args[i + 1].startswith(key + "=")))]
+                args += [flag, value]
+            elif flag in args:
+                args[args.index(flag) + 1] = value
+            else:
+                args += [flag, value]
+        return args
+    out = tmp_path / "run"
+    capsys.readouterr()
+    assert main(["train", *with_(bad), "--out", str(out)]) == 2
+    _one_line(capsys.readouterr().err)
+    assert not (out / "run.json").exists()
+    assert main(["train", *with_(good), "--out", str(out)]) == 0, capsys.readouterr().err
+    assert (out / "run.json").exists() and (out / "metrics.json").exists()

@@ -38,7 +38,8 @@ import torch
 
 import torch.distributed as dist
 
-from .._checks import THREADS_MAX, check_divisible, check_float, check_int, refuse
+from .._checks import THREADS_MAX, DistinctNames, check_device, check_divisible, check_float, check_int, refuse
+from ..sites import SITES
 from ..checkpoint import RunLock
 from ..io import read_json, write_json
 from ..train import TrainingDiverged
@@ -112,6 +113,8 @@ def _settings(args) -> dict:
 def check_args(args) -> None:
     """Every number checked before minutes of loading and caching (the CLI prints the message, exit 2)."""
     check_int("--threads", args.threads, 1, THREADS_MAX, hint=" (a few times this machine's cores)")
+    check_device("--device", args.device, allow_auto=True)
+    args.sites = list(DistinctNames(*SITES).check("--sites", tuple(args.sites)))
     for name in ("threads", "y_layer", "d_y", "templates", "rank", "prefix", "suffix", "per_doc", "top_k", "batch",
                  "val_windows", "eval_per_topic", "eval_draws", "checkpoint_every"):
         check_int(f"--{name.replace('_', '-')}", getattr(args, name), 1)
@@ -239,16 +242,30 @@ def main(argv=None, run_record: dict | None = None) -> int:
             if is_main:
                 print(finished, flush=True)
             return 0
+        run_file, state = out / RUN_FILE, out / CHECKPOINT_DIR / distill.HEAD_STATE
+        previous = run_file.read_bytes() if run_file.is_file() else None
+        stamp = state.stat().st_mtime_ns if state.is_file() else None
         if run_record is not None and is_main:
-            write_json(out / RUN_FILE, run_record)
-        with process_group(args.device, distill.GROUP_TIMEOUT_MINUTES) as (dev, distributed, rank, world):
-            check_divisible("--batch", args.batch, world, "the number of ranks")
-            try:
-                run(args, out, dev, distributed, rank)
-            except TrainingDiverged as err:   # as `train` says it: one line, exit 1, the last good state kept
-                if rank == 0:
-                    print(f"error: {err}", file=sys.stderr)
-                return 1
+            write_json(run_file, run_record)
+        try:
+            with process_group(args.device, distill.GROUP_TIMEOUT_MINUTES) as (dev, distributed, rank, world):
+                check_divisible("--batch", args.batch, world, "the number of ranks")
+                try:
+                    run(args, out, dev, distributed, rank)
+                except TrainingDiverged as err:   # as `train` says it: one line, exit 1, the last good state kept
+                    if rank == 0:
+                        print(f"error: {err}", file=sys.stderr)
+                    return 1
+        except Exception:
+            # refused before a step was saved (a flag checked once the LM is loaded, a size): run.json goes back
+            # to what it was, so the corrected command is not refused as another run, nor --resume replays it
+            if run_record is not None and is_main and (state.stat().st_mtime_ns if state.is_file() else None) == stamp:
+                if previous is None:
+                    run_file.unlink(missing_ok=True)
+                else:
+                    from ..io import atomic_write
+                    atomic_write(run_file, lambda tmp: Path(tmp).write_bytes(previous))
+            raise
     return 0
 
 
@@ -264,12 +281,26 @@ def _blamed(args, need, names: tuple[str, ...]) -> str:
     return min(names, key=without)
 
 
+def _train_windows(task, args) -> int:
+    """How many training windows `document_windows` will cut (without cutting them): per_doc from each training
+    document long enough, up to --train-per-topic documents per topic."""
+    length = args.prefix + args.suffix + 1
+    n = 0
+    for pool in task._docs["train"]:
+        long_enough = sum(1 for d in pool.tolist() if len(task.docs[d]) >= length)
+        n += min(long_enough, args.train_per_topic or long_enough)
+    return n * args.per_doc
+
+
 def check_sizes(args, lm, task) -> None:
     """The sizes the flags ask for, against the free memory, before the head, the windows or the caches are
     allocated (the LM is loaded: its widths and vocabulary decide them): --top-k at most the vocabulary; the
     head's training state (a skeleton on the meta device: no memory, no time); the feature cache."""
     from .._checks import available_memory, check_fits
     vocab, width = int(lm.config.vocab_size), int(lm.config.hidden_size)
+    windows = _train_windows(task, args)
+    check_int("--batch", args.batch, 1, windows, hint=f" (the training cache will hold {windows} windows: "
+                                                      f"--per-doc × the training documents long enough)")
     check_int("--top-k", args.top_k, 1, vocab, hint=" (the LM's vocabulary: that many keeps the teacher's whole "
                                                     "distribution)")
     free = available_memory()
@@ -322,7 +353,18 @@ def run(args, out: Path, dev: torch.device | str = "cpu", distributed: bool = Fa
     if rank != 0:
         lm, tok = smollm2()
     weights_sha = distill.lm_fingerprint(lm)
-    task = BBCTokens.for_head(tok, vars(args))
+    check_int("--y-layer", args.y_layer, 1, lm.config.num_hidden_layers - 1,
+              hint=f" (the LM has {lm.config.num_hidden_layers} layers; the head modulates those above it)")
+    try:
+        task = BBCTokens.for_head(tok, vars(args))
+    except ValueError as err:      # the windows are longer than a topic's documents: say which flag made them so
+        if "block_size" not in str(err):
+            raise
+        longest = max(args.eval_prompts) if max(args.eval_prompts) > args.prefix else args.prefix
+        flag = "--eval-prompts" if longest != args.prefix else "--prefix"
+        raise refuse(flag, "short enough that every topic keeps documents of the head's windows (the longest of "
+                           "--prefix and --eval-prompts, + --suffix + 1 tokens)",
+                     f"{longest}, for windows of {longest + args.suffix + 1} tokens ({err})") from None
     say(f"SmolLM2 loaded ({weights_sha[:12]}); {task}")
     if not args.measure_only:
         check_sizes(args, lm, task)
