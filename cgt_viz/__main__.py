@@ -468,6 +468,12 @@ def _train_locked(args: argparse.Namespace, out: Path, is_main: bool) -> int:
                               "config": model.config.to_dict()})
     config = TrainConfig.build(None, {k: settings[k] for k in TRAIN_FIELDS})
     callbacks = [task.curriculum(settings["curriculum"])] if settings.get("curriculum") else []
+    if is_main and settings.get("curriculum") and settings["curriculum"] > settings["steps"]:
+        import warnings   # a recipe's curriculum is sized for the recipe's steps: a short run never finishes it
+        warnings.warn(f"--curriculum {settings['curriculum']} (updates of the task's curriculum) is longer than "
+                      f"--steps {settings['steps']}: the run ends {settings['steps'] / settings['curriculum']:.0%} "
+                      f"of the way through it; pass --curriculum {settings['steps']} (or less) to finish it, or 0 "
+                      f"to turn it off", RuntimeWarning, stacklevel=2)
     try:
         model, history = train(model, task, config, device=args.device, compile=args.compile, callbacks=callbacks,
                                checkpoint_dir=out / "ckpt", resume=args.resume, progress=not args.no_progress)

@@ -542,3 +542,51 @@ def test_a_refused_flag_of_train_with_a_pretrained_task_leaves_no_run_json(tiny_
     assert not (out / "run.json").exists()
     assert main(["train", *with_(good), "--out", str(out)]) == 0, capsys.readouterr().err
     assert (out / "run.json").exists() and (out / "metrics.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------- cosmetic
+def test_train_head_out_that_is_a_file_or_a_dangling_link_is_named(tiny_smollm2, tmp_path, capsys):
+    """B40: `train-head --out` a file or a dangling link: one line naming it (and the link's target), exit 2,
+    not "File exists"."""
+    file = tmp_path / "file"
+    file.write_text("mine\n")
+    code, err = _train_head(capsys, file)
+    line = _one_line(err)
+    assert code == 2 and "--out must be a run folder (or a new path), got the file" in line and "File exists" not in line
+    assert file.read_text() == "mine\n"
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "nowhere")
+    code, err = _train_head(capsys, link)
+    line = _one_line(err)
+    assert code == 2 and "a dangling symbolic link to" in line and "nowhere" in line, line
+    assert not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_train_head_results_that_is_not_a_regular_file_is_refused_before_the_run(tiny_smollm2, tmp_path, capsys, kind):
+    """B41: --results a directory (it failed after the run, naming a temp file) or a FIFO (replaced by a regular
+    file) is refused before anything is loaded, naming --results and what it is; the thing stays as it was."""
+    target = tmp_path / "speeds"
+    if kind == "directory":
+        target.mkdir()
+    else:
+        os.mkfifo(target)
+    code, err = _train_head(capsys, tmp_path / "head", "--results", str(target))
+    line = _one_line(err)
+    assert code == 3 and "--results must be a regular file or a new path, got a" in line and str(target) in line, line
+    assert target.is_dir() if kind == "directory" else __import__("stat").S_ISFIFO(os.lstat(target).st_mode)
+    assert not (tmp_path / "head" / "ckpt").exists()
+
+
+def test_a_curriculum_longer_than_the_run_is_noted(tmp_path, capsys):
+    """B44: a curriculum (the regression recipe's) longer than --steps trains with a warning saying how far it
+    gets and how to change it; a curriculum that fits says nothing."""
+    from cgt_viz.__main__ import main
+    from test_faults import TINY_MODEL
+    args = ["train", "--task", "regression", "--task-arg", "dim=4", "--task-arg", "n_points=8", *TINY_MODEL,
+            "--steps", "3", "--batch-size", "4", "--eval-every", "0", "--aux-delay", "0"]
+    assert main([*args, "--out", str(tmp_path / "a"), "--curriculum", "30"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: --curriculum 30 (updates of the task's curriculum) is longer than --steps 3" in err, err
+    assert main([*args, "--out", str(tmp_path / "b"), "--curriculum", "3"]) == 0
+    assert "--curriculum" not in capsys.readouterr().err

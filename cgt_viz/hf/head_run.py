@@ -129,6 +129,9 @@ def check_args(args) -> None:
         check_int("--eval-prompts", p, 2)
     check_float("--val-fraction", args.val_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
     check_float("--test-fraction", args.test_fraction, 0.0, 1.0 - args.val_fraction, hi_open=True)
+    if args.results:         # written after the run: a directory or a FIFO is refused now, not after an hour
+        from ..report import check_output
+        check_output(Path(args.results), "--results", dash=False)
 
 
 # flags that may differ on --resume (where it runs, how it reports, when it stops, how it is measured); every
@@ -233,6 +236,12 @@ def main(argv=None, run_record: dict | None = None) -> int:
     args = parse_args(argv)
     check_args(args)
     out = Path(args.out)
+    if out.is_symlink() and not out.exists():
+        raise refuse("--out", "a run folder (or a new path)", f"{str(out)!r}, a dangling symbolic link to "
+                     f"{os.readlink(out)!r} (nothing is there)", hint="create that folder, remove the link, or "
+                                                                      "choose another --out")
+    if out.exists() and not out.is_dir():
+        raise refuse("--out", "a run folder (or a new path)", f"the file {str(out)!r}", hint="choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     # one writer per run folder: rank 0 (torchrun sets RANK before any process group exists)
     is_main = int(os.environ.get("RANK", "0")) == 0
