@@ -13,7 +13,7 @@ import re
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from safetensors import SafetensorError
@@ -184,6 +184,19 @@ def _safetensors_header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     return _read_safetensors(file, read)
 
 
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")    # safetensors' names of the dtypes a float weight may be stored in
+
+
+def check_weight_dtypes(file: Path, header: dict, floats: Iterable[str]) -> None:
+    """The tensors the model holds as floats (`floats`) must be stored as floats: int64, int32 or bool weights
+    (a tampered or foreign file) would be cast silently by load_state_dict. ValueError naming them."""
+    wrong = [f"{k} ({header[k][1]})" for k in floats if k in header and header[k][1] not in FLOAT_DTYPES]
+    if wrong:
+        raise ValueError(f"the weights in {str(file)!r} store float weights as other dtypes: {', '.join(wrong[:4])}"
+                         f"{' ...' if len(wrong) > 4 else ''}; a cgt_viz save writes floats ({', '.join(FLOAT_DTYPES)})"
+                         f" (tampered, or written by another tool?)")
+
+
 def _check_sizes(path: Path, cfg: Any, header: dict) -> None:
     """Refuse sizes no file of this many numbers could hold, before any model is built (n_layer = 10**9 hangs)."""
     import dataclasses
@@ -341,6 +354,8 @@ class PretrainedMixin:
         # header-shaped meta tensors into it runs the model's own migrations of older checkpoints too
         with torch.device("meta"):
             skeleton = cls(cfg)
+        check_weight_dtypes(path / WEIGHTS_NAME, header,
+                            [k for k, v in skeleton.state_dict().items() if v.is_floating_point()])
         shaped = {k: torch.empty(shape, device="meta") for k, (shape, _) in header.items()}
         try:
             missing, unexpected = skeleton.load_state_dict(shaped, strict=False)

@@ -590,3 +590,33 @@ def test_a_curriculum_longer_than_the_run_is_noted(tmp_path, capsys):
     assert "warning: --curriculum 30 (updates of the task's curriculum) is longer than --steps 3" in err, err
     assert main([*args, "--out", str(tmp_path / "b"), "--curriculum", "3"]) == 0
     assert "--curriculum" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+def test_weights_stored_as_integers_or_bools_are_refused_not_cast(tmp_path, dtype):
+    """B53: a model folder whose float weights are stored as int64, int32 or bool (load_state_dict would cast
+    them silently) is refused naming the tensor and its dtype: CGT.from_pretrained and CGTLM.from_pretrained."""
+    from cgt_viz import CGT, CGTConfig
+    from cgt_viz.io import load_tensors, save_tensors
+    model = CGT(CGTConfig(vocab_size=16, block_size=8, n_layer=2, d_x=16, n_head=2, d_y=8, n_head_y=1, y_layer=1,
+                          n_templates=2))
+    model.save_pretrained(tmp_path / "m")
+    file = tmp_path / "m" / "model.safetensors"
+    state = load_tensors(file)
+    name = next(k for k, v in state.items() if v.is_floating_point() and v.dim() == 2)
+    state[name] = (state[name] * 10).to(dtype)
+    save_tensors(file, state, metadata={"model_class": "CGT"})
+    with pytest.raises(ValueError, match=rf"store float weights as other dtypes: {name} \("):
+        CGT.from_pretrained(tmp_path / "m")
+    pytest.importorskip("transformers")
+    from cgt_viz import hf
+    lm = hf.tiny_llama(seed=0)
+    head = hf.CGTLM(lm, y_layer=2, d_y=8, n_head_y=2, n_templates=3, template_rank=2, pooled_only=True)
+    head.save_pretrained(tmp_path / "h")
+    file = tmp_path / "h" / "model.safetensors"
+    state = load_tensors(file)
+    name = next(k for k, v in state.items() if v.is_floating_point() and v.dim() == 2)
+    state[name] = state[name].to(dtype)
+    save_tensors(file, state, metadata={"model_class": "CGTLM"})
+    with pytest.raises(ValueError, match=rf"store float weights as other dtypes: {__import__('re').escape(name)} \("):
+        hf.CGTLM.from_pretrained(tmp_path / "h", lm)
