@@ -620,3 +620,22 @@ def test_weights_stored_as_integers_or_bools_are_refused_not_cast(tmp_path, dtyp
     save_tensors(file, state, metadata={"model_class": "CGTLM"})
     with pytest.raises(ValueError, match=rf"store float weights as other dtypes: {__import__('re').escape(name)} \("):
         hf.CGTLM.from_pretrained(tmp_path / "h", lm)
+
+
+def test_an_explorer_of_a_model_with_nan_weights_names_ybar_not_x():
+    """B59: the explorer of a model whose weights hold NaN (a run saved after it diverged) says that ȳ holds
+    NaN, how much, and why, not "X must be finite" (the projector's own argument, which the user never passed)."""
+    from cgt_viz import CGT, CGTConfig
+    from cgt_viz import analysis as A
+    from cgt_viz.widgets import Explorer
+    torch.manual_seed(0)
+    model = CGT(CGTConfig(vocab_size=16, block_size=8, n_layer=2, d_x=16, n_head=2, d_y=8, n_head_y=1, y_layer=1,
+                          n_templates=2))
+    with torch.no_grad():
+        next(p for n, p in model.named_parameters() if n.startswith("y_blocks") or "y" in n).fill_(float("nan"))
+    seqs = A.prepare_sequences(model, torch.randint(0, 16, (3, 8)))
+    with pytest.raises(ValueError) as caught:
+        Explorer(model, seqs, background=None)
+    msg = str(caught.value)
+    assert msg.startswith("ȳ (the model's summaries of the shown points) must be finite") and "NaN or inf" in msg, msg
+    assert "X must" not in msg and "diverged" in msg
