@@ -639,3 +639,25 @@ def test_an_explorer_of_a_model_with_nan_weights_names_ybar_not_x():
     msg = str(caught.value)
     assert msg.startswith("ȳ (the model's summaries of the shown points) must be finite") and "NaN or inf" in msg, msg
     assert "X must" not in msg and "diverged" in msg
+
+
+@pytest.mark.parametrize("bom, encoding", [(b"\xff\xfe", "utf-16-le"), (b"\xfe\xff", "utf-16-be"),
+                                           (b"\xff\xfe\x00\x00", "utf-32-le")])
+def test_binary_data_behind_a_byte_order_mark_is_refused(tmp_path, bom, encoding):
+    """B67: a byte-order mark followed by binary data (zeros decode as U+0000) passed the NUL rule, which looked
+    only at files without a mark (2 GB accepted, 4.8 GB peak memory); now refused naming the file, from the
+    first block, before the whole file is decoded. Text with a mark still loads."""
+    from cgt_viz.tasks.text import load_corpus
+    for topic in ("a", "b"):
+        (tmp_path / topic).mkdir()
+        (tmp_path / topic / "ok.txt").write_bytes(bom + "plain text, with a mark".encode(encoding))
+    (tmp_path / "a" / "blob.txt").write_bytes(bom + bytes(1 << 20))
+    # (a UTF-16-LE mark and zeros read as a UTF-32-LE mark: either way a NUL character)
+    with pytest.raises(ValueError, match=r"corpus file 'a/blob.txt' holds NUL characters \(U\+0000, the first at "
+                                         r"character 0\) after its utf-\d\d-.e byte-order mark: it is binary data"):
+        load_corpus(tmp_path)
+    (tmp_path / "a" / "blob.txt").write_bytes(bom + ("text " * 20000 + "\x00 late").encode(encoding))
+    with pytest.raises(ValueError, match=r"holds NUL characters \(U\+0000, the first at character 100000\)"):
+        load_corpus(tmp_path)
+    (tmp_path / "a" / "blob.txt").unlink()
+    assert sorted(load_corpus(tmp_path)) == ["a", "b"]
