@@ -661,3 +661,33 @@ def test_binary_data_behind_a_byte_order_mark_is_refused(tmp_path, bom, encoding
         load_corpus(tmp_path)
     (tmp_path / "a" / "blob.txt").unlink()
     assert sorted(load_corpus(tmp_path)) == ["a", "b"]
+
+
+SIGINT_AT_TORCH = """
+import builtins, os, signal
+_real = builtins.__import__
+def _import(name, *args, **kwargs):
+    if name == "torch" and not getattr(_import, "sent", False):
+        _import.sent = True
+        os.kill(os.getpid(), signal.SIGINT)       # a real Ctrl-C, delivered while torch is being imported
+    return _real(name, *args, **kwargs)
+builtins.__import__ = _import
+"""
+
+
+def test_ctrl_c_while_torch_imports_is_one_line_and_exit_code_130(tmp_path):
+    """A20: Ctrl-C while `python -m cgt_viz` imports torch (seconds at start-up) printed a KeyboardInterrupt
+    traceback; now one line, exit 130. A real SIGINT, sent by the process to itself as torch's import begins (a
+    sitecustomize on the child's path); imported as a library, the interrupt still reaches the caller."""
+    import subprocess
+    import sys
+    from test_faults import _env
+    (tmp_path / "sitecustomize.py").write_text(SIGINT_AT_TORCH)
+    env = _env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    proc = subprocess.run([sys.executable, "-m", "cgt_viz", "train", "--help"], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 130, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stderr.strip() == "error: interrupted (Ctrl-C) while starting", proc.stderr[-2000:]
+    proc = subprocess.run([sys.executable, "-c", "import cgt_viz"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode != 0 and "KeyboardInterrupt" in proc.stderr                 # the library caller's
