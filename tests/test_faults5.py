@@ -69,8 +69,7 @@ def test_a_full_disk_during_the_feature_cache_is_one_line_and_leaves_no_cache(ti
     assert code == 3 and line.startswith("error: File too large: ") and "features.safetensors" in line, line
     assert ".partial" not in line
     features = Path(os.environ["CGT_VIZ_CACHE"]) / "features"
-    left = [p.name for p in features.iterdir() if not p.name.endswith(".lock")] if features.exists() else []
-    assert left == []                                             # (the builders' lock file may stay)
+    assert [p.name for p in features.iterdir()] == [] if features.exists() else True
     assert not (tmp_path / "head" / "model.safetensors").exists()
     assert _train_head(capsys, tmp_path / "head")[0] == 0
 

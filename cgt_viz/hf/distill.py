@@ -240,14 +240,18 @@ def _load_or_build(model, tokens, prefix_len, top_k, topics, docs, batch_size, s
 
 @contextlib.contextmanager
 def _build_lock(folder: Path):
-    """An exclusive flock on features/.<key>.lock while a cache is looked for and built (a regular file, opened
-    without following a link; where flock does not exist, no lock)."""
+    """An exclusive flock on <cache root>/.locks/features-<key>.lock while a cache is looked for and built (a
+    regular file, opened without following a link; beside features/, which holds only caches; where flock does
+    not exist, no lock). The lock file stays: removing it would let a later builder lock a new file while a
+    waiter still holds the old one."""
     try:
         import fcntl
     except ImportError:          # not POSIX: builders are not serialised
         yield
         return
-    lock = folder.with_name(f".{folder.name}.lock")
+    locks = folder.parent.parent / ".locks"
+    locks.mkdir(exist_ok=True)
+    lock = locks / f"features-{folder.name}.lock"
     fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
