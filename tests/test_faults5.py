@@ -182,10 +182,12 @@ class Died(BaseException):
     """A process killed at that instruction (nothing after it runs, no handler catches it)."""
 
 
+@pytest.mark.parametrize("dies_at", [5, 1])
 def test_a_death_between_the_two_head_state_writes_resumes_to_the_uninterrupted_weights(head_and_cache, tmp_path,
-                                                                                         monkeypatch):
+                                                                                         monkeypatch, dies_at):
     """B32: the run dies after the tensors of step 5 are written and before head-state.json is: the resume
-    continues from step 5 (the state the file holds), so 8 steps give the uninterrupted run's weights."""
+    continues from step 5 (the state the file holds), so 8 steps give the uninterrupted run's weights. At step 1
+    there is no head-state.json at all: the tensors' file alone resumes."""
     from cgt_viz.hf import distill as hfd
     make, cache = head_and_cache
     kw = dict(steps=8, batch_size=3, warmup=2, progress=False)
@@ -194,14 +196,15 @@ def test_a_death_between_the_two_head_state_writes_resumes_to_the_uninterrupted_
     real = hfd.write_json
 
     def die_at_step_5(path, obj):
-        if Path(path).name == hfd.HEAD_STATE_JSON and obj["step"] == 5:
+        if Path(path).name == hfd.HEAD_STATE_JSON and obj["step"] == dies_at:
             raise Died
         return real(path, obj)
     monkeypatch.setattr(hfd, "write_json", die_at_step_5)
     with pytest.raises(Died):
         hfd.train_head(make(), cache, checkpoint_dir=tmp_path / "ckpt", checkpoint_every=1, **kw)
     monkeypatch.setattr(hfd, "write_json", real)
-    assert json.loads((tmp_path / "ckpt" / hfd.HEAD_STATE_JSON).read_text())["step"] == 4   # the death's trace
+    json_file = tmp_path / "ckpt" / hfd.HEAD_STATE_JSON                                      # the death's trace
+    assert json.loads(json_file.read_text())["step"] == 4 if dies_at == 5 else not json_file.exists()
     resumed = make()
     hist = hfd.train_head(resumed, cache, checkpoint_dir=tmp_path / "ckpt", resume=True, **kw)
     assert hist["steps"] == 8 and len(hist["aux"]) == 8

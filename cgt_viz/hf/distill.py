@@ -455,6 +455,11 @@ def _head_state_info(folder: Path) -> dict:
     return info
 
 
+def _has_head_state(folder: Path) -> bool:
+    """A state to resume: the JSON, or the tensors' file of format /2 alone (a death before its first JSON)."""
+    return (folder / HEAD_STATE_JSON).exists() or (folder / HEAD_STATE).exists()
+
+
 def resume_differences(saved: dict, now: dict, flag=lambda k: k) -> list[str]:
     """The settings of a resume that differ from the run's: "<flag> <now> (the run has <then>)" each."""
     return [f"{flag(k)} {now[k]!r} (the run has {saved[k]!r})" for k in sorted(saved)
@@ -538,7 +543,7 @@ def _train_head(model, cache, steps, minutes, batch_size, lr, weight_decay, warm
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     hist: dict[str, Any] = {"step": [], "aux": [], "ce": [], "val_step": [], "val_aux": [], "val_ce": []}
     planned, step, order = steps, 0, torch.empty(0, dtype=torch.long)
-    if resume and (folder / HEAD_STATE_JSON).exists():
+    if resume and _has_head_state(folder):
         differ = resume_differences(_head_state_info(folder).get("settings", {}), run)
         if differ:
             raise ValueError(f"resume: the head state in {str(folder)!r} was trained with other settings: "
@@ -555,7 +560,7 @@ def _train_head(model, cache, steps, minutes, batch_size, lr, weight_decay, warm
     t0, first = time.perf_counter(), step
     m = cache.tensors["suffix_x"].shape[1]
 
-    saved = {"path": folder if resume and folder is not None and (folder / HEAD_STATE_JSON).exists() else None,
+    saved = {"path": folder if resume and folder is not None and _has_head_state(folder) else None,
              "step": step if resume else None}
 
     def checkpoint():

@@ -150,7 +150,7 @@ HEAD_FILES = ("config.json", "model.safetensors", "metrics.json", "topic_means.j
 
 def _head_files(out: Path) -> list[str]:
     found = [name for name in HEAD_FILES if (out / name).exists()]
-    if (out / CHECKPOINT_DIR / distill.HEAD_STATE_JSON).exists():
+    if distill._has_head_state(out / CHECKPOINT_DIR):
         found.append(f"{CHECKPOINT_DIR}/{distill.HEAD_STATE_JSON}")
     return found
 
@@ -205,7 +205,7 @@ def check_out(args, out: Path) -> str | None:
                               "re-measure it)", f"{str(out)!r}, which already holds a head run "
                                                f"({', '.join(present)})",
                      hint="remove it first to train a new head there, or choose another --out")
-    if (out / CHECKPOINT_DIR / distill.HEAD_STATE_JSON).exists():   # an interrupted run: train_head resumes it,
+    if distill._has_head_state(out / CHECKPOINT_DIR):   # an interrupted run: train_head resumes it,
         # with the flags it was started with (checked now, before minutes of loading and caching)
         saved = distill._head_state_info(out / CHECKPOINT_DIR).get("settings", {})
         differ = distill.resume_differences({k: v for k, v in saved.items() if k.startswith("--")},
