@@ -46,6 +46,7 @@ import torch  # noqa: E402
 
 import bench_cost  # noqa: E402
 from cgt_viz import CGT, CGTConfig  # noqa: E402
+from cgt_viz._checks import THREADS_MAX, check_float, check_int, refuse  # noqa: E402
 from cgt_viz import lora_baseline as lb  # noqa: E402
 from cgt_viz.io import atomic_write, read_json  # noqa: E402
 from cgt_viz.recipes import RECIPES  # noqa: E402
@@ -384,10 +385,18 @@ def parse_args(argv):
     p.add_argument("--from-json", default=None)
     common.add_output_args(p, "lora_vs_compile.json, .md and .html")
     args = p.parse_args(argv)
-    args.steps = sorted(set(int(x) for x in args.steps.split(",")))
-    args.lm_compile_steps = (None if args.lm_compile_steps is None
-                             else sorted(set(int(x) for x in args.lm_compile_steps.split(","))))
+    args.steps = _step_list("--steps", args.steps)
+    args.lm_compile_steps = None if args.lm_compile_steps is None else _step_list("--lm-compile-steps",
+                                                                                    args.lm_compile_steps)
     args.tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    # every number before anything is loaded or trained (an lr of nan was refused only after the ICL model trained)
+    for name in ("prompts", "icl_k", "icl_held_out", "text_k", "text_samples", "lm_prompt", "lm_suffix", "lm_samples",
+                 "gen_tokens", "cost_repeats", "timing_repeats"):
+        check_int("--" + name.replace("_", "-"), getattr(args, name), 1)
+    check_int("--icl-steps", args.icl_steps, 1, allow_none=True)
+    check_int("--threads", args.threads, 1, THREADS_MAX, hint=" (a few times this machine's cores)")
+    for name in ("lr", "lm_lr", "temperature"):
+        check_float("--" + name.replace("_", "-"), getattr(args, name), 0.0, lo_open=True)
     if args.smoke:
         args.prompts, args.steps, args.gen_tokens, args.cost_repeats, args.timing_repeats = 2, [0, 3, 10], 8, 2, 1
         args.lm_prompt, args.lm_suffix, args.lm_samples = 8, 8, 2
@@ -397,6 +406,30 @@ def parse_args(argv):
     if args.prompts < 1:
         raise ValueError(f"--prompts must be >= 1, got {args.prompts}")
     return args
+
+
+def _step_list(flag: str, text: str) -> list[int]:
+    """A comma-separated list of step counts (ints >= 0) -> sorted, without repeats."""
+    try:
+        steps = sorted({int(x) for x in text.split(",")})
+    except ValueError:
+        raise refuse(flag, "comma-separated step counts (ints >= 0), e.g. 0,10,30", repr(text)) from None
+    if steps[0] < 0:
+        raise refuse(flag, "comma-separated step counts (ints >= 0), e.g. 0,10,30", repr(text))
+    return steps
+
+
+def cli(argv=None) -> int:
+    """The command line: a bad flag or a damaged file is one line (exit 2), an OS error one line (exit 3)."""
+    try:
+        main(argv)
+    except (ValueError, TypeError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
+    return 0
 
 
 def main(argv=None) -> dict:
@@ -451,4 +484,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())

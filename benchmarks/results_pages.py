@@ -78,9 +78,71 @@ def table(blob: str) -> str:
     return "\n".join(lines)
 
 
+class ResultFileError(ValueError):
+    """A result file that is not what the results pages read: named, with the field (the pages are not built)."""
+
+
+_LAST = [None]      # (file, field) of the last value read from a result file: where a TypeError came from
+
+
+class _Fields(dict):
+    """A result file's JSON object that names the file and the field when a field is missing."""
+
+    def __init__(self, data: dict, file: Path, where: str):
+        super().__init__({k: _wrap(v, file, f"{where}[{k!r}]") for k, v in data.items()})
+        self._file, self._where = file, where
+
+    def __getitem__(self, key):
+        if not dict.__contains__(self, key):
+            raise ResultFileError(f"{str(self._file)!r} has no field {self._where}[{key!r}] (the results pages read "
+                                  f"it); rewrite the file with the script that makes it, or remove it")
+        _LAST[0] = (self._file, f"{self._where}[{key!r}]")
+        return dict.__getitem__(self, key)
+
+    def get(self, key, default=None):
+        _LAST[0] = (self._file, f"{self._where}[{key!r}]")
+        return dict.get(self, key, default)
+
+
+class _Items(list):
+    """A result file's JSON array that names the file and the position when an index is out of range."""
+
+    def __init__(self, data: list, file: Path, where: str):
+        super().__init__(_wrap(v, file, f"{where}[{i}]") for i, v in enumerate(data))
+        self._file, self._where = file, where
+
+    def __getitem__(self, index):
+        try:
+            return list.__getitem__(self, index)
+        except IndexError:
+            raise ResultFileError(f"{str(self._file)!r}: {self._where} has {len(self)} entries, no [{index}] (the "
+                                  f"results pages read it); rewrite the file with the script that makes it") from None
+        finally:
+            _LAST[0] = (self._file, f"{self._where}[{index}]")
+
+
+def _wrap(value, file: Path, where: str):
+    if isinstance(value, dict):
+        return _Fields(value, file, where)
+    if isinstance(value, list):
+        return _Items(value, file, where)
+    return value
+
+
 def load(rel: str, root: Path = ROOT) -> dict | None:
+    """A result file's JSON (None when it is not there), whose missing fields are named with the file."""
     path = root / rel
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ResultFileError(f"{str(path)!r} is not a JSON result file ({err}); rewrite it with the script that "
+                              f"makes it, or remove it") from None
+    if not isinstance(data, dict):
+        raise ResultFileError(f"{str(path)!r} holds a JSON {type(data).__name__}, not the object of a result file")
+    _LAST[0] = (path, "")
+    return _wrap(data, path, "")
 
 
 def f3(x) -> str:
@@ -458,16 +520,26 @@ def write(root: Path = ROOT) -> None:
         replace_readme_section(path, SECTION, body)
 
 
-def main(argv=None) -> int:
+def main(argv=None, root: Path = ROOT) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true", help="only say which files are out of date (exit 1 if any)")
     args = p.parse_args(argv)
-    if args.check:
-        bad = stale()
-        for path in bad:
-            print(f"{path.relative_to(ROOT)}: results section out of date; run python benchmarks/results_pages.py")
-        return 1 if bad else 0
-    write()
+    _LAST[0] = None
+    try:
+        if args.check:
+            bad = stale(root)
+            for path in bad:
+                print(f"{path.relative_to(root)}: results section out of date; run python benchmarks/results_pages.py")
+            return 1 if bad else 0
+        write(root)
+    except ResultFileError as err:     # one line naming the file and the field; nothing was written
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError) as err:
+        where = (f"{str(_LAST[0][0])!r} (last read: {_LAST[0][1] or 'the file'})" if _LAST[0] else "a result file")
+        print(f"error: {where} is not what the results pages read: {type(err).__name__}: {err}; nothing was "
+              f"written", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -27,12 +27,13 @@ import contextlib
 import dataclasses
 import importlib
 import json
+import math
 import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from ._checks import Int
+from ._checks import THREADS_MAX, Int
 from .train_config import DERIVED, TrainConfig, settings_help
 
 RUN_FILE = "run.json"
@@ -56,7 +57,8 @@ MODEL_HELP = {"n_layer": "N, blocks in all", "d_x": "width of x", "n_head": "hea
               "aux_row_fraction": "share of the rows the auxiliary pass runs on in training"}
 
 # The CLI's own numeric flags, declared like the TrainConfig fields (a flag left out is None: not checked)
-FLAG_CONSTRAINTS = {"curriculum": Int(0, hint=" (0 = off)"), "threads": Int(1)}
+FLAG_CONSTRAINTS = {"curriculum": Int(0, hint=" (0 = off)"),
+                    "threads": Int(1, THREADS_MAX, hint=" (a few times this machine's cores)")}
 
 
 class CLIError(Exception):
@@ -364,9 +366,37 @@ def _build(settings: dict[str, Any], allow_import: bool = False):
     if "sites" in model_kw:
         model_kw["sites"] = tuple(s.strip() for s in model_kw["sites"].split(",") if s.strip())
     cfg = CGTConfig(**{**task.config_kwargs(), **model_kw})
+    cls = GPT if settings["model"] == "gpt" else CGT
+    _check_model_fits(cls, task, model_kw)
     torch.manual_seed(settings["seed"])
-    model = (GPT if settings["model"] == "gpt" else CGT)(cfg)
+    model = cls(cfg)
     return task, model
+
+
+def _check_model_fits(cls, task, model_kw: dict[str, Any]) -> None:
+    """The model's training state (parameters, gradients, AdamW's two moments: float32) against the free memory,
+    from a model built on the meta device (shapes only: no memory, no time), before the real one is allocated.
+    The message names the given flag most of it comes from (the one whose default shrinks it most)."""
+    import torch
+
+    from . import CGTConfig
+    from ._checks import available_memory, check_fits
+
+    def need(kw: dict[str, Any]) -> float:
+        try:
+            with torch.device("meta"):
+                model = cls(CGTConfig(**{**task.config_kwargs(), **kw}))
+        except (TypeError, ValueError):   # that flag alone at its default makes no valid model
+            return math.inf
+        return 16 * sum(p.numel() for p in model.parameters()) + 4 * sum(b.numel() for b in model.buffers())
+
+    total, free = need(model_kw), available_memory()
+    if free is None or total <= free:
+        return
+    flag = min(model_kw, key=lambda k: need({kk: v for kk, v in model_kw.items() if kk != k}), default=None)
+    check_fits("--" + flag.replace("_", "-") if flag else "--task-arg", model_kw.get(flag, task), total,
+               f"the model's training state (parameters, gradients and AdamW's two moments in float32, "
+               f"at least {total / 16:.3g} parameters)")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -438,6 +468,12 @@ def _train_locked(args: argparse.Namespace, out: Path, is_main: bool) -> int:
                               "config": model.config.to_dict()})
     config = TrainConfig.build(None, {k: settings[k] for k in TRAIN_FIELDS})
     callbacks = [task.curriculum(settings["curriculum"])] if settings.get("curriculum") else []
+    if is_main and settings.get("curriculum") and settings["curriculum"] > settings["steps"]:
+        import warnings   # a recipe's curriculum is sized for the recipe's steps: a short run never finishes it
+        warnings.warn(f"--curriculum {settings['curriculum']} (updates of the task's curriculum) is longer than "
+                      f"--steps {settings['steps']}: the run ends {settings['steps'] / settings['curriculum']:.0%} "
+                      f"of the way through it; pass --curriculum {settings['steps']} (or less) to finish it, or 0 "
+                      f"to turn it off", RuntimeWarning, stacklevel=2)
     try:
         model, history = train(model, task, config, device=args.device, compile=args.compile, callbacks=callbacks,
                                checkpoint_dir=out / "ckpt", resume=args.resume, progress=not args.no_progress)

@@ -615,3 +615,40 @@ def check_indices(name: str, value: Any, n: int, *, flatten: bool = False) -> np
                                                       f"{int(bad[0])})")
     return idx.astype(np.int64)
 
+
+
+# --- sizes a user can type, against the memory this machine has
+# torch starts every thread it is told to: more than the cores only slows it down, far more ends the process
+THREADS_MAX = max(64, 4 * (os.cpu_count() or 1))
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux MemAvailable: free + reclaimable cache), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def gib(nbytes: float) -> str:
+    """A size for a message: GiB with two decimals, or a power of ten when it is astronomically large."""
+    value = nbytes / 2**30
+    return f"{value:.2f} GiB" if value < 1e6 else f"{value:.1e} GiB"
+
+
+def check_fits(name: str, value: Any, need_bytes: float, what: str, hint: str = "") -> None:
+    """A size typed by the user (`name` = `value`) for which `what` needs about `need_bytes` of memory: refused,
+    with the estimate, when that is more than this machine has free (checked before anything is allocated, so
+    the refusal takes no time and no memory). A machine that does not say what is free is not refused."""
+    free = available_memory()
+    if free is not None and need_bytes > free:
+        raise refuse(name, f"small enough to fit in the {gib(free)} of memory free here",
+                     f"{value}, for which {what} needs about {gib(need_bytes)}",
+                     hint=hint or "choose a smaller value (or a machine with more memory)")

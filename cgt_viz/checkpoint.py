@@ -190,8 +190,11 @@ def save_checkpoint(checkpoint_dir: str | os.PathLike, step: int, run: dict[str,
             shutil.rmtree(aside, ignore_errors=True)
         else:
             os.replace(tmp, final)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError) and err.filename and Path(err.filename).parent == tmp:
+            # name the file of the step folder it was for, not the temp folder that is gone now
+            raise OSError(err.errno, err.strerror, str(final / Path(err.filename).name)) from None
         raise
     write_json(root / LATEST, {"step": step, "dir": final.name})
     for old in list_checkpoints(root)[:-keep] if keep > 0 else []:

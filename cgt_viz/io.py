@@ -9,16 +9,17 @@ import hashlib
 import json
 import math
 import os
+import re
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ._checks import Choice, Device, Folder, checked, describe, refuse
+from ._checks import Choice, Device, Folder, available_memory, checked, describe, refuse
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -36,8 +37,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     A crash mid-write leaves the previous file at `path` untouched (the temp file is removed).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:   # a read-only folder: name the file asked for, not mkstemp's random temp name
+        raise _write_error(err, path) from None
     os.close(fd)
     try:
         write(tmp)
@@ -45,9 +49,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())   # mkstemp makes 0600; the file gets an ordinary file's permissions
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.remove(tmp)
+        if isinstance(err, (OSError, SafetensorError)):
+            raise _write_error(err, path) from None
         raise
     try:  # make the rename itself durable
         dir_fd = os.open(path.parent, os.O_RDONLY)
@@ -57,6 +63,21 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
             os.close(dir_fd)
     except OSError:
         pass
+
+
+_OS_ERROR_CODE = re.compile(r"os error (\d+)")
+
+
+def _write_error(err: BaseException, path: Path) -> OSError:
+    """An error while writing `path` as an OSError naming `path` (the file asked for, not the temp file it was
+    written to) with the OS's reason: safetensors reports a full disk (ENOSPC) or a file-size limit (EFBIG) as a
+    SafetensorError whose text carries the OS error number; a plain write's OSError carries no file name."""
+    code = getattr(err, "errno", None)
+    if code is None and (found := _OS_ERROR_CODE.search(str(err))):
+        code = int(found.group(1))
+    if code is None:
+        return OSError(f"could not write {str(path)!r}: {err}")
+    return OSError(code, os.strerror(code), str(path))
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -163,6 +184,19 @@ def _safetensors_header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     return _read_safetensors(file, read)
 
 
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")    # safetensors' names of the dtypes a float weight may be stored in
+
+
+def check_weight_dtypes(file: Path, header: dict, floats: Iterable[str]) -> None:
+    """The tensors the model holds as floats (`floats`) must be stored as floats: int64, int32 or bool weights
+    (a tampered or foreign file) would be cast silently by load_state_dict. ValueError naming them."""
+    wrong = [f"{k} ({header[k][1]})" for k in floats if k in header and header[k][1] not in FLOAT_DTYPES]
+    if wrong:
+        raise ValueError(f"the weights in {str(file)!r} store float weights as other dtypes: {', '.join(wrong[:4])}"
+                         f"{' ...' if len(wrong) > 4 else ''}; a cgt_viz save writes floats ({', '.join(FLOAT_DTYPES)})"
+                         f" (tampered, or written by another tool?)")
+
+
 def _check_sizes(path: Path, cfg: Any, header: dict) -> None:
     """Refuse sizes no file of this many numbers could hold, before any model is built (n_layer = 10**9 hangs)."""
     import dataclasses
@@ -179,18 +213,8 @@ def _check_sizes(path: Path, cfg: Any, header: dict) -> None:
 
 
 def _available_memory() -> int | None:
-    """Bytes of memory available to a new allocation (Linux MemAvailable: free + reclaimable cache), or None."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+    """Bytes of memory available to a new allocation (`_checks.available_memory`), or None."""
+    return available_memory()
 
 
 def _check_memory(path: Path, header: dict) -> None:
@@ -330,6 +354,8 @@ class PretrainedMixin:
         # header-shaped meta tensors into it runs the model's own migrations of older checkpoints too
         with torch.device("meta"):
             skeleton = cls(cfg)
+        check_weight_dtypes(path / WEIGHTS_NAME, header,
+                            [k for k, v in skeleton.state_dict().items() if v.is_floating_point()])
         shaped = {k: torch.empty(shape, device="meta") for k, (shape, _) in header.items()}
         try:
             missing, unexpected = skeleton.load_state_dict(shaped, strict=False)

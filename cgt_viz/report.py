@@ -218,9 +218,10 @@ def check_evaluation(rows: Any, path: Path) -> list[dict]:
     return rows
 
 
-def check_output(out: Path) -> None:
-    """The report's output path must be a regular file or a new path: anything else (a directory, a
-    symbolic link, a FIFO, a device, a socket) would be replaced by a regular file or written through."""
+def check_output(out: Path, flag: str = "--output", dash: bool = True) -> None:
+    """The report's output path (or another command's `flag`) must be a regular file or a new path: anything
+    else (a directory, a symbolic link, a FIFO, a device, a socket) would be replaced by a regular file or written
+    through. dash: "-" (stdout) is allowed too (the caller handles it)."""
     try:
         mode = os.lstat(out).st_mode
     except FileNotFoundError:
@@ -233,7 +234,8 @@ def check_output(out: Path) -> None:
             "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode) else
             "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
     code = errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL
-    raise OSError(code, f"--output must be a regular file, a new path or - (stdout), got {kind}", str(out))
+    allowed = "a regular file, a new path or - (stdout)" if dash else "a regular file or a new path"
+    raise OSError(code, f"{flag} must be {allowed}, got {kind}", str(out))
 
 
 def write_report(run, output, *, load_run: Callable, history_of: Callable, read_run: Callable) -> int:

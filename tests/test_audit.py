@@ -941,6 +941,7 @@ NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, a
                     "an internal step, fed arguments its audited caller has checked (or a checker itself)"),
     **dict.fromkeys(["evaluate", "save"], "train's evaluation and checkpoint write, fed the settings train() checked"),
     **dict.fromkeys(["atomic_write", "write_json", "read_json", "save_tensors", "load_tensors", "model_folder",
+                     "check_weight_dtypes",
                      "sha256_file", "warn_non_finite"],
                     "internal I/O under save_pretrained/from_pretrained (tamper and fault cases: test_checkpoint)"),
     **dict.fromkeys(["colorbar", "ema", "heat_colors", "plotly_scale", "plural", "robust_range", "short_token",

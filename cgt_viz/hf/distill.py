@@ -34,12 +34,15 @@ checkpoints. The process group is the from-scratch trainer's (`cgt_viz.train`): 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import shutil
+import stat
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -205,35 +208,146 @@ def build_feature_cache(model, tokens: torch.Tensor, prefix_len: int, *, top_k: 
 def _load_or_build(model, tokens, prefix_len, top_k, topics, docs, batch_size, store_dtype, progress, settings,
                    weights_sha256, key, folder) -> FeatureCache:
     n = tokens.shape[0]
-    if (folder / MANIFEST_NAME).exists():
-        return load_feature_cache(folder)
-    t0 = time.perf_counter()
-    feats = compute_features(model, tokens, prefix_len, top_k, batch_size, STORE_DTYPES[store_dtype], progress)
-    feats["topic"] = (topics if topics is not None else torch.full((n,), -1)).long()
-    feats["doc"] = (docs if docs is not None else torch.full((n,), -1)).long()
-    build_seconds = time.perf_counter() - t0
-    tmp = folder.with_name(f".{key}.partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        save_tensors(tmp / FEATURES_NAME, feats, metadata={"format": CACHE_FORMAT})
-        manifest = {"format": CACHE_FORMAT, "key": key, "settings": settings, "weights_sha256": weights_sha256,
-                    "n_windows": n, "file_bytes": (tmp / FEATURES_NAME).stat().st_size,
-                    "sha256": sha256_file(tmp / FEATURES_NAME), "build_seconds": build_seconds,
-                    "lm": str(getattr(model.lm.config, "_name_or_path", ""))}
-        write_json(tmp / MANIFEST_NAME, manifest)
-        if folder.exists():          # a damaged cache of the same key: replaced by the fresh one
-            shutil.rmtree(folder)
-        os.replace(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    expect = {"key": key, "settings": settings, "weights_sha256": weights_sha256, "n_windows": n,
+              "vocab_size": int(model.lm.config.vocab_size), "width": int(model.lm.config.hidden_size)}
+    from .source import _folder_for_cache
+    _folder_for_cache(folder.parent.parent, "the cache root")           # a file or a dangling link, by name
+    _folder_for_cache(folder.parent, "the feature cache folder")
+    # one builder per cache: a second process asking for the same cache waits for the first, then loads it
+    with _build_lock(folder):
+        if (folder / MANIFEST_NAME).exists():
+            return load_feature_cache(folder, expect=expect)
+        t0 = time.perf_counter()
+        feats = compute_features(model, tokens, prefix_len, top_k, batch_size, STORE_DTYPES[store_dtype], progress)
+        feats["topic"] = (topics if topics is not None else torch.full((n,), -1)).long()
+        feats["doc"] = (docs if docs is not None else torch.full((n,), -1)).long()
+        build_seconds = time.perf_counter() - t0
+        # a temp folder of this process's own (a killed builder's is removed by the next one under the lock)
+        for stale in folder.parent.glob(f".{key}.*.partial"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = folder.with_name(f".{key}.{os.getpid()}-{uuid.uuid4().hex[:8]}.partial")
+        tmp.mkdir()
+        try:
+            save_tensors(tmp / FEATURES_NAME, feats, metadata={"format": CACHE_FORMAT})
+            manifest = {"format": CACHE_FORMAT, "key": key, "settings": settings, "weights_sha256": weights_sha256,
+                        "n_windows": n, "file_bytes": (tmp / FEATURES_NAME).stat().st_size,
+                        "sha256": sha256_file(tmp / FEATURES_NAME), "build_seconds": build_seconds,
+                        "lm": str(getattr(model.lm.config, "_name_or_path", ""))}
+            write_json(tmp / MANIFEST_NAME, manifest)
+            if folder.exists() or folder.is_symlink():   # a damaged cache of the same key: replaced by the fresh one
+                aside = folder.with_name(f".{key}.{os.getpid()}-old.partial")
+                os.replace(folder, aside)
+                shutil.rmtree(aside, ignore_errors=True)
+            os.replace(tmp, folder)
+        except BaseException as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(err, OSError) and err.filename and Path(err.filename).parent == tmp:
+                # the file of the cache it was for (the temp folder is gone): a full disk is one line naming it
+                raise OSError(err.errno, err.strerror, str(folder / Path(err.filename).name)) from None
+            raise
     return FeatureCache(feats, manifest, folder)
 
 
-def load_feature_cache(path: str | os.PathLike) -> FeatureCache:
+@contextlib.contextmanager
+def _build_lock(folder: Path):
+    """An exclusive flock on <cache root>/.locks/features-<key>.lock while a cache is looked for and built (a
+    regular file, opened without following a link; beside features/, which holds only caches; where flock does
+    not exist, no lock). The lock file stays: removing it would let a later builder lock a new file while a
+    waiter still holds the old one."""
+    try:
+        import fcntl
+    except ImportError:          # not POSIX: builders are not serialised
+        yield
+        return
+    locks = folder.parent.parent / ".locks"
+    locks.mkdir(exist_ok=True)
+    lock = locks / f"features-{folder.name}.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"the feature cache lock {str(lock)!r} must be a regular file; remove it")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)            # closing releases the flock
+
+
+# what a cache holds, one row per tensor: the dtypes it may have and its shape in the manifest's terms
+# (n windows, p prefix and m suffix tokens, d the LM's width, k the kept teacher ids, t their log-probs); a tensor
+# not in the table (an optional one of a newer cache) must still have one row per window
+CACHE_TENSORS = {
+    "pooled": ((torch.float32,), ("n", "d")),
+    "suffix_x": (tuple(STORE_DTYPES.values()), ("n", "m", "d")),
+    "tokens": ((torch.int32,), ("n", "p+m+1")),
+    "teacher_ids": ((torch.int32,), ("n", "m", "k")),
+    "teacher_logp": (tuple(STORE_DTYPES.values()), ("n", "m", "t")),
+    "topic": ((torch.int64,), ("n",)),
+    "doc": ((torch.int64,), ("n",)),
+}
+# with settings["prefix_states"] (a head with a token memory): the prefix's layer-ℓ states
+PREFIX_STATES = {"prefix_x": (tuple(STORE_DTYPES.values()), ("n", "p", "d"))}
+ID_TENSORS = {"tokens": "a token id", "teacher_ids": "a token id", "topic": "a topic (-1: none)",
+              "doc": "a document (-1: none)"}
+
+
+def _cache_problems(manifest: dict, tensors: dict[str, torch.Tensor], expect: dict | None) -> list[str]:
+    """What is wrong with a cache's manifest and tensors (the table above; `expect`: what was asked for)."""
+    settings = manifest.get("settings")
+    if not isinstance(settings, dict):
+        return ["the manifest has no 'settings' object"]
+    sizes = {k: settings.get(k) for k in ("prefix_len", "suffix_len")}
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in sizes.values()):
+        return [f"the manifest's settings have no prefix_len and suffix_len (ints >= 1): {sizes}"]
+    n = manifest.get("n_windows")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        return [f"the manifest's n_windows must be an int >= 1, got {n!r}"]
+    top_k = settings.get("top_k")
+    table = {**CACHE_TENSORS, **(PREFIX_STATES if settings.get("prefix_states") else {})}
+    missing = sorted(set(table) - set(tensors))
+    if missing:
+        return [f"it lacks the tensors {missing}"]
+    p, m = sizes["prefix_len"], sizes["suffix_len"]
+    d = expect["width"] if expect and "width" in expect else tensors["pooled"].shape[-1]
+    k = tensors["teacher_ids"].shape[-1] if tensors["teacher_ids"].dim() == 3 else -1
+    if k not in (0, top_k):
+        return [f"teacher_ids keeps {k} ids per position, the manifest's top_k is {top_k!r}"]
+    vocab = expect.get("vocab_size") if expect else None
+    dims = {"n": n, "d": d, "m": m, "p": p, "p+m+1": p + m + 1, "k": k,
+            "t": k + 1 if k else (vocab + 1 if vocab else tensors["teacher_logp"].shape[-1])}
+    problems = []
+    for name, (dtypes, shape) in table.items():
+        t, want = tensors[name], tuple(dims[s] for s in shape)
+        if tuple(t.shape) != want or t.dtype not in dtypes:
+            problems.append(f"{name} is {tuple(t.shape)} {t.dtype}, the manifest makes it "
+                            f"({', '.join(f'{s}={w}' for s, w in zip(shape, want))}) "
+                            f"{' or '.join(str(x) for x in dtypes)}")
+    problems += [f"{name} has {t.shape[0] if t.dim() else 0} rows, not one per window ({n})"
+                 for name, t in tensors.items() if name not in table and (t.dim() == 0 or t.shape[0] != n)]
+    if problems:
+        return problems
+    vocab = vocab or (dims["t"] - 1 if not k else None)
+    for name, what in ID_TENSORS.items():
+        t = tensors[name]
+        lo = 0 if "token" in what else -1
+        hi = vocab if "token" in what else None
+        if t.numel() and (int(t.min()) < lo or (hi is not None and int(t.max()) >= hi)):
+            problems.append(f"{name} holds {int(t.min())}..{int(t.max())}, each must be {what} in {lo}.."
+                            f"{'' if hi is None else hi - 1}")
+    if expect:
+        asked = {"key": expect.get("key"), "weights_sha256": expect.get("weights_sha256")}
+        problems += [f"its {name} is {manifest.get(name)!r}, asked for {want!r}" for name, want in asked.items()
+                     if want is not None and manifest.get(name) != want]
+        problems += [f"its setting {name} is {settings.get(name)!r}, asked for {want!r}"
+                     for name, want in sorted((expect.get("settings") or {}).items()) if settings.get(name) != want]
+    return problems
+
+
+def load_feature_cache(path: str | os.PathLike, expect: dict | None = None) -> FeatureCache:
     """A cache folder written by `build_feature_cache`, after checking its manifest, size and sha256 (a damaged
-    or tampered file is refused, naming it: delete the folder to rebuild)."""
+    or tampered file is refused, naming it: delete the folder to rebuild), and its tensors against the manifest
+    (`CACHE_TENSORS`: shapes, dtypes, one row per window, ids in range). `expect` (what `build_feature_cache`
+    asked for: key, settings, weights_sha256, vocab_size, width) must match too: a folder holding another cache
+    (another LM, top_k or prefix) is refused, not used."""
     folder = Path(path)
     manifest = read_json(folder / MANIFEST_NAME)
     if not isinstance(manifest, dict) or manifest.get("format") != CACHE_FORMAT:
@@ -247,11 +361,11 @@ def load_feature_cache(path: str | os.PathLike) -> FeatureCache:
         raise ValueError(f"the feature cache file {str(file)!r} is damaged ({size} bytes; the manifest says "
                          f"{manifest.get('file_bytes')} bytes and another sha256): delete {str(folder)!r} to rebuild")
     tensors = load_tensors(file)
-    need = {"pooled", "suffix_x", "tokens", "teacher_ids", "teacher_logp", "topic", "doc"}
-    if manifest.get("settings", {}).get("prefix_states"):
-        need.add("prefix_x")
-    if set(tensors) != need:
-        raise ValueError(f"{str(file)!r} holds {sorted(tensors)}, expected {sorted(need)}")
+    problems = _cache_problems(manifest, tensors, expect)
+    if problems:
+        raise ValueError(f"the feature cache {str(folder)!r} is not the cache asked for or does not match its "
+                         f"manifest: {'; '.join(problems[:4])}{' ...' if len(problems) > 4 else ''}; delete "
+                         f"{str(folder)!r} to rebuild")
     return FeatureCache(tensors, manifest, folder)
 
 
@@ -307,24 +421,92 @@ HEAD_STATE = "head-state.safetensors"
 HEAD_STATE_JSON = "head-state.json"
 
 
+HEAD_STATE_FORMAT = "cgt_viz.head_state/2"
+HISTORY_KEYS = ("step", "aux", "ce", "val_step", "val_aux", "val_ce")
+
+
 def _save_head_state(folder: Path, model, opt, gen, order, info: dict) -> None:
-    """The head, its AdamW state, the data order and the random stream: what resuming needs (no pickle)."""
+    """The head, its AdamW state, the data order and the random stream: what resuming needs (no pickle).
+
+    The tensors' file is the state: one atomic write that carries its own step, plan, history and settings
+    (`info`, as JSON in the safetensors metadata), so a death between it and head-state.json (a copy of `info`
+    for people and for `train-head`'s checks before loading) resumes from the file, never from a step the file
+    does not hold."""
     tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
     for i, p in enumerate(opt.param_groups[0]["params"]):
         for name, value in opt.state.get(p, {}).items():
             tensors[f"opt.{i}.{name}"] = value if isinstance(value, torch.Tensor) else torch.tensor(value)
     tensors["generator"], tensors["order"] = gen.get_state(), order
     folder.mkdir(parents=True, exist_ok=True)
-    save_tensors(folder / HEAD_STATE, tensors, metadata={"format": "cgt_viz.head_state/1"})
-    write_json(folder / HEAD_STATE_JSON, info)      # written last: it names a complete state
+    save_tensors(folder / HEAD_STATE, tensors, metadata={"format": HEAD_STATE_FORMAT, "info": json.dumps(info)})
+    write_json(folder / HEAD_STATE_JSON, info)
+
+
+def _head_state_info(folder: Path) -> dict:
+    """The step, plan, history and settings of the head state in `folder`, checked: from the tensors' file
+    (format /2), else (a state written before it) from head-state.json."""
+    file = folder / HEAD_STATE
+    try:
+        from safetensors import safe_open
+        with safe_open(str(file), framework="pt") as f:
+            meta = dict(f.metadata() or {})
+    except Exception:   # noqa: BLE001 — named below as not a readable state (or as missing)
+        meta = None
+    if meta is None:
+        if not file.is_file():
+            raise FileNotFoundError(f"no head training state at {str(file)!r} (head-state.json names one); the "
+                                    f"checkpoint is incomplete: remove {str(folder)!r} to train from step 0")
+        raise ValueError(f"{str(file)!r} is not a readable safetensors file (truncated or tampered?)")
+    where, info = (file, None) if "info" in meta else (folder / HEAD_STATE_JSON, read_json(folder / HEAD_STATE_JSON))
+    if info is None:
+        try:
+            info = json.loads(meta["info"])
+        except ValueError:
+            info = None
+    if not isinstance(info, dict) or not isinstance(info.get("step"), int) or isinstance(info.get("step"), bool):
+        raise ValueError(f"{str(where)!r} is not a head training state (no integer 'step')")
+    history = info.get("history")
+    lacking = ([k for k in HISTORY_KEYS if not isinstance(history.get(k), list)] if isinstance(history, dict)
+               else ["history"])
+    if lacking:
+        raise ValueError(f"{str(where)!r} is not a complete head training state: "
+                         f"{'history' if lacking == ['history'] else 'history ' + repr(lacking)} missing or not "
+                         f"{'a JSON object' if lacking == ['history'] else 'lists'} (tampered, or written by "
+                         f"something else); remove {str(folder)!r} to train from step 0")
+    return info
+
+
+def _has_head_state(folder: Path) -> bool:
+    """A state to resume: the JSON, or the tensors' file of format /2 alone (a death before its first JSON)."""
+    return (folder / HEAD_STATE_JSON).exists() or (folder / HEAD_STATE).exists()
+
+
+def resume_differences(saved: dict, now: dict, flag=lambda k: k) -> list[str]:
+    """The settings of a resume that differ from the run's: "<flag> <now> (the run has <then>)" each."""
+    return [f"{flag(k)} {now[k]!r} (the run has {saved[k]!r})" for k in sorted(saved)
+            if k in now and json.loads(json.dumps(now[k])) != saved[k]]
 
 
 def _load_head_state(folder: Path, model, opt, gen) -> tuple[torch.Tensor, dict]:
-    info = read_json(folder / HEAD_STATE_JSON)
-    if not isinstance(info, dict) or not isinstance(info.get("step"), int):
-        raise ValueError(f"{str(folder / HEAD_STATE_JSON)!r} is not a head training state (no integer 'step')")
-    tensors = load_tensors(folder / HEAD_STATE)
-    model.load_state_dict({k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")})
+    info = _head_state_info(folder)
+    file = folder / HEAD_STATE
+    tensors = load_tensors(file)
+    lacking = [k for k in ("generator", "order") if k not in tensors]
+    if lacking:
+        raise ValueError(f"{str(file)!r} is not a complete head training state: it lacks {lacking} (tampered, or "
+                         f"written by something else); remove {str(folder)!r} to train from step 0")
+    state = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    wrong = [f"{k}: the state has {tuple(state[k].shape)}, this model {want[k]}" for k in want
+             if k in state and tuple(state[k].shape) != want[k]]
+    missing, unexpected = sorted(set(want) - set(state)), sorted(set(state) - set(want))
+    if wrong or missing or unexpected:
+        raise ValueError(f"the head state in {str(file)!r} is of another head than this model: "
+                         + "; ".join(filter(None, [f"shapes differ ({'; '.join(wrong[:3])})" if wrong else "",
+                                                   f"missing {missing[:5]}" if missing else "",
+                                                   f"unexpected {unexpected[:5]}" if unexpected else ""]))
+                         + "; resume with the run's settings (d_y, n_templates, template_rank, sites, y_layer)")
+    model.load_state_dict(state)
     for i, p in enumerate(opt.param_groups[0]["params"]):
         state = {k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"opt.{i}.")}
         if state:
@@ -339,7 +521,7 @@ def train_head(model, cache: FeatureCache, *, steps: int | None = None, minutes:
                batch_size: int = 16, lr: float = 2e-3, weight_decay: float = 0.0, warmup: int = 20,
                seed: int = 0, val_cache: FeatureCache | None = None, eval_every: int = 0, eval_windows: int = 128,
                checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 50, resume: bool = False,
-               callback=None, progress: bool = True, log=None) -> dict[str, Any]:
+               callback=None, progress: bool = True, log=None, settings: dict | None = None) -> dict[str, Any]:
     """Train the head of a `CGTLM(pooled_only=True)` on a feature cache (AdamW, linear warmup, cosine decay to
     a tenth of lr over `steps`; with only `minutes` the schedule assumes the step rate of the first 10 steps).
 
@@ -347,7 +529,9 @@ def train_head(model, cache: FeatureCache, *, steps: int | None = None, minutes:
                     batch_size // world of them and the gradients are averaged: the same update as one process)
     checkpoint_dir  write the head, optimizer, data order and random stream there every checkpoint_every steps,
                     at the end and on Ctrl-C / an exception; resume=True continues from it (the same steps give
-                    the same weights as an uninterrupted run; minutes count again from the resume)
+                    the same weights as an uninterrupted run; minutes count again from the resume). The state
+                    records steps, batch_size, lr, seed, weight_decay, warmup and `settings` (the caller's, e.g.
+                    the cache's): a resume with other values is refused, naming them
     callback        called as callback(step, out) after each update (out: the step's loss dict; rank 0 only)
     Ctrl-C (SIGINT, SIGTERM) stops after the step in flight, on every rank, with a checkpoint.
     -> history {"step", "aux", "ce", "val_step", "val_aux", "val_ce", "seconds", "tokens_per_second", "steps",
@@ -362,14 +546,16 @@ def train_head(model, cache: FeatureCache, *, steps: int | None = None, minutes:
     with process_group(model.device, GROUP_TIMEOUT_MINUTES) as (dev, distributed, rank, world):
         check_divisible("batch_size", batch_size, world, "the number of ranks")
         model.to(dev)
+        run = {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed, "weight_decay": weight_decay,
+               "warmup": warmup, **json.loads(json.dumps(settings or {}))}
         return _train_head(model, cache, steps, minutes, batch_size, lr, weight_decay, warmup, seed, val_cache,
                            eval_every, eval_windows, folder, checkpoint_every, resume, callback, progress, log,
-                           distributed, rank, world)
+                           distributed, rank, world, run)
 
 
 def _train_head(model, cache, steps, minutes, batch_size, lr, weight_decay, warmup, seed, val_cache, eval_every,
                 eval_windows, folder, checkpoint_every, resume, callback, progress, log, distributed, rank,
-                world) -> dict[str, Any]:
+                world, run) -> dict[str, Any]:
     dev = model.device
     is_main = rank == 0
     lo, hi = rank * (batch_size // world), (rank + 1) * (batch_size // world)
@@ -378,7 +564,12 @@ def _train_head(model, cache, steps, minutes, batch_size, lr, weight_decay, warm
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     hist: dict[str, Any] = {"step": [], "aux": [], "ce": [], "val_step": [], "val_aux": [], "val_ce": []}
     planned, step, order = steps, 0, torch.empty(0, dtype=torch.long)
-    if resume and (folder / HEAD_STATE_JSON).exists():
+    if resume and _has_head_state(folder):
+        differ = resume_differences(_head_state_info(folder).get("settings", {}), run)
+        if differ:
+            raise ValueError(f"resume: the head state in {str(folder)!r} was trained with other settings: "
+                             + "; ".join(differ) + ". Resume with the run's settings, or train from step 0 in "
+                             "another checkpoint_dir")
         order, info = _load_head_state(folder, model, opt, gen)     # every rank reads rank 0's state
         step, planned, hist = info["step"], info.get("planned", steps), info["history"]
         if log and is_main:
@@ -390,14 +581,15 @@ def _train_head(model, cache, steps, minutes, batch_size, lr, weight_decay, warm
     t0, first = time.perf_counter(), step
     m = cache.tensors["suffix_x"].shape[1]
 
-    saved = {"path": folder if resume and folder is not None and (folder / HEAD_STATE_JSON).exists() else None,
+    saved = {"path": folder if resume and folder is not None and _has_head_state(folder) else None,
              "step": step if resume else None}
 
     def checkpoint():
         # NaN/inf weights (an update that overflowed) never replace the last good state
         if (folder is not None and is_main and saved["step"] != step
                 and all(bool(torch.isfinite(p).all()) for p in params)):
-            _save_head_state(folder, model, opt, gen, order, {"step": step, "planned": planned, "history": hist})
+            _save_head_state(folder, model, opt, gen, order, {"step": step, "planned": planned, "history": hist,
+                                                              "settings": run})
             saved.update(path=folder, step=step)
 
     def diverged(term: str, value: float) -> TrainingDiverged:

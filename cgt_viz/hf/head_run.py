@@ -38,7 +38,8 @@ import torch
 
 import torch.distributed as dist
 
-from .._checks import check_divisible, check_float, check_int, refuse
+from .._checks import THREADS_MAX, DistinctNames, check_device, check_divisible, check_float, check_int, refuse
+from ..sites import SITES
 from ..checkpoint import RunLock
 from ..io import read_json, write_json
 from ..train import TrainingDiverged
@@ -136,6 +137,9 @@ def init_from(model, folder: Path, lm) -> dict:
 
 def check_args(args) -> None:
     """Every number checked before minutes of loading and caching (the CLI prints the message, exit 2)."""
+    check_int("--threads", args.threads, 1, THREADS_MAX, hint=" (a few times this machine's cores)")
+    check_device("--device", args.device, allow_auto=True)
+    args.sites = list(DistinctNames(*SITES).check("--sites", tuple(args.sites)))
     for name in ("threads", "y_layer", "d_y", "templates", "rank", "prefix", "suffix", "per_doc", "top_k", "batch",
                  "val_windows", "eval_per_topic", "eval_draws", "checkpoint_every"):
         check_int(f"--{name.replace('_', '-')}", getattr(args, name), 1)
@@ -155,6 +159,20 @@ def check_args(args) -> None:
         check_int("--eval-prompts", p, 2)
     check_float("--val-fraction", args.val_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
     check_float("--test-fraction", args.test_fraction, 0.0, 1.0 - args.val_fraction, hi_open=True)
+    if args.results:         # written after the run: a directory or a FIFO is refused now, not after an hour
+        from ..report import check_output
+        check_output(Path(args.results), "--results", dash=False)
+
+
+# flags that may differ on --resume (where it runs, how it reports, when it stops, how it is measured); every
+# other flag decides the windows, the caches, the head or its training and must be the run's
+HEAD_RESUMABLE = ("out", "results", "threads", "device", "measure_only", "resume", "keep_checkpoint", "no_progress",
+                  "minutes", "checkpoint_every", "eval_per_topic", "eval_draws", "skip_test")
+
+
+def head_settings(args) -> dict:
+    """The flags a head run must resume with, by flag name (what train_head records with its state)."""
+    return {"--" + k.replace("_", "-"): v for k, v in sorted(vars(args).items()) if k not in HEAD_RESUMABLE}
 
 
 HEAD_FILES = ("config.json", "model.safetensors", "metrics.json", "topic_means.json")   # what a head run writes
@@ -162,7 +180,7 @@ HEAD_FILES = ("config.json", "model.safetensors", "metrics.json", "topic_means.j
 
 def _head_files(out: Path) -> list[str]:
     found = [name for name in HEAD_FILES if (out / name).exists()]
-    if (out / CHECKPOINT_DIR / distill.HEAD_STATE_JSON).exists():
+    if distill._has_head_state(out / CHECKPOINT_DIR):
         found.append(f"{CHECKPOINT_DIR}/{distill.HEAD_STATE_JSON}")
     return found
 
@@ -217,8 +235,17 @@ def check_out(args, out: Path) -> str | None:
                               "re-measure it)", f"{str(out)!r}, which already holds a head run "
                                                f"({', '.join(present)})",
                      hint="remove it first to train a new head there, or choose another --out")
-    if (out / CHECKPOINT_DIR / distill.HEAD_STATE_JSON).exists():
-        return None                                     # an interrupted run: train_head resumes it
+    if distill._has_head_state(out / CHECKPOINT_DIR):   # an interrupted run: train_head resumes it,
+        # with the flags it was started with (checked now, before minutes of loading and caching)
+        saved = distill._head_state_info(out / CHECKPOINT_DIR).get("settings", {})
+        differ = distill.resume_differences({k: v for k, v in saved.items() if k.startswith("--")},
+                                            head_settings(args))
+        if differ:
+            raise refuse("--resume", "given the flags the head run was started with",
+                         f"{'; '.join(differ)} for the run in {str(out)!r}",
+                         hint=f"only {', '.join('--' + k.replace('_', '-') for k in HEAD_RESUMABLE if k != 'resume')} "
+                              f"may change on --resume; start a new --out for other settings")
+        return None
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
         if (out / "metrics.json").exists():
             try:
@@ -239,6 +266,12 @@ def main(argv=None, run_record: dict | None = None) -> int:
     args = parse_args(argv)
     check_args(args)
     out = Path(args.out)
+    if out.is_symlink() and not out.exists():
+        raise refuse("--out", "a run folder (or a new path)", f"{str(out)!r}, a dangling symbolic link to "
+                     f"{os.readlink(out)!r} (nothing is there)", hint="create that folder, remove the link, or "
+                                                                      "choose another --out")
+    if out.exists() and not out.is_dir():
+        raise refuse("--out", "a run folder (or a new path)", f"the file {str(out)!r}", hint="choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     # one writer per run folder: rank 0 (torchrun sets RANK before any process group exists)
     is_main = int(os.environ.get("RANK", "0")) == 0
@@ -248,17 +281,99 @@ def main(argv=None, run_record: dict | None = None) -> int:
             if is_main:
                 print(finished, flush=True)
             return 0
+        run_file, state = out / RUN_FILE, out / CHECKPOINT_DIR / distill.HEAD_STATE
+        previous = run_file.read_bytes() if run_file.is_file() else None
+        stamp = state.stat().st_mtime_ns if state.is_file() else None
         if run_record is not None and is_main:
-            write_json(out / RUN_FILE, run_record)
-        with process_group(args.device, distill.GROUP_TIMEOUT_MINUTES) as (dev, distributed, rank, world):
-            check_divisible("--batch", args.batch, world, "the number of ranks")
-            try:
-                run(args, out, dev, distributed, rank)
-            except TrainingDiverged as err:   # as `train` says it: one line, exit 1, the last good state kept
-                if rank == 0:
-                    print(f"error: {err}", file=sys.stderr)
-                return 1
+            write_json(run_file, run_record)
+        try:
+            with process_group(args.device, distill.GROUP_TIMEOUT_MINUTES) as (dev, distributed, rank, world):
+                check_divisible("--batch", args.batch, world, "the number of ranks")
+                try:
+                    run(args, out, dev, distributed, rank)
+                except TrainingDiverged as err:   # as `train` says it: one line, exit 1, the last good state kept
+                    if rank == 0:
+                        print(f"error: {err}", file=sys.stderr)
+                    return 1
+        except Exception:
+            # refused before a step was saved (a flag checked once the LM is loaded, a size): run.json goes back
+            # to what it was, so the corrected command is not refused as another run, nor --resume replays it
+            if run_record is not None and is_main and (state.stat().st_mtime_ns if state.is_file() else None) == stamp:
+                if previous is None:
+                    run_file.unlink(missing_ok=True)
+                else:
+                    from ..io import atomic_write
+                    atomic_write(run_file, lambda tmp: Path(tmp).write_bytes(previous))
+            raise
     return 0
+
+
+def _blamed(args, need, names: tuple[str, ...]) -> str:
+    """The flag (of `names`) most of an estimate comes from: the one whose default shrinks `need(args)` most."""
+    defaults = _parser().parse_args(["--out", "."])
+
+    def without(name):
+        try:
+            return need(argparse.Namespace(**{**vars(args), name: getattr(defaults, name)}))
+        except (TypeError, ValueError):
+            return float("inf")
+    return min(names, key=without)
+
+
+def _train_windows(task, args) -> int:
+    """How many training windows `document_windows` will cut (without cutting them): per_doc from each training
+    document long enough, up to --train-per-topic documents per topic."""
+    length = args.prefix + args.suffix + 1
+    n = 0
+    for pool in task._docs["train"]:
+        long_enough = sum(1 for d in pool.tolist() if len(task.docs[d]) >= length)
+        n += min(long_enough, args.train_per_topic or long_enough)
+    return n * args.per_doc
+
+
+def check_sizes(args, lm, task) -> None:
+    """The sizes the flags ask for, against the free memory, before the head, the windows or the caches are
+    allocated (the LM is loaded: its widths and vocabulary decide them): --top-k at most the vocabulary; the
+    head's training state (a skeleton on the meta device: no memory, no time); the feature cache."""
+    from .._checks import available_memory, check_fits
+    vocab, width = int(lm.config.vocab_size), int(lm.config.hidden_size)
+    windows = _train_windows(task, args)
+    check_int("--batch", args.batch, 1, windows, hint=f" (the training cache will hold {windows} windows: "
+                                                      f"--per-doc × the training documents long enough)")
+    check_int("--top-k", args.top_k, 1, vocab, hint=" (the LM's vocabulary: that many keeps the teacher's whole "
+                                                    "distribution)")
+    free = available_memory()
+    if free is None:
+        return
+
+    def head_bytes(a) -> float:
+        with torch.device("meta"):
+            head = CGTLM(lm, y_layer=a.y_layer, d_y=a.d_y, n_head_y=4, n_templates=a.templates,
+                         template_rank=a.rank, sites=tuple(a.sites), pooled_only=True, aux_kl_top_k=a.top_k)
+        # parameters, gradients and AdamW's two moments, float32
+        return 16 * sum(p.numel() for n, p in head.named_parameters() if not n.startswith("lm."))
+
+    need = head_bytes(args)
+    if need > free:
+        flag = _blamed(args, head_bytes, ("d_y", "templates", "rank"))
+        check_fits("--" + flag.replace("_", "-"), getattr(args, flag), need,
+                   "the head's training state (parameters, gradients and AdamW's two moments in float32)")
+
+    def cache_bytes(a) -> float:
+        docs = task.n_docs("train")
+        if a.train_per_topic is not None:
+            docs = min(docs, a.train_per_topic * len(task.topics))
+        m, length = a.suffix, a.prefix + a.suffix + 1
+        kept = 0 if a.top_k >= vocab else a.top_k                    # ids: none when all are kept, in order
+        window = 4 * width + 2 * m * width + 12 * length + 4 * m * kept + 2 * m * ((a.top_k if kept else vocab) + 1)
+        return 2 * docs * a.per_doc * window                         # the computed batches and their concatenation
+
+    need = cache_bytes(args)
+    if need > free:
+        flag = _blamed(args, cache_bytes, ("per_doc", "top_k", "suffix", "prefix", "train_per_topic"))
+        check_fits("--" + flag.replace("_", "-"), getattr(args, flag), need,
+                   f"the feature cache (up to {task.n_docs('train')} training documents × --per-doc windows, "
+                   f"the teacher's top-{args.top_k} of {vocab} tokens)")
 
 
 def run(args, out: Path, dev: torch.device | str = "cpu", distributed: bool = False, rank: int = 0) -> None:
@@ -277,8 +392,21 @@ def run(args, out: Path, dev: torch.device | str = "cpu", distributed: bool = Fa
     if rank != 0:
         lm, tok = smollm2()
     weights_sha = distill.lm_fingerprint(lm)
-    task = BBCTokens.for_head(tok, vars(args))
+    check_int("--y-layer", args.y_layer, 1, lm.config.num_hidden_layers - 1,
+              hint=f" (the LM has {lm.config.num_hidden_layers} layers; the head modulates those above it)")
+    try:
+        task = BBCTokens.for_head(tok, vars(args))
+    except ValueError as err:      # the windows are longer than a topic's documents: say which flag made them so
+        if "block_size" not in str(err):
+            raise
+        longest = max(args.eval_prompts) if max(args.eval_prompts) > args.prefix else args.prefix
+        flag = "--eval-prompts" if longest != args.prefix else "--prefix"
+        raise refuse(flag, "short enough that every topic keeps documents of the head's windows (the longest of "
+                           "--prefix and --eval-prompts, + --suffix + 1 tokens)",
+                     f"{longest}, for windows of {longest + args.suffix + 1} tokens ({err})") from None
     say(f"SmolLM2 loaded ({weights_sha[:12]}); {task}")
+    if not args.measure_only:
+        check_sizes(args, lm, task)
     speeds = {}
     if args.measure_only and rank != 0:
         return
@@ -328,7 +456,7 @@ def run(args, out: Path, dev: torch.device | str = "cpu", distributed: bool = Fa
                                      progress=not args.no_progress,
                                      lr=args.lr, seed=args.seed, val_cache=val_cache, eval_every=50, log=say,
                                      checkpoint_dir=out / CHECKPOINT_DIR, checkpoint_every=args.checkpoint_every,
-                                     resume=args.resume)
+                                     resume=args.resume, settings=head_settings(args))
         if history["interrupted"]:
             raise KeyboardInterrupt(f"interrupted after step {history['steps']}; --resume continues from "
                                     f"{str(out / CHECKPOINT_DIR)!r}")

@@ -703,7 +703,7 @@ class CGTLM(CGT):
         As CGT.from_pretrained: config.json is checked field by field, then against the safetensors header (the
         shapes a model built on the meta device would have: nothing is allocated) and the free memory, before
         anything is built; NaN/inf weights load with a RuntimeWarning naming them."""
-        from ..io import _check_memory, _check_weights_match, _checked_config, _safetensors_header
+        from ..io import _check_memory, _check_weights_match, _checked_config, _safetensors_header, check_weight_dtypes
         if lm is None:
             raise refuse("lm", "the frozen LM the heads were trained on (e.g. cgt_viz.hf.smollm2()[0])", "None",
                          TypeError, hint="CGTLM.from_pretrained(path, lm) needs lm: the folder holds only the y "
@@ -759,6 +759,7 @@ class CGTLM(CGT):
         except (TypeError, ValueError) as err:
             raise ValueError(f"{str(file)!r}: {err}") from None
         want = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+        floats = [k for k, v in skeleton.state_dict().items() if v.is_floating_point() and not k.startswith("lm.")]
         del skeleton
         have = {k: shape for k, (shape, _) in header.items() if not k.startswith("lm.")}
         wrong = [f"{k}: the file has {have[k]}, the config builds {want[k]}" for k in want if k in have
@@ -768,6 +769,7 @@ class CGTLM(CGT):
                              " (d_y, n_head_y, y_layer, n_templates, template_rank, sites, y_mlp_ratio and the LM's "
                              "widths decide these shapes); the config must be the one saved with these weights, and "
                              "lm the LM they were trained on")
+        check_weight_dtypes(path / WEIGHTS_NAME, header, floats)
         _check_memory(path, header)
         model = cls(lm, **kwargs)
         state = load_tensors(path / WEIGHTS_NAME, device="cpu")

@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from .._checks import Bool, Choice, Device, Float, Generator, Int, checked, check_int, refuse
+from .._checks import Bool, Choice, Device, Float, Generator, Int, check_fits, checked, check_int, refuse
 from ..contracts import IGNORE_INDEX
 from ..plateau import NoInformationLoss
 from .base import Batch, Task
@@ -101,6 +101,13 @@ class SyntheticICL(Task):
         check_int("aux_min_pairs", aux_min_pairs, 1, n_pairs - 1, hint=" (n_pairs − 1: the suffix needs a pair)")
         check_int("P", P, 3 if family == "dihedral" else 2, hint=" for family 'dihedral' (a = ±1 must differ)"
                   if family == "dihedral" else "")
+        # sizes before anything is built: the values of a and b (Python ints), the least embedding any model of
+        # this vocabulary trains (one float per token, with its gradient and AdamW's two moments), and one
+        # attention map of the block (forward and backward) for one row, head and layer
+        vocab = 2 * P if answer_tokens == "value" else P + P ** 2
+        check_fits("P", P, 72 * P + 16 * vocab, f"the vocabulary of {vocab} tokens (answer_tokens={answer_tokens!r})")
+        check_fits("n_pairs", n_pairs, 8 * (2 * n_pairs) ** 2, f"the attention over the block of {2 * n_pairs} "
+                                                               f"positions (2·n_pairs)")
         self.answer_tokens = answer_tokens
         self.family, self.P, self.n_pairs = family, P, n_pairs
         self.aux_min_pairs, self.novel_split, self.shift_fraction = aux_min_pairs, novel_split, float(shift_fraction)

@@ -34,7 +34,7 @@ import torch
 
 from ..plateau import NoInformationLoss
 from .base import Batch, Task
-from .._checks import Choice, Device, Float, Generator, Int, checked, check_int
+from .._checks import Choice, Device, Float, Generator, Int, check_fits, checked, check_int
 from .icl import check_eval_size
 
 LAYOUTS = ("pair", "split")
@@ -59,6 +59,12 @@ class LinearRegression(Task):
     def __init__(self, dim: int = 16, n_points: int = 32, noise: float = 0.1, aux_min_points: int = 1,
                  layout: str = "pair"):
         check_int("aux_min_points", aux_min_points, 1, n_points - 1, hint=" (n_points − 1)")
+        # sizes before anything is built: one attention map of the block (forward and backward) for one row,
+        # head and layer; one sequence's inputs
+        check_fits("n_points", n_points, 8 * (2 * n_points) ** 2, f"the attention over the block of {2 * n_points} "
+                                                                  f"positions (2·n_points)")
+        check_fits("dim", dim, 12 * 2 * n_points * (dim + 1), f"one sequence of {2 * n_points} inputs of width "
+                                                              f"{dim + 1} (dim + 1)")
         self.dim, self.n_points, self.noise, self.aux_min_points = dim, n_points, float(noise), aux_min_points
         self.layout = layout
         self.active_dims = dim

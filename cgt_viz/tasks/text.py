@@ -63,11 +63,20 @@ def _read_text(raw: bytes, name: str) -> bytes:
     NUL bytes without a byte-order mark mean binary data or UTF-16/32 without a mark: refused, naming the file."""
     for bom, encoding in _BOMS:
         if raw.startswith(bom):
+            # a NUL character (U+0000) is no text either: binary data behind a mark decodes to them. Looked for
+            # in the first block before the whole file is decoded (which costs a few times its size)
+            head = raw[len(bom):len(bom) + (1 << 16)].decode(encoding, errors="replace")
             try:
-                return raw[len(bom):].decode(encoding).encode("utf-8")
+                text = raw[len(bom):].decode(encoding) if "\x00" not in head else head
             except UnicodeDecodeError as err:
                 raise ValueError(f"corpus file {name!r} starts with a {encoding} byte-order mark but is not valid "
                                  f"{encoding} ({err.reason} at byte {err.start + len(bom)}); save it as UTF-8 text") from None
+            nul = text.find("\x00")
+            if nul != -1:
+                raise ValueError(f"corpus file {name!r} holds NUL characters (U+0000, the first at character {nul}) "
+                                 f"after its {encoding} byte-order mark: it is binary data, not text; only text files "
+                                 f"may be in a corpus (save it as UTF-8)")
+            return text.encode("utf-8")
     nul = raw.find(b"\x00")
     if nul != -1:
         raise ValueError(f"corpus file {name!r} holds NUL bytes (the first at byte {nul}): it is binary, or UTF-16/32 "

@@ -25,6 +25,18 @@ AXIS_NAMES = {"pca": ("PC 1", "PC 2", "PC 3"), "umap": ("UMAP 1", "UMAP 2", "UMA
 METHOD_NAMES = {"pca": "PCA", "umap": "UMAP", "tsne": "t-SNE"}
 
 
+def finite_ybar(ybar: np.ndarray) -> np.ndarray:
+    """The points' ȳ, refused by that name when it holds NaN/inf (a projection would call it its own "X")."""
+    bad = ~np.isfinite(ybar)
+    if bad.any():
+        rows = int(bad.any(axis=-1).sum())
+        raise refuse("ȳ (the model's summaries of the shown points)", "finite to be projected",
+                     f"{int(bad.sum())} NaN or inf values in {rows} of the {len(ybar)} points",
+                     hint="the model's weights hold NaN/inf (saved after its training diverged?); load a checkpoint "
+                          "from before the divergence")
+    return ybar
+
+
 class ProjectionParams(Constraint):
     """projection_params: None or {method: dict of keyword arguments} -> a dict for every method."""
 
@@ -100,7 +112,7 @@ class PointSet:
         """Fit projection `key` on these points (in the calling thread) and keep it."""
         method, dims = split_key(key)
         proj = A.Projector(method, seed=self.seed, dims=dims, **self.params[method])
-        coords = proj.fit_transform(self.points.ybar)
+        coords = proj.fit_transform(finite_ybar(self.points.ybar))
         with self.lock:
             self.projectors[key], self.coords[key] = proj, coords
         return coords
@@ -262,7 +274,7 @@ class Projecting:
         if a == b:
             raise refuse("a and b", "two different components", f"{a} and {b}")
         pca = PCA(n_pc)
-        coords = pca.fit_transform(self.points.ybar)
+        coords = pca.fit_transform(finite_ybar(self.points.ybar))
         self._pc_ratio, self.components = pca.explained_variance_ratio_, (a, b)
         with self._lock:
             self._set.coords["pca"] = np.ascontiguousarray(coords[:, [a - 1, b - 1]])
