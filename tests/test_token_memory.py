@@ -177,3 +177,24 @@ def test_memory_reads_are_what_the_compiled_memory_writes_and_the_figure_escapes
         memory_figure(reads["weights"].numpy(), names[:3], ["t"] * 7)
     with pytest.raises(ValueError, match="layer"):
         model.memory_reads(prompt, text, layer=1)
+
+
+def test_a_head_starts_from_a_saved_one_and_only_its_new_memory_is_new(lm, tmp_path):
+    from cgt_viz.hf.head_run import init_from
+    plain = _head(lm, memory_layers=0)
+    plain.save_pretrained(tmp_path / "plain")
+    model = _head(lm, scale=0.0)
+    loaded = init_from(model, tmp_path / "plain", lm)
+    assert set(model.state_dict()) - set(loaded) == {k for k in model.state_dict() if k.startswith("memory.")}
+    prompt, idx = _ids(10), _ids(2, 9, seed=7)
+    torch.testing.assert_close(model.forward_compiled(idx, prompt), plain.forward_compiled(idx, prompt))
+    other = hf.CGTLM(lm, y_layer=2, d_y=8, n_head_y=2, n_templates=4, template_rank=2, pooled_only=True,
+                     memory_layers=1)
+    with pytest.raises(ValueError, match="--init-from"):
+        init_from(other, tmp_path / "plain", lm)          # d_y differs: named, not loaded half
+
+
+def test_freeze_init_needs_init_from():
+    from cgt_viz.hf.head_run import check_args, parse_args
+    with pytest.raises(ValueError, match="--freeze-init"):
+        check_args(parse_args(["--out", "x", "--freeze-init"]))

@@ -78,6 +78,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--init-from", default=None,
                    help="start from the head saved in this folder (its y read-out and templates; a token memory it "
                         "lacks starts at zero); the read-out is then not re-calibrated")
+    p.add_argument("--freeze-init", action="store_true",
+                   help="with --init-from: keep the loaded tensors as they are and train only the new ones (the "
+                        "token memory)")
     p.add_argument("--prefix", type=int, default=64)
     p.add_argument("--suffix", type=int, default=64)
     p.add_argument("--per-doc", type=int, default=2, help="training windows per training document")
@@ -146,6 +149,9 @@ def check_args(args) -> None:
     check_int("--train-per-topic", args.train_per_topic, 1, allow_none=True)
     check_int("--memory-layers", args.memory_layers, 0, hint=" (0: no token memory)")
     check_int("--memory-rank", args.memory_rank, 1)
+    if args.freeze_init and args.init_from is None:
+        raise refuse("--freeze-init", "given with --init-from (it freezes the tensors loaded from there)",
+                     "--freeze-init alone")
     if args.init_from is not None and not Path(args.init_from).is_dir():
         raise refuse("--init-from", "a folder written by CGTLM.save_pretrained (e.g. data/models/smollm2-bbc-head)",
                      repr(args.init_from))
@@ -420,6 +426,9 @@ def run(args, out: Path, dev: torch.device | str = "cpu", distributed: bool = Fa
                          memory_rank=args.memory_rank).to(dev)
         if args.init_from is not None:
             start = init_from(model, Path(args.init_from), lm)
+            if args.freeze_init:
+                for name, param in model.named_parameters():
+                    param.requires_grad_(name not in start)
             say(f"started from the head in {args.init_from!r} ({len(start)} tensors; new: "
                 f"{sorted({k.split('.')[0] for k in model.state_dict()} - {k.split('.')[0] for k in start})})")
         length = args.prefix + args.suffix + 1
