@@ -334,6 +334,9 @@ case("token_text_figure", "tokens", [[]], lambda v: F.token_text_figure(v, []), 
 case("token_text_figure", "values", [[1.0, 2.0], "ab"], lambda v: F.token_text_figure(["a"], v), shows="")
 case("token_text_figure", "highlight", [5, -1], lambda v: F.token_text_figure(["a"], [1.0], highlight=v))
 case("colored_tokens_html", "tokens", ["abc", 5, []], lambda v: F.colored_tokens_html(v, [1.0]), shows="")
+case("memory_figure", "weights", [np.zeros(3), "ab"], lambda v: F.memory_figure(v, ["a"], ["b"]), shows="")
+case("memory_figure", "written, read_at and positions", [["a", "b"]],
+     lambda v: F.memory_figure(np.zeros((1, 1)), v, ["b"]), shows="")
 case("color_categories", "values", [np.zeros((2, 2))], lambda v: F.color_categories(v), shows="")
 case("map_groups", "color", [np.zeros((2, 2))], lambda v: F.map_groups(v), shows="")
 case("ybar_map_figure", "hover", [["a"]], lambda v: F.ybar_map_figure(_C2, hover=v), shows="1")
@@ -795,6 +798,7 @@ DECLARED = {
     "step_profile_figure": lambda **kw: F.step_profile_figure({"m": STEP_PROFILE}, **kw),
     "token_text_figure": lambda **kw: F.token_text_figure(**{"tokens": ["a"], "values": [1.0], **kw}),
     "colored_tokens_html": lambda **kw: F.colored_tokens_html(**{"tokens": ["a"], "values": [1.0], **kw}),
+    "memory_figure": lambda **kw: F.memory_figure(np.zeros((1, 1)), ["a"], ["b"], **kw),
     "template_figure": lambda **kw: F.template_figure(np.zeros((6, 2)), **kw),
     "compare_figure": lambda **kw: F.compare_figure({"position": [1], "prompted": [1.0]}, **kw),
     "training_curves_figure": lambda **kw: F.training_curves_figure({"step": [1], "main": [1.0]}, **kw),

@@ -8,8 +8,7 @@ Every name is imported from here (`from cgt_viz.figures import ybar_map_figure`)
 
     _style    the visual language (colours, scales, modebar, token cuts, escaping), argument checks, colouring
     _map      the ȳ map and its highlight overlay
-    _text     along one text: smoothness strip, step profile, tokens coloured by a value, template inspector,
-              the token memory's slots
+    _text     along one text: strip, step profile, coloured tokens, template inspector, token memory
     _curves   compile-and-compare, loss differences, training curves
 """
 from ._curves import (AUX_MARKER, CURVE_KEYS, TERM_COLORS, _weights_of, compare_figure, drawn_series, ema,
