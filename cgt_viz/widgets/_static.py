@@ -111,7 +111,9 @@ def live_style(slots: int = 1) -> str:
     """The style output of a view with `slots` static outputs: hides itself, the static outputs while the
     live view is drawn (its root has `.cgt-viz-view`), and the failed live output (no view: "Loading
     widget..." / "model not found") when the first static copy is drawn after it."""
-    hide_static = ",\n".join(f"{_FIRST}{_NEXT}:has(.cgt-viz-view){_NEXT * (i + 1)}" for i in range(slots))
+    # only a drawn figure in a static slot: text the cell prints after the view (a training log) stays visible
+    hide_static = ",\n".join(f"{_FIRST}{_NEXT}:has(.cgt-viz-view){_NEXT * (i + 1)}:has(.jp-RenderedPlotly)"
+                              for i in range(slots))
     return f"""<div class="cgt-viz-style" style="display:none"><style>
 {_FIRST} {{ display: none; }}
 {hide_static} {{ display: none; }}
