@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from ._checks import refuse
-from .io import load_tensors, read_json, save_tensors, sha256_file, write_json
+from .io import load_tensors, published_folder, read_json, save_tensors, sha256_file, write_json
 
 try:
     import fcntl
@@ -174,7 +174,8 @@ def save_checkpoint(checkpoint_dir: str | os.PathLike, step: int, run: dict[str,
         stale.unlink(missing_ok=True)
     tmp = root / f".tmp-{step_dir_name(step)}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
-    try:
+    # re-saving a step (after a resume) moves the old one aside, never deletes it first
+    with published_folder(tmp, final, root / f".old-{final.name}-{uuid.uuid4().hex[:8]}"):
         save_tensors(tmp / "model.safetensors", model_state)
         opt_tensors, opt_meta = _optimizer_to_tensors(optimizer_state)
         rng_tensors, rng_meta = _rng_to_tensors(rng)
@@ -183,19 +184,6 @@ def save_checkpoint(checkpoint_dir: str | os.PathLike, step: int, run: dict[str,
         state = {"format": FORMAT, "step": step, "run": run, "optimizer": opt_meta, "rng": rng_meta,
                  "extra": extra or {}, "sha256": {name: sha256_file(tmp / name) for name in _FILES}}
         write_json(tmp / "state.json", {**state, "state_sha256": _state_digest(state)})
-        if final.exists():  # re-saving a step (after a resume): move the old one aside, never delete first
-            aside = root / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
-            os.replace(final, aside)
-            os.replace(tmp, final)
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-    except BaseException as err:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(err, OSError) and err.filename and Path(err.filename).parent == tmp:
-            # name the file of the step folder it was for, not the temp folder that is gone now
-            raise OSError(err.errno, err.strerror, str(final / Path(err.filename).name)) from None
-        raise
     write_json(root / LATEST, {"step": step, "dir": final.name})
     for old in list_checkpoints(root)[:-keep] if keep > 0 else []:
         if old != final:

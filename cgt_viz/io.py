@@ -4,12 +4,14 @@ Loading never unpickles code: weights come from safetensors, metadata from JSON.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
 import math
 import os
 import re
+import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -398,3 +400,23 @@ def fold_affine_ln_y(module, state_dict, prefix, *args) -> None:
             state_dict[bias_key] = state_dict[bias_key] + weight @ shift
         if gain is not None:
             state_dict[key] = weight * gain
+
+
+@contextlib.contextmanager
+def published_folder(tmp: Path, final: Path, aside: Path):
+    """The block fills the temp folder tmp; at its end tmp replaces final, whose old contents (if any) go to
+    aside first and are removed only once the new folder is in place. On any failure tmp is removed, and an
+    OSError about a file in it (a full disk) names that file in final instead: the temp folder is gone."""
+    try:
+        yield tmp
+        if final.exists() or final.is_symlink():
+            os.replace(final, aside)
+            os.replace(tmp, final)
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError) and err.filename and Path(err.filename).parent == tmp:
+            raise OSError(err.errno, err.strerror, str(final / Path(err.filename).name)) from None
+        raise

@@ -927,6 +927,7 @@ AUDITED_MODULES = ["cgt_viz.config", "cgt_viz.model", "cgt_viz.io", "cgt_viz.tra
                    "cgt_viz.widgets.explorer", "cgt_viz.widgets.smoothness", "cgt_viz.widgets.templates",
                    "cgt_viz.widgets.compare", "cgt_viz.widgets.monitor", "cgt_viz.geometry", "cgt_viz.lora_baseline"]
 NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, and why
+    "published_folder": "a writer's own temp and aside folders, made by the caller (checkpoint, feature cache)",
     **dict.fromkeys(["ByteTokenizer.token_str", "SyntheticICL.decode", "LinearRegression.decode", "TextMixture.decode",
                      "TextMixture.text", "hover_escape", "natural_key"], "a display helper: any token or value"),
     **dict.fromkeys(["CompileCompare.figure_for", "CompileCompare.token_figure_for",

@@ -53,7 +53,7 @@ import torch.nn.functional as F
 
 from .._checks import Bool, Choice, Float, Int, check_divisible, check_int, checked, describe, refuse
 from ..distill import aux_objective, teacher_topk
-from ..io import load_tensors, read_json, save_tensors, sha256_file, write_json
+from ..io import load_tensors, published_folder, read_json, save_tensors, sha256_file, write_json
 from .._ranks import process_group
 from ..train import TrainingDiverged, _StopFlag
 from .source import cache_root
@@ -227,24 +227,14 @@ def _load_or_build(model, tokens, prefix_len, top_k, topics, docs, batch_size, s
             shutil.rmtree(stale, ignore_errors=True)
         tmp = folder.with_name(f".{key}.{os.getpid()}-{uuid.uuid4().hex[:8]}.partial")
         tmp.mkdir()
-        try:
+        # a damaged cache of the same key is replaced by the fresh one
+        with published_folder(tmp, folder, folder.with_name(f".{key}.{os.getpid()}-old.partial")):
             save_tensors(tmp / FEATURES_NAME, feats, metadata={"format": CACHE_FORMAT})
             manifest = {"format": CACHE_FORMAT, "key": key, "settings": settings, "weights_sha256": weights_sha256,
                         "n_windows": n, "file_bytes": (tmp / FEATURES_NAME).stat().st_size,
                         "sha256": sha256_file(tmp / FEATURES_NAME), "build_seconds": build_seconds,
                         "lm": str(getattr(model.lm.config, "_name_or_path", ""))}
             write_json(tmp / MANIFEST_NAME, manifest)
-            if folder.exists() or folder.is_symlink():   # a damaged cache of the same key: replaced by the fresh one
-                aside = folder.with_name(f".{key}.{os.getpid()}-old.partial")
-                os.replace(folder, aside)
-                shutil.rmtree(aside, ignore_errors=True)
-            os.replace(tmp, folder)
-        except BaseException as err:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if isinstance(err, OSError) and err.filename and Path(err.filename).parent == tmp:
-                # the file of the cache it was for (the temp folder is gone): a full disk is one line naming it
-                raise OSError(err.errno, err.strerror, str(folder / Path(err.filename).name)) from None
-            raise
     return FeatureCache(feats, manifest, folder)
 
 
