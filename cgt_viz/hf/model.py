@@ -397,11 +397,17 @@ class CGTLM(CGT):
         """Everything a compile freezes, for one prompt (t,) or (1, t), from one pass over it (layers 1..ℓ):
         {"ν.site": (1, 1, K)} the templates' coefficients at ȳ after the prompt and, with a token memory,
         {"ν.memory": (A (1, m, i), B (1, o, m))}. A pass with these coeffs is specialize(prompt), unmerged."""
+        rows, x, ybar = self._compile_pass(prompt)
+        return {**self._fixed_coeffs(ybar), **self.memory_coeffs(x, rows)}
+
+    def _compile_pass(self, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The one pass a compile makes over one prompt (t,) or (1, t), layers 1..ℓ: -> its ids (1, t), x_ℓ
+        (1, t, d) (what a token memory reads) and ȳ after its last token (1, e)."""
         rows, single = check_prompts(self.config, prompt, self.device)
         if not single:
             raise refuse("prompt", "one prompt (t,) or (1, t) here", describe(prompt))
         x, ybar, _ = self._lower(rows)
-        return {**self._fixed_coeffs(ybar[:, -1]), **self.memory_coeffs(x, rows)}
+        return rows, x, ybar[:, -1]
 
     def forward_compiled(self, idx: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
         """The compiled model of one prompt, unmerged: idx (b, t) -> logits (b, t, v), the logits of
@@ -444,11 +450,8 @@ class CGTLM(CGT):
         """The whole compiled update of one prompt (t,) or (1, t): {weight name: (A (r, i), B (o, r))} with
         W' = W + B @ A. The templates' factors at ȳ after the prompt (`lora_factors`) and, with a token memory,
         its slots' at each memory map (a map both write gets both, stacked along r)."""
-        rows, single = check_prompts(self.config, prompt, self.device)
-        if not single:
-            raise refuse("prompt", "one prompt (t,) or (1, t) here", describe(prompt))
-        x, ybar, _ = self._lower(rows)
-        factors = self.lora_factors(ybar[0, -1])
+        rows, x, ybar = self._compile_pass(prompt)
+        factors = self.lora_factors(ybar[0])
         for key, (lora_a, lora_b) in self.memory_coeffs(x, rows).items():
             name = self.memory_map(int(key.split(".")[0]))
             lora_a, lora_b = lora_a[0], lora_b[0]
