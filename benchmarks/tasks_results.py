@@ -246,17 +246,30 @@ def main(argv=None) -> dict:
     ap.add_argument("--eval-batches", type=int, default=8)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--resume", action="store_true", help="keep the rows already in --out and skip their (run, seed)")
+    ap.add_argument("--redo", action="store_true",
+                    help="keep the rows already in --out except those of the --runs × --seeds asked for, which are "
+                         "measured again (a recipe change re-measured without losing the other runs' rows)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "tasks.json"))
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.resume and args.redo:
+        ap.error("--resume skips the (run, seed) pairs already measured and --redo measures them again: choose one")
     out = Path(args.out)
-    rows = json.loads(out.read_text())["rows"] if args.resume and out.exists() else []
+    kept = json.loads(out.read_text()) if (args.resume or args.redo) and out.exists() else {}
+    asked = {(name, seed) for name in args.runs for seed in args.seeds}
+    rows = [r for r in kept.get("rows", []) if not (args.redo and (r.get("run", r["task"]), r["seed"]) in asked)]
     done = {(r.get("run", r["task"]), r["seed"]) for r in rows}
+    this_argv = " ".join(sys.argv[1:] if argv is None else list(argv))
+    # the file's provenance: every command whose rows it still holds, with the commit it ran at
+    history = kept.get("history", [{key: kept[key] for key in ("argv", "environment", "variant_environment") if key in kept}]
+                                  if kept else [])
+    env = environment(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 
     def result() -> dict:
-        return {"rows": rows, "table": table(rows) if rows else "", "environment": environment(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
-                "argv": sys.argv[1:] if argv is None else list(argv), "tuning_seeds": list(TUNING_SEEDS)}
+        extra = {"history": history + [{"argv": this_argv, "environment": env}]} if kept else {}
+        return {"rows": rows, "table": table(rows) if rows else "", "environment": env,
+                "argv": sys.argv[1:] if argv is None else list(argv), "tuning_seeds": list(TUNING_SEEDS), **extra}
 
     for name in args.runs:
         for seed in args.seeds:

@@ -45,7 +45,7 @@ VARIANTS: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {
         # the auxiliary loss asks for the function rather than a copy (docs/results.md, "Levers")
         (dict(answer_tokens="value", family="affine"),
          {"task": dict(answer_tokens="value", family="affine", aux_min_pairs=4, novel_split=True),
-          "train": dict(steps=10000), "curriculum": 3000}),
+          "train": dict(steps=16000), "curriculum": 3000}),
     ],
 }
 
