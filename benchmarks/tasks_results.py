@@ -32,6 +32,7 @@ from common import environment, write_json  # noqa: E402
 from cgt_viz import CGT, CGTConfig  # noqa: E402
 from cgt_viz.evaluate import (collect_excerpt_ends, collect_summaries, evaluate_specialization,  # noqa: E402
                               knn_topic_accuracy, linear_probe, mean_ci, smoothness_stats, text_position_curves)
+from cgt_viz.oracle import specialization_oracle  # noqa: E402
 from cgt_viz.recipes import RECIPES, recipe_for  # noqa: E402
 from cgt_viz.tasks import make_task  # noqa: E402
 from cgt_viz.train import train  # noqa: E402
@@ -127,7 +128,7 @@ def _refuse_interrupted(history, what: str, steps: int) -> None:
                                 f"it (--resume continues with it)")
 
 
-def run_one(name: str, seed: int, steps: int | None, eval_batches: int) -> dict:
+def run_one(name: str, seed: int, steps: int | None, eval_batches: int, oracle: bool = False) -> dict:
     recipe_name, task_changes, model_changes, ks = RUNS[name]
     # the held-out table measures what the CLI trains (a variant of the recipe where the task's arguments select
     # one); every other run is its base recipe with the named changes, as when it was measured
@@ -163,6 +164,8 @@ def run_one(name: str, seed: int, steps: int | None, eval_batches: int) -> dict:
     rows = evaluate_specialization(model, task, k_values=ks, n_batches=eval_batches, batch_size=64, seed=1000 + seed)
     out["by_k"] = [{k: v for k, v in row.items() if isinstance(v, (int, float))} for row in rows]
     out.update({k: v for k, v in rows[-1].items() if isinstance(v, (int, float))})
+    if oracle:   # is the reader or the template space short of prompting (cgt_viz.oracle)
+        out["oracle"] = specialization_oracle(model, task, max(ks), n_batches=eval_batches // 4 or 1, seed=6000 + seed)
     if recipe_name in ("icl", "regression"):
         feats, target = collect_summaries(model, task, k=max(ks), n_batches=eval_batches, seed=2000 + seed)
         out["probe"] = linear_probe(feats, target)["mean"]
@@ -245,6 +248,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=None, help="override every run's step count")
     ap.add_argument("--eval-batches", type=int, default=8)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--oracle", action="store_true",
+                    help="also the oracle at the run's largest k: the best ȳ, the best coefficients and a free "
+                         "low-rank update per prompt (cgt_viz.oracle), to tell a reader from a template-space failure")
     ap.add_argument("--resume", action="store_true", help="keep the rows already in --out and skip their (run, seed)")
     ap.add_argument("--redo", action="store_true",
                     help="keep the rows already in --out except those of the --runs × --seeds asked for, which are "
@@ -275,7 +281,7 @@ def main(argv=None) -> dict:
         for seed in args.seeds:
             if (name, seed) in done:
                 continue
-            rows.append(run_one(name, seed, args.steps, args.eval_batches))
+            rows.append(run_one(name, seed, args.steps, args.eval_batches, args.oracle))
             print(json.dumps(rows[-1]), flush=True)
             write_json(out, result())
     final = result()

@@ -31,6 +31,7 @@ import torch
 from cgt_viz import CGT, GPT, CGTConfig
 from cgt_viz.config import FIELD_CONSTRAINTS
 from cgt_viz.io import PretrainedMixin
+from cgt_viz.oracle import specialization_oracle
 from cgt_viz.train_config import TrainConfig
 from cgt_viz import analysis as A
 from cgt_viz import evaluate as E
@@ -218,6 +219,12 @@ case("LinearRegression.eval_batch", "k", [4], lambda v: REG.eval_batch(v, 2))
 case("LinearRegression.eval_batch", "n_queries", [5], lambda v: REG.eval_batch(1, 2, n_queries=v))
 case("LinearRegression.set_active_dims", "n", [0, 3, 1.5], lambda v: REG.set_active_dims(v))
 case("LinearRegression.curriculum", "start", [0, 3, 1.5], lambda v: REG.curriculum(10, start=v))
+case("LinearRegression.queries_like", "batch", [ICL.eval_batch(2, 2), None], lambda v: REG.queries_like(v, 3),
+     shows="batch")
+case("SyntheticICL.queries_like", "batch", [REG.eval_batch(1, 2), None], lambda v: ICL.queries_like(v, 3),
+     shows="batch")
+REG_CGT = functools.lru_cache(None)(lambda: CGT(CGTConfig(**REG.config_kwargs(), n_layer=2, d_x=8, n_head=1, d_y=4,
+                                                          n_head_y=1, y_layer=1, n_templates=2)).eval())
 
 _CORPUS = tempfile.TemporaryDirectory()   # two topics of four small documents, for the session
 for _topic in ("sport", "tech"):
@@ -762,6 +769,12 @@ DECLARED = {
     "LinearRegression.get_batch": lambda **kw: REG.get_batch(**{"batch_size": 2, **kw}),
     "LinearRegression.eval_batch": lambda **kw: REG.eval_batch(**{"k": 1, "batch_size": 2, **kw}),
     "LinearRegression.curriculum": lambda **kw: REG.curriculum(**{"steps": 10, **kw}),
+    "LinearRegression.queries_like": lambda **kw: REG.queries_like(**{"batch": REG.eval_batch(1, 2), "n_queries": 3,
+                                                                       **kw}),
+    "SyntheticICL.queries_like": lambda **kw: ICL.queries_like(**{"batch": ICL.eval_batch(2, 2), "n_queries": 3,
+                                                                   **kw}),
+    "specialization_oracle": lambda **kw: specialization_oracle(**{
+        "model": REG_CGT(), "task": REG, "k": 1, "n_batches": 1, "batch_size": 2, "fit_queries": 2, "steps": 0, **kw}),
     "GPT": lambda **kw: GPT(**{"config": tok_cfg(), **kw}),
     "CGT": lambda **kw: CGT(**{"config": tok_cfg(), **kw}),
     "CGT.specialize": lambda **kw: CGT_T.specialize(IDX[0], **kw),
@@ -925,8 +938,11 @@ AUDITED_MODULES = ["cgt_viz.config", "cgt_viz.model", "cgt_viz.io", "cgt_viz.tra
                    "cgt_viz.analysis", "cgt_viz.figures", "cgt_viz.tasks", "cgt_viz.tasks.icl",
                    "cgt_viz.tasks.regression", "cgt_viz.tasks.text", "cgt_viz.tasks.tokenizer",
                    "cgt_viz.widgets.explorer", "cgt_viz.widgets.smoothness", "cgt_viz.widgets.templates",
-                   "cgt_viz.widgets.compare", "cgt_viz.widgets.monitor", "cgt_viz.geometry", "cgt_viz.lora_baseline"]
+                   "cgt_viz.widgets.compare", "cgt_viz.widgets.monitor", "cgt_viz.geometry", "cgt_viz.lora_baseline",
+                   "cgt_viz.oracle"]
 NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, and why
+    **dict.fromkeys(["best_of", "free_sites", "free_start", "oracle_pass", "FreeSite", "FreeSite.apply"],
+                    "the oracles' optimiser and free update, called with tensors the oracle itself made"),
     "published_folder": "a writer's own temp and aside folders, made by the caller (checkpoint, feature cache)",
     **dict.fromkeys(["ByteTokenizer.token_str", "SyntheticICL.decode", "LinearRegression.decode", "TextMixture.decode",
                      "TextMixture.text", "hover_escape", "natural_key"], "a display helper: any token or value"),

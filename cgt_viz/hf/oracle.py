@@ -19,85 +19,23 @@ targets
     fair     the head's own objective (aux_ce · CE + aux_kl · KL) on continuations sampled from the prompted LM;
              the scored text is never seen
 
-Each optimum starts at the compiled prompt (the free update at zero) and keeps the best point seen, the start
+The from-scratch family's oracle (`cgt_viz.oracle`, on a task's queries) shares the optimiser and the free
+update. Each optimum starts at the compiled prompt (the free update at zero) and keeps the best point seen, the start
 included, so per window it is never worse than the compiled prompt on the objective it optimises.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from .._checks import check_float, check_int, refuse
+from ..oracle import ORACLE_KINDS, best_of, oracle_pass
 from ..sequences import eval_mode
 from .measure import by_position, document_interval, prompt_token_positions, summarize_comparison, window_losses
 
-ORACLE_KINDS = ("ybar", "coeffs", "lora")
 ORACLE_TARGETS = ("capacity", "fair")
-
-
-def best_of(params: Sequence[torch.Tensor], objective: Callable[[list[torch.Tensor]], torch.Tensor], steps: int,
-            lr: float) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
-    """Adam on tensors whose first axis is the row (rows independent), keeping for each row the best point seen.
-
-    objective(params) -> (b,) per-row values at those params. Returns the best params (detached), the
-    objective at the start (b,) and at the best point (b,) (≤ the start, row by row)."""
-    params = [p.detach().clone().requires_grad_(True) for p in params]
-    best = [p.detach().clone() for p in params]
-    opt = torch.optim.Adam(params, lr=lr)
-    start = best_value = None
-    for step in range(steps + 1):
-        value = objective(params)
-        with torch.no_grad():
-            v = value.detach()
-            if start is None:
-                start, best_value = v.clone(), v.clone()
-            better = v < best_value
-            best_value = torch.where(better, v, best_value)
-            for b, p in zip(best, params):
-                b[better] = p.detach()[better]
-        if step == steps:
-            break
-        grads = torch.autograd.grad(value.sum(), params)
-        for p, g in zip(params, grads):
-            p.grad = g
-        opt.step()
-    return best, start, best_value
-
-
-class _FreeSite(nn.Module):
-    """A site's templates plus a free per-row rank-r update: T h = templates(h) + (h V) Uᵀ, U, V (b, i, r)."""
-
-    def __init__(self, base: nn.Module, U: torch.Tensor, V: torch.Tensor):
-        super().__init__()
-        self.base, self.free_U, self.free_V = base, U, V
-
-    @property
-    def U(self) -> torch.Tensor:          # `_modulate` reads the templates' dtype from here
-        return self.base.U
-
-    def apply(self, h: torch.Tensor, coeffs: torch.Tensor) -> torch.Tensor:
-        # (b, t, i) @ (b, i, r) -> (b, t, r); @ (b, r, i) -> (b, t, i)
-        return self.base.apply(h, coeffs) + (h @ self.free_V) @ self.free_U.transpose(1, 2)
-
-
-@contextmanager
-def _free_sites(model, factors: dict[str, tuple[torch.Tensor, torch.Tensor]]):
-    """Swap each site "ν.site" of factors for its templates plus the free update, for the duration of a block."""
-    saved = {}
-    try:
-        for key, (U, V) in factors.items():
-            layer, site = key.split(".")
-            saved[key] = model.templates[layer][site]
-            model.templates[layer][site] = _FreeSite(saved[key], U, V)
-        yield
-    finally:
-        for key, base in saved.items():
-            layer, site = key.split(".")
-            model.templates[layer][site] = base
 
 
 def _objective(model, logits: torch.Tensor, targets: torch.Tensor | None, teacher_logp: torch.Tensor) -> torch.Tensor:
@@ -192,7 +130,7 @@ def oracle_window_losses(model, tokens: torch.Tensor, prefix_len: int, kinds: Se
                 return torch.zeros(b, device=value.device).index_add(0, rows, value) / (len(rows) / b)
 
             for kind in kinds:
-                run, params = _oracle_pass(model, kind, ybar, compiled, rank, gen)
+                run, params = oracle_pass(model, kind, ybar, compiled, rank, gen, hidden=model._upper_hidden)
                 objective = lambda ps: per_row(_objective(model, model._logits(run(ps, fit_x, rows)), fit_tgt,
                                                           fit_teacher))
                 best, start, best_value = best_of(params, objective, steps, lora_lr if kind == "lora" else lr)
@@ -203,32 +141,6 @@ def oracle_window_losses(model, tokens: torch.Tensor, prefix_len: int, kinds: Se
                 out["objective"][kind]["start"][i:i + b] = start.cpu()
                 out["objective"][kind]["best"][i:i + b] = best_value.cpu()
     return out
-
-
-def _oracle_pass(model, kind: str, ybar: torch.Tensor, compiled: dict, rank: int, gen: torch.Generator):
-    """The part optimised for one kind -> (run(params, x, rows) -> final hidden states, the starting params).
-    rows maps each row of x to its window (samples of one window share the window's params)."""
-    keys = list(compiled)
-    if kind == "ybar":
-        def run(params, x, rows):
-            return model._upper_hidden(x, model._fixed_coeffs(params[0][rows]))
-        return run, [ybar]
-    if kind == "coeffs":
-        def run(params, x, rows):
-            return model._upper_hidden(x, {k: c[rows] for k, c in zip(keys, params)})
-        return run, [compiled[k] for k in keys]
-    widths = {k: model.templates[k.split(".")[0]][k.split(".")[1]].U.shape[1] for k in keys}
-    b = len(ybar)
-    start = []
-    for k in keys:      # V random, U zero: the free update starts at nothing and can grow in any direction
-        V = torch.randn(b, widths[k], rank, generator=gen) / widths[k] ** 0.5
-        start += [torch.zeros(b, widths[k], rank, device=ybar.device), V.to(ybar.device)]
-
-    def run(params, x, rows):
-        factors = {k: (params[2 * j][rows], params[2 * j + 1][rows]) for j, k in enumerate(keys)}
-        with _free_sites(model, factors):
-            return model._upper_hidden(x, {k: c[rows] for k, c in compiled.items()})
-    return run, start
 
 
 def oracle_comparison(model, task, part: str = "test", prompt_len: int = 64, suffix_len: int = 64,

@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from .._checks import Bool, Choice, Device, Float, Generator, Int, check_fits, checked, check_int, refuse
+from .._checks import Bool, Choice, Device, Float, Generator, Int, check_fits, checked, check_int, describe, refuse
 from ..contracts import IGNORE_INDEX
 from ..plateau import NoInformationLoss
 from .base import Batch, Task
@@ -260,6 +260,19 @@ class SyntheticICL(Task):
         batch.loss_mask[:, :2 * k] = False
         batch.info["novel"] = batch.loss_mask.clone()   # held-out queries are new to the prompt by construction
         return batch.to(device)
+
+    @checked(n_queries=Int(1), generator=Generator(), device=Device())
+    def queries_like(self, batch: Batch, n_queries: int, generator: torch.Generator | None = None,
+                     device: str | torch.device = "cpu") -> Batch:
+        """n_queries fresh pairs of each row's hidden function (`batch.info["task_params"]`) with no prompt
+        (split 0), loss_mask on the u positions. The oracle fits on them (cgt_viz.oracle); the rows are cut into
+        single queries, so block_size does not bound n_queries."""
+        if "task_params" not in getattr(batch, "info", {}):
+            raise refuse("batch", "a Batch of this task (its info holds the hidden (a, b))", describe(batch),
+                         TypeError)
+        params = batch.info["task_params"].cpu()
+        u = torch.randint(self.P, (len(params), n_queries), generator=generator)
+        return self._assemble(params, u, torch.zeros(len(params), dtype=torch.long), device)
 
     def decode(self, tokens) -> list[str]:
         """Query tokens print as 'u3', answer tokens as '→5' ("value") or '3→5' ("pair")."""

@@ -34,7 +34,7 @@ import torch
 
 from ..plateau import NoInformationLoss
 from .base import Batch, Task
-from .._checks import Choice, Device, Float, Generator, Int, check_fits, checked, check_int
+from .._checks import Choice, Device, Float, Generator, Int, check_fits, checked, check_int, describe, refuse
 from .icl import check_eval_size
 
 LAYOUTS = ("pair", "split")
@@ -156,6 +156,18 @@ class LinearRegression(Task):
         batch = self._assemble(w, x, split, generator, "cpu")
         batch.loss_mask[:, :2 * k] = False
         return batch.to(device)
+
+    @checked(n_queries=Int(1), generator=Generator(), device=Device())
+    def queries_like(self, batch: Batch, n_queries: int, generator: torch.Generator | None = None,
+                     device: str | torch.device = "cpu") -> Batch:
+        """n_queries fresh examples of each row's hidden w (`batch.info["w"]`) with no prompt (split 0): inputs
+        (b, 2·n_queries, dim + 1), loss_mask on the x positions. The oracle fits on them (cgt_viz.oracle); the
+        rows are cut into single queries, so block_size does not bound n_queries."""
+        if "w" not in getattr(batch, "info", {}):
+            raise refuse("batch", "a Batch of this task (its info holds the hidden w)", describe(batch), TypeError)
+        w = batch.info["w"].cpu()
+        x = torch.randn(len(w), n_queries, self.dim, generator=generator)
+        return self._assemble(w, x, torch.zeros(len(w), dtype=torch.long), generator, device)
 
     def decode(self, tokens) -> list[str]:
         """Per-position labels for vectors: 'x' or 'y=0.12' (tokens is an (t, dim+1) array); a y position is
