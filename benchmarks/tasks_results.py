@@ -128,7 +128,7 @@ def _refuse_interrupted(history, what: str, steps: int) -> None:
                                 f"it (--resume continues with it)")
 
 
-def run_one(name: str, seed: int, steps: int | None, eval_batches: int, oracle: bool = False) -> dict:
+def run_one(name: str, seed: int, steps: int | None, eval_batches: int, oracle: int | None = None) -> dict:
     recipe_name, task_changes, model_changes, ks = RUNS[name]
     # the held-out table measures what the CLI trains (a variant of the recipe where the task's arguments select
     # one); every other run is its base recipe with the named changes, as when it was measured
@@ -165,7 +165,9 @@ def run_one(name: str, seed: int, steps: int | None, eval_batches: int, oracle: 
     out["by_k"] = [{k: v for k, v in row.items() if isinstance(v, (int, float))} for row in rows]
     out.update({k: v for k, v in rows[-1].items() if isinstance(v, (int, float))})
     if oracle:   # is the reader or the template space short of prompting (cgt_viz.oracle)
-        out["oracle"] = specialization_oracle(model, task, max(ks), n_batches=eval_batches // 4 or 1, seed=6000 + seed)
+        out["oracle"] = specialization_oracle(model, task, oracle, n_batches=eval_batches // 2 or 1,
+                                              fit_queries=128, seed=6000 + seed,
+                                              reader_info="w" if recipe_name == "regression" else "task_params")
     if recipe_name in ("icl", "regression"):
         feats, target = collect_summaries(model, task, k=max(ks), n_batches=eval_batches, seed=2000 + seed)
         out["probe"] = linear_probe(feats, target)["mean"]
@@ -248,9 +250,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=None, help="override every run's step count")
     ap.add_argument("--eval-batches", type=int, default=8)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--oracle", action="store_true",
-                    help="also the oracle at the run's largest k: the best ȳ, the best coefficients and a free "
-                         "low-rank update per prompt (cgt_viz.oracle), to tell a reader from a template-space failure")
+    ap.add_argument("--oracle", type=int, default=None, metavar="K",
+                    help="also the oracle at k = K: the best ȳ, the best coefficients, a free low-rank update per "
+                         "prompt and the best linear reader of the hidden numbers (cgt_viz.oracle), to tell a "
+                         "reader from a template-space failure")
     ap.add_argument("--resume", action="store_true", help="keep the rows already in --out and skip their (run, seed)")
     ap.add_argument("--redo", action="store_true",
                     help="keep the rows already in --out except those of the --runs × --seeds asked for, which are "

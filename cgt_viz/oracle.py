@@ -28,7 +28,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
-from ._checks import Float, Instance, Int, Names, checked
+from ._checks import Choice, Float, Instance, Int, Names, checked, refuse
 from .comparison import comparison_logits
 from .evaluate import gap_closed
 from .losses import per_position_loss
@@ -115,17 +115,27 @@ def free_start(model, keys: Sequence[str], rows: int, rank: int, gen: torch.Gene
 
 @checked(model=Instance(CGT, "a CGT"), k=Int(1), kinds=Names(ORACLE_KINDS, "oracle kinds"), n_batches=Int(1),
          batch_size=Int(1), fit_queries=Int(1), steps=Int(0), lr=Float(0.0, lo_open=True),
-         lora_lr=Float(0.0, lo_open=True), rank=Int(1), seed=Int(0))
+         lora_lr=Float(0.0, lo_open=True), rank=Int(1), seed=Int(0), reader_info=Choice("w", "task_params", none=True))
 def specialization_oracle(model: CGT, task, k: int, kinds: Sequence[str] = ORACLE_KINDS, n_batches: int = 2,
                           batch_size: int = 64, fit_queries: int = 32, steps: int = 200, lr: float = 0.05,
-                          lora_lr: float = 3e-3, rank: int = 4, seed: int = 0) -> dict[str, Any]:
+                          lora_lr: float = 3e-3, rank: int = 4, seed: int = 0,
+                          reader_info: str | None = None) -> dict[str, Any]:
     """`evaluate_specialization`'s comparison at one k with each oracle beside the compiled prompt.
 
     Per prompt, `task.eval_batch(k, ...)` draws the prompt and the scored query exactly as evaluate does, and
     `task.queries_like(batch, fit_queries)` fresh queries of the same hidden function; each kind is optimised on
     those (each its own short sequence, as the compiled model sees a query) and scored on the first. Returns
     loss_<mode> for prompted, specialized and no_context, loss_oracle_<kind> and G_oracle_<kind> beside G
-    (evaluate's `gap_closed`), the objective's mean at the start and at the optimum per kind, and the settings."""
+    (evaluate's `gap_closed`), the objective's mean at the start and at the optimum per kind, and the settings.
+
+    reader_info names the hidden numbers of the task's batches ("w": regression's weights, "task_params": icl's
+    (a, b)). With it (and the coeffs kind) the oracle also scores the best *linear reader of those numbers*:
+    coefficients = L · numbers + c, fitted by least squares to the per-prompt best coefficients of half the
+    prompts and applied to the other half (two folds). Where the best coefficients reach prompting but a linear
+    map of the true numbers does not, the space holds the answer only as a non-linear function of them."""
+    if reader_info is not None and "coeffs" not in kinds:
+        raise refuse("reader_info", "None unless kinds holds 'coeffs' (the reader is fitted to its optima)",
+                     repr(reader_info))
     check_task_fits(model, task, needs="eval_batch")
     check_task_fits(model, task, needs="queries_like")
     device = model_device(model)
@@ -134,6 +144,7 @@ def specialization_oracle(model: CGT, task, k: int, kinds: Sequence[str] = ORACL
     objective_sums = {kind: [0.0, 0.0] for kind in kinds}
     n_scored = 0
     x_only = model.x_only().eval()
+    kept = []              # with reader_info: per batch (numbers (b, q), best coeffs, the scored query)
 
     def loss_of(logits, targets, mask):           # the model's loss per row, the mean over its scored positions
         loss, valid = per_position_loss(model.config.mode, logits, targets, mask)
@@ -169,20 +180,55 @@ def specialization_oracle(model: CGT, task, k: int, kinds: Sequence[str] = ORACL
                         model._logits(run(best, scored[0], torch.arange(b, device=device))), scored[1], scored[2])
                 objective_sums[kind][0] += float(start.sum())
                 objective_sums[kind][1] += float(best_value.sum())
+                if kind == "coeffs" and reader_info is not None:
+                    kept.append((batch.info[reader_info].float().flatten(1).to(device), best, scored))
             for mode, value in per_mode.items():
                 sums[mode] = sums.get(mode, 0.0) + float(value.sum())
             n_scored += b
+        if kept:
+            sums["reader"] = _linear_reader_loss(model, kept, loss_of)
     res: dict[str, Any] = {"k": k, "n_prompts": n_scored}
     res.update({f"loss_{mode}": total / n_scored for mode, total in sums.items()})
     res["gap_closed"] = gap_closed(res["loss_no_context"], res["loss_specialized"], res["loss_prompted"])
+    if kept:
+        res["G_reader"] = gap_closed(res["loss_no_context"], res["loss_reader"], res["loss_prompted"])
     for kind in kinds:
         res[f"G_oracle_{kind}"] = gap_closed(res["loss_no_context"], res[f"loss_oracle_{kind}"],
                                              res["loss_prompted"])
         res[f"objective_{kind}"] = {"start": objective_sums[kind][0] / n_scored,
                                     "best": objective_sums[kind][1] / n_scored}
     res["oracle"] = {"kinds": list(kinds), "fit_queries": fit_queries, "steps": steps, "lr": lr,
-                     "lora_lr": lora_lr, "rank": rank, "seed": seed}
+                     "lora_lr": lora_lr, "rank": rank, "seed": seed, "reader_info": reader_info}
     return res
+
+
+def _linear_reader_loss(model, kept: list, loss_of) -> float:
+    """The summed scored loss of coefficients predicted linearly from each prompt's hidden numbers, fitted on
+    the other fold's best coefficients (prompts alternate between two folds)."""
+    numbers = torch.cat([n for n, _, _ in kept])                                  # (n, q)
+    sizes = [c.shape[-1] for c in kept[0][1]]
+    coeffs = torch.cat([torch.cat([c.flatten(1) for c in best], 1) for _, best, _ in kept])   # (n, Σ K)
+    design = torch.cat([numbers, torch.ones(len(numbers), 1, device=numbers.device)], 1)     # (n, q + 1)
+    fold = torch.arange(len(numbers), device=numbers.device) % 2
+    predicted = torch.empty_like(coeffs)
+    for f in (0, 1):
+        train, test = fold != f, fold == f
+        x = design[train]
+        # ridge, a small multiple of the identity: a fold may have fewer prompts than numbers
+        gram = x.T @ x + 1e-3 * len(x) * torch.eye(x.shape[1], device=x.device)
+        predicted[test] = design[test] @ torch.linalg.solve(gram, x.T @ coeffs[train])
+    total, at = 0.0, 0
+    keys = None
+    for numbers_b, best, scored in kept:
+        b = len(numbers_b)
+        parts = predicted[at:at + b].split(sizes, dim=1)                           # Σ K -> one (b, K) per site
+        params = [p[:, None, :] for p in parts]                                     # (b, 1, K): ȳ frozen
+        keys = keys or [f"{layer}.{site}" for layer, site in model.template_sites]
+        with torch.no_grad():
+            final = model._hidden(scored[0], dict(zip(keys, params)))[0]
+            total += float(loss_of(model._logits(final), scored[1], scored[2]).sum())
+        at += b
+    return total
 
 
 def oracle_pass(model, kind: str, ybar: torch.Tensor, compiled: dict, rank: int, gen: torch.Generator,

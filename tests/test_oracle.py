@@ -95,3 +95,15 @@ def test_a_task_without_queries_like_is_refused(regression):
 
     with pytest.raises(TypeError, match="queries_like"):
         specialization_oracle(model, NoQueries(), 4, steps=0)
+
+
+def test_the_linear_reader_is_scored_beside_the_oracles(regression):
+    model, task = regression
+    res = specialization_oracle(model, task, 4, n_batches=2, batch_size=8, fit_queries=6, steps=3,
+                                reader_info="w")
+    assert res["loss_reader"] > 0 and res["oracle"]["reader_info"] == "w"
+    assert "G_reader" in res
+    with pytest.raises(ValueError, match="reader_info"):
+        specialization_oracle(model, task, 4, kinds=["ybar"], reader_info="w")
+    with pytest.raises(ValueError, match="reader_info"):
+        specialization_oracle(model, task, 4, reader_info="nonsense")
