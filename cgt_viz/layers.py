@@ -292,7 +292,7 @@ class TokenMemory(nn.Module):
 
     At the map W (o, i) of each memory layer ν (the map that reads the MLP's hidden state, writing the residual):
 
-        W' = W + s_ν / m · Σ_j u(t_{j+1}) a_ν,jᵀ,     a_ν,j = K_ν R LN(x_ℓ,j) + k_ν
+        W' = W + s_ν / m · Σ_j u(t_{j+1}) (a_ν,j − ā_ν)ᵀ,     a_ν,j = D_ν K_ν R LN(x_ℓ,j),   ā_ν = mean_j a_ν,j
 
     one rank-one term per prompt position j = 1..p−2 (m = p − 2; position 0, the attention sink, is left out).
     Its key a_ν,j (i,) is read from the prompt's layer-ℓ state at j; its value u(t) (o,) is the LM's output
@@ -301,25 +301,35 @@ class TokenMemory(nn.Module):
     pooled templates can only carry its topic. ΔW = B A with A (m, i) the keys and B (o, m) the scaled values: a
     LoRA of rank m (its rank grows with the prompt), merged, exported and costing what any LoRA does.
 
-    R (d → rank) is shared by the layers, K_ν (rank → i) and k_ν are each layer's; s_ν starts at 0, so an
-    untrained memory leaves the model as it is. s_ν is counted in units (the buffer `unit`, 1 until
-    `CGTLM.calibrate_memory` sets it) in which s = 1 writes about as much as the layer's MLP does, so that an
-    optimizer's step size means the same at every layer and width. In the full (per-token) mode position t uses the slots j ≤ t − 1
-    (their next token already read), with m = t − 1: the same map as the compile of the prefix ending at t.
+    The keys are centred over the prompt's slots, so a slot writes only as far as the state it is read at is
+    more like its own position than like the prompt's average one: without that, a · h is dominated by what all
+    positions share (the top layers' MLP inputs have a few very large features), and the memory becomes a
+    broad boost of every prompt token whatever the context. D_ν (the buffer `in_scale`, 1 until
+    `CGTLM.calibrate_memory` sets it to the inverse variance of each input feature) makes a · h a similarity in
+    units of each feature's spread. Both are linear in h, so the compile stays one low-rank ΔW.
+
+    R (d → rank) is shared by the layers, K_ν (rank → i) is each layer's; s_ν starts at 0, so an untrained
+    memory leaves the model as it is. s_ν is counted in units (the buffer `unit`, 1 until `calibrate_memory`
+    sets it) in which s = 1 writes about as much as the layer's MLP does, so that an optimizer's step size means
+    the same at every layer and width. In the full (per-token) mode position t uses the slots j ≤ t − 1 (their
+    next token already read), centred over those, with m = t − 1: the same map as the compile of the prefix
+    ending at t.
     """
 
     def __init__(self, d: int, d_in: int, layers: list[int], rank: int):
         super().__init__()
         self.layers = [int(layer) for layer in layers]
         self.read = nn.Linear(d, rank, bias=False)                                    # R, shared
-        self.keys = nn.ModuleDict({str(layer): nn.Linear(rank, d_in) for layer in self.layers})   # K_ν, k_ν
+        self.keys = nn.ModuleDict({str(layer): nn.Linear(rank, d_in, bias=False) for layer in self.layers})   # K_ν
         self.scale = nn.Parameter(torch.zeros(len(self.layers)))                      # s_ν
         self.register_buffer("unit", torch.ones(len(self.layers)))
+        self.register_buffer("in_scale", torch.ones(len(self.layers), d_in))          # D_ν
         self.norm = 1.0 / math.sqrt(d_in)      # keeps a · h of order one at any width
 
     def slot_keys(self, layer: int, states: torch.Tensor) -> torch.Tensor:
-        """states (b, s, d): LN(x_ℓ) of the prompt's positions -> keys a_ν (b, s, i), the 1/√i scale folded in."""
-        return self.keys[str(layer)](self.read(states)) * self.norm
+        """states (b, s, d): LN(x_ℓ) of the prompt's positions -> keys a_ν (b, s, i), not yet centred, with D_ν
+        and the 1/√i scale folded in."""
+        return self.keys[str(layer)](self.read(states)) * (self.in_scale[self.layers.index(layer)] * self.norm)
 
     def gain(self, layer: int) -> torch.Tensor:
         at = self.layers.index(layer)
@@ -328,7 +338,8 @@ class TokenMemory(nn.Module):
     def factors(self, layer: int, states: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The compiled update of one layer from m slots: states (b, m, d), values (b, m, o) (u(t_{j+1}) of each
         slot) -> A (b, m, i), B (b, o, m) with ΔW = B @ A."""
-        lora_a = self.slot_keys(layer, states)
+        keys = self.slot_keys(layer, states)
+        lora_a = keys - keys.mean(1, keepdim=True)                                    # centred over the slots
         lora_b = rearrange(values, "b m o -> b o m") * (self.gain(layer) / max(states.shape[1], 1))
         return lora_a, lora_b
 
@@ -345,5 +356,7 @@ class TokenMemory(nn.Module):
         j = torch.arange(t, device=h.device)
         usable = (j[None, :] >= 1) & (j[None, :] <= j[:, None] - 1)                   # slot j at query q: 1 ≤ j ≤ q − 1
         count = (j - 1).clamp_min(1).to(h.dtype)                                      # (t,): m at each query
-        weights = scores * usable.to(h.dtype) / count[:, None]
+        usable = usable.to(h.dtype)
+        centre = (scores * usable).sum(2, keepdim=True) / count[:, None]              # a_j · h averaged over q's slots
+        weights = (scores - centre) * usable / count[:, None]
         return self.gain(layer) * (weights @ values)

@@ -146,10 +146,33 @@ def test_calibration_fits_keys_that_predict_the_memory_maps_input(lm, tmp_path):
     finally:
         handle.remove()
     h = inputs[0].flatten(0, 1)
-    keys = model.memory.slot_keys(layer, model.ln_x(cache.tensors["suffix_x"]))[0:].flatten(0, 1)
-    residual = ((h - keys).pow(2).sum() / (h - h.mean(0)).pow(2).sum()).item()
+    scale = model.memory.in_scale[0]
+    keys = model.memory.slot_keys(layer, model.ln_x(cache.tensors["suffix_x"])).flatten(0, 1) / scale
+    centred, keys = h - h.mean(0), keys - keys.mean(0)     # the memory centres its keys over the slots
+    residual = ((centred - keys).pow(2).sum() / centred.pow(2).sum()).item()
     assert residual < 1.0                               # better than the mean alone: R² > 0 on the fitted states
+    # D is each feature's inverse spread: the most varied feature weighs least
+    variance = h.var(0)
+    assert scale.argmin() == variance.argmax() and scale.argmax() == variance.argmin()
     assert torch.isfinite(model.memory.unit).all() and (model.memory.unit > 0).all()
+
+
+def test_a_memory_of_identical_slots_writes_nothing():
+    """Centred keys: slots read at one and the same state carry no context, so whatever they hold, the
+    compiled memory and the full mode's memory are zero (without the centring they boosted every prompt token)."""
+    from cgt_viz.layers import TokenMemory
+    torch.manual_seed(0)
+    memory = TokenMemory(d=6, d_in=5, layers=[3], rank=4)
+    with torch.no_grad():
+        memory.scale.fill_(1.0)
+    states = torch.randn(2, 1, 6).expand(2, 7, 6)                      # every slot at one state per row
+    values, h = torch.randn(2, 7, 4), torch.randn(2, 7, 5)
+    lora_a, lora_b = memory.factors(3, states, values)
+    assert lora_a.abs().max() < 1e-6
+    assert memory.apply_causal(3, h, states, values).abs().max() < 1e-6
+    # distinct states do write
+    states = torch.randn(2, 7, 6)
+    assert memory.apply_causal(3, h, states, values).abs().max() > 1e-3
 
 
 def test_memory_reads_are_what_the_compiled_memory_writes_and_the_figure_escapes_tokens(lm):

@@ -517,9 +517,10 @@ class CGTLM(CGT):
         """Data-dependent start for the token memory's keys, from a feature cache's layer-ℓ states of continuations
         suffix_x (n, m, d) and their prompts' pooled read-outs (n, d) (ȳ as the head has it now).
 
-        The keys K_ν R LN(x_ℓ,j) + k_ν are fit (least squares, rank memory_rank shared over the layers) to the
-        input h_ν,j of each memory map at the same position: a slot then starts as the state its position
-        reaches at layer ν, and a · h measures how alike two positions are there, instead of a random number.
+        The keys K_ν R LN(x_ℓ,j) are fit (least squares, rank memory_rank shared over the layers) to the centred
+        input h_ν,j − h̄_ν of each memory map at the same position, and D_ν is set to the inverse variance of each
+        input feature: a slot then starts as the state its position reaches at layer ν, and a · h measures how
+        alike two positions are there in units of each feature's spread, instead of a random number.
         `unit` is set so that s = 1 writes about as much as the layer's MLP."""
         if self.memory is None:
             raise refuse("model", "a CGTLM with a token memory (memory_layers > 0) to calibrate it", "memory_layers=0")
@@ -559,15 +560,17 @@ class CGTLM(CGT):
         read[:r] = u[:, :r].t()                                                              # (rank, d)
         keys = (sv[:r, None] * vt[:r]).split(h[mem.layers[0]].shape[1], dim=1)              # L × (r, i)
         mem.read.weight.copy_(read)
-        for layer, k in zip(mem.layers, keys):
+        for at, (layer, k) in enumerate(zip(mem.layers, keys)):
+            variance = h[layer].var(0)
+            # a feature that barely varies would otherwise dominate: its variance is floored at a share of the mean
+            mem.in_scale[at] = 1.0 / (variance + 0.01 * variance.mean())
             linear = mem.keys[str(layer)]
             linear.weight.zero_()
             linear.weight[:, :r] = k.t() / mem.norm
-            linear.bias.copy_((h_mean[layer] - (x_mean @ read.t()) @ linear.weight.t() * mem.norm) / mem.norm)
         # s = 1: the memory's write (values of unit norm, as the output rows are about) as large as the MLP's
         for at, layer in enumerate(mem.layers):
             a = mem.slot_keys(layer, x[:512][None])[0]                                       # (n, i)
-            scores = h[layer][:512] @ a.t() / a.shape[0]                                     # (n, n)
+            scores = h[layer][:512] @ (a - a.mean(0)).t() / a.shape[0]                       # (n, n)
             row = self.lm.get_output_embeddings().weight.float().norm(dim=1).mean()
             write = scores.abs().sum(1).mean() * row
             mem.unit[at] = (torch.cat(outputs[layer]).norm(dim=1).mean() / write.clamp_min(1e-12)).item()
