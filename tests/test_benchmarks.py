@@ -505,3 +505,16 @@ def test_hf_oracle_smoke_reports_each_oracle_beside_the_head(tmp_path):
         with pytest.raises(SystemExit):
             hf_oracle.main(["--smoke", *bad, "--out", str(tmp_path / "x.json")])
     assert not (tmp_path / "x.json").exists()
+
+
+def test_paired_g_of_a_head_against_itself_is_zero_and_a_better_compile_is_positive():
+    import compare_heads
+    gen = torch.Generator().manual_seed(0)
+    docs = torch.arange(12).repeat_interleave(3)
+    base = {"no_context": 3.0 + torch.rand(36, generator=gen), "prompted": 2.0 + torch.rand(36, generator=gen)}
+    base["compiled"] = 2.5 + torch.rand(36, generator=gen)
+    same = compare_heads.paired_g(base, base, docs)
+    assert same["value"] == 0.0 and same["ci95"] == [0.0, 0.0]
+    better = {**base, "compiled": base["compiled"] - 0.2}
+    res = compare_heads.paired_g(better, base, docs)
+    assert res["value"] > 0 and res["ci95"][0] > 0
