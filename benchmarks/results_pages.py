@@ -34,6 +34,7 @@ LORA = "benchmarks/results/lora_vs_compile.json"
 HEAD_RUN = "benchmarks/results/smollm2_head.json"
 HEAD_METRICS = "data/models/smollm2-bbc-head/metrics.json"
 HF_ORACLE = "benchmarks/results/hf_oracle.json"
+SCRATCH_ORACLE = "benchmarks/results/oracle_regression16.json"
 TEXT_METRICS = "data/models/text-bbc5/metrics.json"
 
 
@@ -187,10 +188,14 @@ def provenance(command: str, source: str, env: dict | None = None, date: str | N
 
 
 def tasks_command(data: dict) -> str:
-    argv = data.get("argv") or []
-    if len(argv) == 1 and argv[0].startswith("("):      # the JSON records that it was assembled from several runs
-        return f"python benchmarks/tasks_results.py {argv[0]}"
-    return " ".join(["python benchmarks/tasks_results.py", *argv])
+    """The command(s) whose rows a tasks_results file holds: with --redo or --resume, each in turn."""
+    def one(argv) -> str:
+        argv = [argv] if isinstance(argv, str) else list(argv or [])
+        if len(argv) == 1 and argv[0].startswith("("):      # the JSON records that it was assembled from several runs
+            return f"python benchmarks/tasks_results.py {argv[0]}"
+        return " ".join(["python benchmarks/tasks_results.py", *argv])
+    history = data.get("history")
+    return "; then ".join(one(h.get("argv")) for h in history) if history else one(data.get("argv"))
 
 
 def table_cell(table: str, run: str, column: str) -> str | None:
@@ -302,6 +307,7 @@ def page(root: Path = ROOT) -> str:
                 provenance(tasks_command(kl), TASKS_KL, kl.get("environment")), "",
                 "The same recipes with `aux_kl=1` (see [Distillation](DISTILLATION.md)); one seed each: a hint, not a result.",
                 "", table(kl["table"]), ""]
+    out += scratch_oracle_section(root)
     out += levers(root)
     ref = load(TEXT_METRICS, root)
     if ref:
@@ -431,6 +437,32 @@ def oracle_section(root: Path = ROOT) -> list[str]:
                        f"{ci(r.get(f'G_oracle_{kind}'))} | "
                        f"{ci(r.get(f'compiled_minus_oracle_{kind}'), signed=True)} | {f2((tok or {}).get('value'))} | "
                        f"{ci(r.get(f'oracle_{kind}_minus_topic_mean'), signed=True)} |")
+    return out + [""]
+
+
+def scratch_oracle_section(root: Path = ROOT) -> list[str]:
+    """The from-scratch oracle on the rows that do not compile (`tasks_results.py --oracle K`): reader or templates."""
+    data = load(SCRATCH_ORACLE, root)
+    if not data:
+        return []
+    out = ["## Reader or templates: the oracle on regression with 16 numbers", "",
+           provenance(tasks_command(data), SCRATCH_ORACLE, data.get("environment")), "",
+           "The recipe trained on held-out seeds, then per prompt (`cgt_viz.oracle`) one part of the compiled model "
+           "optimised on fresh queries of the prompt's own w, everything else frozen, and scored on the held-out "
+           "query: the best ȳ (a perfect reader of today's coefficient map), the best coefficients of every template "
+           "(the whole fixed template space), the compile plus a free low-rank update at the same sites, and the best "
+           "*linear reader of w* (coefficients = L·w + c fitted to the best coefficients of the other half of the "
+           "prompts). G as everywhere: (L_no context − L) / (L_no context − L_prompted); above 1 beats prompting.", "",
+           "| seed | k | prompts | prompted | compiled G | best ȳ G | best coefficients G | linear reader of w G | "
+           "free update G (rank) | probe R² |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        o = r.get("oracle")
+        if not o:
+            continue
+        out.append(f"| {text(r['seed'])} | {text(o['k'])} | {text(o['n_prompts'])} | {f3(o.get('loss_prompted'))} | "
+                   f"{f2(o.get('gap_closed'))} | {f2(o.get('G_oracle_ybar'))} | {f2(o.get('G_oracle_coeffs'))} | "
+                   f"{f2(o.get('G_reader'))} | {f2(o.get('G_oracle_lora'))} ({text(o['oracle']['rank'])}) | "
+                   f"{f2(r.get('probe'))} |")
     return out + [""]
 
 
