@@ -5,8 +5,8 @@
 
 Both heads must have been trained on the same task settings (their metrics.json 'settings' give the task):
 the windows are `compile_comparison`'s for the new head's settings, and both heads are scored on each of them.
-Per prompt length it writes, for each head, the summary `compile_comparison` gives, and the paired new − base
-differences per document with 95 % bootstrap intervals: of the compiled loss, of own − topic mean and own −
+It writes under "paired" in --out (the new head's run record, its other keys kept): per prompt length, for
+each head, the summary `compile_comparison` gives, and the paired new − base differences per document with 95 % bootstrap intervals: of the compiled loss, of own − topic mean and own −
 other document, and of G (a ratio of means, so the difference of the two G over each resample of documents).
 """
 from __future__ import annotations
@@ -64,7 +64,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--part", default="test", choices=("val", "test"))
     ap.add_argument("--prompts", type=int, nargs="+", default=None, help="default: the new head's eval_prompts")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "smollm2_head_memory.json"))
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "smollm2_head_memory.json"),
+                    help="the new head's run record (train-head --results): the comparison goes under its 'paired'")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
@@ -105,7 +106,9 @@ def main(argv=None) -> dict:
               f"{d['own_minus_topic_mean']['value']:+.3f} [{d['own_minus_topic_mean']['ci95'][0]:+.3f}, "
               f"{d['own_minus_topic_mean']['ci95'][1]:+.3f}])", flush=True)
     result["seconds"] = time.perf_counter() - t0
-    write_json(Path(args.out), result)
+    out = Path(args.out)   # the head's run record (its command, speeds) keeps its other keys: this is its "paired"
+    record = json.loads(out.read_text()) if out.exists() else {}
+    write_json(out, {**record, "paired": result})
     return result
 
 

@@ -35,6 +35,7 @@ HEAD_RUN = "benchmarks/results/smollm2_head.json"
 HEAD_METRICS = "data/models/smollm2-bbc-head/metrics.json"
 HF_ORACLE = "benchmarks/results/hf_oracle.json"
 SCRATCH_ORACLE = "benchmarks/results/oracle_regression16.json"
+MEMORY_HEAD = "benchmarks/results/smollm2_head_memory.json"
 TEXT_METRICS = "data/models/text-bbc5/metrics.json"
 
 
@@ -274,6 +275,14 @@ def glance(root: Path = ROOT) -> str:
             rows.append((f"Shipped SmolLM2 head, test documents, prompt {p}: G [95 %]; own − other document (nats)",
                          f"{ci(part.get('G'))}; {part['own_minus_other']['value']:+.3f}",
                          "python benchmarks/train_smollm2_head.py", HEAD_METRICS))
+    memory = load(MEMORY_HEAD, root)
+    prompts = {p: v for p, v in (memory or {}).get("paired", {}).items() if p.startswith("p=")}
+    for p, paired in sorted(prompts.items(), key=lambda kv: int(kv[0].split("=")[1])):
+        d = paired["new_minus_base"]
+        rows.append((f"SmolLM2 head with a token memory minus the shipped head, same test windows, prompt {p}, paired "
+                     f"per document: G; own − topic mean (nats) [95 %]",
+                     f"{ci(d['G'], signed=True)}; {ci(d['own_minus_topic_mean'], fmt=f3, signed=True)}",
+                     "python benchmarks/compare_heads.py --new data/models/smollm2-bbc-memory-head", MEMORY_HEAD))
     lora = load(LORA, root)
     if lora:
         for task, label in (("icl", "ICL"), ("text", "text"), ("smollm2", "SmolLM2 head")):
