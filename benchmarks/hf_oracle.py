@@ -9,6 +9,7 @@ Per prompt (the test windows of `compile_comparison`, prompt length --prefix, --
   ybar    the best ȳ for this prompt (a perfect reader of the head's templates)
   coeffs  the best coefficients of every template (the whole fixed template space)
   lora    the compiled update plus a free rank --rank update at the same maps (any direction)
+  memory  a head with a token memory: the best factors of the memory's update (its space's ceiling)
 
 optimised for --steps Adam steps: KL to the prompted LM on the scored text (capacity; its tokens are never used)
 or the head's own objective on --samples continuations sampled from the prompted LM (fair). G of each, the paired compiled − oracle per
@@ -34,7 +35,8 @@ def _args(argv=None):
     p.add_argument("--head", default=str(HEAD), help="a head folder written by train-head (default: the shipped one)")
     p.add_argument("--part", default="test", choices=("val", "test"))
     p.add_argument("--targets", default="capacity,fair", help="comma-separated subset of capacity,fair")
-    p.add_argument("--kinds", default="ybar,coeffs,lora", help="comma-separated subset of ybar,coeffs,lora")
+    p.add_argument("--kinds", default="ybar,coeffs,lora",
+                   help="comma-separated subset of ybar,coeffs,lora,memory (memory: a head with a token memory)")
     p.add_argument("--prefix", type=int, default=64, help="prompt length p")
     p.add_argument("--suffix", type=int, default=64, help="scored continuation tokens m")
     p.add_argument("--per-topic", type=int, default=4, help="test documents per topic")
@@ -50,8 +52,8 @@ def _args(argv=None):
     p.add_argument("--smoke", action="store_true", help="the tiny random Llama on random windows, seconds")
     p.add_argument("--out", default=str(DEFAULT_RESULTS / "hf_oracle.json"))
     args = p.parse_args(argv)
-    from cgt_viz.hf.oracle import ORACLE_KINDS, ORACLE_TARGETS
-    for name, allowed in (("targets", ORACLE_TARGETS), ("kinds", ORACLE_KINDS)):
+    from cgt_viz.hf.oracle import HF_ORACLE_KINDS, ORACLE_TARGETS
+    for name, allowed in (("targets", ORACLE_TARGETS), ("kinds", HF_ORACLE_KINDS)):
         items = [s for s in getattr(args, name).split(",") if s]
         bad = [s for s in items if s not in allowed]
         if bad or not items:

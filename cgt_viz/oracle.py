@@ -232,20 +232,33 @@ def _linear_reader_loss(model, kept: list, loss_of) -> float:
 
 
 def oracle_pass(model, kind: str, ybar: torch.Tensor, compiled: dict, rank: int, gen: torch.Generator,
-                hidden: Callable[[torch.Tensor, dict], torch.Tensor]):
+                hidden: Callable[[torch.Tensor, dict], torch.Tensor], held: dict | None = None):
     """The part optimised for one kind -> (run(params, x, rows) -> the x stream's final states, the starting
     params). rows maps each row of x to its prompt (a prompt's fit rows share its params); hidden(x, coeffs) is
-    the family's pass with ȳ frozen (the from-scratch CGT's whole x stream; a CGTLM's layers above ℓ from x_ℓ)."""
+    the family's pass with ȳ frozen (the from-scratch CGT's whole x stream; a CGTLM's layers above ℓ from x_ℓ).
+    compiled holds the templates' coefficients; held, further entries of a pass's coeffs that every kind but
+    "memory" keeps as compiled (a CGTLM's token memory, {"ν.memory": (A, B)}); kind "memory" optimises those."""
+    held = held or {}
     keys = list(compiled)
+    fixed = lambda rows: {key: tuple(f[rows] for f in ab) for key, ab in held.items()}     # noqa: E731
     if kind == "ybar":
-        return (lambda params, x, rows: hidden(x, model._fixed_coeffs(params[0][rows]))), [ybar]
+        return (lambda params, x, rows: hidden(x, {**model._fixed_coeffs(params[0][rows]), **fixed(rows)})), [ybar]
     if kind == "coeffs":
-        return (lambda params, x, rows: hidden(x, {key: c[rows] for key, c in zip(keys, params)}),
+        return (lambda params, x, rows: hidden(x, {**{key: c[rows] for key, c in zip(keys, params)}, **fixed(rows)}),
                 [compiled[key] for key in keys])
+    if kind == "memory":
+        if not held:
+            raise refuse("kinds", "'memory' only for a model with a token memory", repr(kind))
+        mem_keys = list(held)
+
+        def run_memory(params, x, rows):
+            factors = {key: (params[2 * j][rows], params[2 * j + 1][rows]) for j, key in enumerate(mem_keys)}
+            return hidden(x, {**{key: c[rows] for key, c in compiled.items()}, **factors})
+        return run_memory, [f for key in mem_keys for f in held[key]]
     start = free_start(model, keys, len(ybar), rank, gen, ybar.device)
 
     def run(params, x, rows):
         factors = {key: (params[2 * j][rows], params[2 * j + 1][rows]) for j, key in enumerate(keys)}
         with free_sites(model, factors):
-            return hidden(x, {key: c[rows] for key, c in compiled.items()})
+            return hidden(x, {**{key: c[rows] for key, c in compiled.items()}, **fixed(rows)})
     return run, start

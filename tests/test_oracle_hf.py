@@ -96,3 +96,32 @@ def test_the_capacity_oracle_never_reads_the_continuations_own_next_tokens(head)
     b = oracle.oracle_window_losses(head, changed, PREFIX, kinds=("coeffs",), steps=3, batch_size=3)
     torch.testing.assert_close(a["objective"]["coeffs"]["best"], b["objective"]["coeffs"]["best"])
     assert not torch.equal(a["oracle_coeffs"][:, -1], b["oracle_coeffs"][:, -1])
+
+
+@pytest.fixture(scope="module")
+def memory_head():
+    torch.manual_seed(0)
+    model = hf.CGTLM(hf.tiny_llama(seed=0), y_layer=2, d_y=8, n_head_y=2, n_templates=3, template_rank=2,
+                     pooled_only=True, aux_kl=1.0, aux_ce=0.5, memory_layers=2, memory_rank=4)
+    with torch.no_grad():
+        model.memory.scale.fill_(0.7)     # the memory switched on (it starts writing nothing)
+    return randomize_templates(model)
+
+
+def test_every_oracle_of_a_memory_head_starts_at_its_compile_memory_included(memory_head):
+    tokens = _windows()
+    topics, docs = torch.zeros(5, dtype=torch.long), torch.arange(5)
+    compiled = window_losses(memory_head, tokens, PREFIX, topics, docs, batch_size=2, per_position=True)["compiled"]
+    kinds = (*oracle.ORACLE_KINDS, "memory")
+    out = oracle.oracle_window_losses(memory_head, tokens, PREFIX, kinds=kinds, steps=0, batch_size=2)
+    for kind in kinds:       # each kind keeps the compiled memory (or starts from it): the head's own loss
+        torch.testing.assert_close(out[f"oracle_{kind}"], compiled, msg=kind)
+
+
+def test_the_memory_oracle_lowers_the_objective_and_a_head_without_memory_refuses_it(memory_head, head):
+    out = oracle.oracle_window_losses(memory_head, _windows(), PREFIX, kinds=("memory",), steps=15, lora_lr=0.05,
+                                      batch_size=5)
+    start, best = out["objective"]["memory"]["start"], out["objective"]["memory"]["best"]
+    assert (best <= start).all() and float(best.mean()) < float(start.mean())
+    with pytest.raises(ValueError, match="kinds.*token memory"):
+        oracle.oracle_window_losses(head, _windows(), PREFIX, kinds=("memory",), steps=1)

@@ -11,6 +11,8 @@ kinds
     coeffs   the best coefficients of every template: the whole fixed template space
     lora     the compiled update plus a free rank-r update at the same maps: a space that can write any
              direction, the reference for what a richer template kind could reach
+    memory   (a head with a token memory) the best factors A, B of the memory's update at each of its maps, the
+             templates as compiled: any update of the memory's rank at its maps, the ceiling of its space
 
 targets
     capacity KL to the prompted LM on the scored continuation itself: an upper bound of what the space can
@@ -36,6 +38,7 @@ from ..sequences import eval_mode
 from .measure import by_position, document_interval, prompt_token_positions, summarize_comparison, window_losses
 
 ORACLE_TARGETS = ("capacity", "fair")
+HF_ORACLE_KINDS = (*ORACLE_KINDS, "memory")
 
 
 def _objective(model, logits: torch.Tensor, targets: torch.Tensor | None, teacher_logp: torch.Tensor) -> torch.Tensor:
@@ -81,12 +84,11 @@ def oracle_window_losses(model, tokens: torch.Tensor, prefix_len: int, kinds: Se
     more per unit of step)."""
     from .model import check_cgtlm
     check_cgtlm(model)
-    if model.memory is not None:
-        raise refuse("model", "a CGTLM without a token memory (the oracle optimises the templates' part of a "
-                     "compile; a memory's own ceiling is not measured here)", f"memory_layers={len(model.memory.layers)}")
     for kind in kinds:
-        if kind not in ORACLE_KINDS:
-            raise refuse("kinds", f"a subset of {ORACLE_KINDS}", repr(kind))
+        if kind not in HF_ORACLE_KINDS:
+            raise refuse("kinds", f"a subset of {HF_ORACLE_KINDS}", repr(kind))
+        if kind == "memory" and model.memory is None:
+            raise refuse("kinds", "'memory' only for a head with a token memory (memory_layers > 0)", repr(kind))
     if target not in ORACLE_TARGETS:
         raise refuse("target", f"one of {ORACLE_TARGETS}", repr(target))
     check_int("steps", steps, 0)
@@ -109,6 +111,10 @@ def oracle_window_losses(model, tokens: torch.Tensor, prefix_len: int, kinds: Se
             prompt = w[:, :prefix_len]
             ybar = (model._summary(model.pooled_readout(prompt)) if model.pooled_only
                     else model.context(prompt)[:, -1]).detach()                 # (b, e)
+            memory = {}
+            if model.memory is not None:        # {"ν.memory": (A (b, m, i), B (b, o, m))}, as a compile writes it
+                memory = {key: tuple(f.detach() for f in ab) for key, ab in
+                          model.memory_coeffs(model.x_at_layer(prompt), prompt).items()}
             scored_x = model.x_at_layer(w[:, prefix_len:prefix_len + m])       # (b, m, d)
             scored_tgt = w[:, prefix_len + 1:]
             if target == "capacity":
@@ -130,10 +136,12 @@ def oracle_window_losses(model, tokens: torch.Tensor, prefix_len: int, kinds: Se
                 return torch.zeros(b, device=value.device).index_add(0, rows, value) / (len(rows) / b)
 
             for kind in kinds:
-                run, params = oracle_pass(model, kind, ybar, compiled, rank, gen, hidden=model._upper_hidden)
+                run, params = oracle_pass(model, kind, ybar, compiled, rank, gen, hidden=model._upper_hidden,
+                                          held=memory)
                 objective = lambda ps: per_row(_objective(model, model._logits(run(ps, fit_x, rows)), fit_tgt,
                                                           fit_teacher))
-                best, start, best_value = best_of(params, objective, steps, lora_lr if kind == "lora" else lr)
+                best, start, best_value = best_of(params, objective, steps,
+                                                  lora_lr if kind in ("lora", "memory") else lr)
                 with torch.no_grad():
                     logits = model._logits(run(best, scored_x, torch.arange(b, device=w.device)))
                     ce = F.cross_entropy(logits.flatten(0, 1).float(), scored_tgt.flatten(), reduction="none")
