@@ -34,6 +34,7 @@ LORA = "benchmarks/results/lora_vs_compile.json"
 HEAD_RUN = "benchmarks/results/smollm2_head.json"
 HEAD_METRICS = "data/models/smollm2-bbc-head/metrics.json"
 HF_ORACLE = "benchmarks/results/hf_oracle.json"
+MEMORY_ORACLE = "benchmarks/results/oracle_smollm2_memory_head.json"
 SCRATCH_ORACLE = "benchmarks/results/oracle_regression16.json"
 MEMORY_HEAD = "benchmarks/results/smollm2_head_memory.json"
 TEXT_METRICS = "data/models/text-bbc5/metrics.json"
@@ -416,37 +417,51 @@ def page(root: Path = ROOT) -> str:
 
 ORACLE_LABELS = {"ybar": "best ȳ (a perfect reader of the templates)",
                  "coeffs": "best coefficients (the whole fixed template space)",
-                 "lora": "compiled + free rank-r update at the same maps"}
+                 "lora": "compiled + free rank-r update at the same maps",
+                 "memory": "best factors of the token memory (its whole space: any update of its rank at its maps)"}
 
 
 def oracle_section(root: Path = ROOT) -> list[str]:
-    """The ceiling of the shipped head's update space (`benchmarks/hf_oracle.py`), beside the head."""
-    res = load(HF_ORACLE, root)
-    if not res or res.get("smoke"):
+    """The ceiling of each SmolLM2 head's update space (`benchmarks/hf_oracle.py`), beside the head: the shipped
+    head and, where measured, the head with a token memory."""
+    measured = [(src, res) for src in (HF_ORACLE, MEMORY_ORACLE) if (res := load(src, root)) and not res.get("smoke")]
+    if not measured:
         return []
-    st = res["settings"]
-    cmd = ("python benchmarks/hf_oracle.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in st.items() if k in ("per_topic", "steps", "rank", "prefix")))
-    out = ["## The ceiling of the head's update space (oracle)", "",
-           provenance(cmd, HF_ORACLE, res.get("environment")), "",
-           f"Per prompt ({text(st['prefix'])} tokens; {text(st['suffix'])} scored), one part of the head's output "
-           f"optimised by {text(st['steps'])} Adam steps, everything else frozen. *capacity*: KL to the prompted LM on "
-           "the scored text (its own next tokens are never used): an upper bound of what the space can express of "
-           f"the prompt. *fair*: the head's own objective on {text(st.get('samples'))} continuations sampled from the "
-           "prompted LM, the scored text unseen; with so few samples and no held-out stop it overfits them, so its "
-           "rows measure per-prompt fitting, not a ceiling. compiled − oracle is paired per document (above 0: the "
-           "oracle is better).", "",
-           "| target | docs / windows | head G [95 %] | oracle | oracle G [95 %] | compiled − oracle [95 %] | "
-           "oracle G at prompt tokens | oracle own − topic mean [95 %] |", "|---|---|---|---|---|---|---|---|"]
-    for target, r in res["targets"].items():
-        for kind in r["oracle"]["kinds"]:
-            tok = r.get("by_position", {}).get("prompt_token", {}).get(f"G_oracle_{kind}")
-            label = text(ORACLE_LABELS.get(kind, kind)) + (f" (r = {text(st['rank'])})" if kind == "lora" else "")
-            out.append(f"| {text(target)} | {text(r['n_documents'])} / {text(r['n_windows'])} | {ci(r.get('G'))} | {label} | "
-                       f"{ci(r.get(f'G_oracle_{kind}'))} | "
-                       f"{ci(r.get(f'compiled_minus_oracle_{kind}'), signed=True)} | {f2((tok or {}).get('value'))} | "
-                       f"{ci(r.get(f'oracle_{kind}_minus_topic_mean'), signed=True)} |")
+    out = ["## The ceiling of the head's update space (oracle)", ""]
+    for src, res in measured:
+        st = res["settings"]
+        cmd = ("python benchmarks/hf_oracle.py " + " ".join(
+            f"--{k.replace('_', '-')} {v}" for k, v in st.items() if k in ("per_topic", "steps", "rank", "prefix")))
+        if src == MEMORY_ORACLE:
+            cmd += f" --head {res['head']} --targets {','.join(res['targets'])} --kinds {','.join(st['kinds'])}"
+        out += [f"**{text(head_name(res['head']))}**: " + provenance(cmd, src, res.get("environment")), ""]
+    st = measured[0][1]["settings"]
+    out += [f"Per prompt ({text(st['prefix'])} tokens; {text(st['suffix'])} scored), one part of the head's output "
+            f"optimised by {text(st['steps'])} Adam steps, everything else frozen. *capacity*: KL to the prompted LM on "
+            "the scored text (its own next tokens are never used): an upper bound of what the space can express of "
+            f"the prompt. *fair*: the head's own objective on {text(st.get('samples'))} continuations sampled from the "
+            "prompted LM, the scored text unseen; with so few samples and no held-out stop it overfits them, so its "
+            "rows measure per-prompt fitting, not a ceiling. compiled − oracle is paired per document (above 0: the "
+            "oracle is better).", "",
+            "| head | target | docs / windows | head G [95 %] | oracle | oracle G [95 %] | compiled − oracle [95 %] | "
+            "oracle G at prompt tokens | oracle own − topic mean [95 %] |", "|---|---|---|---|---|---|---|---|---|"]
+    for src, res in measured:
+        st = res["settings"]
+        for target, r in res["targets"].items():
+            for kind in r["oracle"]["kinds"]:
+                tok = r.get("by_position", {}).get("prompt_token", {}).get(f"G_oracle_{kind}")
+                label = text(ORACLE_LABELS.get(kind, kind)) + (f" (r = {text(st['rank'])})" if kind == "lora" else "")
+                out.append(f"| {text(head_name(res['head']))} | {text(target)} | {text(r['n_documents'])} / "
+                           f"{text(r['n_windows'])} | {ci(r.get('G'))} | {label} | "
+                           f"{ci(r.get(f'G_oracle_{kind}'))} | "
+                           f"{ci(r.get(f'compiled_minus_oracle_{kind}'), signed=True)} | {f2((tok or {}).get('value'))} | "
+                           f"{ci(r.get(f'oracle_{kind}_minus_topic_mean'), signed=True)} |")
     return out + [""]
+
+
+def head_name(path: str) -> str:
+    """A head folder as the page names it: its last part (the results files hold the path it was read from)."""
+    return Path(str(path)).name
 
 
 def scratch_oracle_section(root: Path = ROOT) -> list[str]:
