@@ -82,11 +82,11 @@ def residual_departures(base, compiled, prompt: torch.Tensor, rest: torch.Tensor
     "prompted": the compiled stream is nearer the prompted one than the LM's is), "cosine": mean cosine of the two
     departures (NaN at layers where the compiled model does not depart: a weight it does not change),
     "tokens": the number of positions averaged}, numpy arrays of length N."""
-    _check_wrapped("base", base)          # named as the caller passed them, before any pass runs
-    _check_wrapped("compiled", compiled)
     rest = _ids("rest", rest, 1)
     skip = check_int("skip", skip, 0, len(rest) - 1, hint=f" (rest has {len(rest)} tokens)")
     prompt = _ids("prompt", prompt, 1).to(rest.device)
+    _check_wrapped("base", base)          # named as the caller passed them, before any pass runs
+    _check_wrapped("compiled", compiled)
     h_base = residual_stream(base, rest[None])[:, 0, skip:]
     h_comp = residual_stream(compiled, rest[None])[:, 0, skip:]
     if h_comp.shape != h_base.shape:
