@@ -57,9 +57,13 @@ def recipe_for(task: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
     then the recipe's task fields, then the task's own defaults."""
     import inspect
 
+    from ._checks import check_dict, describe, refuse
     from .tasks import TASKS
 
-    args = args or {}
+    if not isinstance(task, str):   # any name: a task of one's own ("module:Class") has no recipe, so {} comes back
+        raise refuse("task", f"a task name (a str: one of {sorted(RECIPES)}, or another task's name)", describe(task),
+                     TypeError)
+    args = {} if args is None else check_dict("args", args, "None or a dict of the task's constructor arguments")
     recipe = copy.deepcopy(RECIPES.get(task, {}))
     defaults = ({name: p.default for name, p in inspect.signature(TASKS[task]).parameters.items()
                  if p.default is not inspect.Parameter.empty} if task in TASKS else {})

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import inspect
 import math
 import re
@@ -46,6 +47,8 @@ from cgt_viz.tasks.regression import LinearRegression
 from cgt_viz.tasks.text import TextMixture
 from cgt_viz.tasks.tokenizer import ByteTokenizer, CorpusBPE, GPT2Tokenizer, tokenizer_from_spec
 from cgt_viz.train import TrainHistory, resolve_device, train
+from cgt_viz.recipes import recipe_for
+from helpers import ByteTokenizer as HFByteTokenizer   # bytes as tokens, with the transformers tokenizer's calls
 
 # words that say what is allowed; "need"/"use" only as a requirement or a bound ("needs a tokens-mode model",
 # "use k <= 5"), not anywhere ("k=6 demonstrations need 14 positions" alone says nothing allowed)
@@ -731,6 +734,171 @@ case("BBCTokens.for_head", "settings", [[16]], lambda v: _hf().BBCTokens.for_hea
      says="the dict")
 
 
+# ------------------------------------------------------------------------------------------ hf.*, recipes (issue 39, B46)
+# The pretrained-LM side (tiny random Llama, built offline; skipped where transformers or peft is missing) and the
+# task recipes. The arguments declared with `@checked` get their generated rows under "declared contracts" below.
+HF_PACKAGES = ("transformers", "peft")
+HF_AVAILABLE = all(importlib.util.find_spec(p) is not None for p in HF_PACKAGES)
+HF_MODULES = ["cgt_viz.hf"] + [f"cgt_viz.hf.{m}" for m in ("data", "distill", "export", "head_run", "interp", "layouts",
+                                                            "lora", "measure", "model", "oracle", "source", "stream",
+                                                            "tiny")]
+
+
+def _hf_mod(name: str):
+    """cgt_viz.hf.<name>, or a skip where the hf extra is not installed."""
+    for package in HF_PACKAGES:
+        pytest.importorskip(package)
+    return importlib.import_module(f"cgt_viz.hf.{name}")
+
+
+case("recipe_for", "task", [5, None, ("regression",)], lambda v: recipe_for(v))
+case("recipe_for", "args", [5, "dim=16", [("dim", 16)]], lambda v: recipe_for("regression", v))
+
+# hf.data: BBCTokens over the session's small corpus, bytes as tokens
+BBC = functools.lru_cache(None)(lambda: _hf_mod("data").BBCTokens(HFByteTokenizer(), block_size=16,
+                                                                   source=_CORPUS.name))
+case("BBCTokens", "test_fraction", [0.8, -0.1], lambda v: _hf_mod("data").BBCTokens(
+    HFByteTokenizer(), block_size=16, source=_CORPUS.name, test_fraction=v))
+case("BBCTokens", "source", ["/nonexistent/corpus"], lambda v: _hf_mod("data").BBCTokens(HFByteTokenizer(), source=v),
+     errors=(FileNotFoundError, ValueError))
+case("BBCTokens.check_part", "part", ["nonsense", 5], lambda v: BBC().check_part(v))
+case("BBCTokens.n_docs", "part", ["test"], lambda v: BBC().n_docs(v), says="test_fraction > 0")
+case("BBCTokens.get_batch", "part", ["nonsense"], lambda v: BBC().get_batch(2, part=v))
+case("BBCTokens.eval_batch", "k", [0, 16, 2.5], lambda v: BBC().eval_batch(v, 2))
+case("BBCTokens.excerpts", "length", [0, 18], lambda v: BBC().excerpts(v))
+case("BBCTokens.excerpts", "per_topic", [0, -1, 1.5], lambda v: BBC().excerpts(8, per_topic=v))
+case("BBCTokens.excerpts", "part", ["nonsense"], lambda v: BBC().excerpts(8, part=v))
+case("BBCTokens.excerpts", "seed", [-1, "0"], lambda v: BBC().excerpts(8, seed=v))
+case("BBCTokens.document_ids", "part", ["nonsense"], lambda v: BBC().document_ids(v))
+case("BBCTokens.document_ids", "topic", [2, -1, 1.5], lambda v: BBC().document_ids("train", v))
+case("BBCTokens.document_windows", "length", [1, 10 ** 4], lambda v: BBC().document_windows(v, "train"))
+case("BBCTokens.document_windows", "per_doc", [0, 1.5], lambda v: BBC().document_windows(8, "train", per_doc=v))
+case("BBCTokens.document_windows", "per_topic", [0], lambda v: BBC().document_windows(8, "train", per_topic=v))
+case("BBCTokens.document_windows", "seed", [-1], lambda v: BBC().document_windows(8, "train", seed=v))
+case("BBCTokens.document_windows", "part", ["test"], lambda v: BBC().document_windows(8, v))
+
+# hf.distill: a feature cache of the pooled-only head, built once into the session's own folder
+HEAD = functools.lru_cache(None)(_head)
+_FEATURE_ROOT = tempfile.TemporaryDirectory()
+FEATURES = functools.lru_cache(None)(lambda: _hf_mod("distill").build_feature_cache(
+    HEAD(), _WINDOWS, 6, top_k=7, root=_FEATURE_ROOT.name, progress=False))
+train_head_case = lambda **kw: _hf_mod("distill").train_head(**{  # noqa: E731
+    "model": HEAD(), "cache": FEATURES(), "steps": 1, "batch_size": 2, "progress": False, **kw})
+case("train_head", "batch_size", [1000], lambda v: train_head_case(batch_size=v), says="the cache holds 6 windows")
+case("train_head", "steps", [None], lambda v: train_head_case(steps=v, minutes=None), shows="neither")
+case("train_head", "checkpoint_dir", [None], lambda v: train_head_case(checkpoint_dir=v, resume=True))
+case("train_head", "callback", [5, "print"], lambda v: train_head_case(callback=v))
+case("train_head", "log", [5], lambda v: train_head_case(log=v))
+case("train_head", "model", ["pooled_only=False"], lambda v: train_head_case(model=_head(pooled_only=False)),
+     shows="pooled_only=True")
+case("evaluate_cache", "model", ["m", CGT_T], lambda v: _hf_mod("distill").evaluate_cache(v, FEATURES()), shows="")
+
+# hf.interp: the functions take nnsight-wrapped models; everything here is refused before a pass runs
+class _Traceable:
+    """Stands in for an nnsight-wrapped model (the argument checks look for its `trace`)."""
+    trace = None
+
+
+_DEPARTURES = {"layer": np.arange(1, 5), **{k: np.zeros(4) for k in ("compiled", "prompted", "to_prompted", "cosine")}}
+departures_case = lambda **kw: _hf_mod("interp").residual_departures(**{  # noqa: E731
+    "base": _Traceable(), "compiled": _Traceable(), "prompt": IDX[0], "rest": IDX[1, :3], **kw})
+case("residual_stream", "wrapped", [5], lambda v: _hf_mod("interp").residual_stream(v, IDX), shows="int")
+case("residual_stream", "wrapped", ["lm"], lambda v: _hf_mod("interp").residual_stream(v, IDX),
+     shows="str")
+case("residual_departures", "base", [5], lambda v: departures_case(base=v), shows="int")
+case("residual_departures", "compiled", ["lm"], lambda v: departures_case(compiled=v), shows="str")
+case("residual_departures", "rest", ["x", torch.zeros(3), torch.zeros(0, dtype=torch.long)],
+     lambda v: departures_case(rest=v), shows="")
+case("residual_departures", "prompt", [[1, 2], torch.zeros(2, 3, dtype=torch.long)], lambda v: departures_case(prompt=v),
+     shows="")
+case("residual_departures", "skip", [-1, 3, 1.5], lambda v: departures_case(skip=v))
+case("departure_figure", "departures", [5, {"layer": [1]}], lambda v: _hf_mod("interp").departure_figure(v), shows="")
+case("departure_figure", "y_layer", [-1, 9, 1.5], lambda v: _hf_mod("interp").departure_figure(_DEPARTURES, y_layer=v))
+case("departure_figure", "height", [5], lambda v: _hf_mod("interp").departure_figure(_DEPARTURES, height=v))
+
+# hf.layouts, hf.lora
+case("layout_of", "lm", [5, "llama"], lambda v: _hf_mod("layouts").layout_of(v), shows="")
+case("layout_of", "lm", ["opt"], lambda v: _hf_mod("layouts").layout_of(_opt()), shows="'opt'")
+compare_lm_case = lambda **kw: _hf_mod("lora").lm_compare_methods(**{  # noqa: E731
+    "model": CGTLM_(), "task": _hf_mod("tiny").RandomWindows(), "n_prompts": 1, "prompt_len": 4, "suffix_len": 4,
+    "steps": (0,), "timing_repeats": 1, **kw})
+case("lm_compare_methods", "compile_steps", [[-1], "5"], lambda v: compare_lm_case(compile_steps=v))
+case("lm_compare_methods", "log", [5], lambda v: compare_lm_case(log=v))
+
+# hf.measure, hf.oracle
+_WIN_TOPICS, _WIN_DOCS = torch.arange(6) // 3, torch.arange(6)
+case("excerpt_summaries", "length", [0], lambda v: _hf_mod("measure").excerpt_summaries(CGTLM_(), BBC(), v))
+case("ybar_topic_knn", "length", [0], lambda v: _hf_mod("measure").ybar_topic_knn(CGTLM_(), BBC(), v))
+case("ybar_topic_knn", "model", [GPT_T, 5], lambda v: _hf_mod("measure").ybar_topic_knn(v, BBC(), 8), shows="")
+case("continuation_losses", "k", [0, 16], lambda v: _hf_mod("measure").continuation_losses(
+    CGTLM_(), BBC(), v, n_batches=1, batch_size=2))
+case("window_losses", "prefix_len", [0, 14, 2.5], lambda v: _hf_mod("measure").window_losses(
+    CGTLM_(), _WINDOWS, v, _WIN_TOPICS, _WIN_DOCS))
+case("prompt_token_positions", "prefix_len", [0, 14], lambda v: _hf_mod("measure").prompt_token_positions(_WINDOWS, v))
+oracle_case = lambda **kw: _hf_mod("oracle").oracle_window_losses(**{  # noqa: E731
+    "model": CGTLM_(), "tokens": _WINDOWS, "prefix_len": 6, "steps": 0, **kw})
+case("oracle_window_losses", "kinds", [("ybar", "nope")], lambda v: oracle_case(kinds=v), shows="'nope'")
+for _arg, _values in {"target": ["nonsense", 5], "steps": [-1, 1.5], "lr": [0.0, math.nan], "lora_lr": [0.0],
+                      "rank": [0], "samples": [0], "batch_size": [0], "prefix_len": [0, 13], "model": ["m"]}.items():
+    case("oracle_window_losses", _arg, _values, lambda v, a=_arg: oracle_case(**{a: v}))
+MEMORY_CGTLM = functools.lru_cache(None)(lambda: cgtlm_case(sites=("attn_in", "mlp_in"), memory_layers=1))
+case("oracle_window_losses", "model", ["memory_layers=1"], lambda v: oracle_case(model=MEMORY_CGTLM()),
+     shows="memory_layers=1")
+oracle_comparison_case = lambda **kw: _hf_mod("oracle").oracle_comparison(**{  # noqa: E731
+    "model": CGTLM_(), "task": _hf_mod("tiny").RandomWindows(), "prompt_len": 4, "suffix_len": 4, "draws": 1,
+    "steps": 0, **kw})
+for _arg, _values in {"prompt_len": [0], "suffix_len": [1], "draws": [0], "model": ["m"]}.items():
+    case("oracle_comparison", _arg, _values, lambda v, a=_arg: oracle_comparison_case(**{a: v}))
+
+# hf.model: CGTLM's own methods
+for _entry, _call in {"compiled_coeffs": lambda v: CGTLM_().compiled_coeffs(v),
+                      "prompt_factors": lambda v: CGTLM_().prompt_factors(v),
+                      "forward_compiled": lambda v: CGTLM_().forward_compiled(_HF_IDX, v)}.items():
+    case(f"CGTLM.{_entry}", "prompt", ["hello"], _call, shows="str")
+    case(f"CGTLM.{_entry}", "prompt", [_HF_IDX[:, :4]], _call, shows="(2, 4)")
+case("CGTLM.forward_compiled", "idx", [_HF_IDX.float()], lambda v: CGTLM_().forward_compiled(v, _HF_IDX[0, :4]),
+     shows="float32")
+for _entry, _call in {"lower_cache": lambda v: CGTLM_().lower_cache(v),
+                      "pooled_readout": lambda v: CGTLM_().pooled_readout(v),
+                      "x_at_layer": lambda v: CGTLM_().x_at_layer(v)}.items():
+    for _v, _shows in [("x", "str"), (_HF_IDX.float(), "float32"), (torch.full((1, 4), 96), "96")]:
+        case(f"CGTLM.{_entry}", "idx", [_v], _call, shows=_shows)
+case("CGTLM.x_at_layer", "layer", [0, 5, 1.5], lambda v: CGTLM_().x_at_layer(_HF_IDX, v))
+case("CGTLM.calibrate_pool_from", "pooled", ["x", torch.zeros(3, 5)], lambda v: CGTLM_().calibrate_pool_from(v),
+     shows="")
+case("CGTLM.from_config", "config", [5, "config"], lambda v: _hf().CGTLM.from_config(v, LM()), shows="")
+case("CGTLM.from_config", "config", [tok_cfg()], lambda v: _hf().CGTLM.from_config(v, LM()), shows="CGTConfig")
+case("CGTLM.merged_lm", "ybar_vec", ["y", torch.zeros(5)], lambda v: CGTLM_().merged_lm(v), shows="")
+case("CGTLM.memory_reads", "layer", [1, 99], lambda v: MEMORY_CGTLM().memory_reads(_HF_IDX[0, :6], _HF_IDX[0], v))
+case("CGTLM.memory_reads", "idx", ["x"], lambda v: MEMORY_CGTLM().memory_reads(_HF_IDX[0, :6], v), shows="str")
+case("CGTLM.memory_reads", "prompt", ["hello"], lambda v: MEMORY_CGTLM().memory_reads(v, _HF_IDX[0]), shows="str")
+
+# hf.source: nothing is converted or loaded; the real SmolLM2 is never touched here
+case("smollm2", "cache_dir", [5], lambda v: _hf_mod("source").smollm2(cache_dir=v), shows="int")
+case("smollm2", "dtype", ["float16", torch.int64], lambda v: _hf_mod("source").smollm2(dtype=v))
+
+
+def _load_local_dtype(dtype, tmp: Path):
+    (tmp / "config.json").write_text("{}")     # the folder passes the path checks: the dtype is what is refused
+    return _hf_mod("source").load_local(tmp, dtype=dtype)
+
+
+case("load_local", "dtype", ["float32", torch.int32], lambda v: InTmp(lambda tmp: _load_local_dtype(v, tmp)))
+
+# hf.head_run: `python -m cgt_viz train-head`, its flags checked before the LM is loaded
+HEAD_FLAGS = {"--threads": ["0"], "--device": ["nonsense"], "--sites": ["nope"], "--train-per-topic": ["0"],
+              "--memory-layers": ["-1"], "--memory-rank": ["0"], "--init-from": ["/nonexistent/head"],
+              "--steps": ["0"], "--seed": ["-1"], "--minutes": ["0"], "--lr": ["0"], "--aux-ce": ["-1"],
+              "--aux-kl": ["-1"], "--eval-prompts": ["1"], "--val-fraction": ["1.5"], "--test-fraction": ["0.95"],
+              **{f"--{flag}": ["0"] for flag in ("y-layer", "d-y", "templates", "rank", "prefix", "suffix", "per-doc",
+                                                  "top-k", "batch", "val-windows", "eval-per-topic", "eval-draws",
+                                                  "checkpoint-every")}}
+for _flag, _values in HEAD_FLAGS.items():
+    for _v in _values:   # the message shows the value as typed
+        case("cli train-head", _flag, [_v], lambda v, f=_flag: InTmp(
+            lambda tmp: ["train-head", "--out", str(tmp / "head"), f, v], cli=True), shows=_v)
+
+
 # ------------------------------------------------------------------------------------------ the check
 def _in_tmp(call: InTmp, tmp_path, capsys):
     if not call.cli:
@@ -869,11 +1037,79 @@ LB_DECLARED = {
 DECLARED.update(LB_DECLARED)
 
 
+# the pretrained-LM side and recipes (issue 39, B46): every hf entry point that declares its arguments
+@functools.lru_cache(None)
+def _comparison():
+    """A small summarize_comparison result (random losses of four documents): what the figures and verdict read."""
+    measure = _hf_mod("measure")
+    gen = torch.Generator().manual_seed(0)
+    losses = {c: torch.rand(4, generator=gen) for c in measure.CONDITIONS}
+    return measure.summarize_comparison(losses, torch.arange(4), n_boot=20)
+
+
+HF_DECLARED = {
+    "BBCTokens": lambda **kw: _hf_mod("data").BBCTokens(**{"tokenizer": HFByteTokenizer(), "block_size": 16,
+                                                           "source": _CORPUS.name, **kw}),
+    "BBCTokens.get_batch": lambda **kw: BBC().get_batch(**{"batch_size": 2, **kw}),
+    "BBCTokens.eval_batch": lambda **kw: BBC().eval_batch(**{"k": 4, "batch_size": 2, **kw}),
+    "CGTLM.specialize": lambda **kw: CGTLM_().specialize(**{"prompt": _HF_IDX[0, :6], **kw}),
+    "CGTLM.export_peft": lambda **kw: CGTLM_().export_peft(**{"prompt": _HF_IDX[0, :6], "path": _UNWRITTEN, **kw}),
+    "CGTLM.save_pretrained": lambda **kw: CGTLM_().save_pretrained(**{"path": _UNWRITTEN, **kw}),
+    "CGTLM.from_pretrained": lambda **kw: _hf().CGTLM.from_pretrained(**{"path": "/nonexistent/run", "lm": LM(), **kw}),
+    "build_feature_cache": lambda **kw: _hf_mod("distill").build_feature_cache(**{
+        "model": HEAD(), "tokens": _WINDOWS, "prefix_len": 6, "top_k": 7, "root": _UNWRITTEN, "progress": False, **kw}),
+    "train_head": train_head_case,
+    "evaluate_cache": lambda **kw: _hf_mod("distill").evaluate_cache(**{"model": HEAD(), "cache": FEATURES(), **kw}),
+    "load_feature_cache": lambda **kw: _hf_mod("distill").load_feature_cache(**{"path": "/nonexistent/cache", **kw}),
+    "cache_root": lambda **kw: _hf_mod("source").cache_root(**kw),
+    "convert_gguf": lambda **kw: _hf_mod("source").convert_gguf(**{"gguf": "/nonexistent/model.gguf",
+                                                                    "out": _UNWRITTEN, **kw}),
+    "load_local": lambda **kw: _hf_mod("source").load_local(**{"path": "/nonexistent/model", **kw}),
+    "export_hf": lambda **kw: _hf_mod("export").export_hf(**{"model": GPT_T, "path": _UNWRITTEN, **kw}),
+    "export_hf_peft": lambda **kw: _hf_mod("export").export_hf_peft(**{"cgt": CGT_T, "prompt": IDX[0],
+                                                                        "path": _UNWRITTEN, **kw}),
+    "peft_lora_baseline": lambda **kw: _hf_mod("lora").peft_lora_baseline(**{
+        "model": CGTLM_(), "prompt": _HF_IDX[0, :6], "steps": (0,), "n_samples": 1, "sample_len": 2, **kw}),
+    "lm_compare_methods": compare_lm_case,
+    "excerpt_summaries": lambda **kw: _hf_mod("measure").excerpt_summaries(**{"model": CGTLM_(), "task": BBC(),
+                                                                              "length": 8, "per_topic": 1, **kw}),
+    "continuation_losses": lambda **kw: _hf_mod("measure").continuation_losses(**{
+        "model": CGTLM_(), "task": BBC(), "k": 4, "n_batches": 1, "batch_size": 2, **kw}),
+    "window_losses": lambda **kw: _hf_mod("measure").window_losses(**{
+        "model": CGTLM_(), "tokens": _WINDOWS, "prefix_len": 6, "topics": _WIN_TOPICS, "docs": _WIN_DOCS, **kw}),
+    "prompt_token_positions": lambda **kw: _hf_mod("measure").prompt_token_positions(**{"tokens": _WINDOWS,
+                                                                                        "prefix_len": 6, **kw}),
+    "compile_comparison": lambda **kw: _hf_mod("measure").compile_comparison(**{
+        "model": CGTLM_(), "task": _hf_mod("tiny").RandomWindows(), "prompt_lens": (4,), "suffix_len": 4, "draws": 1,
+        "per_topic": 1, **kw}),
+    "comparison_verdict": lambda **kw: _hf_mod("measure").comparison_verdict(**{"result": _comparison(), **kw}),
+    **{name: (lambda name: lambda **kw: getattr(_hf_mod("measure"), name)(**{"results": {"p=4": _comparison()},
+                                                                              **kw}))(name)
+       for name in ("comparison_figure", "paired_differences_figure", "comparison_markdown")},
+    "oracle_window_losses": oracle_case,
+    "oracle_comparison": oracle_comparison_case,
+}
+
+
+@functools.lru_cache(None)
+def _hf_objects() -> dict:
+    """{name: object} defined in the hf modules: what an HF_DECLARED entry stands for."""
+    return {name: obj for m in HF_MODULES for name, obj in vars(importlib.import_module(m)).items()
+            if getattr(obj, "__module__", None) == m}
+
+
+if HF_AVAILABLE:   # without the hf extra the hf modules are not audited (their rows would all be skips)
+    DECLARED.update(HF_DECLARED)
+
+
 def _declared(entry: str):
     """The function an entry name stands for: a class's constructor or method, or a function of a module."""
     head, _, meth = entry.partition(".")
     if head in LB_DECLARED:      # names the test module also uses for its own helpers (text_case)
         return getattr(LB, head)
+    if entry in HF_DECLARED:     # the hf modules' own (train_head_case and the like are this module's helpers)
+        obj = _hf_objects()[head]
+        return getattr(obj, meth or "__init__") if inspect.isclass(obj) else obj
     obj = globals().get(head) or next(getattr(m, head) for m in (A, E, F, W) if hasattr(m, head))
     return getattr(obj, meth or "__init__") if inspect.isclass(obj) else obj
 
@@ -939,12 +1175,13 @@ AUDITED_MODULES = ["cgt_viz.config", "cgt_viz.model", "cgt_viz.io", "cgt_viz.tra
                    "cgt_viz.tasks.regression", "cgt_viz.tasks.text", "cgt_viz.tasks.tokenizer",
                    "cgt_viz.widgets.explorer", "cgt_viz.widgets.smoothness", "cgt_viz.widgets.templates",
                    "cgt_viz.widgets.compare", "cgt_viz.widgets.monitor", "cgt_viz.geometry", "cgt_viz.lora_baseline",
-                   "cgt_viz.oracle"]
+                   "cgt_viz.oracle", "cgt_viz.recipes"] + (HF_MODULES if HF_AVAILABLE else [])
 NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, and why
     **dict.fromkeys(["best_of", "free_sites", "free_start", "oracle_pass", "FreeSite", "FreeSite.apply"],
                     "the oracles' optimiser and free update, called with tensors the oracle itself made"),
     "published_folder": "a writer's own temp and aside folders, made by the caller (checkpoint, feature cache)",
     **dict.fromkeys(["ByteTokenizer.token_str", "SyntheticICL.decode", "LinearRegression.decode", "TextMixture.decode",
+                     "BBCTokens.decode", "BBCTokens.text",
                      "TextMixture.text", "hover_escape", "natural_key"], "a display helper: any token or value"),
     **dict.fromkeys(["CompileCompare.figure_for", "CompileCompare.token_figure_for",
                      "SmoothnessStrip.figure_for", "SmoothnessStrip.token_figure_for", "TemplateInspector.figure_for",
@@ -976,6 +1213,52 @@ NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, a
                      "PromptCase", "Checkpoint"],
                     "an internal step (or record) of lora_baseline's audited entry points (compare_methods, run_case, "
                     "train_lora, the cases): fed what they checked"),
+    # the pretrained-LM side (issue 39, B46)
+    **dict.fromkeys(["HFStream.base", "HFStream.caches", "HFStream.fan_in_fan_out", "HFStream.final_logits",
+                     "HFStream.finish_merged", "HFStream.merged_logits", "HFStream.no_context", "HFStream.readout",
+                     "HFStream.run", "HFStream.site_maps", "HFStream.widths", "HFStream.y_input", "NoContext",
+                     "NoContext.forward", "hooks", "own_thread", "pass_lock", "upper_hidden"],
+                    "the pretrained x stream's plumbing under CGTLM's audited entry points (forward, loss, context, "
+                    "specialize, x_at_layer): fed the inputs and coefficients they checked"),
+    **dict.fromkeys(["LMLayout", "SiteAt", "LMLayout.body_of", "LMLayout.embedding_of", "LMLayout.final_hidden",
+                     "LMLayout.head_of", "LMLayout.layers_of", "LMLayout.peft_targets", "LMLayout.problems",
+                     "LMLayout.site_module", "LMLayout.weight_name", "LMLayout.widths"],
+                    "a family's declared module paths and their lookups, used on an LM that check_lm or layout_of "
+                    "(audited) accepted; a layout with overlapping sites is refused where it is declared "
+                    "(tests/test_hf_layouts.py)"),
+    **dict.fromkeys(["CGTLM.calibrate_memory", "CGTLM.memory_coeffs", "CGTLM.memory_slots", "CGTLM.memory_map",
+                     "CGTLM.peft_config", "CGTLM.teacher_pass", "causal_ema_skip_first", "causal_mean_skip_first",
+                     "chunked_cross_entropy", "lm_facts", "check_cgtlm", "check_lm"],
+                    "an internal step of CGTLM's audited entry points and of train-head (calibrate_memory runs on "
+                    "the feature cache train_head was given), or a checker itself"),
+    **dict.fromkeys(["CGTLM.load_state_dict", "CGTLM.state_dict", "CGTLM.train"],
+                    "nn.Module's own API, overridden only to leave the frozen LM out"),
+    **dict.fromkeys(["FeatureCache", "FeatureCache.batch", "cache_key", "compute_features", "lm_fingerprint",
+                     "cached_loss", "uncached_loss", "trainable_parameters", "resume_differences"],
+                    "an internal step (or record) of the feature cache and train_head (build_feature_cache, "
+                    "load_feature_cache, train_head, evaluate_cache are audited): fed what they checked; "
+                    "uncached_loss is the reference tests/test_distill.py holds cached_loss to"),
+    **dict.fromkeys(["losses_at", "by_position", "document_interval", "summarize_comparison"],
+                    "the statistics of compile_comparison and oracle_comparison (audited), fed the losses "
+                    "window_losses computed"),
+    **dict.fromkeys(["head_block_size", "document_parts"], "an internal step of BBCTokens and BBCTokens.for_head "
+                    "(audited), fed the settings and documents they checked"),
+    **dict.fromkeys(["check_exportable", "gpt2_config", "gpt2_module", "gpt2_state_dict"],
+                    "an internal step of export_hf, export_hf_peft and to_transformers (audited; check_exportable is "
+                    "their checker)"),
+    **dict.fromkeys(["merged_lm", "peft_factors", "upper_logits", "prompt_windows"],
+                    "an internal step of peft_lora_baseline and lm_compare_methods (audited), fed what they checked"),
+    **dict.fromkeys(["main", "parse_args", "check_args", "check_out", "check_sizes", "head_settings", "init_from",
+                     "run", "train_route"],
+                    "train-head's command line (python -m cgt_viz train-head; train --task smollm2-bbc routes to "
+                    "it): its flags are audited by the `cli train-head` cases (check_args), the rest are its steps"),
+    **dict.fromkeys(["freeze", "plain_copy", "strip_remote_code", "write_manifest", "verify_cache", "require",
+                     "refuse_remote_code"],
+                    "an internal step of load_local, convert_gguf and smollm2 (audited); folder faults: "
+                    "tests/test_faults3_files.py"),
+    **dict.fromkeys(["RandomWindows", "RandomWindows.document_windows", "tiny_gpt2", "tiny_llama", "tiny_qwen2"],
+                    "a fixture for tests and examples (a tiny random model, random windows): its sizes go to the "
+                    "transformers config as given"),
     "load_corpus": "via TextMixture(source=...)",
     "task_from_config": "reads a saved config (test_tasks)", "Explorer.export": "a file path, written by pandas",
 }

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from .._checks import Float, Has, Instance, Int, check_float, check_int, checked, refuse
+from .._checks import Device, Float, Generator, Has, Instance, Int, check_float, check_int, checked, refuse
+from ..train_config import SEED_MAX
 from ..tasks.base import Batch, Task
-from ..tasks.icl import check_batch_size
 from ..tasks.text import is_validation_document, load_corpus
 
 
@@ -119,16 +119,17 @@ class BBCTokens(Task):
             rows.append(ids[s:s + length])
         return torch.stack(rows)
 
+    @checked(batch_size=Int(1), generator=Generator(), device=Device())
     def get_batch(self, batch_size: int, part: str = "train", generator: torch.Generator | None = None,
                   device: str | torch.device = "cpu") -> Batch:
         """info: "topic" (b, t), "doc" (b,)."""
-        check_batch_size(batch_size)
         self.check_part(part)
         topic, doc = self._pick(batch_size, part, generator)
         seq = self._windows(doc, self.block_size + 1, generator)                   # (b, t + 1)
         info = {"topic": topic[:, None].expand(-1, self.block_size).clone(), "doc": doc}
         return Batch(seq[:, :-1].contiguous(), seq[:, 1:].contiguous(), None, None, info).to(device)
 
+    @checked(batch_size=Int(1), generator=Generator(), device=Device())
     def eval_batch(self, k: int, batch_size: int, generator: torch.Generator | None = None,
                    device: str | torch.device = "cpu", part: str = "val") -> Batch:
         """A prompt of k tokens of one document, then its continuation (scored through loss_mask)."""
@@ -144,6 +145,8 @@ class BBCTokens(Task):
         """One excerpt of `length` tokens per document (a random offset), up to per_topic documents per topic
         (None: all), from part "train", "val", "test" or None (all). -> tokens (n, length), topics (n,), doc ids (n,)."""
         check_int("length", length, 1, self.block_size + 1, hint=f" (block_size + 1 = {self.block_size + 1})")
+        check_int("per_topic", per_topic, 1, allow_none=True)    # 0 or -1 would slice the documents away silently
+        check_int("seed", seed, 0, SEED_MAX)
         if part is not None:
             self.check_part(part)
         gen = torch.Generator().manual_seed(seed)
@@ -169,6 +172,7 @@ class BBCTokens(Task):
         check_int("length", length, 2)
         check_int("per_doc", per_doc, 1)
         check_int("per_topic", per_topic, 1, allow_none=True)
+        check_int("seed", seed, 0, SEED_MAX)
         self.check_part(part)
         gen = torch.Generator().manual_seed(seed)
         rows, topics, docs = [], [], []

@@ -51,7 +51,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .._checks import Bool, Choice, Float, Int, check_divisible, check_int, checked, describe, refuse
+from .._checks import (Bool, Choice, Float, Instance, Int, PathArg, check_callable, check_divisible, check_int, checked,
+                       describe, refuse)
 from ..distill import aux_objective, teacher_topk
 from ..io import load_tensors, published_folder, read_json, save_tensors, sha256_file, write_json
 from .._ranks import process_group
@@ -332,6 +333,8 @@ def _cache_problems(manifest: dict, tensors: dict[str, torch.Tensor], expect: di
     return problems
 
 
+@checked(path=PathArg("a feature cache folder"),
+         expect=Instance(dict, "None or the dict build_feature_cache asks for (key, settings, ...)", none=True))
 def load_feature_cache(path: str | os.PathLike, expect: dict | None = None) -> FeatureCache:
     """A cache folder written by `build_feature_cache`, after checking its manifest, size and sha256 (a damaged
     or tampered file is refused, naming it: delete the folder to rebuild), and its tensors against the manifest
@@ -505,8 +508,14 @@ def _load_head_state(folder: Path, model, opt, gen) -> tuple[torch.Tensor, dict]
     return tensors["order"], info
 
 
-@checked(steps=Int(1, none=True), minutes=Float(0.0, lo_open=True, none=True), lr=Float(0.0, lo_open=True),
-         checkpoint_every=Int(1), resume=Bool())
+_CACHE = Instance(FeatureCache, "a FeatureCache (build_feature_cache, load_feature_cache)")
+
+
+@checked(cache=_CACHE, steps=Int(1, none=True), minutes=Float(0.0, lo_open=True, none=True), lr=Float(0.0, lo_open=True),
+         weight_decay=Float(0.0), warmup=Int(0), seed=Int(0),
+         val_cache=Instance(FeatureCache, "a FeatureCache of validation windows", none=True), eval_every=Int(0),
+         eval_windows=Int(1), checkpoint_every=Int(1), resume=Bool(), progress=Bool(),
+         settings=Instance(dict, "a dict of the run's settings (recorded with its state)", none=True))
 def train_head(model, cache: FeatureCache, *, steps: int | None = None, minutes: float | None = None,
                batch_size: int = 16, lr: float = 2e-3, weight_decay: float = 0.0, warmup: int = 20,
                seed: int = 0, val_cache: FeatureCache | None = None, eval_every: int = 0, eval_windows: int = 128,
@@ -527,6 +536,9 @@ def train_head(model, cache: FeatureCache, *, steps: int | None = None, minutes:
     -> history {"step", "aux", "ce", "val_step", "val_aux", "val_ce", "seconds", "tokens_per_second", "steps",
     "interrupted"} (aux and ce of the global batch)."""
     _require_pooled_only(model)
+    for name, fn in (("callback", callback), ("log", log)):
+        if fn is not None:
+            check_callable(name, fn, "None or a callable")
     if steps is None and minutes is None:
         raise refuse("steps or minutes", "given, or both (training stops at whichever comes first)", "neither")
     check_int("batch_size", batch_size, 1, len(cache), hint=f" (the cache holds {len(cache)} windows)")
@@ -692,8 +704,10 @@ def _sync_step(params: list[torch.Tensor], report: list, distributed: bool, worl
 
 
 @torch.no_grad()
+@checked(cache=_CACHE, windows=Int(1, none=True), batch_size=Int(1))
 def evaluate_cache(model, cache: FeatureCache, windows: int | None = None, batch_size: int = 16) -> dict[str, float]:
     """Mean aux objective and cross-entropy of the specialised model over the first `windows` of a cache."""
+    _require_pooled_only(model)
     was = model.training
     model.eval()
     n = len(cache) if windows is None else min(windows, len(cache))

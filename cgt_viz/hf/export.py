@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from .._checks import Folder, checked, describe, refuse
+from ..contracts import Model
 from ..io import CONFIG_NAME, model_folder
 
 # a block's nn.Linear maps, stored transposed by GPT-2's Conv1D
@@ -148,7 +149,7 @@ def gpt2_module(name: str) -> str:
 
 
 @torch.no_grad()
-@checked(path=Folder(new=True))
+@checked(cgt=Model(), path=Folder(new=True))
 def export_hf_peft(cgt, prompt: torch.Tensor, path: str | os.PathLike) -> Path:
     """A from-scratch CGT's compiled prompt as a PEFT LoRA adapter folder (adapter_config.json +
     adapter_model.safetensors) over the GPT-2 that export_hf writes for cgt.x_only() (GPT-2's Conv1D maps:

@@ -33,14 +33,18 @@ def _decoder_layers(wrapped) -> Any:
                  type(wrapped).__name__, TypeError, verb="be")
 
 
+def _check_wrapped(name: str, wrapped: Any) -> None:
+    if not hasattr(wrapped, "trace"):
+        raise refuse(name, "an nnsight-wrapped model (nnsight.LanguageModel(model, tokenizer=tok))",
+                     type(wrapped).__name__, TypeError, verb="be")
+
+
 def residual_stream(wrapped, idx: torch.Tensor) -> torch.Tensor:
     """The residual stream after every decoder layer, read with nnsight's `trace`: (layers, b, t, d), float32.
 
     wrapped: an nnsight `LanguageModel` (or `TransformersModel`); idx: token ids (b, t). The last entry is the last
     layer's output before the final norm (transformers' last hidden state is after it)."""
-    if not hasattr(wrapped, "trace"):
-        raise refuse("wrapped", "an nnsight-wrapped model (nnsight.LanguageModel(model, tokenizer=tok))",
-                     type(wrapped).__name__, TypeError, verb="be")
+    _check_wrapped("wrapped", wrapped)
     layers = _decoder_layers(wrapped)
     saved: list = []
     with torch.no_grad(), wrapped.trace(idx):
@@ -81,6 +85,8 @@ def residual_departures(base, compiled, prompt: torch.Tensor, rest: torch.Tensor
     rest = _ids("rest", rest, 1)
     skip = check_int("skip", skip, 0, len(rest) - 1, hint=f" (rest has {len(rest)} tokens)")
     prompt = _ids("prompt", prompt, 1).to(rest.device)
+    _check_wrapped("base", base)          # named as the caller passed them, before any pass runs
+    _check_wrapped("compiled", compiled)
     h_base = residual_stream(base, rest[None])[:, 0, skip:]
     h_comp = residual_stream(compiled, rest[None])[:, 0, skip:]
     if h_comp.shape != h_base.shape:

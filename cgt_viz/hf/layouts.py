@@ -171,5 +171,14 @@ SUPPORTED_MODEL_TYPES = tuple(LAYOUTS)
 
 
 def layout_of(lm: Any) -> LMLayout:
-    """The layout of a transformers causal LM by its config.model_type (KeyError if none is registered)."""
-    return LAYOUTS[getattr(getattr(lm, "config", None), "model_type", None)]
+    """The layout of a transformers causal LM by its config.model_type; a TypeError (not a model with a config) or
+    ValueError (a family without a layout) naming lm and the supported model types otherwise."""
+    model_type = getattr(getattr(lm, "config", None), "model_type", None)
+    layout = LAYOUTS.get(model_type) if isinstance(model_type, str) else None
+    if layout is None:
+        from .._checks import describe, refuse
+        want = f"a transformers causal LM of a family with a layout (config.model_type one of {SUPPORTED_MODEL_TYPES})"
+        if model_type is None:
+            raise refuse("lm", want, describe(lm), TypeError)
+        raise refuse("lm", want, f"{type(lm).__name__} with model_type {model_type!r}")
+    return layout

@@ -21,11 +21,12 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn as nn
 
-from .._checks import Choice, StepCounts, check_int, checked
+from .._checks import Bool, Choice, Float, Has, Instance, Int, StepCounts, check_callable, check_int, checked
 from ..contracts import IGNORE_INDEX
 from ..evaluate import GAP_NOISE_FLOOR, _gap, gap_note
-from ..lora_baseline import (INITS, Checkpoint, Continuations, Factors, _distill, _median, _timed, lora_rank,
-                             lora_shapes, sample_continuations, teacher_outputs, update_bytes)
+from ..lora_baseline import (_LR, _TOP_K, INITS, Checkpoint, Continuations, Factors, _distill, _median, _OnePrompt,
+                             _timed, lora_rank, lora_shapes, sample_continuations, teacher_outputs, update_bytes)
+from ._args import HeadModel
 
 
 def _peft_names(module_name: str) -> tuple[str, str]:
@@ -66,7 +67,10 @@ def upper_logits(lm, x_ell: torch.Tensor, ell: int) -> torch.Tensor:
         return layout_of(lm).head_of(lm)(upper_hidden(lm, x_ell, ell))
 
 
-@checked(steps=StepCounts(), init=Choice(*INITS))
+@checked(model=HeadModel(), prompt=_OnePrompt(),
+         data=Instance(Continuations, "None or Continuations (lora_baseline.sample_continuations)", none=True),
+         steps=StepCounts(), init=Choice(*INITS), lr=_LR, top_k=_TOP_K,
+         n_samples=Int(1), sample_len=Int(1), temperature=Float(0.0, lo_open=True), seed=Int(0), upper_only=Bool())
 def peft_lora_baseline(model, prompt: torch.Tensor, data: Continuations | None = None,
                        steps: Sequence[int] = (10, 30, 100), init: str = "random", lr: float = 1e-3,
                        top_k: int | None = None, n_samples: int = 8, sample_len: int = 64,
@@ -166,6 +170,10 @@ def _suffix_loss(lm, suffix: torch.Tensor, targets: torch.Tensor) -> float:
     return float(_ce(lm(input_ids=suffix[None], use_cache=False).logits, targets[None])[0])
 
 
+@checked(model=HeadModel(), task=Has("document_windows", what="a task with document_windows (BBCTokens)"),
+         n_prompts=Int(1), prompt_len=Int(2), suffix_len=Int(2), steps=StepCounts(), lr=_LR, n_samples=Int(1),
+         sample_len=Int(1, none=True), temperature=Float(0.0, lo_open=True), top_k=_TOP_K, seed=Int(0),
+         timing_repeats=Int(1))
 def lm_compare_methods(model, task, part: str = "test", n_prompts: int = 5, prompt_len: int = 64,
                        suffix_len: int = 64, steps: Sequence[int] = (0, 10, 30, 100),
                        compile_steps: Sequence[int] | None = None, lr: float = 1e-3, n_samples: int = 8, sample_len: int | None = None, temperature: float = 1.0,
@@ -181,11 +189,10 @@ def lm_compare_methods(model, task, part: str = "test", n_prompts: int = 5, prom
     "comparison" (summarize_comparison of every condition, the controls too), "rank", "update_bytes", ...}."""
     from .measure import summarize_comparison, window_losses
 
-    check_int("prompt_len", prompt_len, 2)
-    check_int("suffix_len", suffix_len, 2)
     say = log or (lambda msg: None)
-    steps = sorted(set(int(s) for s in steps))
-    compile_steps = steps if compile_steps is None else sorted(set(int(s) for s in compile_steps))
+    if log is not None:
+        check_callable("log", log, "None or a callable (one line of progress)")
+    compile_steps = steps if compile_steps is None else StepCounts().check("compile_steps", compile_steps)
     tokens, topics, docs = prompt_windows(task, prompt_len + suffix_len + 1, part, n_prompts, seed)
     was = model.training
     model.eval()

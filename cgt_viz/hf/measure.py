@@ -8,17 +8,23 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_int
+from .._checks import Bool, Has, Instance, Int, Ints, check_int, checked
+from ..contracts import Model
+from ._args import Comparison, Comparisons, HeadModel, PerWindow, Windows
 from ..comparison import comparison_logits
 from ..evaluate import _gap
 from ..sequences import eval_mode
 
 
+_EXCERPTS = Has("excerpts", what="a task with excerpts (BBCTokens)")
+_WINDOWS_TASK = Has("document_windows", what="a task with document_windows (BBCTokens)")
+
+
 @torch.no_grad()
+@checked(model=Model(), task=_EXCERPTS, batch_size=Int(1))
 def excerpt_summaries(model, task, length: int = 64, per_topic: int | None = 80, part: str | None = "val",
                       batch_size: int = 32, seed: int = 0):
     """ȳ after the last token of one excerpt per document -> features (n, e) numpy, topics (n,), doc ids (n,)."""
-    check_int("batch_size", batch_size, 1)
     tokens, topics, docs = task.excerpts(length, per_topic=per_topic, part=part, seed=seed)
     with eval_mode(model):
         feats = torch.cat([model.context(tokens[i:i + batch_size].to(model.device))[:, -1].float().cpu()
@@ -35,6 +41,8 @@ def ybar_topic_knn(model, task, length: int = 64, per_topic: int | None = 80, pa
 
 
 @torch.no_grad()
+@checked(model=Model(), task=Has("eval_batch", what="a task with eval_batch (BBCTokens)"), n_batches=Int(1),
+         batch_size=Int(2, hint=" (the control borrows another row's prompt)"), seed=Int(0))
 def continuation_losses(model, task, k: int = 64, n_batches: int = 4, batch_size: int = 8,
                         seed: int = 0) -> dict[str, Any]:
     """Mean cross-entropy on the block_size − k tokens after a k-token prompt of the same document:
@@ -46,8 +54,6 @@ def continuation_losses(model, task, k: int = 64, n_batches: int = 4, batch_size
 
     and gap_closed = (no_context − compiled) / (no_context − prompted), gap_closed_control likewise: G as
     `evaluate.gap_closed` defines it (NaN when no_context − prompted is under evaluate.GAP_NOISE_FLOOR)."""
-    check_int("n_batches", n_batches, 1)
-    check_int("batch_size", batch_size, 2, hint=" (the control borrows another row's prompt)")
     gen = torch.Generator().manual_seed(seed)
     sums = dict.fromkeys(("prompted", "compiled", "control", "no_context"), 0.0)
     count, no_context = 0, model.x_only()
@@ -72,6 +78,9 @@ CONDITIONS = ("prompted", "compiled", "other_doc", "same_topic", "other_topic", 
 
 
 @torch.no_grad()
+@checked(model=HeadModel(), tokens=Windows(), topics=PerWindow(), docs=PerWindow(),
+         topic_means=Instance(torch.Tensor, "None or a tensor (topics, d_y) of mean summaries", none=True),
+         batch_size=Int(1), seed=Int(0), full_mode=Bool(), per_position=Bool())
 def window_losses(model, tokens: torch.Tensor, prefix_len: int, topics: torch.Tensor, docs: torch.Tensor,
                   topic_means: torch.Tensor | None = None, batch_size: int = 8, seed: int = 0,
                   full_mode: bool = False, per_position: bool = False) -> dict[str, torch.Tensor]:
@@ -90,9 +99,9 @@ def window_losses(model, tokens: torch.Tensor, prefix_len: int, topics: torch.Te
     With a token memory (`CGTLM(memory_layers=...)`) a condition that borrows another window's ȳ borrows its
     memory too (the whole compiled prompt is swapped); topic_mean has no memory (a mean ȳ holds no tokens), and
     one more condition, compiled_ybar_only, is the own ȳ without the memory: what the memory adds."""
-    from .model import check_cgtlm
-    check_cgtlm(model)
     n, length = tokens.shape
+    check_int("prefix_len", prefix_len, 1, length - 2, hint=f" (the windows have {length} tokens: at least 2 are "
+                                                            f"left for the suffix and its target)")
     m = length - prefix_len - 1
     gen = torch.Generator().manual_seed(seed)
     pick = {}
@@ -159,6 +168,7 @@ def _ce(logits: torch.Tensor, targets: torch.Tensor, per_position: bool = False)
 POSITION_KINDS = ("prompt_token", "rest")
 
 
+@checked(tokens=Windows())
 def prompt_token_positions(tokens: torch.Tensor, prefix_len: int) -> torch.Tensor:
     """Which scored positions of windows tokens (n, p + m + 1) predict a token of the prompt that the
     continuation has not shown yet -> bool (n, m).
@@ -261,6 +271,8 @@ def summarize_comparison(losses: dict[str, torch.Tensor], docs: torch.Tensor, n_
     return res
 
 
+@checked(model=HeadModel(), task=_WINDOWS_TASK, prompt_lens=Ints(2), suffix_len=Int(2), draws=Int(1),
+         per_topic=Int(1, none=True), batch_size=Int(1), seed=Int(0), full_mode=Bool())
 def compile_comparison(model, task, part: str = "val", prompt_lens=(64, 128), suffix_len: int = 64,
                        draws: int = 3, per_topic: int | None = 8, topic_means: torch.Tensor | None = None,
                        batch_size: int = 8, seed: int = 0, full_mode: bool = False) -> dict[str, Any]:
@@ -268,11 +280,8 @@ def compile_comparison(model, task, part: str = "val", prompt_lens=(64, 128), su
     tokens from each of up to per_topic documents per topic of `part`; the losses of `window_losses` and their
     summary (`summarize_comparison`), with the same summary split into positions whose target the prompt
     holds and the rest under "by_position" (`by_position`) -> {"p=64": {...}, "p=128": {...}}."""
-    check_int("suffix_len", suffix_len, 2)
-    check_int("draws", draws, 1)
     out = {}
     for p in prompt_lens:
-        check_int("prompt_lens[i]", p, 2)
         tokens, topics, docs = task.document_windows(p + suffix_len + 1, part, per_doc=draws, per_topic=per_topic,
                                                      seed=seed + p)
         per_position = window_losses(model, tokens, p, topics, docs, topic_means, batch_size, seed, full_mode,
@@ -289,6 +298,7 @@ LABELS = {"prompted": "prompted (LM reads the prompt)", "compiled": "compiled (o
           "compiled_ybar_only": "compiled, own ȳ without the token memory"}
 
 
+@checked(result=Comparison("n_documents", "G", "G_other_doc", "own_minus_other"))
 def comparison_verdict(result: dict[str, Any]) -> str:
     """One line read off a `summarize_comparison` result: does the compiled prompt carry its document, or its
     topic? The head of the line follows the paired own − topic-mean interval (own − other document when no
@@ -323,6 +333,7 @@ PAIRED = {"own_minus_other": "own − another document", "own_minus_same_topic":
           "own_minus_topic_mean": "own − topic's mean ȳ"}
 
 
+@checked(results=Comparisons())
 def paired_differences_figure(results: dict[str, dict[str, Any]],
                               title: str = "compiled prompt against its controls, paired per document"):
     """results {"p=64": summarize_comparison(...), ...} -> a plotly Figure of the paired differences the verdict
@@ -345,6 +356,7 @@ def paired_differences_figure(results: dict[str, dict[str, Any]],
     return fig
 
 
+@checked(results=Comparisons())
 def comparison_figure(results: dict[str, dict[str, Any]], title: str = "continuation loss by condition"):
     """results {"p=64": summarize_comparison(...), ...} -> a plotly Figure: each condition's mean loss (nats per
     token) with its 95 % bootstrap interval, one group of bars per prompt length."""
@@ -366,6 +378,7 @@ def comparison_figure(results: dict[str, dict[str, Any]], title: str = "continua
     return fig
 
 
+@checked(results=Comparisons())
 def comparison_markdown(results: dict[str, dict[str, Any]]) -> str:
     """results {"p=64": summarize_comparison(...), ...} -> a markdown table: mean losses, G (with its interval),
     G with each control, own − other and own − topic mean (with their intervals), G at prompt-token positions

@@ -318,6 +318,7 @@ class CGTLM(CGT):
     def x_at_layer(self, idx: torch.Tensor, layer: int | None = None) -> torch.Tensor:
         """x_ν (b, t, d), the output of decoder layer ν (default ℓ), from a pass of the plain LM that stops there."""
         layer = self.config.y_layer if layer is None else check_int("layer", layer, 1, self.config.n_layer)
+        idx = check_inputs(self.config, idx)
         out = {}
 
         def grab(module, args, output):
@@ -428,6 +429,8 @@ class CGTLM(CGT):
         if layer not in self.memory.layers:
             raise refuse("layer", f"one of the memory layers {self.memory.layers}", repr(layer))
         rows, single = check_prompts(self.config, prompt, self.device)
+        if not isinstance(idx, torch.Tensor):
+            raise refuse("idx", "a tensor of token ids (c,) or (1, c)", describe(idx), TypeError)
         text = check_inputs(self.config, idx if idx.dim() == 2 else idx[None], name="idx", device=self.device)
         if not single or text.shape[0] != 1:
             raise refuse("prompt and idx", "one prompt and one text", f"{tuple(rows.shape)} and {tuple(text.shape)}")

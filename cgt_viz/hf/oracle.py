@@ -32,7 +32,8 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_float, check_int, refuse
+from .._checks import Has, check_float, check_int, checked, refuse
+from ._args import Windows
 from ..oracle import ORACLE_KINDS, best_of, oracle_pass
 from ..sequences import eval_mode
 from .measure import by_position, document_interval, prompt_token_positions, summarize_comparison, window_losses
@@ -73,6 +74,7 @@ def _sampled_continuations(model, prompts: torch.Tensor, length: int, samples: i
     return seq[:, p:].view(b, samples, length + 1)
 
 
+@checked(tokens=Windows())
 def oracle_window_losses(model, tokens: torch.Tensor, prefix_len: int, kinds: Sequence[str] = ORACLE_KINDS,
                          target: str = "capacity", steps: int = 30, lr: float = 0.05, rank: int = 8,
                          samples: int = 2, batch_size: int = 8, seed: int = 0,
@@ -151,6 +153,7 @@ def oracle_window_losses(model, tokens: torch.Tensor, prefix_len: int, kinds: Se
     return out
 
 
+@checked(task=Has("document_windows", what="a task with document_windows (BBCTokens)"))
 def oracle_comparison(model, task, part: str = "test", prompt_len: int = 64, suffix_len: int = 64,
                       draws: int = 3, per_topic: int | None = 8, topic_means: torch.Tensor | None = None,
                       kinds: Sequence[str] = ORACLE_KINDS, target: str = "capacity", steps: int = 30,
@@ -160,6 +163,9 @@ def oracle_comparison(model, task, part: str = "test", prompt_len: int = 64, suf
     G_oracle_<kind>, the paired compiled − oracle_<kind> per document (its interval below 0 never happens on
     the objective; on the scored loss it says how much the space leaves), the objectives at the start and the
     optimum, and everything split by prompt-token positions (`by_position`)."""
+    from .model import check_cgtlm
+    check_cgtlm(model)
+    check_int("prompt_len", prompt_len, 1)
     check_int("suffix_len", suffix_len, 2)
     check_int("draws", draws, 1)
     tokens, topics, docs = task.document_windows(prompt_len + suffix_len + 1, part, per_doc=draws,

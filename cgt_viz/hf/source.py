@@ -316,6 +316,8 @@ def smollm2(cache_dir: str | os.PathLike | None = None, dtype: Any = None) -> tu
     later calls check that folder against its manifest (sizes and sha256) and load it; a damaged one is
     rebuilt, with a RuntimeWarning saying what was wrong. The model comes back frozen (requires_grad False)
     in eval mode."""
+    if dtype is not None:      # refused now, not after a conversion of a minute
+        _check_dtype(dtype)
     root = _folder_for_cache(cache_root(cache_dir), "the cache folder")
     folder = root / SMOLLM2_FOLDER
     if folder.exists() or folder.is_symlink():
