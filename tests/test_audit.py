@@ -842,8 +842,8 @@ for _arg, _values in {"target": ["nonsense", 5], "steps": [-1, 1.5], "lr": [0.0,
                       "rank": [0], "samples": [0], "batch_size": [0], "prefix_len": [0, 13], "model": ["m"]}.items():
     case("oracle_window_losses", _arg, _values, lambda v, a=_arg: oracle_case(**{a: v}))
 MEMORY_CGTLM = functools.lru_cache(None)(lambda: cgtlm_case(sites=("attn_in", "mlp_in"), memory_layers=1))
-case("oracle_window_losses", "model", ["memory_layers=1"], lambda v: oracle_case(model=MEMORY_CGTLM()),
-     shows="memory_layers=1")
+case("oracle_window_losses", "kinds", [("coeffs", "memory")], lambda v: oracle_case(kinds=v),   # the head has no memory
+     says="token memory", shows="'memory'")
 oracle_comparison_case = lambda **kw: _hf_mod("oracle").oracle_comparison(**{  # noqa: E731
     "model": CGTLM_(), "task": _hf_mod("tiny").RandomWindows(), "prompt_len": 4, "suffix_len": 4, "draws": 1,
     "steps": 0, **kw})
