@@ -212,7 +212,7 @@ def _html(output) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- layout
-LAYOUT_PAGE = DOCS / "layout.md"
+LAYOUT_PAGE = "docs/layout.md"             # from the repository root
 LAYOUT_COMMAND = "python docs/build.py --layout"
 PACKAGE = "cgt_viz"
 # what lives outside the package: no docstring to read, so declared here
@@ -228,9 +228,9 @@ LAYOUT_OUTSIDE = [
     ("docs/RELIABILITY.md", "what is guaranteed (bad input, checkpoints, resume, NaN, devices) and which test "
                             "holds it"),
 ]
-LAYOUT_CLOSING = ("Data flows one way: tasks → model → analysis → figures → widgets. `docs/CGT.md` explains the model "
-                  "as\nimplemented here: both streams, the three passes, the algebra of specialisation, the losses, "
-                  "the config.\n")
+LAYOUT_CLOSING = ("Data flows one way: tasks → model → analysis → figures → widgets. `docs/CGT.md` explains the "
+                  "model as\nimplemented here: both streams, the three passes, the algebra of specialisation, the "
+                  "losses, the config.\n")
 
 
 def module_summary(docstring: str) -> str:
@@ -267,9 +267,10 @@ def layout_page(root: Path = DOCS.parent) -> str:
     docstrings = module_docstrings(root)
     undocumented = [path for path, doc in docstrings.items() if not (doc or "").strip()]
     if undocumented:
-        raise ValueError(f"{', '.join(undocumented)} {'has' if len(undocumented) == 1 else 'have'} no module "
-                         f"docstring: give {'it' if len(undocumented) == 1 else 'each'} one whose first sentence says what "
-                         f"the module is for (it is the module's line on docs/layout.md), then run {LAYOUT_COMMAND}")
+        one = len(undocumented) == 1
+        raise ValueError(f"{', '.join(undocumented)} {'has' if one else 'have'} no module docstring: give "
+                         f"{'it' if one else 'each'} one whose first sentence says what the module is for (it is "
+                         f"the module's line on {LAYOUT_PAGE}), then run {LAYOUT_COMMAND}")
     lines = ["# Where the code lives", "",
              f"<!-- written by `{LAYOUT_COMMAND}` (and `make docs`) from each module's docstring: edit the "
              f"docstrings, not this page -->", ""]
@@ -287,20 +288,20 @@ def layout_page(root: Path = DOCS.parent) -> str:
 
 
 def layout_problems(root: Path = DOCS.parent) -> list[str]:
-    """What keeps docs/layout.md from being what layout_page writes: modules without a docstring, or a stale page."""
+    """What keeps the layout page from being what layout_page writes: modules without a docstring, a stale page."""
     try:
         page = layout_page(root)
     except ValueError as err:
         return [str(err)]
-    layout = root / LAYOUT_PAGE.relative_to(DOCS.parent)
+    layout = root / LAYOUT_PAGE
     if not layout.exists() or layout.read_text(encoding="utf-8") != page:
-        return [f"docs/layout.md is not what the module docstrings say now (a module was added, removed or its "
+        return [f"{LAYOUT_PAGE} is not what the module docstrings say now (a module was added, removed or its "
                 f"docstring changed): run {LAYOUT_COMMAND}"]
     return []
 
 
 def write_layout(root: Path = DOCS.parent) -> None:
-    _write_if_changed(root / LAYOUT_PAGE.relative_to(DOCS.parent), layout_page(root))
+    _write_if_changed(root / LAYOUT_PAGE, layout_page(root))
 
 
 # ---------------------------------------------------------------------------------------------- API
@@ -482,4 +483,4 @@ if __name__ == "__main__":
     if not parser.parse_args().layout:
         parser.error("name a page to write (--layout)")
     write_layout()
-    print(f"wrote {LAYOUT_PAGE.relative_to(DOCS.parent)}")
+    print(f"wrote {LAYOUT_PAGE}")
