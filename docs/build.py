@@ -6,6 +6,7 @@
   the stored widget state is dropped (it would make myst-nb load a widget manager from a CDN).
 - api/*.rst: one page per public module, every public name with its signature and docstring.
 - results.md and the README's table: benchmarks/results_pages.py, from the result files.
+- layout.md: every module of cgt_viz with the first sentence of its docstring (also `python docs/build.py --layout`).
 
 Nothing here downloads anything.
 """
@@ -41,6 +42,7 @@ def executed_dir(root: Path) -> Path:
 def prepare(root: Path) -> None:
     tutorials(root)
     api_pages()
+    write_layout(root)
     sys.path.insert(0, str(root / "benchmarks"))
     import results_pages
     results_pages.write(root)
@@ -207,6 +209,99 @@ def _ensure_plotly_js(nb) -> None:
 def _html(output) -> str:
     page = output.get("data", {}).get("text/html", "")
     return "".join(page) if isinstance(page, list) else page
+
+
+# ---------------------------------------------------------------------------------------------- layout
+LAYOUT_PAGE = "docs/layout.md"             # from the repository root
+LAYOUT_COMMAND = "python docs/build.py --layout"
+PACKAGE = "cgt_viz"
+# what lives outside the package: no docstring to read, so declared here
+LAYOUT_OUTSIDE = [
+    ("benchmarks/", "common.py (FLOP model, step timing), bench_*.py, gpu_check.py, tasks_results.py, "
+                    "train_text_reference.py, hf_topic_knn.py (JSON, never asserted in tests)"),
+    ("benchmarks/results_pages.py", "the README's results table and docs/results.md, written from the result files"),
+    ("notebooks/", "01–05, stored without outputs"),
+    ("tests/", "unit, property, audit (bad-argument cases, partly generated from declarations), fault, device, "
+               "notebook and browser tests"),
+    ("docs/", "this site: conf.py (Sphinx), build.py (tutorials, API pages, results page, this page), the pages"),
+    ("docs/make_images.py", "redraws the view pictures (README, views guide) from the shipped reference text model"),
+    ("docs/RELIABILITY.md", "what is guaranteed (bad input, checkpoints, resume, NaN, devices) and which test "
+                            "holds it"),
+]
+LAYOUT_CLOSING = ("Data flows one way: tasks → model → analysis → figures → widgets. `docs/CGT.md` explains the "
+                  "model as\nimplemented here: both streams, the three passes, the algebra of specialisation, the "
+                  "losses, the config.\n")
+
+
+def module_summary(docstring: str) -> str:
+    """A module's line on the layout page: the first sentence of its docstring, on one line. A first sentence
+    that is a question ("Why not just train a LoRA?") keeps the sentence that answers it."""
+    paragraph = " ".join(docstring.split("\n\n")[0].split())
+    sentences = re.split(r"(?<=[.?!])\s+", paragraph)
+    summary = sentences[0]
+    if summary.endswith("?") and len(sentences) > 1:
+        summary += " " + sentences[1]
+    return summary
+
+
+def module_docstrings(root: Path) -> dict[str, str | None]:
+    """{path relative to root: docstring or None} of every module of the package under root, read from the
+    source (nothing is imported: the hf modules need their extra), in folder order, each folder's
+    __init__.py first."""
+    import ast
+
+    def order(path: Path):
+        return (path.parent.relative_to(root).parts, path.name != "__init__.py", path.name)
+    files = sorted((p for p in (root / PACKAGE).rglob("*.py") if "__pycache__" not in p.parts), key=order)
+    return {p.relative_to(root).as_posix(): ast.get_docstring(ast.parse(p.read_text(encoding="utf-8")))
+            for p in files}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def layout_page(root: Path = DOCS.parent) -> str:
+    """docs/layout.md: every module of the package with the first sentence of its docstring, one table per
+    folder, then what lives outside the package. ValueError naming the modules that have no docstring."""
+    docstrings = module_docstrings(root)
+    undocumented = [path for path, doc in docstrings.items() if not (doc or "").strip()]
+    if undocumented:
+        one = len(undocumented) == 1
+        raise ValueError(f"{', '.join(undocumented)} {'has' if one else 'have'} no module docstring: give "
+                         f"{'it' if one else 'each'} one whose first sentence says what the module is for (it is "
+                         f"the module's line on {LAYOUT_PAGE}), then run {LAYOUT_COMMAND}")
+    lines = ["# Where the code lives", "",
+             f"<!-- written by `{LAYOUT_COMMAND}` (and `make docs`) from each module's docstring: edit the "
+             f"docstrings, not this page -->", ""]
+    folders: dict[str, list[tuple[str, str]]] = {}
+    for path, doc in docstrings.items():
+        folder, _, name = path.rpartition("/")
+        folders.setdefault(folder + "/", []).append((name, module_summary(doc)))
+    for folder, modules in folders.items():
+        lines += [f"## `{folder}`", "", "| module | what it is for |", "| --- | --- |"]
+        lines += [f"| `{name}` | {_cell(summary)} |" for name, summary in modules]
+        lines.append("")
+    lines += ["## Outside the package", "", "| path | what it holds |", "| --- | --- |"]
+    lines += [f"| `{path}` | {_cell(what)} |" for path, what in LAYOUT_OUTSIDE]
+    return "\n".join(lines) + "\n\n" + LAYOUT_CLOSING
+
+
+def layout_problems(root: Path = DOCS.parent) -> list[str]:
+    """What keeps the layout page from being what layout_page writes: modules without a docstring, a stale page."""
+    try:
+        page = layout_page(root)
+    except ValueError as err:
+        return [str(err)]
+    layout = root / LAYOUT_PAGE
+    if not layout.exists() or layout.read_text(encoding="utf-8") != page:
+        return [f"{LAYOUT_PAGE} is not what the module docstrings say now (a module was added, removed or its "
+                f"docstring changed): run {LAYOUT_COMMAND}"]
+    return []
+
+
+def write_layout(root: Path = DOCS.parent) -> None:
+    _write_if_changed(root / LAYOUT_PAGE, layout_page(root))
 
 
 # ---------------------------------------------------------------------------------------------- API
@@ -377,3 +472,15 @@ def class_signature(app, what, name, obj, options, signature, return_annotation)
         if "args" not in sig.parameters:
             return str(sig.replace(return_annotation=inspect.Signature.empty)), return_annotation
     return None
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write the generated pages that need no Sphinx build (the rest: "
+                                                 "make docs).")
+    parser.add_argument("--layout", action="store_true", help="docs/layout.md, from each module's docstring")
+    if not parser.parse_args().layout:
+        parser.error("name a page to write (--layout)")
+    write_layout()
+    print(f"wrote {LAYOUT_PAGE}")

@@ -94,3 +94,27 @@ def record_png_renders(monkeypatch) -> list:
     _png._reset()
     monkeypatch.setattr(_png, "_get_session", lambda: Recorder())
     return drawn
+
+
+def record_model_builds(monkeypatch, *classes, refuse=lambda cls, args, kwargs: False) -> list:
+    """Record every construction of the model `classes` as (class name, device type, args, kwargs), and return
+    the list. "meta" builds only shapes (no memory); a build on any other device allocates the weights.
+
+    A build off the meta device, or one `refuse` picks, stops at once with an AssertionError instead of
+    running: a size check that comes too late then fails the test within a second instead of filling the
+    machine's memory. The build stays in the list, so a caller that swallows the error still sees it."""
+    builds: list = []
+    for cls in classes:
+        def recording_init(self, *args, _cls=cls, _init=cls.__init__, **kwargs):
+            device = torch.get_default_device().type
+            builds.append((_cls.__name__, device, args, kwargs))
+            if device != "meta" or refuse(_cls, args, kwargs):
+                raise AssertionError(f"{_cls.__name__} was built on the {device} device before the size was refused")
+            _init(self, *args, **kwargs)
+        monkeypatch.setattr(cls, "__init__", recording_init)
+    return builds
+
+
+def allocated_builds(builds: list) -> list:
+    """The builds of record_model_builds that allocated weights (were made off the meta device)."""
+    return [build for build in builds if build[1] != "meta"]

@@ -213,6 +213,32 @@ def test_the_site_names_what_is_missing_when_no_executed_copy_exists(tmp_path, m
         build.tutorials(ROOT)
 
 
+# ---------------------------------------------------------------------------------------------- layout page
+def test_the_layout_page_lists_every_module_with_its_docstring():
+    """docs/layout.md is written from the module docstrings: a stale page, or a module without one, fails here."""
+    problems = build.layout_problems()
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_layout_page_names_a_module_without_a_docstring_and_follows_a_new_module(tmp_path):
+    package = tmp_path / build.PACKAGE
+    (package / "widgets").mkdir(parents=True)
+    (package / "__init__.py").write_text('"""The package."""\n')
+    (package / "widgets" / "__init__.py").write_text('"""The views."""\n')
+    (package / "widgets" / "_new.py").write_text("VALUE = 1\n")
+    problems = build.layout_problems(tmp_path)
+    assert len(problems) == 1 and f"{build.PACKAGE}/widgets/_new.py has no module docstring" in problems[0]
+    assert build.LAYOUT_COMMAND in problems[0]
+    (package / "widgets" / "_new.py").write_text('"""What the new module is for. More about it."""\n')
+    assert build.layout_problems(tmp_path) == [f"docs/layout.md is not what the module docstrings say now (a "
+                                                f"module was added, removed or its docstring changed): run "
+                                                f"{build.LAYOUT_COMMAND}"]
+    build.write_layout(tmp_path)
+    assert build.layout_problems(tmp_path) == []
+    page = (tmp_path / "docs" / "layout.md").read_text(encoding="utf-8")
+    assert f"## `{build.PACKAGE}/widgets/`" in page and "| `_new.py` | What the new module is for. |" in page
+
+
 # ---------------------------------------------------------------------------------------------- the site
 @pytest.mark.docs_site
 def test_the_api_reference_lists_every_public_name_with_signature_and_docstring():

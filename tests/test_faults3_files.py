@@ -286,16 +286,17 @@ def _edit_config(folder: Path, edit) -> None:
     ("d_y", 100000, "the config builds (300000, 100064)"),
     ("n_templates", 1000000, "the config builds (1000000, 64, 2)"),
 ])
-def test_cgtlm_sizes_are_checked_against_the_file_before_anything_is_built(lm, heads, field, value, words):
-    import time
+def test_cgtlm_sizes_are_checked_against_the_file_before_anything_is_built(lm, heads, monkeypatch, field, value,
+                                                                           words):
+    from helpers import allocated_builds, record_model_builds
 
     from cgt_viz import hf
     _edit_config(heads, lambda meta: meta["config"].update({field: value}))
-    t0 = time.perf_counter()
+    builds = record_model_builds(monkeypatch, hf.CGTLM)     # the shapes are read from a meta model: no memory
     with pytest.raises(ValueError, match="do not match its config.json") as err:
         hf.CGTLM.from_pretrained(heads, lm)
     assert words in str(err.value) and "model.safetensors" in str(err.value)
-    assert time.perf_counter() - t0 < 10                         # nothing of that size was allocated
+    assert allocated_builds(builds) == []                        # nothing of that size was allocated
 
 
 def test_cgtlm_on_an_lm_with_another_head_dim_or_a_tampered_tensor_is_named(lm, heads, tmp_path):

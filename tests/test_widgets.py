@@ -347,6 +347,34 @@ def test_lean_figure_widget_ships_plotly_code_only_on_demand(monkeypatch):
     assert isinstance(plain, go.FigureWidget) and not isinstance(plain, _base.LeanFigureWidget)
 
 
+def test_one_hook_on_the_kernel_follows_the_cells_for_figures_and_static_copies(monkeypatch):
+    """_cells owns "which cell is running": a figure widget and a displayed view register one pair of hooks on
+    the shell between them, and both read the same answer (a kernel faked here: no Jupyter in these tests)."""
+    from types import SimpleNamespace
+
+    import plotly.graph_objects as go
+
+    from cgt_viz.widgets import _cells, _static
+    hooks: dict[str, list] = {}
+    shell = SimpleNamespace(kernel=object(),
+                            events=SimpleNamespace(register=lambda event, fn: hooks.setdefault(event, []).append(fn)))
+    monkeypatch.setattr(_cells, "kernel_shell", lambda: shell)
+    monkeypatch.setattr(_cells, "_following", False)
+    monkeypatch.setattr(_cells, "_running", False)
+    monkeypatch.setattr(_static, "_shown", {})           # no view of another test is refreshed
+    assert _base._send_code_now(shell)                    # the first figure of a session is made by a cell
+    assert _cells.follow_cells()                          # a view displayed next asks too: nothing added
+    assert {event: len(fns) for event, fns in hooks.items()} == {"pre_run_cell": 1, "post_run_cell": 1}
+    carrier = _base.LeanFigureWidget(go.Figure())         # made in the cell: ships plotly's code
+    assert carrier._send_code and len(carrier._bundle) > 1_000_000
+    monkeypatch.setattr(_static, "_cell_has_carrier", True)
+    hooks["post_run_cell"][0](None)
+    assert not _cells.cell_running() and carrier._bundle == ""   # after the cell: the code dropped
+    assert not _base._send_code_now(shell)                # a widget callback between cells ships no code
+    hooks["pre_run_cell"][0](None)
+    assert _cells.cell_running() and _base._send_code_now(shell) and not _static._cell_has_carrier
+
+
 @pytest.mark.slow
 def test_saved_notebook_with_an_explorer_is_small(tmp_path):
     """Run a notebook with an explorer (4,000 points) and a smoothness strip through nbclient, which stores

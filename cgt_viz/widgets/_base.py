@@ -23,7 +23,6 @@ import contextlib
 import html
 import inspect
 import os
-import threading
 import weakref
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from .._checks import refuse
 from ..contracts import check_inputs, check_ybar_array
 from ..sequences import _prepare_sequences
 from ..figures import PLOTLY_CONFIG
+from . import _cells
 
 _BUNDLE_PATH = Path(plotly.__file__).parent / "package_data" / "widgetbundle.js"
 _BUNDLE_TEXT: str | None = None
@@ -152,8 +152,6 @@ export default () => {
 """ % {"version": plotly.__version__.replace(".", "_")}
 
 _carriers: list[weakref.ref] = []   # widgets still holding the bundle (FigureWidget is unhashable: no WeakSet)
-_hook_lock = threading.Lock()
-_hook_installed = False
 
 
 def _bundle_text() -> str:
@@ -163,42 +161,15 @@ def _bundle_text() -> str:
     return _BUNDLE_TEXT
 
 
-def kernel_shell():
-    """The IPython shell of a running Jupyter kernel, or None (plain Python, tests, terminal IPython)."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return None
-    shell = get_ipython()
-    return shell if shell is not None and getattr(shell, "kernel", None) is not None else None
-
-
-_in_cell = False      # between pre_run_cell and post_run_cell: a widget made now is made by a cell's code
-
-
-def _cell_started(*_args) -> None:
-    global _in_cell
-    _in_cell = True
-
-
 def _drop_bundles(*_args) -> None:
     """After a cell: the frontend has the bundle by now (comm_open came first); empty the traits."""
-    global _in_cell
-    _in_cell = False
     while _carriers:
         widget = _carriers.pop()()
         if widget is not None:
             widget._bundle = ""
 
 
-def _install_hook(shell) -> None:
-    global _hook_installed, _in_cell
-    with _hook_lock:
-        if not _hook_installed:
-            shell.events.register("pre_run_cell", _cell_started)
-            shell.events.register("post_run_cell", _drop_bundles)
-            _hook_installed = True
-            _in_cell = True          # the first figure of a session is made by a cell
+_cells.on_cell_end(_drop_bundles)
 
 
 def _send_code_now(shell) -> bool:
@@ -207,8 +178,8 @@ def _send_code_now(shell) -> bool:
     click has the code already (or asks for it), and 5 MB per figure would stall the answer."""
     if shell is None:
         return False
-    _install_hook(shell)
-    return _in_cell
+    _cells.follow_cells(shell)
+    return _cells.cell_running()
 
 
 def json_state(value):
@@ -315,14 +286,14 @@ class LeanFigureWidget(CurrentState, go.FigureWidget):
         """send_code: ship plotly's code with the widget (default: when a cell of a Jupyter kernel makes it,
         see `_send_code_now`); False makes the browser ask for it unless it has it already (what a page
         opened later does)."""
-        shell = kernel_shell()
+        shell = _cells.kernel_shell()
         self._send_code = _send_code_now(shell) if send_code is None else bool(send_code)
         super().__init__(*args, **kwargs)
         self._config = {**self._config, **PLOTLY_CONFIG, "responsive": True}   # follow the width of the notebook
         if self._send_code:
             _carriers.append(weakref.ref(self))
             if shell is not None:
-                _install_hook(shell)
+                _cells.follow_cells(shell)
         self.on_msg(self._on_custom_msg)
         self.open_with_figure()
 

@@ -78,7 +78,7 @@ import plotly
 import plotly.io as pio
 
 from ..figures import PLOTLY_CONFIG
-from . import _png
+from . import _cells, _png
 
 STATIC_MAX_POINTS = 5000            # points in an explorer's static copy (a saved notebook grows by these only)
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
@@ -90,9 +90,7 @@ _PLOTLY_JS_B64: str | None = None
 _lock = threading.Lock()
 _carriers: set[str] = set()         # CGT_VIZ_STATIC=embed: views (first display id) whose HTML embeds plotly.js
 _cell_has_carrier = False           # the running cell has displayed a view that carries plotly.js
-_in_cell = False                    # between pre_run_cell and post_run_cell
 _shown: dict[str, tuple[weakref.ref, list[str], str]] = {}   # first display id -> (view, its display ids, hash of its last published figures)
-_hook_installed = False
 
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -289,7 +287,7 @@ class StaticForm:
         with _lock:
             if mode() == "embed" and not _cell_has_carrier:   # the first view of each cell run carries plotly.js
                 _carriers.add(display_ids[0])
-                _cell_has_carrier = _in_cell
+                _cell_has_carrier = _cells.cell_running()
         bundles, digest = self._bundles(display_ids[0])
         display({"text/html": live_style(len(display_ids))}, raw=True, metadata={"cgt_viz": {"style": True}})
         live = self._repr_mimebundle_()            # the widget view, from ipywidgets
@@ -298,7 +296,7 @@ class StaticForm:
         for display_id, bundle in zip(display_ids, bundles):
             display(bundle, raw=True, display_id=display_id, metadata=OUTPUT_METADATA)
         _shown[display_ids[0]] = (weakref.ref(self), display_ids, digest)
-        _install_hook()
+        _cells.follow_cells()
 
 
 def _digest(figures) -> str:
@@ -309,8 +307,6 @@ def refresh_static(*_args) -> int:
     """Re-publish the static outputs of every displayed view that changed since they were last published
     (runs after each cell; only the static outputs are replaced, the live widget next to them is not
     touched). Returns the number of outputs updated."""
-    global _in_cell
-    _in_cell = False
     from IPython.display import update_display
     updated = 0
     for key, (ref, display_ids, digest) in list(_shown.items()):
@@ -336,19 +332,9 @@ def refresh_static(*_args) -> int:
 
 def cell_started(*_args) -> None:
     """A cell begins: its first view will carry plotly.js (runs before each cell)."""
-    global _cell_has_carrier, _in_cell
+    global _cell_has_carrier
     _cell_has_carrier = False
-    _in_cell = True
 
 
-def _install_hook() -> None:
-    global _hook_installed, _in_cell
-    from ._base import kernel_shell
-    shell = kernel_shell()
-    with _lock:
-        if shell is None or _hook_installed:
-            return
-        shell.events.register("pre_run_cell", cell_started)
-        shell.events.register("post_run_cell", refresh_static)
-        _hook_installed = True
-        _in_cell = True              # the first view of a session is displayed by a cell
+_cells.on_cell_start(cell_started)
+_cells.on_cell_end(refresh_static)
