@@ -56,6 +56,10 @@ RUNS = {
 # lever run also records G at its largest k along training (LEVER_CURVE) so a curve says why a lever fails.
 _DIM16, _WIDE = dict(dim=16, n_points=32), dict(d_y=128, n_head_y=4, n_templates=32, template_rank=2)
 _AFFINE = dict(answer_tokens="value", family="affine")
+# the oracle's verdict on dim 16 (benchmarks/results/oracle_regression16.json): the best coefficients per prompt
+# close the gap and the best ȳ half of it, so the reader, the y stream, is what fails; a deeper and wider model
+# (a GPU run: `--runs regression-dim16-big --oracle 16`; train() picks CUDA when present)
+_BIG = dict(n_layer=8, d_x=256, n_head=8, d_y=128, n_head_y=4, y_layer=4, n_templates=32, template_rank=2)
 RUNS.update({
     "regression-dim16-base": ("regression", _DIM16, {}, (16,)),
     "regression-dim16-distill": ("regression", _DIM16, dict(aux_kl=1.0, aux_ce=0.0), (16,)),
@@ -79,6 +83,7 @@ RUNS.update({
     "regression-dim16-early-aux-long-distill": ("regression", _DIM16, dict(aux_kl=1.0, aux_ce=0.0), (16,)),
     "regression-dim16-early-aux-wide": ("regression", _DIM16, _WIDE, (16,)),
     "regression-dim16-early-aux-wide-long": ("regression", _DIM16, _WIDE, (16,)),
+    "regression-dim16-big": ("regression", _DIM16, _BIG, (16,)),
     "icl-value-affine-from-shift-novel-long": ("icl", dict(_AFFINE, novel_split=True), {}, (8,)),
     "icl-value-affine-from-shift-min4-novel-long": ("icl", dict(_AFFINE, aux_min_pairs=4, novel_split=True), {}, (8,)),
 })
@@ -94,6 +99,7 @@ LEVER_TRAIN = {
     "regression-dim16-early-aux-long-distill": {"curriculum": 2500, "aux_delay": 0, "aux_ramp": 250, "steps": 8000},
     "regression-dim16-early-aux-wide": {"curriculum": 2500, "aux_delay": 0, "aux_ramp": 250},
     "regression-dim16-early-aux-wide-long": {"curriculum": 6000, "aux_delay": 0, "aux_ramp": 250, "steps": 8000},
+    "regression-dim16-big": {"curriculum": 8000, "aux_delay": 0, "aux_ramp": 250, "steps": 20000, "batch_size": 64},
     "icl-value-affine-from-shift-novel-long": {"curriculum": 3000, "steps": 6000},
     "icl-value-affine-from-shift-min4-novel-long": {"curriculum": 3000, "steps": 6000},
     "icl-value-affine-from-shift": {"curriculum": 1500},
