@@ -35,6 +35,7 @@ HEAD_RUN = "benchmarks/results/smollm2_head.json"
 HEAD_METRICS = "data/models/smollm2-bbc-head/metrics.json"
 HF_ORACLE = "benchmarks/results/hf_oracle.json"
 MEMORY_ORACLE = "benchmarks/results/oracle_smollm2_memory_head.json"
+NOTEBOOK01 = "benchmarks/results/notebook01.json"
 SCRATCH_ORACLE = "benchmarks/results/oracle_regression16.json"
 MEMORY_HEAD = "benchmarks/results/smollm2_head_memory.json"
 TEXT_METRICS = "data/models/text-bbc5/metrics.json"
@@ -256,6 +257,16 @@ def glance(root: Path = ROOT) -> str:
                                 ("gap_closed",))
             if value:
                 rows.append((what, value, f"{cmd} --runs {run}", TASKS))
+    nb = load(NOTEBOOK01, root)
+    if nb and not nb.get("steps_override") and nb.get("conditions"):
+        conds = nb["conditions"]
+        minutes = " / ".join(f"{conds[c]['total_s'] / 60:.1f} min" for c in ("quiet", "second-job") if c in conds)
+        g8 = "; ".join(sorted({f3(c.get("G_k8")) for c in conds.values()}))
+        env = nb.get("environment", {})
+        rows.append((f"Notebook 01 at its defaults, top to bottom on a {env.get('cpu_count', '?')}-core "
+                     f"{env.get('cpu_model', 'CPU')} (the notebook's one thread): wall time quiet / beside a second "
+                     "job; its gap closed G at k = 8",
+                     f"{minutes}; {g8}", "python benchmarks/bench_notebook01.py", NOTEBOOK01))
     ref = load(TEXT_METRICS, root)
     if ref:
         cmd = "python benchmarks/train_text_reference.py --measure-only"

@@ -19,7 +19,9 @@ from typing import Any
 _SMALL = dict(n_layer=4, d_x=64, n_head=4, d_y=32, n_head_y=2, y_layer=2, n_templates=16, template_rank=1)
 
 RECIPES: dict[str, dict[str, Any]] = {
-    "icl": {"task": {}, "model": dict(_SMALL, sites=("attn_in", "mlp_in")),
+    # 13 pairs a sequence: prompts of up to 12 demonstrations and a query fit, and notebook 01 trains the CGT and
+    # its baseline within minutes on a 2-core CPU (benchmarks/bench_notebook01.py)
+    "icl": {"task": dict(n_pairs=13), "model": dict(_SMALL, sites=("attn_in", "mlp_in")),
             "train": dict(steps=2000, batch_size=32, lr=1e-3, aux_delay=500, aux_ramp=250)},
     "regression": {"task": dict(dim=4, n_points=16, noise=0.1),
                    "model": dict(_SMALL, sites=("attn_in", "attn_out", "mlp_in", "mlp_out")),
@@ -44,7 +46,7 @@ VARIANTS: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {
         # auxiliary splits that keep at least 4 pairs in the prefix and end before a query it has not shown, so
         # the auxiliary loss asks for the function rather than a copy (docs/results.md, "Levers")
         (dict(answer_tokens="value", family="affine"),
-         {"task": dict(answer_tokens="value", family="affine", aux_min_pairs=4, novel_split=True),
+         {"task": dict(answer_tokens="value", family="affine", aux_min_pairs=4, novel_split=True, n_pairs=20),
           "train": dict(steps=16000), "curriculum": 3000}),
     ],
 }

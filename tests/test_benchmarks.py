@@ -518,3 +518,22 @@ def test_paired_g_of_a_head_against_itself_is_zero_and_a_better_compile_is_posit
     better = {**base, "compiled": base["compiled"] - 0.2}
     res = compare_heads.paired_g(better, base, docs)
     assert res["value"] > 0 and res["ci95"][0] > 0
+
+
+def test_bench_notebook01_reads_the_results_table_right_after_the_evaluation_cell(tmp_path):
+    import bench_notebook01
+    import nbformat
+    cells = [nbformat.v4.new_code_cell("STEPS = 2000"),
+             nbformat.v4.new_code_cell("rows = [{'k': 4, 'gap_closed': 0.25}, {'k': 8, 'gap_closed': 0.5}]   "
+                                       "# stands for evaluate_specialization(model, task, ...)"),
+             nbformat.v4.new_code_cell("rows = 'a later cell reuses the name'\nprint(STEPS)")]
+    path = tmp_path / "nb.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
+    out = bench_notebook01.run_once(path, steps=7, timeout=120)
+    assert out["G_k8"] == 0.5 and [r["k"] for r in out["results"]] == [4, 8]
+    assert [c["first_line"] for c in out["cells"]] == ["STEPS = 2000", "STEPS = 7", cells[1].source[:80],
+                                                      "rows = 'a later cell reuses the name'"]
+    assert all(c["seconds"] is not None and c["seconds"] >= 0 for c in out["cells"]) and out["total_s"] > 0
+    nbformat.write(nbformat.v4.new_notebook(cells=cells[:1]), path)
+    with pytest.raises(SystemExit, match="evaluate_specialization"):
+        bench_notebook01.run_once(path, steps=None, timeout=120)
