@@ -712,7 +712,8 @@ class CGTLM(CGT):
         As CGT.from_pretrained: config.json is checked field by field, then against the safetensors header (the
         shapes a model built on the meta device would have: nothing is allocated) and the free memory, before
         anything is built; NaN/inf weights load with a RuntimeWarning naming them."""
-        from ..io import _check_memory, _check_weights_match, _checked_config, _safetensors_header, check_weight_dtypes
+        from ..io import (check_memory_fits, check_weight_dtypes, check_weights_match, config_from_saved,
+                           safetensors_header)
         if lm is None:
             raise refuse("lm", "the frozen LM the heads were trained on (e.g. cgt_viz.hf.smollm2()[0])", "None",
                          TypeError, hint="CGTLM.from_pretrained(path, lm) needs lm: the folder holds only the y "
@@ -728,7 +729,7 @@ class CGTLM(CGT):
             raise ValueError(f"{str(file)!r} lacks the field 'config' (the CGTLM's settings); not a complete "
                              f"CGTLM.save_pretrained folder (truncated or tampered?)")
         try:
-            cfg = _checked_config(path, meta["config"])
+            cfg = config_from_saved(path, meta["config"])
         except (TypeError, ValueError) as err:
             raise ValueError(str(err) if str(file) in str(err) else f"{str(file)!r}: config: {err}") from None
         saved = cfg.extra.get("hf") if isinstance(cfg.extra, dict) else None
@@ -761,7 +762,7 @@ class CGTLM(CGT):
         kwargs = cls._settings(cfg, y_mlp_ratio=y_mlp_ratio, pool_half_life=pool_half_life, pooled_only=pooled_only,
                                **memory)
         # the shapes the config builds, on the meta device (no memory, no time), against the file's header
-        header = _safetensors_header(path / WEIGHTS_NAME)
+        header = safetensors_header(path / WEIGHTS_NAME)
         try:
             with torch.device("meta"):
                 skeleton = cls(lm, **kwargs)
@@ -774,12 +775,12 @@ class CGTLM(CGT):
         wrong = [f"{k}: the file has {have[k]}, the config builds {want[k]}" for k in want if k in have
                  and have[k] != want[k]]
         missing, unexpected = sorted(set(want) - set(have)), sorted(set(have) - set(want))
-        _check_weights_match(path / WEIGHTS_NAME, wrong, missing, unexpected, "its config.json and this lm",
+        check_weights_match(path / WEIGHTS_NAME, wrong, missing, unexpected, "its config.json and this lm",
                              " (d_y, n_head_y, y_layer, n_templates, template_rank, sites, y_mlp_ratio and the LM's "
                              "widths decide these shapes); the config must be the one saved with these weights, and "
                              "lm the LM they were trained on")
         check_weight_dtypes(path / WEIGHTS_NAME, header, floats)
-        _check_memory(path, header)
+        check_memory_fits(path, header)
         model = cls(lm, **kwargs)
         state = load_tensors(path / WEIGHTS_NAME, device="cpu")
         model.load_state_dict(state)
