@@ -1274,6 +1274,10 @@ NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, a
     **dict.fromkeys(["token_cross_entropy", "ensure_cache_folder"],
                     "an internal step of the hf measurements and caches (window_losses, lm_compare_methods, "
                     "smollm2, build_feature_cache: audited), fed what they checked"),
+    **dict.fromkeys(["CGTLM.summary_of_pooled", "CGTLM.ybar_from_states"],
+                    "a step of CGTLM's audited passes, public for the feature cache, the measures and the benchmarks: "
+                    "fed what pooled_readout, lower_cache or the feature cache computed (tests/test_hf.py and "
+                    "tests/test_distill.py hold them to context())"),
     "load_corpus": "via TextMixture(source=...)",
     "task_from_config": "reads a saved config (test_tasks)", "Explorer.export": "a file path, written by pandas",
 }

@@ -376,7 +376,7 @@ def _scored(model, ybar: torch.Tensor, student_hidden: torch.Tensor, targets: to
 def cached_loss(model, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The aux objective of `model.config` (aux_ce · CE + aux_kl · KL to the cached teacher) on a batch of
     `FeatureCache.batch`: ȳ from the pooled read-out, layers ℓ+1..N over the cached suffix states."""
-    ybar = model._summary(batch["pooled"])                                                    # (b, e)
+    ybar = model.summary_of_pooled(batch["pooled"])                                          # (b, e)
     coeffs = model._fixed_coeffs(ybar)
     if model.memory is not None:
         if "prefix_x" not in batch:

@@ -131,7 +131,7 @@ def window_losses(model, tokens: torch.Tensor, prefix_len: int, topics: torch.Te
             if full_mode:
                 out["full_mode"][i:i + len(w)] = ce(model(w[:, :prefix_len + m])[:, prefix_len:], tgt)
             if model.pooled_only:
-                ybar.append(model._summary(pooled))
+                ybar.append(model.summary_of_pooled(pooled))
             else:
                 ybar.append(model.context(w[:, :prefix_len])[:, -1])
             suffix_x.append(model.x_at_layer(w[:, prefix_len:prefix_len + m]))

@@ -275,12 +275,15 @@ class CGTLM(CGT):
         """P (pooled − μ): pooled (..., d) read-out of LN(x_ℓ) -> (..., e), in the y stream's dtype."""
         return self.pool(pooled.to(self.pool.weight.dtype) - self.pool_center)
 
-    def _summary(self, pooled: torch.Tensor) -> torch.Tensor:
-        """ȳ of a pooled-only head (no y blocks) from a pooled read-out (..., d) -> (..., e): LN(P (pooled − μ))."""
+    def summary_of_pooled(self, pooled: torch.Tensor) -> torch.Tensor:
+        """ȳ of a pooled-only head (no y blocks) from a pooled read-out (..., d) -> (..., e): LN(P (pooled − μ)).
+        The pooled read-out is pooled_readout's (or the feature cache's "pooled"); it is not checked here."""
         return self.ln_y(self._read(pooled))
 
-    def _ybar_from(self, xs: list[torch.Tensor], record: dict | None = None) -> torch.Tensor:
-        """ȳ (b, t, e) from layer states x_1..x_ℓ already computed (each (b, t, d)): the y stream alone."""
+    def ybar_from_states(self, xs: list[torch.Tensor], record: dict | None = None) -> torch.Tensor:
+        """ȳ (b, t, e) from layer states x_1..x_ℓ already computed (each (b, t, d), e.g. lower_cache's "x.1".."x.ℓ"
+        of another head on the same LM): the y stream alone, no LM pass; equal to context() of the ids they came
+        from. `record` (a dict) receives the y stream's named outputs. The states are not checked here."""
         ystep, out = self._y_stream(xs[0][..., 0], record=record, stop=True)
         for nu, x in enumerate([None, *xs]):
             ystep(nu, x if x is None or torch.is_autocast_enabled() else x.to(self.pool.weight.dtype))
@@ -289,7 +292,8 @@ class CGTLM(CGT):
     @torch.no_grad()
     def pooled_readout(self, idx: torch.Tensor) -> torch.Tensor:
         """The pooled read-out of LN(x_ℓ) after the last token of each row: idx (b, t) -> (b, d). With
-        pooled_only, ȳ after the last token is `_summary` of it: the one thing about a prompt the head reads."""
+        pooled_only, ȳ after the last token is `summary_of_pooled` of it: the one thing about a prompt the head
+        reads."""
         idx = check_inputs(self.config, idx, device=self.device)
         return self._pooled_last(self.x_at_layer(idx))
 
@@ -544,7 +548,7 @@ class CGTLM(CGT):
             try:
                 for i in range(0, len(suffix_x), batch_size):
                     x = suffix_x[i:i + batch_size].to(self.device, self.pool.weight.dtype)
-                    ybar = self._summary(pooled[i:i + batch_size].to(self.device))
+                    ybar = self.summary_of_pooled(pooled[i:i + batch_size].to(self.device))
                     self._upper_hidden(x, self._fixed_coeffs(ybar))
                     states.append(self.ln_x(x).flatten(0, 1).float())
             finally:
