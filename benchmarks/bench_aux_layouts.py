@@ -120,7 +120,7 @@ def packed_aux_loss(self, idx, targets, loss_mask, ybar, split, keep=None, teach
     row, pos, valid, attn_mask = packed_layout([min(m, t - s) for s in split.tolist()])
     gpt = self.gpt
     x = gpt.drop(gpt.embed(suffix[row, pos]) + gpt.wpe(pos))
-    coeffs = {key: c[row] for key, c in self._coefficients(ytilde).items()}          # (p, c, K), per slot
+    coeffs = {key: c[row] for key, c in self.coefficients(ytilde).items()}           # (p, c, K), per slot
     for layer in range(1, cfg.n_layer + 1):
         modulate = _modulator(self, layer, coeffs) if layer in self.modulated_layers else None
         x = _block_masked(gpt.blocks[layer - 1], x, modulate, attn_mask)
@@ -172,15 +172,18 @@ def positions_per_row(layout: str, lengths: list[int]) -> float:
 
 # ---------------------------------------------------------------------------------------------- checks and timing
 def max_differences(cgt, idx, targets, split, layouts) -> dict:
-    """Per layout: |aux − aux(groups4)| and the largest gradient difference (all parameters and ȳ)."""
+    """Per layout: |aux − aux(groups4)| and the largest difference of the aux term's gradients (all parameters,
+    through ȳ too). The aux term is the model's own (`loss(..., split=split)["aux"]`), in eval mode so that every
+    row runs the aux pass (no row sampling, no noise)."""
     out, ref = {}, None
+    was_training = cgt.training
+    cgt.eval()
     for layout in layouts:
         use_layout(cgt, layout, idx.shape[0])
         cgt.zero_grad(set_to_none=True)
-        ybar = cgt.context(idx).detach().requires_grad_(True)
-        aux = cgt._aux_loss(idx, targets, None, ybar, split)
+        aux = cgt.loss(idx, targets, split=split)["aux"]
         aux.backward()
-        grads = [ybar.grad] + [p.grad if p.grad is not None else torch.zeros_like(p) for p in cgt.parameters()]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in cgt.parameters()]
         if ref is None:
             ref = (aux.detach(), grads)
         out[layout] = {"aux": float(aux.detach()), "aux_difference": float((aux.detach() - ref[0]).abs()),
@@ -188,6 +191,7 @@ def max_differences(cgt, idx, targets, split, layouts) -> dict:
                        "max_grad": max(float(r.abs().max()) for r in ref[1])}
     use_layout(cgt, "groups4", idx.shape[0])
     cgt.zero_grad(set_to_none=True)
+    cgt.train(was_training)
     return out
 
 

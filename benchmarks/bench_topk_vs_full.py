@@ -40,6 +40,7 @@ from common import (environment, fmt, parser, positive_int_list, replace_readme_
 
 from cgt_viz.distill import teacher_topk  # noqa: E402
 from cgt_viz.hf import distill as hfd  # noqa: E402
+from cgt_viz.hf.layouts import layout_of  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "topk_vs_full.json"
 DOC = ROOT / "docs" / "DISTILLATION.md"
@@ -207,7 +208,8 @@ def main(argv=None) -> dict:
     def on_the_fly(base=caches["full"].batch(rows)):   # the teacher's LM pass in the step; ȳ's input and x_ℓ cached
         with torch.no_grad():
             hidden = model.teacher_pass(w[:, :args.prefix + args.suffix], args.prefix)[0]
-            teacher = model._logits(hidden[:, args.prefix:]).float().log_softmax(-1)
+            head = layout_of(model.lm).head_of(model.lm)                # the LM's own vocabulary head
+            teacher = head(hidden[:, args.prefix:]).float().log_softmax(-1)
         return hfd.cached_loss(model, {**base, "teacher": teacher})["aux"]
 
     fns = {f"{names[k]}, cached": step(lambda b=c.batch(rows): hfd.cached_loss(model, b)["aux"],
@@ -231,7 +233,7 @@ def main(argv=None) -> dict:
         hist = hfd.train_head(model, caches[key], steps=args.steps, batch_size=args.batch, lr=args.lr,
                               warmup=max(1, args.steps // 10), seed=args.seed, progress=False)
         with torch.no_grad():
-            ybar = model._summary(shared["pooled"].float())
+            ybar = model.summary_of_pooled(shared["pooled"].float())
         means = torch.stack([ybar[train[1] == t].mean(0) if bool((train[1] == t).any()) else ybar.mean(0)
                              for t in range(int(max(train[1].max(), val[1].max())) + 1)])
         quality[label] = {"train_seconds": hist["seconds"], "train_aux_last": hist["aux"][-1],

@@ -86,7 +86,7 @@ def mixture_measures(readouts: dict, tokens: torch.Tensor, topics: torch.Tensor,
             rec = first.lower_cache(chunk.to(first.device))
             xs = [rec[f"x.{n_}"] for n_ in range(1, ell + 1)]
             for name, model in readouts.items():
-                ybar = (rec["ybar"] if model is first else model._ybar_from(xs, None)).float().cpu()   # (b, 2L, e)
+                ybar = (rec["ybar"] if model is first else model.ybar_from_states(xs)).float().cpu()   # (b, 2L, e)
                 steps[name, switch].append((ybar[:, 1:] - ybar[:, :-1]).norm(dim=-1))              # (b, 2L − 1)
                 if switch:
                     ends[name].append(torch.stack([ybar[:, length - 1], ybar[:, -1]], 1))         # (b, 2, e)

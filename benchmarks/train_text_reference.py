@@ -107,9 +107,10 @@ def readout_parts(model, task, n_batches: int = 8, batch_size: int = 32, seed: i
     parts, labels, docs = {"ema": [], "stream": []}, [], []
     for _ in range(n_batches):
         b = task.get_batch(batch_size, part="val", generator=gen)
-        rec = {}
-        _, _, y = model._lower(b.inputs.to(model.device), record=rec)
-        stream = ema.gate * rec[f"y.{model.config.y_layer}"]                   # (b, t, e)
+        ell = model.config.y_layer
+        _, rec = model.run_with_cache(b.inputs.to(model.device), names=[f"x.{ell}", f"y.{ell}"])
+        y = ema(rec[f"x.{ell}"], rec[f"y.{ell}"])                             # the read-out: g·y_ℓ + EMA(P·LN(x_ℓ))
+        stream = ema.gate * rec[f"y.{ell}"]                                    # (b, t, e)
         cut, rows = b.info["boundary"], torch.arange(batch_size)
         for key, t in (("ema", y - stream), ("stream", stream)):
             parts[key] += [t[rows, cut - 1].cpu(), t[:, -1].cpu()]

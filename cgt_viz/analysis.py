@@ -24,7 +24,7 @@ from .geometry import PCA
 from .losses import LOSS_TERMS, per_position_loss
 from .sequences import (IGNORE_INDEX, ByteTokenizer, Sequences, as_model_input, model_device, concat_sequences, eval_mode,  # noqa: F401
                         label_boundary, model_task, prepare_sequences, require_cgt, token_strings,
-                        Baseline, Site, _parse_site, check_lengths, check_scored, check_templates)
+                        Baseline, Site, check_lengths, check_scored, check_templates, parse_site_unchecked)
 
 PROJECTIONS = ("pca", "umap", "tsne")
 
@@ -389,7 +389,7 @@ def token_smoothness(ybar: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def parse_site(model, site: Any) -> tuple[int, str]:
     """A site κ as (layer ν, name) from "ν.name" or (ν, name); ValueError listing the model's sites."""
     require_cgt(model)
-    return _parse_site(model, site)
+    return parse_site_unchecked(model, site)
 
 
 @torch.no_grad()

@@ -66,11 +66,14 @@ def gap_closed(loss_no_context: float, loss_specialized: float, loss_prompted: f
                         ("loss_prompted", loss_prompted)):
         check_float(name, value)
     check_float("eps", eps, 0.0)
-    return _gap(float(loss_no_context), float(loss_specialized), float(loss_prompted), eps)
+    return gap_closed_unchecked(float(loss_no_context), float(loss_specialized), float(loss_prompted), eps)
 
 
-def _gap(loss_no_context: float, loss_specialized: float, loss_prompted: float, eps: float = GAP_NOISE_FLOOR) -> float:
-    """gap_closed without the checks: NaN in (e.g. accuracy of a vectors task) gives NaN out."""
+def gap_closed_unchecked(loss_no_context: float, loss_specialized: float, loss_prompted: float,
+                         eps: float = GAP_NOISE_FLOOR) -> float:
+    """gap_closed without the checks, for losses a measurement computed (evaluation rows, the LoRA baselines):
+    (no_context - specialized) / (no_context - prompted), a float; NaN in (e.g. accuracy of a vectors task) gives
+    NaN out, and so does a gap of at most `eps` (no context effect to close)."""
     denom = loss_no_context - loss_prompted
     if not math.isfinite(denom) or denom <= eps:
         return float("nan")
@@ -170,10 +173,11 @@ def evaluate_specialization(model: CGT, task, k_values: Sequence[int] | int = (4
                 row[f"loss_{mode}"] = sums[mode][0] / n_scored
             for mode in modes:
                 row[f"acc_{mode}"] = sums[mode][1] / n_scored if cfg.mode == "tokens" else float("nan")
-            row["gap_closed"] = _gap(row["loss_no_context"], row["loss_specialized"], row["loss_prompted"])
+            row["gap_closed"] = gap_closed_unchecked(row["loss_no_context"], row["loss_specialized"],
+                                                     row["loss_prompted"])
             # the same ratio on accuracy (higher is better, so the signs flip)
-            row["gap_closed_acc"] = _gap(-row["acc_no_context"], -row["acc_specialized"], -row["acc_prompted"],
-                                         GAP_NOISE_FLOOR_ACC)
+            row["gap_closed_acc"] = gap_closed_unchecked(-row["acc_no_context"], -row["acc_specialized"],
+                                                         -row["acc_prompted"], GAP_NOISE_FLOOR_ACC)
             row["gap_closed_note"] = gap_note(row["loss_no_context"], row["loss_prompted"])
             if row["gap_closed_note"]:
                 warnings.warn(f"k = {k}: {row['gap_closed_note']}", stacklevel=_caller_level())

@@ -27,7 +27,9 @@ WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 
 
-def _umask() -> int:
+def current_umask() -> int:
+    """The process's umask (read by setting it and putting it back), to give a file written through a temp
+    file the permissions an ordinary new file would have."""
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -49,7 +51,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
         write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())   # mkstemp makes 0600; the file gets an ordinary file's permissions
+        os.chmod(tmp, 0o666 & ~current_umask())   # mkstemp makes 0600; the file gets an ordinary file's permissions
         os.replace(tmp, path)
     except BaseException as err:
         if os.path.exists(tmp):
@@ -143,8 +145,8 @@ def _read_safetensors(file: Path, read: Callable[[str], Any]) -> Any:
         raise ValueError(f"{str(file)!r} is not a readable safetensors file (truncated or tampered?): {err}") from None
 
 
-def _check_weights_match(file: Path, wrong: list[str], missing: list[str], unexpected: list[str], against: str,
-                         hint: str) -> None:
+def check_weights_match(file: Path, wrong: list[str], missing: list[str], unexpected: list[str], against: str,
+                        hint: str) -> None:
     """ValueError naming how the weights in `file` differ from what `against` builds (shapes, missing, unexpected)."""
     if wrong or missing or unexpected:
         raise ValueError(f"the weights in {str(file)!r} do not match {against}: "
@@ -154,8 +156,9 @@ def _check_weights_match(file: Path, wrong: list[str], missing: list[str], unexp
                          + hint)
 
 
-def _checked_config(path: Path, saved: Any):
-    """CGTConfig of a model folder; a config.json lacking fields is refused (never silently given defaults)."""
+def config_from_saved(path: Path, saved: Any):
+    """The CGTConfig of the model folder `path` from `saved`, the 'config' dict of its config.json; a dict lacking
+    fields is refused with a ValueError (never silently given defaults)."""
     import dataclasses
 
     from .config import CGTConfig, with_added_fields
@@ -174,7 +177,7 @@ def _checked_config(path: Path, saved: Any):
     return CGTConfig.from_dict(saved, source=f"{str(path / CONFIG_NAME)!r}: config")
 
 
-def _safetensors_header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+def safetensors_header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """{name: (shape, dtype)} from the safetensors header only (no tensor is read)."""
     from safetensors import safe_open
     if not file.is_file():
@@ -219,8 +222,10 @@ def _available_memory() -> int | None:
     return available_memory()
 
 
-def _check_memory(path: Path, header: dict) -> None:
-    """The weights must fit the memory this machine has free (checked before anything is allocated)."""
+def check_memory_fits(path: Path, header: dict) -> None:
+    """The weights in `header` ({name: (shape, dtype)}, safetensors_header) must fit the memory this machine has
+    free, twice over (parameters plus the loaded state dict): else a ValueError naming `path`. Checked before
+    anything is allocated."""
     sizes = {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2}
     need = sum(math.prod(shape) * sizes.get(dtype, 1) for shape, dtype in header.values())
     free = _available_memory()
@@ -349,8 +354,8 @@ class PretrainedMixin:
             raise refuse("path", f"a {cls.__name__} for {cls.__name__}.from_pretrained", f"{str(path)!r}, which holds "
                          f"a {meta['model_class']}", hint=f"load it with {meta['model_class']}.from_pretrained",
                          verb="hold")
-        cfg = _checked_config(path, meta["config"])
-        header = _safetensors_header(path / WEIGHTS_NAME)
+        cfg = config_from_saved(path, meta["config"])
+        header = safetensors_header(path / WEIGHTS_NAME)
         _check_sizes(path, cfg, header)
         # the shapes the config implies, from a model on the meta device (no memory is allocated); loading
         # header-shaped meta tensors into it runs the model's own migrations of older checkpoints too
@@ -367,12 +372,12 @@ class PretrainedMixin:
             wrong = [line.strip().replace("torch.Size", "").rstrip(".") for line in str(err).splitlines()
                      if "size mismatch" in line] or [str(err).splitlines()[0]]
         hint = "; the config must be the one saved with these weights"
-        _check_weights_match(path / WEIGHTS_NAME, wrong, missing, unexpected, "its config.json", hint)
-        _check_memory(path, header)
+        check_weights_match(path / WEIGHTS_NAME, wrong, missing, unexpected, "its config.json", hint)
+        check_memory_fits(path, header)
         model = cls(cfg)
         state = load_tensors(path / WEIGHTS_NAME, device="cpu")
         missing, unexpected = model.load_state_dict(state, strict=False)
-        _check_weights_match(path / WEIGHTS_NAME, [], missing, unexpected, "its config.json", hint)
+        check_weights_match(path / WEIGHTS_NAME, [], missing, unexpected, "its config.json", hint)
         warn_non_finite(state, path / WEIGHTS_NAME)
         return model.to(device)
 

@@ -49,7 +49,7 @@ from ._checks import (Constraint, Device, Float, Generator, Has, Instance, Int, 
                       refuse)
 from .contracts import IGNORE_INDEX, Model, check_prompts
 from .distill import distillation_loss
-from .evaluate import GAP_NOISE_FLOOR, GAP_NOISE_FLOOR_ACC, _gap, gap_note
+from .evaluate import GAP_NOISE_FLOOR, GAP_NOISE_FLOOR_ACC, gap_closed_unchecked, gap_note
 from .losses import per_position_loss
 
 Factors = dict[str, tuple[torch.Tensor, torch.Tensor]]     # weight name -> (A (R, i), B (o, R)), W' = W + B A
@@ -57,8 +57,9 @@ INITS = ("random", "compile")
 
 
 # ---------------------------------------------------------------------------- argument contracts
-class _OnePrompt(Constraint):
-    """One prompt for the model passed as `of`: (t,) token ids (or (t, input_dim) vectors) that fit it -> (t,...)."""
+class OnePrompt(Constraint):
+    """The contract of a `prompt` argument (compiled_factors here, and cgt_viz/hf/lora.py): one
+    prompt for the model passed as `of`, (t,) token ids (or (t, input_dim) vectors) that fit it -> (t, ...)."""
 
     def __init__(self, of: str = "model"):
         self.of = of
@@ -143,8 +144,9 @@ class _Title(Constraint):
 
 _MODEL = Model()                       # a CGT (or CGTLM) with weights
 _SHAPES = Model(weights=False)         # shapes only: the meta device will do
-_LR = Float(0.0, lo_open=True)
-_TOP_K = Int(1, none=True)
+# the contracts of `lr` and `top_k`, shared by the LoRA entry points here and in cgt_viz/hf/lora.py
+LR_CONSTRAINT = Float(0.0, lo_open=True)     # a learning rate > 0
+TOP_K_CONSTRAINT = Int(1, none=True)         # the teacher's top-k tokens the KL keeps (>= 1), or None for all
 
 
 # ---------------------------------------------------------------------------- shapes and bytes
@@ -180,7 +182,7 @@ def factor_bytes(factors: Factors) -> int:
 
 # ---------------------------------------------------------------------------- factors
 @torch.no_grad()
-@checked(model=_MODEL, prompt=_OnePrompt())
+@checked(model=_MODEL, prompt=OnePrompt())
 def compiled_factors(model, prompt: torch.Tensor) -> Factors:
     """The compile's update for one prompt (t,): lora_factors at ȳ after its last token, as fresh tensors."""
     ybar = model.context(prompt[None].to(model.device))[0, -1]
@@ -370,14 +372,16 @@ class Checkpoint:
     train_seconds: float
 
 
-def _distill(mode: str, student: torch.Tensor, data: Continuations, top_k: int | None) -> torch.Tensor:
+def distill_kl(mode: str, student: torch.Tensor, data: Continuations, top_k: int | None) -> torch.Tensor:
+    """The LoRA's training loss: distillation_loss of the student's outputs (n, m, v) against data.teacher (top_k
+    of the teacher's tokens, or all), averaged over the positions data.mask (n, m) keeps -> a scalar tensor."""
     kl = distillation_loss(mode, student, data.teacher, top_k)
     return (kl * data.mask).sum() / data.mask.sum().clamp_min(1)
 
 
 @checked(model=_MODEL, data=Instance(Continuations, "Continuations (a PromptCase's make_train(model, prompt))"),
          steps=StepCounts(), init=Instance(dict, "factors, a dict {weight name: (A, B)} (compiled_factors)", none=True),
-         lr=_LR, top_k=_TOP_K, generator=Generator())
+         lr=LR_CONSTRAINT, top_k=TOP_K_CONSTRAINT, generator=Generator())
 def train_lora(model, data: Continuations, steps: Sequence[int] = (10, 30, 100), init: Factors | None = None,
                lr: float = 3e-3, top_k: int | None = None, generator: torch.Generator | None = None) -> list[Checkpoint]:
     """Adam on the factors (A, B) of a LoRA at the compile's sites, KL(teacher ‖ LoRA model) on `data`
@@ -400,12 +404,12 @@ def train_lora(model, data: Continuations, steps: Sequence[int] = (10, 30, 100),
                 snap = {n: (a.detach().clone(), b.detach().clone()) for n, (a, b) in params.items()}
                 if step == 0:
                     with torch.no_grad():
-                        last_kl = float(_distill(model.config.mode, lora_logits(base, params, data.inputs), data, top_k))
+                        last_kl = float(distill_kl(model.config.mode, lora_logits(base, params, data.inputs), data, top_k))
                 out.append(Checkpoint(step, snap, last_kl, spent))
             if step == steps[-1]:
                 break
             t0 = time.perf_counter()
-            loss = _distill(model.config.mode, lora_logits(base, params, data.inputs), data, top_k)
+            loss = distill_kl(model.config.mode, lora_logits(base, params, data.inputs), data, top_k)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -425,8 +429,8 @@ def score(mode: str, logits: torch.Tensor, data: Continuations) -> tuple[float, 
     return float(loss[mask].sum()), float(correct), int(mask.sum())
 
 
-def _timed(fn: Callable[[], Any], repeats: int) -> tuple[Any, float]:
-    """fn's result and its median wall time over `repeats` calls."""
+def median_timed(fn: Callable[[], Any], repeats: int) -> tuple[Any, float]:
+    """fn's result and its median wall time in seconds over `repeats` calls (at least one)."""
     times, result = [], None
     for _ in range(max(1, repeats)):
         t0 = time.perf_counter()
@@ -448,8 +452,8 @@ def _method_scores(model, case: PromptCase, specialised: dict[str, nn.Module]) -
     return out
 
 
-@checked(model=_MODEL, case=Instance(PromptCase, "a PromptCase (icl_case, text_case)"), steps=StepCounts(), lr=_LR,
-         top_k=_TOP_K, seed=Int(0), timing_repeats=Int(1))
+@checked(model=_MODEL, case=Instance(PromptCase, "a PromptCase (icl_case, text_case)"), steps=StepCounts(),
+         lr=LR_CONSTRAINT, top_k=TOP_K_CONSTRAINT, seed=Int(0), timing_repeats=Int(1))
 def run_case(model, case: PromptCase, steps: Sequence[int] = (10, 30, 100), lr: float = 3e-3,
              top_k: int | None = None, seed: int = 0, timing_repeats: int = 3) -> dict[str, Any]:
     """Every method on one prompt: loss/correct sums on its held-out continuations and the update costs.
@@ -460,11 +464,11 @@ def run_case(model, case: PromptCase, steps: Sequence[int] = (10, 30, 100), lr: 
     model.eval()
     try:
         prompt = case.prompt
-        compiled, t_compile = _timed(lambda: model.specialize(prompt), timing_repeats)
-        factors_c, t_factors = _timed(lambda: compiled_factors(model, prompt), 1)
-        data, t_data = _timed(lambda: case.make_train(model, prompt), 1)
+        compiled, t_compile = median_timed(lambda: model.specialize(prompt), timing_repeats)
+        factors_c, t_factors = median_timed(lambda: compiled_factors(model, prompt), 1)
+        data, t_data = median_timed(lambda: case.make_train(model, prompt), 1)
         base = _gpt(model)
-        _, t_merge = _timed(lambda: merge(base, factors_c), timing_repeats)
+        _, t_merge = median_timed(lambda: merge(base, factors_c), timing_repeats)
         nets = {"compile": compiled, "no_context": model.x_only().eval()}
         costs = {"compile": {"specialize": t_compile}, "no_context": {}}
         steps_of = {}
@@ -492,14 +496,16 @@ def run_case(model, case: PromptCase, steps: Sequence[int] = (10, 30, 100), lr: 
             "train_positions": int(data.mask.sum())}
 
 
-def _median(values: Sequence[float]) -> float:
+def finite_median(values: Sequence[float]) -> float:
+    """The (upper) median of the finite values, None and NaN left out; NaN when none is left."""
     vals = sorted(v for v in values if v is not None and math.isfinite(v))
     return vals[len(vals) // 2] if vals else float("nan")
 
 
 def median_gap(per_prompt: Sequence[dict], key: str) -> float:
     """The median over prompts of each prompt's G for one method key (from `run_case`'s loss sums)."""
-    return _median([_gap(*(p["methods"][k]["loss_sum"] / p["methods"][k]["n"] for k in ("no_context", key, "prompted")))
+    return finite_median([gap_closed_unchecked(*(p["methods"][k]["loss_sum"] / p["methods"][k]["n"]
+                                                 for k in ("no_context", key, "prompted")))
                     for p in per_prompt])
 
 
@@ -522,18 +528,19 @@ def summarize(model, per_prompt: Sequence[dict]) -> list[dict[str, Any]]:
         method, _, step = key.partition("@")
         per = [p["methods"][key] for p in per_prompt]
         row = {"method": method, "steps": int(step) if step else None, "loss": loss, "acc": acc, "n_scored": n,
-               "n_prompts": len(per_prompt), "G": _gap(l_nc, loss, l_p), "G_acc": _gap(-a_nc, -acc, -a_p, GAP_NOISE_FLOOR_ACC),
-               "update_seconds": _median([x["update_seconds"] for x in per]),
-               "update_parts": {part: _median([x["parts"][part] for x in per]) for part in per[0]["parts"]},
+               "n_prompts": len(per_prompt), "G": gap_closed_unchecked(l_nc, loss, l_p),
+               "G_acc": gap_closed_unchecked(-a_nc, -acc, -a_p, GAP_NOISE_FLOOR_ACC),
+               "update_seconds": finite_median([x["update_seconds"] for x in per]),
+               "update_parts": {part: finite_median([x["parts"][part] for x in per]) for part in per[0]["parts"]},
                "update_bytes": nbytes if method in ("compile", "lora", "lora_from_compile") else 0}
         if "train_kl" in per[0]:
-            row["train_kl"] = _median([x["train_kl"] for x in per])
+            row["train_kl"] = finite_median([x["train_kl"] for x in per])
         row["G_median"] = median_gap(per_prompt, key)
         rows.append(row)
     return rows
 
 
-@checked(model=_MODEL, cases=_PromptCases(), steps=StepCounts(), lr=_LR, top_k=_TOP_K, seed=Int(0),
+@checked(model=_MODEL, cases=_PromptCases(), steps=StepCounts(), lr=LR_CONSTRAINT, top_k=TOP_K_CONSTRAINT, seed=Int(0),
          timing_repeats=Int(1))
 def compare_methods(model, cases: Sequence[PromptCase], steps: Sequence[int] = (10, 30, 100), lr: float = 3e-3,
                     top_k: int | None = None, seed: int = 0, timing_repeats: int = 3) -> dict[str, Any]:

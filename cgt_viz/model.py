@@ -32,7 +32,7 @@ from .generation import Generation
 from .io import PretrainedMixin, fold_affine_ln_y
 from .layers import SITE_WEIGHTS, Block, EMAReadout, SiteTemplates, TokenShift, YBlock, init_weights
 from .sites import site_width
-from .streams import GPTStream, _at
+from .streams import GPTStream, cache_entry
 from .distill import aux_objective
 from .losses import SMOOTHNESS, aux_length_groups, masked_loss, per_position_loss, smoothness_penalty, take_positions
 from . import outputs
@@ -167,7 +167,7 @@ class CGT(PretrainedMixin, Generation, nn.Module):
                     record[Y(0)] = out["y"]
             elif nu <= len(self.y_blocks):   # y block ν reads x_ν ("post") or x_{ν−1} ("pre"), writes y only
                 read = x if cfg.y_reads == "post" else out["x"]
-                out["y"] = self.y_blocks[nu - 1](read, out["y"], cache=_at(cache, cfg.n_layer + nu - 1))
+                out["y"] = self.y_blocks[nu - 1](read, out["y"], cache=cache_entry(cache, cfg.n_layer + nu - 1))
                 if record is not None:
                     record[Y(nu)] = out["y"]
             out["x"] = x

@@ -124,8 +124,9 @@ class Baseline(Constraint):
         return ["gpt", 5]
 
 
-def _parse_site(model, site: Any, arg: str = "site") -> tuple[int, str]:
-    """parse_site for a model its caller checked."""
+def parse_site_unchecked(model, site: Any, arg: str = "site") -> tuple[int, str]:
+    """parse_site for a model its caller checked: a site κ ("ν.name" or (ν, name)) -> (layer ν, name); ValueError
+    naming `arg` and listing the model's sites."""
     allowed = list(model.template_sites)
     if isinstance(site, str) and "." in site:
         layer, _, name = site.partition(".")
@@ -146,7 +147,7 @@ class Site(Constraint):
         self.of, self.none = of, none
 
     def check(self, name, value, args=None):
-        return None if value is None and self.none else _parse_site(args[self.of], value, name)
+        return None if value is None and self.none else parse_site_unchecked(args[self.of], value, name)
 
     def bad_values(self):
         return ["9.attn_in", "nope", 5]
@@ -340,11 +341,11 @@ def prepare_sequences(model, data, labels=None, boundary=None, *, n_batches: int
     `info["boundary"]` the excerpt boundary).
     labels: None, one per sequence, or one per token. boundary: None, an int, or one int per sequence.
     """
-    return _prepare_sequences(model, data, labels, boundary, n_batches, batch_size, seed, part)
+    return prepare_sequences_unchecked(model, data, labels, boundary, n_batches, batch_size, seed, part)
 
 
-def _prepare_sequences(model, data, labels, boundary, n_batches: int, batch_size: int, seed: int,
-                       part: str) -> Sequences:
+def prepare_sequences_unchecked(model, data, labels, boundary, n_batches: int, batch_size: int, seed: int,
+                                part: str) -> Sequences:
     """prepare_sequences for a model its caller checked; `data` (the one argument not declared: it takes many
     forms) is checked here, its token ids once (`check_inputs`, on the host)."""
     from .tasks.base import Batch, Task

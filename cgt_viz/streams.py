@@ -99,7 +99,8 @@ class XStream:
         raise NotImplementedError
 
 
-def _at(cache, i):
+def cache_entry(cache, i):
+    """The KV cache of block i from a model's list of per-block caches; None (no caching) when `cache` is None."""
     return None if cache is None else cache[i]
 
 
@@ -117,7 +118,7 @@ class GPTStream(XStream):
         if not given:
             ystep(0, x)
         for n in range(ell):
-            x = gpt.blocks[n](x, cache=_at(cache, n))
+            x = gpt.blocks[n](x, cache=cache_entry(cache, n))
             if record is not None:
                 record[X(n + 1)] = x
             if not given:
@@ -126,7 +127,7 @@ class GPTStream(XStream):
             return None
         for layer in model.modulated_layers:
             modulate = lambda site, h, layer=layer: model._modulate(layer, site, h, coeffs)   # noqa: E731
-            x = gpt.blocks[layer - 1](x, modulate=modulate, cache=_at(cache, layer - 1))
+            x = gpt.blocks[layer - 1](x, modulate=modulate, cache=cache_entry(cache, layer - 1))
             if record is not None:
                 record[X(layer)] = x
         return gpt.head(gpt.ln_f(x))
@@ -146,7 +147,7 @@ class GPTStream(XStream):
     def readout(model, x_ell, y, cache):
         if model.y_ema is None:
             return y
-        return model.y_ema(x_ell, y, cache=_at(cache, model.config.n_layer + model.config.y_layer))
+        return model.y_ema(x_ell, y, cache=cache_entry(cache, model.config.n_layer + model.config.y_layer))
 
     @staticmethod
     def site_maps(model, layer, site):

@@ -218,7 +218,7 @@ def config_differences(saved: Any, now: Any, prefix: str = "", labels: tuple[str
     return [] if saved == now else [f"{prefix} ({labels[0]} {saved!r}, {labels[1]} {now!r})"]
 
 
-class _StopFlag:
+class StopOnSignal:
     """Turns the first SIGINT/SIGTERM into a flag checked between steps; a second one raises at once."""
 
     def __init__(self):
@@ -606,7 +606,7 @@ def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: 
     snapshot = lambda: {"torch": torch.get_rng_state(), "generators": {n: g.get_state() for n, g in generators.items()}}
     rng_done = snapshot() if writes else None
     try:
-        with _StopFlag() as stop:
+        with StopOnSignal() as stop:
             while step < steps:
                 cur_lr = lr_at(step, steps, cfg.lr, warmup, cfg.min_lr_ratio)
                 for group in optimizer.param_groups:

@@ -1259,6 +1259,25 @@ NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, a
     **dict.fromkeys(["RandomWindows", "RandomWindows.document_windows", "tiny_gpt2", "tiny_llama", "tiny_qwen2"],
                     "a fixture for tests and examples (a tiny random model, random windows): its sizes go to the "
                     "transformers config as given"),
+    # names made public by issue 35 ("`_` means private"): shared internals other modules of the package call
+    "gap_closed_unchecked": "gap_closed without its checks (audited), fed losses a measurement computed (evaluate's "
+                            "rows, the LoRA baselines)",
+    **dict.fromkeys(["check_weights_match", "config_from_saved", "safetensors_header", "check_memory_fits"],
+                    "an internal step of CGT.from_pretrained and CGTLM.from_pretrained (audited; tamper and fault "
+                    "cases: test_checkpoint, test_faults3_files)"),
+    **dict.fromkeys(["OnePrompt", "OnePrompt.check", "OnePrompt.shown", "distill_kl", "median_timed", "finite_median"],
+                    "an internal step (or contract) of lora_baseline's and hf.lora's audited entry points: OnePrompt "
+                    "is the `prompt` contract their cases exercise; the rest are fed what they checked"),
+    **dict.fromkeys(["term_weights", "rgb_triplet"],
+                    "an internal step of training_curves_figure, TrainingMonitor and colored_tokens_html (audited): "
+                    "term_weights is their `weights` check, rgb_triplet converts the package's own colours"),
+    **dict.fromkeys(["token_cross_entropy", "ensure_cache_folder"],
+                    "an internal step of the hf measurements and caches (window_losses, lm_compare_methods, "
+                    "smollm2, build_feature_cache: audited), fed what they checked"),
+    **dict.fromkeys(["CGTLM.summary_of_pooled", "CGTLM.ybar_from_states"],
+                    "a step of CGTLM's audited passes, public for the feature cache, the measures and the benchmarks: "
+                    "fed what pooled_readout, lower_cache or the feature cache computed (tests/test_hf.py and "
+                    "tests/test_distill.py hold them to context())"),
     "load_corpus": "via TextMixture(source=...)",
     "task_from_config": "reads a saved config (test_tasks)", "Explorer.export": "a file path, written by pandas",
 }

@@ -122,7 +122,7 @@ def test_pooled_only_head_has_no_y_blocks_and_the_cheap_summary_is_its_ybar(lm):
     model = _head(lm)
     assert len(model.y_blocks) == 0 and "y.1" not in model.cache_names()
     idx = _windows()[:, :9]
-    torch.testing.assert_close(model._summary(model.pooled_readout(idx)), model.context(idx)[:, -1])
+    torch.testing.assert_close(model.summary_of_pooled(model.pooled_readout(idx)), model.context(idx)[:, -1])
 
 
 def test_the_short_pass_over_cached_states_is_the_specialised_lm(lm):

@@ -455,10 +455,10 @@ def test_features_the_pretrained_stream_lacks_are_refused_by_name(model):
 
 
 def test_ybar_from_given_states_is_the_context(model):
-    """_ybar_from (the y stream over layer states computed elsewhere, as benchmarks/hf_topic_knn.py uses it) gives
+    """ybar_from_states (the y stream over layer states computed elsewhere, as benchmarks/hf_topic_knn.py uses it) gives
     context()'s ȳ."""
     idx = _idx(t=12)
     rec = model.lower_cache(idx)
     xs = [rec[f"x.{n}"] for n in range(1, model.config.y_layer + 1)]
     with torch.no_grad():
-        torch.testing.assert_close(model._ybar_from(xs), model.context(idx), atol=0, rtol=0)
+        torch.testing.assert_close(model.ybar_from_states(xs), model.context(idx), atol=0, rtol=0)

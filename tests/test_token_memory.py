@@ -142,7 +142,7 @@ def test_calibration_fits_keys_that_predict_the_memory_maps_input(lm, tmp_path):
     module = model.lm.get_submodule(model.memory_map(layer)[:-len(".weight")])
     handle = module.register_forward_hook(lambda m, args, out: inputs.append(args[0]))
     try:
-        model._upper_hidden(cache.tensors["suffix_x"], model._fixed_coeffs(model._summary(cache.tensors["pooled"])))
+        model._upper_hidden(cache.tensors["suffix_x"], model._fixed_coeffs(model.summary_of_pooled(cache.tensors["pooled"])))
     finally:
         handle.remove()
     h = inputs[0].flatten(0, 1)

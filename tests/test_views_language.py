@@ -115,7 +115,7 @@ def test_signed_quantities_use_one_diverging_scale_centred_at_zero(all_figures):
     assert bars.marker.color[0] == Fg.POSITIVE_COLOR and bars.marker.color[1] == Fg.NEGATIVE_COLOR
     html = Fg.colored_tokens_html(["up", "down"], [1.0, -1.0])
     up, down = html.split("</span>")[:2]
-    assert Fg._rgb(Fg.POSITIVE_COLOR) in up and Fg._rgb(Fg.NEGATIVE_COLOR) in down
+    assert Fg.rgb_triplet(Fg.POSITIVE_COLOR) in up and Fg.rgb_triplet(Fg.NEGATIVE_COLOR) in down
 
 
 def test_robust_range_ignores_a_few_extreme_values():

@@ -11,14 +11,14 @@ Every name is imported from here (`from cgt_viz.figures import ybar_map_figure`)
     _text     along one text: strip, step profile, coloured tokens, template inspector, token memory
     _curves   compile-and-compare, loss differences, training curves
 """
-from ._curves import (AUX_MARKER, CURVE_KEYS, TERM_COLORS, _weights_of, compare_figure, drawn_series, ema,
-                      loss_difference_figure, run_info, thin, total_of, training_curves_figure)
+from ._curves import (AUX_MARKER, CURVE_KEYS, TERM_COLORS, compare_figure, drawn_series, ema, loss_difference_figure,
+                      run_info, term_weights, thin, total_of, training_curves_figure)
 from ._map import HIGHLIGHT_COLOR, HIGHLIGHT_LABELS, highlight_trace, ybar_map_figure
 from ._style import (CLOUD_BUTTONS, COLOR_KINDS, MAX_COLOR_CATEGORIES, MODEL_COLORS, NEGATIVE_COLOR, NEUTRAL_COLOR,
                      OTHER, OTHER_COLOR, PALETTE, PLOTLY_CONFIG, POSITIVE_COLOR, ROBUST_PERCENTILES, SEQUENTIAL_SCALE,
                      SIGNED_SCALE, TOKEN_CHARS, color_categories, color_kind, color_spec, colorbar, finish, heat_colors,
                      hover_escape, map_groups, natural_key, plotly_scale, plural, robust_range, short_token)
-from ._text import (_rgb, colored_tokens_html, memory_figure, smoothness_figure, step_profile_figure,
+from ._text import (colored_tokens_html, memory_figure, rgb_triplet, smoothness_figure, step_profile_figure,
                     template_figure, token_text_figure)
 
 __all__ = ["PALETTE", "MAX_COLOR_CATEGORIES", "MODEL_COLORS", "OTHER", "OTHER_COLOR", "COLOR_KINDS", "SIGNED_SCALE",
@@ -33,7 +33,7 @@ __all__ = ["PALETTE", "MAX_COLOR_CATEGORIES", "MODEL_COLORS", "OTHER", "OTHER_CO
 
 # The functions' public home is this package, as numpy does for the functions of its submodules: their
 # reprs and pickles name cgt_viz.figures, and tests/test_audit.py finds them here.
-for _name in __all__ + ["_weights_of", "_rgb"]:
+for _name in __all__ + ["term_weights", "rgb_triplet"]:
     if getattr(globals()[_name], "__module__", "").startswith(__name__ + "."):
         globals()[_name].__module__ = __name__
 del _name

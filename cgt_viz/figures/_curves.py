@@ -9,7 +9,7 @@ from plotly.subplots import make_subplots
 
 from .._checks import Bool, Float, Height, Int, check_int, checked, describe, refuse
 from ..analysis import training_series
-from ._style import PALETTE, _check_1d, _vline, finish
+from ._style import PALETTE, check_1d, finish, vline
 
 
 CURVE_KEYS = {   # analysis.compare_losses names the curves by mode; evaluate.text_position_curves adds "loss_"
@@ -37,13 +37,13 @@ def compare_figure(losses: dict, *, boundary: float | None = None, split: int | 
         got = sorted(losses) if isinstance(losses, dict) else type(losses).__name__
         raise refuse("losses", f"a dict with 'position' (or 'positions') and per-position curves "
                                f"{[keys[0] for keys in list(CURVE_KEYS.values())[1:]]}", str(got))
-    pos = _check_1d(f"losses[{found['position']!r}]", losses[found["position"]])
+    pos = check_1d(f"losses[{found['position']!r}]", losses[found["position"]])
     fig = go.Figure()
     styles = {"prompted": ("#1f77b4", "solid"), "specialized": ("#d62728", "solid"), "no_context": ("#7f7f7f", "dot")}
     for name, (color, dash) in styles.items():
         key = found[name]
         if key is not None:
-            fig.add_trace(go.Scatter(x=pos, y=_check_1d(f"losses[{key!r}]", losses[key], len(pos)), mode="lines+markers",
+            fig.add_trace(go.Scatter(x=pos, y=check_1d(f"losses[{key!r}]", losses[key], len(pos)), mode="lines+markers",
                                      name=name.replace("_", "-"), line=dict(color=color, dash=dash), marker=dict(size=4),
                                      connectgaps=True))
     _mark_switch_and_split(fig, boundary, split)
@@ -68,11 +68,11 @@ def _interval(values: np.ndarray, level: float) -> tuple[float, float]:
 def _mark_switch_and_split(fig: go.Figure, boundary: float | None, split: int | None) -> None:
     """The topic switch (red dashed) and the split s (black dotted) as labelled vertical lines."""
     if boundary is not None:
-        _vline(fig, boundary - 0.5, "#d62728", "dash", "boundary")
+        vline(fig, boundary - 0.5, "#d62728", "dash", "boundary")
         fig.add_annotation(x=boundary - 0.5, y=1, yref="paper", text="topic switch", showarrow=False,
                            font=dict(color="#d62728"), xanchor="left")
     if split is not None:
-        _vline(fig, split - 0.5, "black", "dot", "split")
+        vline(fig, split - 0.5, "black", "dot", "split")
         fig.add_annotation(x=split - 0.5, y=0.93, yref="paper", text=f"s = {split}", showarrow=False, xanchor="left")
 
 
@@ -87,9 +87,9 @@ def loss_difference_figure(positions, diff, sem, *, boundary: float | None = Non
     before / after: per-row mean differences before / after the switch ("diff_rows_before" / "_after"),
     summarised in the legend as mean ± half-width of the `level` interval (normal approximation)."""
     level = float(Float(0.5, 0.999).check("level", level))
-    pos = _check_1d("positions", positions)
-    mean = _check_1d("diff", diff, len(pos))
-    err = _check_1d("sem", sem, len(pos))
+    pos = check_1d("positions", positions)
+    mean = check_1d("diff", diff, len(pos))
+    err = check_1d("sem", sem, len(pos))
     from statistics import NormalDist
     half = NormalDist().inv_cdf(0.5 + level / 2) * err
     pct = f"{100 * level:g} %"
@@ -144,8 +144,9 @@ def run_info(history: Any) -> dict:
     return {}
 
 
-def _weights_of(weights: Any) -> dict | None:
-    """weights: None, {term: w}, or a model config (its w_aux and w_smooth) -> {term: w} or None."""
+def term_weights(weights: Any) -> dict | None:
+    """The loss terms' weights of a training-curves figure: None, {term: w}, or a model config (its w_aux and
+    w_smooth) -> {term: float w} or None; anything else is a TypeError naming `weights`."""
     if weights is None or isinstance(weights, dict):
         return None if weights is None else {k: float(v) for k, v in weights.items()}
     if hasattr(weights, "w_aux"):
@@ -202,7 +203,7 @@ def training_curves_figure(history: Any, *, log_y: bool = True, title: str | Non
     first, dashed: main, drawn over it, stays visible where the two coincide.
     """
     info = run_info(history)
-    weights = _weights_of(weights) if weights is not None else _weights_of(info.get("weights"))
+    weights = term_weights(weights) if weights is not None else term_weights(info.get("weights"))
     aux_delay = info.get("aux_delay") if aux_delay is None else check_int("aux_delay", aux_delay, 0)
     steps_total = info.get("steps") if steps is None else check_int("steps", steps, 1)
     series, evals = training_series(history)

@@ -8,7 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from .._checks import Choice, Height, checked
-from ._style import (COLOR_KINDS, OTHER, OTHER_COLOR, PALETTE, _check_1d, _check_shape, color_spec, finish,
+from ._style import (COLOR_KINDS, OTHER, OTHER_COLOR, PALETTE, check_1d, check_shape, color_spec, finish,
                      hover_escape, map_groups, short_token)
 
 
@@ -32,18 +32,18 @@ def ybar_map_figure(coords: Any, color: Any = None, hover: Sequence[str] | None 
     sorted order, named by it and listed in the legend (a click hides it); otherwise one trace with points in
     row order (a colour bar for numbers). `map_groups` says which points each trace holds.
     """
-    coords = _check_shape("coords", coords, "(N, 2) or (N, 3) with N >= 1",
+    coords = check_shape("coords", coords, "(N, 2) or (N, 3) with N >= 1",
                           lambda shape: len(shape) == 2 and shape[1] in (2, 3) and shape[0] >= 1, finite=True)
     coords = coords.astype(np.float32)   # half the bytes sent to the browser
     n = len(coords)
     if color is not None:
-        color = _check_1d("color", color, n, numeric=False)
+        color = check_1d("color", color, n, numeric=False)
     if hover is not None:
-        hover = _check_1d("hover", np.asarray(hover, dtype=object), n, numeric=False)
+        hover = check_1d("hover", np.asarray(hover, dtype=object), n, numeric=False)
     chosen = None
     if selected is not None:
         chosen = np.zeros(n, bool)
-        chosen[_check_1d("selected", selected).astype(np.int64)] = True
+        chosen[check_1d("selected", selected).astype(np.int64)] = True
     three = coords.shape[1] == 3
     if three and len(axis_names) == 2:
         axis_names = (*axis_names, "dim 3")
@@ -80,7 +80,7 @@ def ybar_map_figure(coords: Any, color: Any = None, hover: Sequence[str] | None 
             marker.update(color_spec(color, color_name, color_kind))
         fig.add_trace(scatter(np.arange(n), marker, "tokens", False))
     if highlight is not None:
-        fig.add_trace(highlight_trace(coords, _check_1d("highlight", highlight).astype(np.int64), highlight_labels,
+        fig.add_trace(highlight_trace(coords, check_1d("highlight", highlight).astype(np.int64), highlight_labels,
                                       highlight_name, None if hover is None else hover))
     heading = title or "ȳ embedded in 2-D"
     if note:

@@ -103,7 +103,7 @@ def hover_escape(text: Any) -> str:
     return html.escape(str(text), quote=False)
 
 
-def _tokens_axis(tokens: Sequence[str] | None, t: int) -> tuple[np.ndarray, list[str]]:
+def tokens_axis(tokens: Sequence[str] | None, t: int) -> tuple[np.ndarray, list[str]]:
     """x positions (t,) and per-position hover strings 'pos: token'."""
     x = np.arange(t)
     if tokens is None:
@@ -113,14 +113,14 @@ def _tokens_axis(tokens: Sequence[str] | None, t: int) -> tuple[np.ndarray, list
     return x, [f"{p}: {hover_escape(s)}" for p, s in zip(x, tokens)]
 
 
-def _vline(fig: go.Figure, x: float, color: str, dash: str, name: str) -> None:
+def vline(fig: go.Figure, x: float, color: str, dash: str, name: str) -> None:
     """A vertical line over every subplot, as a layout shape (keeps the trace list fixed)."""
     fig.add_shape(type="line", x0=x, x1=x, y0=0, y1=1, xref="x", yref="paper",
                   line=dict(color=color, dash=dash, width=1.5), name=name)
 
 
-def _check_shape(name: str, value: Any, want: str, fits: Callable[[tuple], bool], *,
-                 finite: bool = False) -> np.ndarray:
+def check_shape(name: str, value: Any, want: str, fits: Callable[[tuple], bool], *,
+                finite: bool = False) -> np.ndarray:
     """A numeric array (check_array: any type of array-like, no strings) whose shape passes `fits`;
     `want` says the shape in the message, e.g. "(N, 2) with N >= 1"."""
     arr = check_array(name, value, range(8), finite=False, what=want.split(" with")[0])
@@ -129,25 +129,25 @@ def _check_shape(name: str, value: Any, want: str, fits: Callable[[tuple], bool]
     return check_array(name, arr, arr.ndim) if finite else arr
 
 
-def _check_1d(name: str, a: Any, n: int | None = None, *, numeric: bool = True) -> np.ndarray:
+def check_1d(name: str, a: Any, n: int | None = None, *, numeric: bool = True) -> np.ndarray:
     """One value per entry: shape (n,) (or any 1-D when n is None); numeric=False keeps labels/strings."""
     want = f"({n},)" if n is not None else "(m,)"
     fits = lambda shape: len(shape) == 1 and (n is None or shape[0] == n)   # noqa: E731
     if numeric:
-        return _check_shape(name, a, want, fits)
-    arr = _as_array(name, a, f"have shape {want} (one per point)")
+        return check_shape(name, a, want, fits)
+    arr = as_array(name, a, f"have shape {want} (one per point)")
     if not fits(arr.shape):
         raise refuse(name, f"shape {want} (one per point)", describe(a) if arr.ndim == 0 else f"shape {arr.shape}",
                      verb="have")
     return arr
 
 
-def _check_position(name: str, value: Any, t: int) -> int | None:
+def check_position(name: str, value: Any, t: int) -> int | None:
     """None or a position 0..t-1 of the drawn sequence."""
     return check_int(name, value, 0, t - 1, allow_none=True, hint=" (a position in the sequence)")
 
 
-def _as_array(name: str, a: Any, want: str) -> np.ndarray:
+def as_array(name: str, a: Any, want: str) -> np.ndarray:
     """np.asarray(a); ragged nesting is a TypeError "name must <want>" (want starts with its verb)."""
     try:
         return np.asarray(a)
@@ -158,7 +158,7 @@ def _as_array(name: str, a: Any, want: str) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------- colours
 def _color_values(values: Any, name: str = "colour values") -> np.ndarray:
-    values = _as_array(name, values, "be 1-D (one per point)")
+    values = as_array(name, values, "be 1-D (one per point)")
     if values.ndim != 1:
         raise refuse(name, "1-D (one per point)", f"shape {values.shape}")
     return values

@@ -11,9 +11,8 @@ from plotly.subplots import make_subplots
 
 from .._checks import Height, Int, Tokens, check_array, check_int, checked, describe, refuse
 from ..analysis import token_smoothness
-from ._style import (MODEL_COLORS, NEGATIVE_COLOR, NEUTRAL_COLOR, POSITIVE_COLOR, _as_array, _check_1d, _check_position,
-                     _check_shape, _tokens_axis, _vline, colorbar, finish, heat_colors, hover_escape, plural,
-                     short_token)
+from ._style import (MODEL_COLORS, NEGATIVE_COLOR, NEUTRAL_COLOR, POSITIVE_COLOR, as_array, check_1d, check_position,
+                     check_shape, colorbar, finish, heat_colors, hover_escape, plural, short_token, tokens_axis, vline)
 
 
 @checked(height=Height())
@@ -24,16 +23,16 @@ def smoothness_figure(ybar: Any, tokens: Sequence[str] | None = None, *, boundar
     heatmap t × d_y (row 3). ybar (t, e); tokens (t,) strings for the hover; boundary: first position of
     the second excerpt (a red dashed line); highlight: one position (a grey band); overlay: {name: ybar
     (t, e)} of other models on the same text (rows 1–2 only)."""
-    ybar = _check_shape("ybar", ybar, "(t, d_y) with t >= 1",
+    ybar = check_shape("ybar", ybar, "(t, d_y) with t >= 1",
                         lambda shape: len(shape) == 2 and shape[0] >= 1).astype(np.float32)
     t = ybar.shape[0]
-    x, hover = _tokens_axis(tokens, t)
-    boundary, highlight = _check_position("boundary", boundary, t), _check_position("highlight", highlight, t)
+    x, hover = tokens_axis(tokens, t)
+    boundary, highlight = check_position("boundary", boundary, t), check_position("highlight", highlight, t)
     if overlay is not None and not isinstance(overlay, dict):
         raise refuse("overlay", "None or a dict {name: ybar (t, e)} of other models", describe(overlay), TypeError)
     series = {name: ybar}
     for other, arr in (overlay or {}).items():
-        series[other] = _check_shape(f"overlay[{other!r}]", arr, f"({t}, e) (the same {t} positions)",
+        series[other] = check_shape(f"overlay[{other!r}]", arr, f"({t}, e) (the same {t} positions)",
                                      lambda shape: len(shape) == 2 and shape[0] == t).astype(np.float32)
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.07, row_heights=[0.3, 0.25, 0.45],
                         subplot_titles=("‖ȳ_t − ȳ_t−1‖", "cos(ȳ_t, ȳ_t−1)", "ȳ_t (t × d_y)"))
@@ -56,7 +55,7 @@ def smoothness_figure(ybar: Any, tokens: Sequence[str] | None = None, *, boundar
                              colorbar=colorbar(bar_title, len=0.4, y=0, yanchor="bottom"),
                              hovertemplate="pos %{x}, dim %{y}: %{z:.3f}<extra></extra>"), row=3, col=1)
     if boundary is not None:
-        _vline(fig, boundary - 0.5, "#d62728", "dash", "boundary")
+        vline(fig, boundary - 0.5, "#d62728", "dash", "boundary")
         fig.add_annotation(x=boundary - 0.5, y=0, yref="paper", yanchor="bottom", xanchor="left", text=" boundary",
                            showarrow=False, font=dict(color="#d62728", size=11), bgcolor="rgba(255,255,255,0.75)")
     if highlight is not None:
@@ -97,18 +96,18 @@ def step_profile_figure(profiles: dict[str, Any], *, title: str | None = None, h
         if not isinstance(prof, dict) or any(k not in prof for k in need):
             raise refuse(f"profiles[{name!r}]", f"a text_step_profile result with keys {list(need)}",
                          str(sorted(prof)) if isinstance(prof, dict) else describe(prof))
-        pos = _check_1d(f"profiles[{name!r}]['positions']", prof["positions"])
+        pos = check_1d(f"profiles[{name!r}]['positions']", prof["positions"])
         color, label = MODEL_COLORS[i % len(MODEL_COLORS)], hover_escape(name)
         for key, dash, what in (("step_switch", "solid", "topic switch"), ("step_no_switch", "dot", "no switch")):
             ratio = prof["ratio" if key == "step_switch" else "ratio_no_switch"]
-            fig.add_trace(go.Scatter(x=pos, y=_check_1d(f"profiles[{name!r}][{key!r}]", prof[key], len(pos)),
+            fig.add_trace(go.Scatter(x=pos, y=check_1d(f"profiles[{name!r}][{key!r}]", prof[key], len(pos)),
                                      mode="lines", line=dict(color=color, dash=dash, width=1.5),
                                      name=f"{label}: {what} (window / elsewhere {ratio:.3f})",
                                      hovertemplate="position %{x}: %{y:.4f}<extra>" + label + f", {what}</extra>"))
         windows.add((int(prof["boundary"]), int(prof["window"])))
     for boundary, window in windows:
         fig.add_vrect(x0=boundary - 0.5, x1=boundary + window - 0.5, fillcolor="#d62728", opacity=0.08, line_width=0)
-        _vline(fig, boundary - 0.5, "#d62728", "dash", "boundary")
+        vline(fig, boundary - 0.5, "#d62728", "dash", "boundary")
     fig.update_layout(title=dict(text=title or "‖ȳ_p − ȳ_p−1‖, mean over rows: after the switch vs the same rows "
                                  "without one", x=0.01),
                       height=height, xaxis_title="position p (tokens)", yaxis_title="mean ‖Δȳ‖ (ȳ units)",
@@ -135,7 +134,7 @@ def token_text_figure(tokens: Sequence[str], values: Any, *, value_name: str = "
     highlight: one position (outlined); signed: the quantity is signed (a difference, a coefficient: the
     diverging scale even when every value has one sign), False: a magnitude, None: guess from the values."""
     t = len(tokens)
-    values = _check_1d("values", values, t).astype(np.float64)
+    values = check_1d("values", values, t).astype(np.float64)
     highlight = check_int("highlight", highlight, start, start + t - 1, allow_none=True,
                           hint=" (a position of these tokens)")
     rows = -(-t // per_row)
@@ -170,20 +169,21 @@ def token_text_figure(tokens: Sequence[str], values: Any, *, value_name: str = "
     return finish(fig)
 
 
-def _rgb(hex_color: str) -> str:
+def rgb_triplet(hex_color: str) -> str:
+    """"#rrggbb" -> "r,g,b" (decimal, 0..255), for an rgba(...) CSS colour; the colour is one of ours, unchecked."""
     return ",".join(str(int(hex_color[i:i + 2], 16)) for i in (1, 3, 5))
 
 
 @checked(tokens=Tokens())
 def colored_tokens_html(tokens: Sequence[str], values: Any, *, value_name: str = "value") -> str:
     """The same as HTML spans (no plotly needed; each token escaped once, its value in the tooltip)."""
-    values = _check_1d("values", values, len(tokens)).astype(np.float64)
+    values = check_1d("values", values, len(tokens)).astype(np.float64)
     _, _, zmin, zmax = _token_colors(values)
     lim = max(abs(zmin), abs(zmax)) or 1.0
     spans = []
     for tok, v in zip(tokens, values):
         a = 0.0 if not np.isfinite(v) else min(abs(v) / lim, 1.0)
-        rgb = _rgb(POSITIVE_COLOR if v > 0 else NEGATIVE_COLOR)
+        rgb = rgb_triplet(POSITIVE_COLOR if v > 0 else NEGATIVE_COLOR)
         spans.append(f"<span title='{html.escape(value_name)}: {v:.4g}' style='background:rgba({rgb},{a:.2f});"
                      f"white-space:pre;font-family:monospace'>{html.escape(str(tok))}</span>")
     return "<div style='line-height:1.8'>" + "".join(spans) + "</div>"
@@ -204,11 +204,11 @@ def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: s
     c_k uses the one signed scale (SIGNED_SCALE, centred at 0, robust symmetric range); Δ loss bars the same
     colours (positive red).
     """
-    coeffs = _check_shape("coeffs", coeffs, "(t, K) with t >= 1",
+    coeffs = check_shape("coeffs", coeffs, "(t, K) with t >= 1",
                           lambda shape: len(shape) == 2 and shape[0] >= 1).astype(np.float32)
     t, K = coeffs.shape
-    x, hover = _tokens_axis(tokens, t)
-    boundary, highlight = _check_position("boundary", boundary, t), _check_position("highlight", highlight, t)
+    x, hover = tokens_axis(tokens, t)
+    boundary, highlight = check_position("boundary", boundary, t), check_position("highlight", highlight, t)
     ks = [f"k{k}" for k in range(K)]
     at = f" at {highlight}" if highlight is not None else ""
     fig = make_subplots(rows=2, cols=3, specs=[[{"colspan": 3}, None, None], [{}, {}, {}]],
@@ -231,10 +231,10 @@ def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: s
                                                thickness=8, nticks=4, side="top"),
                              # between columns 1 and 2; its title on top (on the right it ran into σ_i's ticks)
                              hovertemplate="%{y} · %{x}: %{z:.3f}<extra></extra>"), row=2, col=1)
-    sv = np.zeros(0) if singular_values is None else _check_1d("singular_values", singular_values)
+    sv = np.zeros(0) if singular_values is None else check_1d("singular_values", singular_values)
     fig.add_trace(go.Bar(x=np.arange(1, len(sv) + 1), y=sv, marker_color=NEUTRAL_COLOR,   # ≥ 0: not the signed blue
                          hovertemplate="σ%{x}: %{y:.4f}<extra></extra>"), row=2, col=2)
-    abl = np.zeros(0) if ablation is None else _check_1d("ablation", ablation, K)
+    abl = np.zeros(0) if ablation is None else check_1d("ablation", ablation, K)
     fig.add_trace(go.Bar(x=ks[:len(abl)], y=abl, marker_color=[POSITIVE_COLOR if v > 0 else NEGATIVE_COLOR for v in abl],
                          hovertemplate="%{x}: Δloss %{y:+.4f}<extra></extra>"), row=2, col=3)
     if ablation is None:
@@ -242,7 +242,7 @@ def template_figure(coeffs: Any, tokens: Sequence[str] | None = None, *, site: s
                            x=0.5, y=0.5, xref="x4 domain", yref="y4 domain", showarrow=False,
                            font=dict(size=11, color="#777"))
     if boundary is not None:
-        _vline(fig, boundary - 0.5, "#d62728", "dash", "boundary")
+        vline(fig, boundary - 0.5, "#d62728", "dash", "boundary")
         fig.layout.shapes[-1].update(yref="y domain", y0=0, y1=1)
     if highlight is not None:
         fig.add_vrect(x0=highlight - 0.5, x1=highlight + 0.5, fillcolor="black", opacity=0.15, line_width=0, row=1, col=1)
@@ -269,7 +269,7 @@ def memory_figure(weights: Any, written: Sequence[str], positions: Sequence[str]
     """A compiled token memory over a text (`CGTLM.memory_reads`): weights (c, m) of each prompt slot (column:
     the token it writes, `written`, after the prompt token it read, `read_at`) at each position of the text
     (row: `positions`). A bright cell: at that position the memory raises that slot's token."""
-    weights = _as_array("weights", weights, "a (c, m) array of slot weights")
+    weights = as_array("weights", weights, "a (c, m) array of slot weights")
     if weights.ndim != 2:
         raise refuse("weights", "a (c, m) array of slot weights", f"shape {weights.shape}")
     c, m = weights.shape

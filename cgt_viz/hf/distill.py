@@ -56,7 +56,7 @@ from .._checks import (Bool, Choice, Float, Instance, Int, PathArg, check_callab
 from ..distill import aux_objective, teacher_topk
 from ..io import load_tensors, published_folder, read_json, save_tensors, sha256_file, write_json
 from .._ranks import process_group
-from ..train import TrainingDiverged, _StopFlag
+from ..train import StopOnSignal, TrainingDiverged
 from .source import cache_root
 
 CACHE_FORMAT = "cgt_viz.feature_cache/1"
@@ -211,9 +211,9 @@ def _load_or_build(model, tokens, prefix_len, top_k, topics, docs, batch_size, s
     n = tokens.shape[0]
     expect = {"key": key, "settings": settings, "weights_sha256": weights_sha256, "n_windows": n,
               "vocab_size": int(model.lm.config.vocab_size), "width": int(model.lm.config.hidden_size)}
-    from .source import _folder_for_cache
-    _folder_for_cache(folder.parent.parent, "the cache root")           # a file or a dangling link, by name
-    _folder_for_cache(folder.parent, "the feature cache folder")
+    from .source import ensure_cache_folder
+    ensure_cache_folder(folder.parent.parent, "the cache root")           # a file or a dangling link, by name
+    ensure_cache_folder(folder.parent, "the feature cache folder")
     # one builder per cache: a second process asking for the same cache waits for the first, then loads it
     with _build_lock(folder):
         if (folder / MANIFEST_NAME).exists():
@@ -376,7 +376,7 @@ def _scored(model, ybar: torch.Tensor, student_hidden: torch.Tensor, targets: to
 def cached_loss(model, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The aux objective of `model.config` (aux_ce · CE + aux_kl · KL to the cached teacher) on a batch of
     `FeatureCache.batch`: ȳ from the pooled read-out, layers ℓ+1..N over the cached suffix states."""
-    ybar = model._summary(batch["pooled"])                                                    # (b, e)
+    ybar = model.summary_of_pooled(batch["pooled"])                                          # (b, e)
     coeffs = model._fixed_coeffs(ybar)
     if model.memory is not None:
         if "prefix_x" not in batch:
@@ -610,7 +610,7 @@ def _train_head(model, cache, steps, minutes, batch_size, lr, weight_decay, warm
     model.train()
     interrupted = False
     try:
-        with _StopFlag() as stop:
+        with StopOnSignal() as stop:
             while steps is None or step < steps:
                 if len(order) < batch_size:                      # epochs of a fresh permutation
                     order = torch.cat([order, torch.randperm(len(cache), generator=gen)])

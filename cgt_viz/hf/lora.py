@@ -23,9 +23,10 @@ import torch.nn as nn
 
 from .._checks import Bool, Choice, Float, Has, Instance, Int, StepCounts, check_callable, check_int, checked
 from ..contracts import IGNORE_INDEX
-from ..evaluate import GAP_NOISE_FLOOR, _gap, gap_note
-from ..lora_baseline import (_LR, _TOP_K, INITS, Checkpoint, Continuations, Factors, _distill, _median, _OnePrompt,
-                             _timed, lora_rank, lora_shapes, sample_continuations, teacher_outputs, update_bytes)
+from ..evaluate import GAP_NOISE_FLOOR, gap_closed_unchecked, gap_note
+from ..lora_baseline import (INITS, LR_CONSTRAINT, TOP_K_CONSTRAINT, Checkpoint, Continuations, Factors, OnePrompt,
+                             distill_kl, finite_median, lora_rank, lora_shapes, median_timed, sample_continuations,
+                             teacher_outputs, update_bytes)
 from ._args import HeadModel
 
 
@@ -67,9 +68,9 @@ def upper_logits(lm, x_ell: torch.Tensor, ell: int) -> torch.Tensor:
         return layout_of(lm).head_of(lm)(upper_hidden(lm, x_ell, ell))
 
 
-@checked(model=HeadModel(), prompt=_OnePrompt(),
+@checked(model=HeadModel(), prompt=OnePrompt(),
          data=Instance(Continuations, "None or Continuations (lora_baseline.sample_continuations)", none=True),
-         steps=StepCounts(), init=Choice(*INITS), lr=_LR, top_k=_TOP_K,
+         steps=StepCounts(), init=Choice(*INITS), lr=LR_CONSTRAINT, top_k=TOP_K_CONSTRAINT,
          n_samples=Int(1), sample_len=Int(1), temperature=Float(0.0, lo_open=True), seed=Int(0), upper_only=Bool())
 def peft_lora_baseline(model, prompt: torch.Tensor, data: Continuations | None = None,
                        steps: Sequence[int] = (10, 30, 100), init: str = "random", lr: float = 1e-3,
@@ -135,12 +136,12 @@ def peft_lora_baseline(model, prompt: torch.Tensor, data: Continuations | None =
         if step in steps:
             if step == 0:
                 with torch.no_grad():
-                    last = float(_distill("tokens", forward(), data, top_k))
+                    last = float(distill_kl("tokens", forward(), data, top_k))
             out.append(Checkpoint(step, peft_factors(peft_model), last, spent))
         if step == steps[-1]:
             break
         t0 = time.perf_counter()
-        loss = _distill("tokens", forward(), data, top_k)
+        loss = distill_kl("tokens", forward(), data, top_k)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -166,13 +167,13 @@ def prompt_windows(task, length: int, part: str, n_prompts: int, seed: int = 0):
 
 @torch.no_grad()
 def _suffix_loss(lm, suffix: torch.Tensor, targets: torch.Tensor) -> float:
-    from .measure import _ce
-    return float(_ce(lm(input_ids=suffix[None], use_cache=False).logits, targets[None])[0])
+    from .measure import token_cross_entropy
+    return float(token_cross_entropy(lm(input_ids=suffix[None], use_cache=False).logits, targets[None])[0])
 
 
 @checked(model=HeadModel(), task=Has("document_windows", what="a task with document_windows (BBCTokens)"),
-         n_prompts=Int(1), prompt_len=Int(2), suffix_len=Int(2), steps=StepCounts(), lr=_LR, n_samples=Int(1),
-         sample_len=Int(1, none=True), temperature=Float(0.0, lo_open=True), top_k=_TOP_K, seed=Int(0),
+         n_prompts=Int(1), prompt_len=Int(2), suffix_len=Int(2), steps=StepCounts(), lr=LR_CONSTRAINT, n_samples=Int(1),
+         sample_len=Int(1, none=True), temperature=Float(0.0, lo_open=True), top_k=TOP_K_CONSTRAINT, seed=Int(0),
          timing_repeats=Int(1))
 def lm_compare_methods(model, task, part: str = "test", n_prompts: int = 5, prompt_len: int = 64,
                        suffix_len: int = 64, steps: Sequence[int] = (0, 10, 30, 100),
@@ -202,15 +203,15 @@ def lm_compare_methods(model, task, part: str = "test", n_prompts: int = 5, prom
         for i in range(len(tokens)):
             row = tokens[i].to(model.device)
             prompt, suffix, targets = row[:prompt_len], row[prompt_len:-1], row[prompt_len + 1:]
-            _, t_compile = _timed(lambda: model.specialize(prompt), timing_repeats)
-            data, t_data = _timed(lambda: _sampled(model, prompt, n_samples, sample_len or suffix_len, temperature,
+            _, t_compile = median_timed(lambda: model.specialize(prompt), timing_repeats)
+            data, t_data = median_timed(lambda: _sampled(model, prompt, n_samples, sample_len or suffix_len, temperature,
                                                    seed * 1000 + i), 1)
             methods = {"prompted": {"parts": {}}, "compile": {"parts": {"specialize": t_compile}},
                        "no_context": {"parts": {}}}
             for method, init, at in (("lora", "random", steps), ("lora_from_compile", "compile", compile_steps)):
                 _, cks, secs = peft_lora_baseline(model, prompt, data, at, init, lr, top_k, seed=seed * 1000 + i)
                 for ck in cks:
-                    net, t_merge = _timed(lambda: merged_lm(model.lm, ck.factors), 1)
+                    net, t_merge = median_timed(lambda: merged_lm(model.lm, ck.factors), 1)
                     key = f"{method}@{ck.step}"
                     losses.setdefault(key, torch.full((len(tokens),), float("nan")))[i] = _suffix_loss(net, suffix, targets)
                     methods[key] = {"parts": {**secs, "train_data": t_data, "train_steps": ck.train_seconds,
@@ -252,15 +253,15 @@ def _lm_summary(model, per_prompt: Sequence[dict], comparison: dict) -> list[dic
         method, _, step = key.partition("@")
         per = [p["methods"][key] for p in per_prompt]
         g = comparison.get("G" if cond == "compiled" else f"G_{cond}")
-        own = [_gap(p["methods"]["no_context"]["loss"], x["loss"], p["methods"]["prompted"]["loss"])
+        own = [gap_closed_unchecked(p["methods"]["no_context"]["loss"], x["loss"], p["methods"]["prompted"]["loss"])
                for p, x in zip(per_prompt, per)]
         row = {"method": method, "steps": int(step) if step else None, "loss": comparison[f"loss_{cond}"]["value"],
                "acc": float("nan"), "n_prompts": len(per), "G": {"prompted": 1.0, "no_context": 0.0}.get(key, g and g["value"]) if floor_ok else float("nan"),
-               "G_ci95": g and g["ci95"], "G_per_prompt": own, "G_median": _median(own),
-               "update_seconds": _median([x["update_seconds"] for x in per]),
-               "update_parts": {part: _median([x["parts"][part] for x in per]) for part in per[0]["parts"]},
+               "G_ci95": g and g["ci95"], "G_per_prompt": own, "G_median": finite_median(own),
+               "update_seconds": finite_median([x["update_seconds"] for x in per]),
+               "update_parts": {part: finite_median([x["parts"][part] for x in per]) for part in per[0]["parts"]},
                "update_bytes": nbytes if method in ("compile", "lora", "lora_from_compile") else 0}
         if "train_kl" in per[0]:
-            row["train_kl"] = _median([x["train_kl"] for x in per])
+            row["train_kl"] = finite_median([x["train_kl"] for x in per])
         rows.append(row)
     return rows

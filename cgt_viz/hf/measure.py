@@ -12,7 +12,7 @@ from .._checks import Bool, Has, Instance, Int, Ints, check_int, checked
 from ..contracts import Model
 from ._args import Comparison, Comparisons, HeadModel, PerWindow, Windows
 from ..comparison import comparison_logits
-from ..evaluate import _gap
+from ..evaluate import gap_closed_unchecked
 from ..sequences import eval_mode
 
 
@@ -68,7 +68,7 @@ def continuation_losses(model, task, k: int = 64, n_batches: int = 4, batch_size
             count += tgt.numel()
     res: dict[str, Any] = {f"loss_{m}": v / count for m, v in sums.items()}
     for name in ("compiled", "control"):     # evaluate's G: NaN under its noise floor
-        res[f"gap_closed{'' if name == 'compiled' else '_control'}"] = _gap(
+        res[f"gap_closed{'' if name == 'compiled' else '_control'}"] = gap_closed_unchecked(
             res["loss_no_context"], res[f"loss_{name}"], res["loss_prompted"])
     res["n_scored"] = count
     return res
@@ -117,7 +117,7 @@ def window_losses(model, tokens: torch.Tensor, prefix_len: int, topics: torch.Te
     memory = model.memory is not None
     extra = (("full_mode",) if full_mode else ()) + (("compiled_ybar_only",) if memory else ())
     out = {c: torch.full(shape, float("nan")) for c in CONDITIONS + extra}
-    ce = lambda logits, targets: _ce(logits, targets, per_position)
+    ce = lambda logits, targets: token_cross_entropy(logits, targets, per_position)
     with eval_mode(model):
         ybar, suffix_x, prefix_x = [], [], []
         for i in range(0, n, batch_size):
@@ -131,7 +131,7 @@ def window_losses(model, tokens: torch.Tensor, prefix_len: int, topics: torch.Te
             if full_mode:
                 out["full_mode"][i:i + len(w)] = ce(model(w[:, :prefix_len + m])[:, prefix_len:], tgt)
             if model.pooled_only:
-                ybar.append(model._summary(pooled))
+                ybar.append(model.summary_of_pooled(pooled))
             else:
                 ybar.append(model.context(w[:, :prefix_len])[:, -1])
             suffix_x.append(model.x_at_layer(w[:, prefix_len:prefix_len + m]))
@@ -159,7 +159,7 @@ def window_losses(model, tokens: torch.Tensor, prefix_len: int, topics: torch.Te
     return out
 
 
-def _ce(logits: torch.Tensor, targets: torch.Tensor, per_position: bool = False) -> torch.Tensor:
+def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, per_position: bool = False) -> torch.Tensor:
     """(b, m, v), (b, m) -> cross-entropy per position (b, m) or its mean per row (b,), on the CPU."""
     ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").view(targets.shape).cpu()
     return ce if per_position else ce.mean(1)

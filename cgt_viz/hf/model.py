@@ -275,12 +275,15 @@ class CGTLM(CGT):
         """P (pooled − μ): pooled (..., d) read-out of LN(x_ℓ) -> (..., e), in the y stream's dtype."""
         return self.pool(pooled.to(self.pool.weight.dtype) - self.pool_center)
 
-    def _summary(self, pooled: torch.Tensor) -> torch.Tensor:
-        """ȳ of a pooled-only head (no y blocks) from a pooled read-out (..., d) -> (..., e): LN(P (pooled − μ))."""
+    def summary_of_pooled(self, pooled: torch.Tensor) -> torch.Tensor:
+        """ȳ of a pooled-only head (no y blocks) from a pooled read-out (..., d) -> (..., e): LN(P (pooled − μ)).
+        The pooled read-out is pooled_readout's (or the feature cache's "pooled"); it is not checked here."""
         return self.ln_y(self._read(pooled))
 
-    def _ybar_from(self, xs: list[torch.Tensor], record: dict | None = None) -> torch.Tensor:
-        """ȳ (b, t, e) from layer states x_1..x_ℓ already computed (each (b, t, d)): the y stream alone."""
+    def ybar_from_states(self, xs: list[torch.Tensor], record: dict | None = None) -> torch.Tensor:
+        """ȳ (b, t, e) from layer states x_1..x_ℓ already computed (each (b, t, d), e.g. lower_cache's "x.1".."x.ℓ"
+        of another head on the same LM): the y stream alone, no LM pass; equal to context() of the ids they came
+        from. `record` (a dict) receives the y stream's named outputs. The states are not checked here."""
         ystep, out = self._y_stream(xs[0][..., 0], record=record, stop=True)
         for nu, x in enumerate([None, *xs]):
             ystep(nu, x if x is None or torch.is_autocast_enabled() else x.to(self.pool.weight.dtype))
@@ -289,7 +292,8 @@ class CGTLM(CGT):
     @torch.no_grad()
     def pooled_readout(self, idx: torch.Tensor) -> torch.Tensor:
         """The pooled read-out of LN(x_ℓ) after the last token of each row: idx (b, t) -> (b, d). With
-        pooled_only, ȳ after the last token is `_summary` of it: the one thing about a prompt the head reads."""
+        pooled_only, ȳ after the last token is `summary_of_pooled` of it: the one thing about a prompt the head
+        reads."""
         idx = check_inputs(self.config, idx, device=self.device)
         return self._pooled_last(self.x_at_layer(idx))
 
@@ -544,7 +548,7 @@ class CGTLM(CGT):
             try:
                 for i in range(0, len(suffix_x), batch_size):
                     x = suffix_x[i:i + batch_size].to(self.device, self.pool.weight.dtype)
-                    ybar = self._summary(pooled[i:i + batch_size].to(self.device))
+                    ybar = self.summary_of_pooled(pooled[i:i + batch_size].to(self.device))
                     self._upper_hidden(x, self._fixed_coeffs(ybar))
                     states.append(self.ln_x(x).flatten(0, 1).float())
             finally:
@@ -712,7 +716,8 @@ class CGTLM(CGT):
         As CGT.from_pretrained: config.json is checked field by field, then against the safetensors header (the
         shapes a model built on the meta device would have: nothing is allocated) and the free memory, before
         anything is built; NaN/inf weights load with a RuntimeWarning naming them."""
-        from ..io import _check_memory, _check_weights_match, _checked_config, _safetensors_header, check_weight_dtypes
+        from ..io import (check_memory_fits, check_weight_dtypes, check_weights_match, config_from_saved,
+                           safetensors_header)
         if lm is None:
             raise refuse("lm", "the frozen LM the heads were trained on (e.g. cgt_viz.hf.smollm2()[0])", "None",
                          TypeError, hint="CGTLM.from_pretrained(path, lm) needs lm: the folder holds only the y "
@@ -728,7 +733,7 @@ class CGTLM(CGT):
             raise ValueError(f"{str(file)!r} lacks the field 'config' (the CGTLM's settings); not a complete "
                              f"CGTLM.save_pretrained folder (truncated or tampered?)")
         try:
-            cfg = _checked_config(path, meta["config"])
+            cfg = config_from_saved(path, meta["config"])
         except (TypeError, ValueError) as err:
             raise ValueError(str(err) if str(file) in str(err) else f"{str(file)!r}: config: {err}") from None
         saved = cfg.extra.get("hf") if isinstance(cfg.extra, dict) else None
@@ -761,7 +766,7 @@ class CGTLM(CGT):
         kwargs = cls._settings(cfg, y_mlp_ratio=y_mlp_ratio, pool_half_life=pool_half_life, pooled_only=pooled_only,
                                **memory)
         # the shapes the config builds, on the meta device (no memory, no time), against the file's header
-        header = _safetensors_header(path / WEIGHTS_NAME)
+        header = safetensors_header(path / WEIGHTS_NAME)
         try:
             with torch.device("meta"):
                 skeleton = cls(lm, **kwargs)
@@ -774,12 +779,12 @@ class CGTLM(CGT):
         wrong = [f"{k}: the file has {have[k]}, the config builds {want[k]}" for k in want if k in have
                  and have[k] != want[k]]
         missing, unexpected = sorted(set(want) - set(have)), sorted(set(have) - set(want))
-        _check_weights_match(path / WEIGHTS_NAME, wrong, missing, unexpected, "its config.json and this lm",
+        check_weights_match(path / WEIGHTS_NAME, wrong, missing, unexpected, "its config.json and this lm",
                              " (d_y, n_head_y, y_layer, n_templates, template_rank, sites, y_mlp_ratio and the LM's "
                              "widths decide these shapes); the config must be the one saved with these weights, and "
                              "lm the LM they were trained on")
         check_weight_dtypes(path / WEIGHTS_NAME, header, floats)
-        _check_memory(path, header)
+        check_memory_fits(path, header)
         model = cls(lm, **kwargs)
         state = load_tensors(path / WEIGHTS_NAME, device="cpu")
         model.load_state_dict(state)

@@ -111,7 +111,7 @@ def oracle_window_losses(model, tokens: torch.Tensor, prefix_len: int, kinds: Se
             w = tokens[i:i + batch_size].to(model.device)
             b = len(w)
             prompt = w[:, :prefix_len]
-            ybar = (model._summary(model.pooled_readout(prompt)) if model.pooled_only
+            ybar = (model.summary_of_pooled(model.pooled_readout(prompt)) if model.pooled_only
                     else model.context(prompt)[:, -1]).detach()                 # (b, e)
             memory = {}
             if model.memory is not None:        # {"ν.memory": (A (b, m, i), B (b, o, m))}, as a compile writes it

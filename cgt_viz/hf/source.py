@@ -198,8 +198,9 @@ def verify_cache(folder: str | os.PathLike) -> str | None:
     return None
 
 
-def _folder_for_cache(folder: Path, what: str) -> Path:
-    """`folder` as a place to create things in: refused by name when it is a file or a dangling link."""
+def ensure_cache_folder(folder: Path, what: str) -> Path:
+    """`folder` as a place to create things in (created with its parents), returned; refused by name (`what`) when
+    it is a file, a dangling link or cannot be created (NotADirectoryError, FileNotFoundError, OSError)."""
     if folder.is_symlink() and not folder.exists():
         raise FileNotFoundError(f"{what} {str(folder)!r} is a dangling symbolic link to {os.readlink(folder)!r} "
                                 f"(nothing is there); create that folder, remove the link, or choose another folder")
@@ -247,8 +248,8 @@ def _sigterm_raises():
 
 def _follow_umask(folder: Path) -> None:
     """mkdtemp makes a 0700 folder: give it and everything in it the permissions the umask gives new files."""
-    from ..io import _umask
-    mask = _umask()
+    from ..io import current_umask
+    mask = current_umask()
     for f in folder.rglob("*"):
         os.chmod(f, (0o777 if f.is_dir() else 0o666) & ~mask)
     os.chmod(folder, 0o777 & ~mask)
@@ -276,7 +277,7 @@ def convert_gguf(gguf: str | os.PathLike, out: str | os.PathLike) -> Path:
     if not gguf.is_file():
         raise FileNotFoundError(f"gguf must be a local GGUF file, got {str(gguf)!r}: "
                                 f"{'a folder' if gguf.is_dir() else 'no file is there'} (nothing is downloaded)")
-    _folder_for_cache(out.parent, "the cache folder")
+    ensure_cache_folder(out.parent, "the cache folder")
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise FileExistsError(f"out {str(out)!r} is {'a symbolic link' if out.is_symlink() else 'a file'}, not a "
                               f"conversion folder; remove it or choose another out")
@@ -318,7 +319,7 @@ def smollm2(cache_dir: str | os.PathLike | None = None, dtype: Any = None) -> tu
     in eval mode."""
     if dtype is not None:      # refused now, not after a conversion of a minute
         _check_dtype(dtype)
-    root = _folder_for_cache(cache_root(cache_dir), "the cache folder")
+    root = ensure_cache_folder(cache_root(cache_dir), "the cache folder")
     folder = root / SMOLLM2_FOLDER
     if folder.exists() or folder.is_symlink():
         problem = verify_cache(folder)

@@ -34,7 +34,7 @@ import traitlets
 from .. import analysis as A
 from .._checks import refuse
 from ..contracts import check_inputs, check_ybar_array
-from ..sequences import _prepare_sequences
+from ..sequences import prepare_sequences_unchecked
 from ..figures import PLOTLY_CONFIG
 from . import _cells
 
@@ -374,7 +374,7 @@ def sequences_of(model, data, labels=None, boundary=None, name: str = "data", **
     if isinstance(data, A.Sequences):
         check_inputs(model.config, data.inputs, name)
         return data
-    return _prepare_sequences(model, data, labels, boundary, **_prepare_settings(prepare_kw))
+    return prepare_sequences_unchecked(model, data, labels, boundary, **_prepare_settings(prepare_kw))
 
 
 def _prepare_settings(prepare_kw: dict) -> dict:

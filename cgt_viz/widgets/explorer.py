@@ -37,7 +37,7 @@ import numpy as np
 from .. import analysis as A
 from .._checks import Bool, Choice, Height, Instance, Int, check_choice, check_index, check_int, checked
 from ..contracts import Model, check_inputs
-from ..sequences import _prepare_sequences
+from ..sequences import prepare_sequences_unchecked
 from ..figures import map_groups, plural, ybar_map_figure
 from ._base import Controls, check_view_ybar, figure_widget, html_status, replace_figure
 from ._collect import Collection, WaitsForEveryPoint, first_ybar, preview_rows, rest_of_ybar
@@ -84,7 +84,7 @@ def explore(model, data, labels=None, *, positions: Any = "all", projection: str
     The model and every argument are checked here, once (the declarations above; `data` in
     `prepare_sequences`' private pass, its token ids once on the host); nothing below checks them again.
     """
-    seqs = _prepare_sequences(model, data, labels, boundary, n_batches, batch_size, seed, "val")
+    seqs = prepare_sequences_unchecked(model, data, labels, boundary, n_batches, batch_size, seed, "val")
     return Explorer._open(model, seqs, None, positions=positions, projection=projection, background=background,
                           color_by=color_by, max_points=max_points, seed=seed, linked=linked,
                           projection_params=projection_params, height=height, dims=dims)
@@ -502,7 +502,7 @@ class Explorer(MapSelection, Projecting, Controls, StaticForm, W.VBox):
         Returns the number of points added."""
         if self._stack:
             raise ValueError("add needs every point shown: call show_all() first (the explorer is isolated)")
-        new = _prepare_sequences(self.model, data, labels, boundary, 4, 32, 0, "val")   # the model: checked at open
+        new = prepare_sequences_unchecked(self.model, data, labels, boundary, 4, 32, 0, "val")   # the model: checked at open
         self._collection.wait()
         self._set.join()                   # a fit in flight must finish before the point set grows
         ybar_new = A._collect_ybar(self.model, new.inputs, 64)

@@ -21,7 +21,7 @@ import ipywidgets as W
 
 from .._checks import Bool, Float, Height, Int, checked, refuse
 from ..analysis import NOT_PLOTTED
-from ..figures import _weights_of, run_info, training_curves_figure
+from ..figures import run_info, term_weights, training_curves_figure
 from ._base import figure_widget, html_status, replace_figure
 from ._static import StaticForm
 
@@ -165,7 +165,7 @@ class TrainingMonitor(StaticForm, W.VBox):
         last = self.records[-1] if self.records else {}
         step = int(last.get("step", 0))
         parts = [f"step {step:,}" + (f" of {self.steps:,}" if self.steps else "")]
-        weights = _weights_of(self.weights if self.weights is not None else run_info(self.records).get("weights"))
+        weights = term_weights(self.weights if self.weights is not None else run_info(self.records).get("weights"))
         latest = {k: ys[-1] for k, (_, ys) in self._steps.items() if ys}
         if weights is not None and "main" in latest:      # the figure's total: full weights, as val_total
             latest["total"] = latest["main"] + sum(w * latest.get(k, 0.0) for k, w in weights.items()
