@@ -34,6 +34,7 @@ Writes lora_vs_compile.json, .md (the table) and .html (the figure) to --out; ta
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
@@ -48,6 +49,7 @@ import bench_cost  # noqa: E402
 from cgt_viz import CGT, CGTConfig  # noqa: E402
 from cgt_viz._checks import THREADS_MAX, check_float, check_int, refuse  # noqa: E402
 from cgt_viz import lora_baseline as lb  # noqa: E402
+from cgt_viz.figures import lora_compile_figure  # noqa: E402
 from cgt_viz.io import atomic_write, read_json  # noqa: E402
 from cgt_viz.recipes import RECIPES  # noqa: E402
 from cgt_viz.tasks import make_task, task_from_config  # noqa: E402
@@ -315,6 +317,39 @@ def run_smollm2(args) -> dict:
     return res
 
 
+def _fmt(x, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "—"
+    return f"{x + 0.0:.{digits}g}" if isinstance(x, float) else str(x)     # + 0.0: no "-0"
+
+
+def _break_even(row: dict) -> str:
+    if "break_even_tokens" not in row:
+        return "—"
+    n = row["break_even_tokens"]
+    return "never" if n is None else f"{n:,}"
+
+
+def results_table(results: dict[str, dict]) -> str:
+    """The results page's markdown table (lora_vs_compile.md), one row per task × method (× N). results: what
+    `lb.check_lora_results` accepts. G: pooled over prompts; G median: the median over prompts of each prompt's G
+    (— where a run did not record it)."""
+    results = lb.check_lora_results(results, "results")
+    cols = ["task", "method", "N", "G (loss)", "G median", "G (acc)", "loss", "acc", "update ms", "update bytes",
+            "per-token ms", "break-even tokens vs KV cache"]
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for task, res in results.items():
+        for r in res["summary"]:
+            per_token = r.get("per_token_seconds")
+            cells = [task, lb.METHOD_LABELS.get(r["method"], r["method"]),
+                     "" if r["steps"] is None else str(r["steps"]),
+                     _fmt(r["G"]), _fmt(r.get("G_median")), _fmt(r.get("G_acc")), _fmt(r["loss"], 4), _fmt(r["acc"]),
+                     _fmt(r["update_seconds"] * 1e3), f"{r['update_bytes']:,}",
+                     _fmt(None if per_token is None else per_token * 1e3), _break_even(r)]
+            out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def markdown(out: dict) -> str:
     lines = []
     for name, res in out["tasks"].items():
@@ -329,7 +364,7 @@ def markdown(out: dict) -> str:
             if "G_median" not in r and key in res.get("per_prompt", [{}])[0].get("methods", {}) and \
                     "loss_sum" in res["per_prompt"][0]["methods"][key]:
                 r["G_median"] = lb.median_gap(res["per_prompt"], key)
-    lines += ["", lb.results_table(out["tasks"]), ""]
+    lines += ["", results_table(out["tasks"]), ""]
     for name, res in out["tasks"].items():
         c = res["config"]
         lines.append(f"- {name}: {res['model']['source']}; {len(res['per_prompt'])} held-out prompts of "
@@ -478,7 +513,7 @@ def main(argv=None) -> dict:
     table = markdown(out)
     print(table)
     atomic_write(out_dir / "lora_vs_compile.md", lambda tmp: Path(tmp).write_text(table + "\n"))
-    fig = lb.lora_compile_figure(out["tasks"])
+    fig = lora_compile_figure(out["tasks"])
     atomic_write(out_dir / "lora_vs_compile.html", lambda tmp: fig.write_html(tmp, include_plotlyjs=True, full_html=True))
     return out
 

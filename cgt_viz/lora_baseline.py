@@ -25,7 +25,7 @@ G = (L_no_context − L_method) / (L_no_context − L_prompted), NaN under the n
     cases = [icl_case(task, k=8, n_held_out=2, generator=g) for _ in range(5)]
     res = compare_methods(model, cases, steps=(10, 30, 100), lr=3e-3)
     res["summary"]            # one row per method (and N): loss, acc, G, update seconds, update bytes
-    fig = lora_compile_figure({"icl": res})
+    fig = cgt_viz.figures.lora_compile_figure({"icl": res})
 
 For a CGTLM (pretrained LM) `cgt_viz.hf.lora.peft_lora_baseline` trains the same LoRA with peft,
 `CGTLM.peft_config()` as its LoraConfig, so its adapter is interchangeable with `CGTLM.export_peft`'s, and
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import html
 import math
 import time
 from dataclasses import dataclass, field
@@ -117,29 +116,6 @@ class _PromptCases(Constraint):
     def shown(self, value):
         return "an empty list" if isinstance(value, list) and not value else \
             "int" if isinstance(value, list) else type(value).__name__
-
-
-class _LoraResults(Constraint):
-    """compare_methods' result or {task name: result} -> {task name: result} (`check_lora_results`)."""
-
-    def check(self, name, value, args=None):
-        return check_lora_results(value, name)
-
-    def bad_values(self):
-        return [["results"], {"icl": {"rows": []}}, 5]
-
-    def shown(self, value):
-        return "['icl']" if isinstance(value, dict) else type(value).__name__
-
-
-class _Title(Constraint):
-    def check(self, name, value, args=None):
-        if value is not None and not isinstance(value, str):
-            raise refuse(name, "None or a str", describe(value), TypeError)
-        return value
-
-    def bad_values(self):
-        return [5, b"title"]
 
 
 _MODEL = Model()                       # a CGT (or CGTLM) with weights
@@ -569,17 +545,17 @@ def break_even_tokens(update_s: float, ttft_s: float, per_token_s: float, ref_tt
     return 1 if head <= 0 else 1 + int(math.ceil(head / gain))
 
 
-# ---------------------------------------------------------------------------- figure and table
+# ---------------------------------------------------------------------------- what the results are
+# the figure (cgt_viz.figures.lora_compile_figure) and the benchmark's table (benchmarks/bench_lora_vs_compile.py)
+# name the methods with these labels and read results that check_lora_results accepts
 METHOD_LABELS = {"prompted": "prompting (no cache)", "prompted_kv": "prompting + KV cache",
                  "compile": "CGT compile (one forward)", "lora": "per-prompt LoRA, N steps",
                  "lora_from_compile": "LoRA init from compile, N steps", "no_context": "no context"}
-_COLORS = {"prompted": "#7f7f7f", "prompted_kv": "#1f77b4", "compile": "#d62728", "lora": "#2ca02c",
-           "lora_from_compile": "#9467bd", "no_context": "#000000"}
 
 
 def check_lora_results(results, name: str = "lora") -> dict[str, dict]:
-    """{task name: results} for `lora_compile_figure`; one `compare_methods` result (with "summary") becomes
-    {"this model": it}. TypeError / ValueError naming the argument (`name`) otherwise."""
+    """{task name: results} for `cgt_viz.figures.lora_compile_figure` and the benchmark's table; one
+    `compare_methods` result (with "summary") becomes {"this model": it}. TypeError / ValueError naming the argument (`name`) otherwise."""
     if not isinstance(results, dict):
         raise refuse(name, "a dict: compare_methods' result or {task name: result}", type(results).__name__,
                      TypeError)
@@ -590,84 +566,3 @@ def check_lora_results(results, name: str = "lora") -> dict[str, dict]:
         raise refuse(name, "results with a 'summary' list of rows (compare_methods')",
                      "no task" if not results else "none for " + repr(bad), verb="hold")
     return results
-
-
-@checked(results=_LoraResults(), title=_Title())
-def lora_compile_figure(results: dict[str, dict], title: str | None = None):
-    """Quality G against update time (log x), one panel per task, one curve per method.
-
-    results: {task name: {"summary": rows as `summarize` gives them (optionally with a "prompted_kv" row)}}.
-    Methods with no update (prompting, no context) are horizontal reference lines at their G; the LoRA
-    methods are curves over N (labelled), the compile and the KV-cache prefill single points."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    names = list(results)
-    # task names and the title are the caller's text: escaped as the views escape user text (plotly reads tags)
-    fig = make_subplots(rows=1, cols=len(names), subplot_titles=[html.escape(str(n), quote=False) for n in names],
-                        shared_yaxes=True)
-    shown = set()
-    for col, task in enumerate(names, start=1):
-        rows = results[task]["summary"]
-        for method in METHOD_LABELS:
-            pts = sorted((r for r in rows if r["method"] == method), key=lambda r: (r["steps"] or 0))
-            if not pts:
-                continue
-            legend = method not in shown
-            shown.add(method)
-            kw = dict(name=METHOD_LABELS[method], legendgroup=method, showlegend=legend,
-                      line={"color": _COLORS[method]}, marker={"color": _COLORS[method]})
-            if method in ("prompted", "no_context"):
-                g = pts[0]["G"]
-                if g is not None and math.isfinite(g):
-                    fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", **kw), row=1, col=col)
-                    fig.add_hline(y=g, line={"color": _COLORS[method], "dash": "dot"}, row=1, col=col)
-                continue
-            xs = [max(r["update_seconds"], 1e-6) * 1e3 for r in pts]
-            text = [f"N={r['steps']}" if r["steps"] is not None else "" for r in pts]
-            hover = [f"{METHOD_LABELS[method]} {t}<br>G {r['G']:.3f}, loss {r['loss']:.4f}<br>update "
-                     f"{x:.2f} ms" for r, t, x in zip(pts, text, xs)]
-            # an undefined G (a prompt that gains nothing over no context) is a gap in the curve: NaN is no JSON,
-            # and a figure widget's state must be
-            ys = [r["G"] if r["G"] is not None and math.isfinite(r["G"]) else None for r in pts]
-            fig.add_trace(go.Scatter(x=xs, y=ys, text=text, hovertext=hover, hoverinfo="text",
-                                     mode="lines+markers+text" if len(pts) > 1 else "markers",
-                                     textposition="top center", marker_size=9, **kw), row=1, col=col)
-        fig.update_xaxes(type="log", title_text="update latency per prompt (ms, log)", row=1, col=col)
-    fig.update_yaxes(title_text="gap closed G (loss)", row=1, col=1)
-    fig.update_layout(title=html.escape(title, quote=False) if title else
-                      "Compiling a prompt vs training a LoRA for it: quality against update time",
-                      height=480, width=520 * len(names) + 200)
-    from .figures._style import finish       # the template and modebar of every other view
-    return finish(fig)
-
-
-def _fmt(x, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "—"
-    return f"{x + 0.0:.{digits}g}" if isinstance(x, float) else str(x)     # + 0.0: no "-0"
-
-
-def _be(row: dict) -> str:
-    if "break_even_tokens" not in row:
-        return "—"
-    n = row["break_even_tokens"]
-    return "never" if n is None else f"{n:,}"
-
-
-@checked(results=_LoraResults())
-def results_table(results: dict[str, dict]) -> str:
-    """A markdown table, one row per task × method (× N). G: pooled over prompts; G median: the median over
-    prompts of each prompt's G (— where a run did not record it)."""
-    cols = ["task", "method", "N", "G (loss)", "G median", "G (acc)", "loss", "acc", "update ms", "update bytes",
-            "per-token ms", "break-even tokens vs KV cache"]
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for task, res in results.items():
-        for r in res["summary"]:
-            per_token = r.get("per_token_seconds")
-            cells = [task, METHOD_LABELS.get(r["method"], r["method"]), "" if r["steps"] is None else str(r["steps"]),
-                     _fmt(r["G"]), _fmt(r.get("G_median")), _fmt(r.get("G_acc")), _fmt(r["loss"], 4), _fmt(r["acc"]),
-                     _fmt(r["update_seconds"] * 1e3), f"{r['update_bytes']:,}",
-                     _fmt(None if per_token is None else per_token * 1e3), _be(r)]
-            out.append("| " + " | ".join(cells) + " |")
-    return "\n".join(out)

@@ -1031,10 +1031,9 @@ LB_DECLARED = {
     "compare_methods": lambda **kw: LB.compare_methods(**{"model": CGT_ICL, "cases": [_lb_case()], "steps": (0,),
                                                           "timing_repeats": 1, **kw}),
     "break_even_tokens": lambda **kw: LB.break_even_tokens(**{**_LB_TIMES, **kw}),
-    "lora_compile_figure": lambda **kw: LB.lora_compile_figure(**{"results": _LB_ROWS, **kw}),
-    "results_table": lambda **kw: LB.results_table(**{"results": _LB_ROWS, **kw}),
 }
 DECLARED.update(LB_DECLARED)
+DECLARED["lora_compile_figure"] = lambda **kw: F.lora_compile_figure(**{"results": _LB_ROWS, **kw})   # its figure
 
 
 # the pretrained-LM side and recipes (issue 39, B46): every hf entry point that declares its arguments

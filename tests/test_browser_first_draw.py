@@ -18,6 +18,7 @@ pytestmark = pytest.mark.browser
 CELL = r'''
 import torch, cgt_viz
 from cgt_viz import lora_baseline as lb, CGT, CGTConfig
+from cgt_viz.figures import lora_compile_figure
 torch.manual_seed(0)
 model = CGT(CGTConfig(vocab_size=20, block_size=32, n_layer=2, d_x=16, n_head=2, d_y=8, n_head_y=1, y_layer=1,
                       n_templates=2, mlp_ratio=2)).eval()
@@ -29,7 +30,7 @@ res = lb.compare_methods(model, [case], steps=(0, 2), timing_repeats=1)
 view = cgt_viz.CompileCompare(model, rows, split=8, lora=res)
 view
 '''
-PLAIN = 'lb.lora_compile_figure({"plain": res}, title="plain LoRA figure")'
+PLAIN = 'lora_compile_figure({"plain": res}, title="plain LoRA figure")'
 COUNT_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot'))   // a mime-rendered plot is the output itself
     .filter(p => p.closest('.jp-OutputArea-output') && !p.closest('.cgt-viz-static'))
     .map(p => [String(p.layout && p.layout.title && p.layout.title.text), p.data ? p.data.length : -1])"""

@@ -14,6 +14,7 @@ import torch
 
 import cgt_viz
 from cgt_viz import lora_baseline as lb
+from cgt_viz.figures import lora_compile_figure
 from cgt_viz.widgets import _base
 
 
@@ -71,4 +72,4 @@ def test_the_lora_plot_of_compile_and_compare_opens_with_its_traces_in_the_white
     white = pio.templates["plotly_white"].layout.plot_bgcolor
     assert view.lora_figure.layout.template.layout.plot_bgcolor == white      # the template of every other view
     assert lora_state["_widget_layout"]["template"]["layout"]["plot_bgcolor"] == white
-    assert lb.lora_compile_figure({"x": res}).layout.template.layout.plot_bgcolor == white   # notebook 05's plot
+    assert lora_compile_figure({"x": res}).layout.template.layout.plot_bgcolor == white   # notebook 05's plot

@@ -13,6 +13,7 @@ import torch
 
 from cgt_viz import CGT, CGTConfig
 from cgt_viz import lora_baseline as lb
+from cgt_viz.figures import lora_compile_figure
 from cgt_viz.tasks.base import Batch, Task
 from cgt_viz.train import train
 
@@ -312,5 +313,5 @@ def test_compile_compare_view_draws_the_lora_comparison_under_its_losses():
     lora_trace = next(t for t in fig.data if t.name == lb.METHOD_LABELS["lora"])
     want = [r["G"] if math.isfinite(r["G"]) else None for r in res["summary"] if r["method"] == "lora"]   # NaN: a gap
     assert list(lora_trace.y) == pytest.approx(want)
-    escaped = lb.lora_compile_figure({"<b>mine</b>": res}, title="a & b")
+    escaped = lora_compile_figure({"<b>mine</b>": res}, title="a & b")
     assert escaped.layout.annotations[0].text == "&lt;b&gt;mine&lt;/b&gt;" and escaped.layout.title.text == "a &amp; b"

@@ -10,9 +10,11 @@ Every name is imported from here (`from cgt_viz.figures import ybar_map_figure`)
     _map      the ȳ map and its highlight overlay
     _text     along one text: strip, step profile, coloured tokens, template inspector, token memory
     _curves   compile-and-compare, loss differences, training curves
+    _lora     the LoRA study: quality against update time, compiling a prompt beside training a LoRA for it
 """
 from ._curves import (AUX_MARKER, CURVE_KEYS, TERM_COLORS, compare_figure, drawn_series, ema, loss_difference_figure,
                       run_info, term_weights, thin, total_of, training_curves_figure)
+from ._lora import LORA_METHOD_COLORS, lora_compile_figure
 from ._map import HIGHLIGHT_COLOR, HIGHLIGHT_LABELS, highlight_trace, ybar_map_figure
 from ._style import (CLOUD_BUTTONS, COLOR_KINDS, MAX_COLOR_CATEGORIES, MODEL_COLORS, NEGATIVE_COLOR, NEUTRAL_COLOR,
                      OTHER, OTHER_COLOR, PALETTE, PLOTLY_CONFIG, POSITIVE_COLOR, ROBUST_PERCENTILES, SEQUENTIAL_SCALE,
@@ -29,7 +31,8 @@ __all__ = ["PALETTE", "MAX_COLOR_CATEGORIES", "MODEL_COLORS", "OTHER", "OTHER_CO
            "smoothness_figure", "step_profile_figure", "token_text_figure", "colored_tokens_html", "template_figure",
            "memory_figure",
            "CURVE_KEYS", "compare_figure", "loss_difference_figure", "TERM_COLORS", "AUX_MARKER", "drawn_series",
-           "run_info", "ema", "total_of", "training_curves_figure", "thin"]
+           "run_info", "ema", "total_of", "training_curves_figure", "thin",
+           "LORA_METHOD_COLORS", "lora_compile_figure"]
 
 # The functions' public home is this package, as numpy does for the functions of its submodules: their
 # reprs and pickles name cgt_viz.figures, and tests/test_audit.py finds them here.

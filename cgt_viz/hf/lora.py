@@ -9,7 +9,8 @@ change: they are computed once and every step runs layers ℓ+1..N (`upper_only`
 `lm_compare_methods` puts it beside prompting, the compile and no context on held-out document windows, with
 `hf.measure.window_losses` (the quality columns of `compile_comparison`: the same windows, the same controls)
 and `summarize_comparison` (G with a bootstrap interval over documents); rows come out in the shape of
-`cgt_viz.lora_baseline.summarize`, so `lora_compile_figure` and `results_table` draw them with the others.
+`cgt_viz.lora_baseline.summarize`, so `cgt_viz.figures.lora_compile_figure` and the benchmark's table
+(benchmarks/bench_lora_vs_compile.py) draw them with the others.
 """
 from __future__ import annotations
 

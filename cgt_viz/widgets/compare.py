@@ -12,8 +12,8 @@ import numpy as np
 from .. import analysis as A
 from .._checks import Height, check_int, checked, refuse
 from ..contracts import Model, check_targets
-from ..figures import compare_figure, token_text_figure
-from ..lora_baseline import check_lora_results, lora_compile_figure
+from ..figures import compare_figure, lora_compile_figure, token_text_figure
+from ..lora_baseline import check_lora_results
 from ._base import boundary_of, figure_widget, html_status, replace_figure, sequences_of
 from ._static import StaticForm
 
