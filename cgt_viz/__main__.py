@@ -2,6 +2,7 @@
 
     python -m cgt_viz train --task icl --out runs/shift --steps 2000 --task-arg family=shift
     python -m cgt_viz train --out runs/shift --resume          # continue it (settings come from run.json)
+    python -m cgt_viz train --task regression --recipe regression-dim16 --out runs/r16   # a named recipe
     python -m cgt_viz evaluate runs/shift                       # prompted / specialised / no-context table
     python -m cgt_viz report runs/shift                         # runs/shift/report.html, works offline
     python -m cgt_viz train-head --out runs/head                # a CGT head over the frozen SmolLM2 (cgt_viz.hf)
@@ -42,7 +43,9 @@ PRETRAINED_TASKS = ("smollm2-bbc",)   # trained by cgt_viz.hf.head_run (a head o
 
 # What defines a run besides the TrainConfig fields (whose flags are generated from the dataclass) and the
 # model flags: None means "the task's recipe (cgt_viz.recipes), else the library default".
-RUN_DEFAULTS: dict[str, Any] = {"task": None, "model": "cgt", "task_arg": [], "curriculum": None}
+# "recipe": the named recipe (cgt_viz.recipes) the run's defaults came from, chosen by --recipe or by the task's
+# arguments, and kept in run.json so that a run says which recipe it trained
+RUN_DEFAULTS: dict[str, Any] = {"task": None, "model": "cgt", "task_arg": [], "curriculum": None, "recipe": None}
 MODEL_FLAGS = ("n_layer", "d_x", "n_head", "d_y", "n_head_y", "y_layer", "n_templates", "template_rank", "mlp_ratio",
                "dropout", "w_aux", "w_smooth", "smooth", "y_reads", "sites", "aux_row_fraction")
 
@@ -68,7 +71,9 @@ class CLIError(Exception):
 # ------------------------------------------------------------------------------------------- parsing
 def _parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The command line's parser; `argv` (the command's words) picks the task whose defaults `train --help`
-    shows (`--task`, `--task-arg`, `--steps` given there)."""
+    shows (`--task`, `--task-arg`, `--recipe`, `--steps` given there)."""
+    from .recipes import RECIPE_NAMES
+
     p = argparse.ArgumentParser(prog="python -m cgt_viz", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -79,6 +84,9 @@ def _parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
                                   f"{', '.join(PRETRAINED_TASKS)}: a CGT head over a frozen pretrained LM "
                                   f"(train-head's pipeline; its settings as --task-arg)")
     t.add_argument("--out", required=True, help="run folder, e.g. runs/NAME")
+    t.add_argument("--recipe", metavar="NAME",
+                   help=f"the named recipe of --task whose settings are the defaults, whatever the --task-arg: one "
+                        f"of {', '.join(RECIPE_NAMES)} ({shown['recipe']})")
     t.add_argument("--model", choices=("cgt", "gpt"), help="cgt or the plain gpt baseline (default: cgt)")
     for name, text in settings_help().items():   # one flag per TrainConfig field
         t.add_argument("--" + name.replace("_", "-"), dest=name, type=_flag_type(name), metavar=name.upper(),
@@ -131,16 +139,24 @@ def _help_defaults(argv: Sequence[str] | None) -> dict[str, str]:
     from .recipes import RECIPES, recipe_for
 
     pre = argparse.ArgumentParser(add_help=False)
-    for flag in ("--task", "--steps"):
+    for flag in ("--task", "--steps", "--recipe"):
         pre.add_argument(flag)
     pre.add_argument("--task-arg", action="append")
     known = pre.parse_known_args(list(argv or []))[0]
     base_model = {f.name: f.default for f in dataclasses.fields(CGTConfig) if f.name in MODEL_FLAGS}
 
-    def values(task: str | None, task_args: dict[str, Any]) -> dict[str, Any]:
-        recipe = recipe_for(task, task_args) if task in RECIPES else {}
+    def values(task: str | None, task_args: dict[str, Any], name: str | None = None) -> dict[str, Any]:
+        recipe = {}
+        if task not in RECIPES:
+            name = None
+        else:
+            try:
+                recipe = recipe_for(task, task_args, name)
+            except ValueError:      # not a recipe of this task: the run refuses it; help shows the task's default
+                name, recipe = None, recipe_for(task, task_args)
         out = {**TrainConfig().to_dict(), **recipe.get("train", {}), **base_model, **recipe.get("model", {}),
-               "curriculum": recipe.get("curriculum") or 0, "task_arg": recipe.get("task", {})}
+               "curriculum": recipe.get("curriculum") or 0, "task_arg": recipe.get("task", {}),
+               "recipe": _recipe_name(task, task_args, name) or "none"}
         return {k: (",".join(v) if k == "sites" else v) for k, v in out.items()}
 
     def derived(name: str, steps: int) -> str | None:     # what train() makes of None
@@ -162,7 +178,7 @@ def _help_defaults(argv: Sequence[str] | None) -> dict[str, str]:
         except (TypeError, ValueError):
             return int(vals["steps"])
 
-    names = [*TrainConfig().to_dict(), *MODEL_FLAGS, "curriculum", "task_arg"]
+    names = [*TrainConfig().to_dict(), *MODEL_FLAGS, "curriculum", "task_arg", "recipe"]
     task = known.task
     if task in PRETRAINED_TASKS:
         return {**{n: "train-head's default: python -m cgt_viz train-head --help" for n in names},
@@ -173,9 +189,10 @@ def _help_defaults(argv: Sequence[str] | None) -> dict[str, str]:
             task_args = _task_kwargs(known.task_arg)
         except CLIError:
             task_args = {}
-        vals = values(task, task_args)
+        vals = values(task, task_args, known.recipe)
         steps = steps_of(vals)
-        where = f"--task {task}" + "".join(f" --task-arg {k}={v}" for k, v in task_args.items())
+        where = f"--task {task}" + "".join(f" --task-arg {k}={v}" for k, v in task_args.items()) + \
+            (f" --recipe {vals['recipe']}" if known.recipe == vals["recipe"] else "")
         note = (f"defaults shown for {where}: its recipe (cgt_viz.recipes), else the library's"
                 if task in RECIPES else f"defaults shown for --task {task}: the library's (no recipe)")
         return {**{n: f"default: {fmt(n, vals[n], steps)}" for n in names}, "": note}
@@ -187,6 +204,8 @@ def _help_defaults(argv: Sequence[str] | None) -> dict[str, str]:
         differ = [f"{t} {fmt(n, v[n], steps_of(v), short=True)}" for t, v in per_task.items()
                   if fmt(n, v[n], steps_of(v)) != fmt(n, base[n], steps_of(base))]
         shown[n] = text + (f"; --task {', '.join(differ)}" if differ else "")
+    # each task's own recipe is named after it, so a per-task list would only repeat the task names
+    shown["recipe"] = "default: the task's own (named after it), or the variant its --task-arg select"
     shown[""] = ("defaults: each task's recipe (cgt_viz.recipes), else the library's; "
                  "python -m cgt_viz train --task NAME --help shows one task's values")
     return shown
@@ -288,8 +307,8 @@ TRAIN_FIELDS = tuple(f.name for f in dataclasses.fields(TrainConfig))
 
 def _settings(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """The run's settings: flags given now, else those saved in run.json (on --resume), else the task's recipe
-    (`cgt_viz.recipes.recipe_for`: the task's arguments may select a variant), else the defaults (TrainConfig's,
-    CGTConfig's)."""
+    (`cgt_viz.recipes.recipe_for`: the one --recipe names, else the task's own with the variants its arguments
+    select), else the defaults (TrainConfig's, CGTConfig's)."""
     from .recipes import recipe_for
 
     given = {k: getattr(args, k) for k in (*RUN_DEFAULTS, *TRAIN_FIELDS, *MODEL_FLAGS) if getattr(args, k) is not None}
@@ -317,8 +336,14 @@ def _settings(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     task = given.get("task", saved.get("task"))
     if task is None:
         raise CLIError("--task is required for a new run (one of icl, regression, text, or module:Class)")
-    recipe = recipe_for(task, _task_kwargs(given.get("task_arg"))) if not saved else {}
-    defaults = {**RUN_DEFAULTS, **TrainConfig().to_dict(), "task_arg": dict(recipe.get("task", {})),
+    recipe, recipe_name = {}, None
+    if not saved:
+        typed = _task_kwargs(given.get("task_arg"))
+        with _as_flag_error():       # "recipe must be one of ..." -> "--recipe must be one of ..."
+            recipe = recipe_for(task, typed, given.get("recipe"))
+        recipe_name = _recipe_name(task, typed, given.get("recipe"))
+    defaults = {**RUN_DEFAULTS, **TrainConfig().to_dict(), "recipe": recipe_name,
+                "task_arg": dict(recipe.get("task", {})),
                 "curriculum": recipe.get("curriculum"), **recipe.get("train", {}),
                 **{k: (",".join(v) if k == "sites" else v) for k, v in recipe.get("model", {}).items()}}
     settings = {**defaults, **saved, **given}
@@ -328,6 +353,34 @@ def _settings(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         TrainConfig.build(None, {k: settings[k] for k in TRAIN_FIELDS})
     _check_flags(curriculum=settings["curriculum"])
     return settings
+
+
+def _recipe_name(task: str | None, typed: dict[str, Any], chosen: str | None) -> str | None:
+    """The recipe a run of `task` takes: `chosen` (--recipe), else the variants its typed --task-arg select
+    (joined by "+"), else the task's own (None for a task without a recipe)."""
+    from .recipes import RECIPES, variants_selected
+
+    if chosen is not None:
+        return chosen
+    if task not in RECIPES:
+        return None
+    return "+".join(variants_selected(task, typed)) or task
+
+
+def _recipe_note(task: str, task_args: Sequence[str] | None) -> str | None:
+    """The line that says which variant the task arguments chose, when they chose one (None otherwise):
+    "recipe: regression-dim16 (chosen by --task-arg dim=16; --recipe to choose another)"."""
+    from .recipes import RECIPES, VARIANTS, variants_selected
+
+    typed = _task_kwargs(task_args)
+    chosen = variants_selected(task, typed) if task in RECIPES else []
+    if not chosen:
+        return None
+    # a selecting argument the user did not type matched the task's default value (icl's family=affine)
+    when = {k: v for name in chosen for k, v in VARIANTS[name]["when"].items()}
+    why = [" ".join(f"--task-arg {k}={v}" for k, v in when.items() if k in typed)] + \
+        [f"the default {k}={v}" for k, v in when.items() if k not in typed]
+    return f"recipe: {' + '.join(chosen)} (chosen by {' and '.join(w for w in why if w)}; --recipe to choose another)"
 
 
 @contextlib.contextmanager
@@ -411,8 +464,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     pretrained = _pretrained_task(args, out)
     if pretrained is not None:
         from .hf.head_run import train_route
+        from .recipes import recipe_for
+        if args.recipe is not None:      # no recipe is of a pretrained-LM task: refused, naming the flag
+            with _as_flag_error():
+                recipe_for(pretrained, None, args.recipe)
         given = {k: getattr(args, k) for k in (*RUN_DEFAULTS, *TRAIN_FIELDS, *MODEL_FLAGS, "threads")
-                 if k not in ("task", "task_arg") and getattr(args, k) is not None}
+                 if k not in ("task", "task_arg", "recipe") and getattr(args, k) is not None}
         given.update({k: v for k, v in (("device", args.device), ("compile", args.compile),
                                         ("no_progress", args.no_progress)) if v not in ("auto", False)})
         return train_route(pretrained, out, given, _task_kwargs(args.task_arg), args.resume)
@@ -463,6 +520,9 @@ def _train_locked(args: argparse.Namespace, out: Path, is_main: bool) -> int:
     run_file = out / RUN_FILE
     previous = run_file.read_bytes() if run_file.is_file() else None
     before = latest_checkpoint(out / "ckpt")
+    note = _recipe_note(settings["task"], args.task_arg) if previous is None and args.recipe is None else None
+    if is_main and note:        # a variant chosen by the task arguments alone is easy to miss: say so once
+        print(note, file=sys.stderr)
     if is_main:
         write_json(run_file, {"settings": settings, "model_class": type(model).__name__,
                               "config": model.config.to_dict()})

@@ -6,10 +6,14 @@ uses by default (flags override any of it). docs/results.md measures these recip
                                                             dimensions grow from 1; icl's share of pure shifts
                                                             falls from 1
 
-A task's arguments can call for another recipe: VARIANTS lists, per task, the arguments that select one and
-what it changes. `recipe_for(task, args)` applies every variant whose arguments all match, in order:
+A recipe has a name: the task's own (RECIPES) or a variant's (VARIANTS: "regression-dim16", "icl-value-affine"),
+a named change on top of its task's recipe. `recipe_for(task, args)` applies, as the default, every variant whose
+selecting task arguments all match (`variants_selected`); `recipe_for(task, args, recipe=NAME)` takes that one
+recipe instead, matching or not (`python -m cgt_viz train --recipe NAME`):
 
-    recipe_for("regression", {"dim": 16})       # the regression recipe with the 16-number variant on top
+    recipe_for("regression", {"dim": 16})                  # the regression recipe with regression-dim16 on top
+    recipe_for("regression", recipe="regression-dim16")    # the same, chosen by name
+    recipe_for("regression", {"dim": 16}, recipe="regression")   # the plain regression recipe, on dim 16
 """
 from __future__ import annotations
 
@@ -32,46 +36,106 @@ RECIPES: dict[str, dict[str, Any]] = {
              "train": dict(steps=1500, batch_size=32, lr=1e-3)},
 }
 
-# task -> [(the arguments that select the variant, what it changes: sections as in RECIPES)]
-VARIANTS: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {
-    "regression": [
-        # ȳ must carry 16 numbers: the dimensions grow over most of the run and the auxiliary loss is on from
-        # the first update, while few are live and its signal is strong (docs/results.md, "Levers": it compiles
-        # part of the prompt, where the dim-4 recipe compiles none of it, and prompting loses some accuracy)
-        (dict(dim=16), {"task": dict(dim=16, n_points=32), "train": dict(aux_delay=0, aux_ramp=250),
-                        "curriculum": 2500}),
-    ],
-    "icl": [
-        # value answers of the affine family: first pure shifts (which compile), then the whole family, with
-        # auxiliary splits that keep at least 4 pairs in the prefix and end before a query it has not shown, so
-        # the auxiliary loss asks for the function rather than a copy (docs/results.md, "Levers")
-        (dict(answer_tokens="value", family="affine"),
-         {"task": dict(answer_tokens="value", family="affine", aux_min_pairs=4, novel_split=True, n_pairs=20),
-          "train": dict(steps=16000), "curriculum": 3000}),
-    ],
+# name -> {"task": the task whose recipe it changes, "when": the task arguments that select it by default,
+#          "change": what it changes, in sections as in RECIPES}
+VARIANTS: dict[str, dict[str, Any]] = {
+    # ȳ must carry 16 numbers: the dimensions grow over most of the run and the auxiliary loss is on from
+    # the first update, while few are live and its signal is strong (docs/results.md, "Levers": it compiles
+    # part of the prompt, where the dim-4 recipe compiles none of it, and prompting loses some accuracy)
+    "regression-dim16": {"task": "regression", "when": dict(dim=16),
+                         "change": {"task": dict(dim=16, n_points=32), "train": dict(aux_delay=0, aux_ramp=250),
+                                    "curriculum": 2500}},
+    # value answers of the affine family: first pure shifts (which compile), then the whole family, with
+    # auxiliary splits that keep at least 4 pairs in the prefix and end before a query it has not shown, so
+    # the auxiliary loss asks for the function rather than a copy (docs/results.md, "Levers")
+    "icl-value-affine": {"task": "icl", "when": dict(answer_tokens="value", family="affine"),
+                         "change": {"task": dict(answer_tokens="value", family="affine", aux_min_pairs=4,
+                                                 novel_split=True, n_pairs=20),
+                                    "train": dict(steps=16000), "curriculum": 3000}},
 }
+RECIPE_NAMES = (*RECIPES, *VARIANTS)     # what recipe_for's `recipe` (the CLI's --recipe) accepts
 
 
-def recipe_for(task: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The recipe of `task` built with these constructor arguments: RECIPES[task] (empty for a task without one)
-    with each matching variant applied, section by section (its task, model and train fields update the
-    recipe's; its curriculum replaces it). A variant matches the arguments the task will be built with: these,
-    then the recipe's task fields, then the task's own defaults."""
-    import inspect
+def recipe_task(recipe: str) -> str:
+    """The task a recipe name (one of RECIPE_NAMES) is for: a task's own recipe is named after it, a variant names
+    its task."""
+    _check_name(recipe)
+    return VARIANTS[recipe]["task"] if recipe in VARIANTS else recipe
 
-    from ._checks import check_dict, describe, refuse
-    from .tasks import TASKS
+
+def _check_name(recipe: Any) -> None:
+    from ._checks import describe, refuse
+
+    if not isinstance(recipe, str) or recipe not in RECIPE_NAMES:
+        raise refuse("recipe", f"one of {', '.join(RECIPE_NAMES)}", describe(recipe),
+                     TypeError if not isinstance(recipe, str) else ValueError)
+
+
+def _check_task(task: Any) -> None:
+    from ._checks import describe, refuse
 
     if not isinstance(task, str):   # any name: a task of one's own ("module:Class") has no recipe, so {} comes back
         raise refuse("task", f"a task name (a str: one of {sorted(RECIPES)}, or another task's name)", describe(task),
                      TypeError)
-    args = {} if args is None else check_dict("args", args, "None or a dict of the task's constructor arguments")
-    recipe = copy.deepcopy(RECIPES.get(task, {}))
+
+
+def _built_with(task: str, recipe: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
+    """The arguments the task will be built with: these, then the recipe's task fields, then the task's defaults."""
+    import inspect
+
+    from .tasks import TASKS
+
     defaults = ({name: p.default for name, p in inspect.signature(TASKS[task]).parameters.items()
                  if p.default is not inspect.Parameter.empty} if task in TASKS else {})
-    for when, change in VARIANTS.get(task, []):
-        merged = {**defaults, **recipe.get("task", {}), **args}   # the arguments the task will be built with
-        if all(merged.get(key) == value for key, value in when.items()):
-            for section, fields in change.items():
-                recipe[section] = {**recipe.get(section, {}), **fields} if isinstance(fields, dict) else fields
-    return recipe
+    return {**defaults, **recipe.get("task", {}), **args}
+
+
+def _apply(recipe: dict[str, Any], change: dict[str, Any]) -> None:
+    """A variant's change on the recipe, section by section: its task, model and train fields update the
+    recipe's; its curriculum replaces it."""
+    for section, fields in change.items():
+        recipe[section] = {**recipe.get(section, {}), **fields} if isinstance(fields, dict) else fields
+
+
+def variants_selected(task: str, args: dict[str, Any] | None = None) -> list[str]:
+    """The names of the variants `recipe_for(task, args)` applies by default, in order: those whose selecting
+    arguments ("when") all match the arguments the task will be built with."""
+    from ._checks import check_dict
+
+    _check_task(task)
+    args = {} if args is None else check_dict("args", args, "None or a dict of the task's constructor arguments")
+    recipe = copy.deepcopy(RECIPES.get(task, {}))
+    names = []
+    for name, variant in VARIANTS.items():
+        if variant["task"] != task:
+            continue
+        built = _built_with(task, recipe, args)     # after the variants before it, as recipe_for applies them
+        if all(built.get(key) == value for key, value in variant["when"].items()):
+            _apply(recipe, variant["change"])
+            names.append(name)
+    return names
+
+
+def recipe_for(task: str, args: dict[str, Any] | None = None, recipe: str | None = None) -> dict[str, Any]:
+    """The recipe of `task` built with these constructor arguments (empty for a task without one).
+
+    recipe None (the default): RECIPES[task] with each variant the arguments select applied (`variants_selected`).
+    recipe NAME (one of RECIPE_NAMES, a recipe of this task): that recipe alone, the task's own or its own with
+    that variant on top, whatever the arguments; a name that is not a recipe, or one of another task, is refused."""
+    from ._checks import check_dict, refuse
+
+    _check_task(task)
+    args = {} if args is None else check_dict("args", args, "None or a dict of the task's constructor arguments")
+    if recipe is None:
+        chosen = variants_selected(task, args)
+    else:
+        _check_name(recipe)
+        if recipe_task(recipe) != task:
+            own = [name for name in RECIPE_NAMES if recipe_task(name) == task]
+            raise refuse("recipe", f"a recipe of task {task!r} ({', '.join(own) if own else 'it has none'})",
+                         f"{recipe!r}, a recipe of task {recipe_task(recipe)!r}")
+        chosen = [recipe] if recipe in VARIANTS else []
+    out = copy.deepcopy(RECIPES.get(task, {}))
+    for name in chosen:
+        _apply(out, VARIANTS[name]["change"])
+    return out

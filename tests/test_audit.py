@@ -47,7 +47,7 @@ from cgt_viz.tasks.regression import LinearRegression
 from cgt_viz.tasks.text import TextMixture
 from cgt_viz.tasks.tokenizer import ByteTokenizer, CorpusBPE, GPT2Tokenizer, tokenizer_from_spec
 from cgt_viz.train import TrainHistory, resolve_device, train
-from cgt_viz.recipes import recipe_for
+from cgt_viz.recipes import recipe_for, recipe_task, variants_selected
 from helpers import ByteTokenizer as HFByteTokenizer   # bytes as tokens, with the transformers tokenizer's calls
 
 # words that say what is allowed; "need"/"use" only as a requirement or a bound ("needs a tokens-mode model",
@@ -445,7 +445,9 @@ CLI_FLAGS = {f"--{name.replace('_', '-')}": [str(v) for v in c.bad_values() if t
                                 if f.metadata.get("check")}, **FLAG_CONSTRAINTS}.items()}
 CLI_FLAGS.update({"--device": ["nonsense"], "--d-x": ["7"], "--y-layer": ["5"], "--sites": ["attn_in,nope"],
                   "--task": ["nonsense", "nomodule:Nothing"], "--task-arg": ["P", "nonsense=3", "P=1"],
-                  "--model": ["rnn"], "--n-templates": ["0"]})
+                  "--model": ["rnn"], "--n-templates": ["0"],
+                  # not a recipe; a recipe of another task than CLI_TRAIN's --task icl
+                  "--recipe": ["nonsense", "regression-dim16"]})
 
 
 def cli_train(tmp: Path, *flags: str) -> list[str]:
@@ -753,6 +755,11 @@ def _hf_mod(name: str):
 
 case("recipe_for", "task", [5, None, ("regression",)], lambda v: recipe_for(v))
 case("recipe_for", "args", [5, "dim=16", [("dim", 16)]], lambda v: recipe_for("regression", v))
+# a recipe by name: not a recipe, or a recipe of another task (regression-dim16 for icl)
+case("recipe_for", "recipe", [5, "nonsense", "regression-dim16"], lambda v: recipe_for("icl", recipe=v))
+case("recipe_task", "recipe", [5, None, "nonsense"], lambda v: recipe_task(v))
+case("variants_selected", "task", [5, None], lambda v: variants_selected(v))
+case("variants_selected", "args", [5, "dim=16"], lambda v: variants_selected("regression", v))
 
 # hf.data: BBCTokens over the session's small corpus, bytes as tokens
 BBC = functools.lru_cache(None)(lambda: _hf_mod("data").BBCTokens(HFByteTokenizer(), block_size=16,

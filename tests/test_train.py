@@ -9,6 +9,7 @@ import math
 import os
 import signal
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -293,7 +294,7 @@ def test_a_task_argument_selects_its_recipe_variant_in_the_cli():
 
     base = settings("--task", "regression")
     wide = settings("--task", "regression", "--task-arg", "dim=16")
-    (when, change), = VARIANTS["regression"]
+    change = VARIANTS["regression-dim16"]["change"]
     assert base["steps"] == RECIPES["regression"]["train"]["steps"] and base["task_arg"]["dim"] == 4
     assert wide["task_arg"] == {**RECIPES["regression"]["task"], **change["task"]} and wide["task_arg"]["dim"] == 16
     train_fields = {**RECIPES["regression"]["train"], **change["train"]}
@@ -302,7 +303,88 @@ def test_a_task_argument_selects_its_recipe_variant_in_the_cli():
     assert settings("--task", "regression", "--task-arg", "dim=16", "--steps", "7")["steps"] == 7   # flags still win
     # the icl variant matches on the task's own default family (affine) too, and not on another family
     affine = settings("--task", "icl", "--task-arg", "answer_tokens=value")
-    assert affine["task_arg"]["novel_split"] is True and affine["curriculum"] == VARIANTS["icl"][0][1]["curriculum"]
+    assert affine["task_arg"]["novel_split"] is True and affine["curriculum"] == VARIANTS["icl-value-affine"]["change"]["curriculum"]
     shift = settings("--task", "icl", "--task-arg", "answer_tokens=value", "--task-arg", "family=shift")
     assert shift["curriculum"] is None and "novel_split" not in shift["task_arg"]
     assert recipe_for("icl") == RECIPES["icl"] and recipe_for("module:Task", {"dim": 16}) == {}
+    assert wide["recipe"] == "regression-dim16" and base["recipe"] == "regression" and shift["recipe"] == "icl"
+
+
+def _cli_settings(*argv):
+    from cgt_viz.__main__ import _parser, _settings
+
+    return _settings(_parser().parse_args(["train", "--out", "unused", *argv]), Path("/nonexistent/run"))
+
+
+def test_recipe_names_a_variant_or_the_plain_recipe_whatever_the_task_arguments():
+    from cgt_viz.recipes import RECIPES, VARIANTS
+
+    named = _cli_settings("--task", "regression", "--recipe", "regression-dim16")
+    implied = _cli_settings("--task", "regression", "--task-arg", "dim=16")
+    assert named == implied and named["recipe"] == "regression-dim16"
+    # the plain recipe on 16 dimensions: the variant's curriculum and n_points are not applied
+    plain = _cli_settings("--task", "regression", "--task-arg", "dim=16", "--recipe", "regression")
+    assert plain["recipe"] == "regression" and plain["task_arg"]["dim"] == 16
+    assert plain["curriculum"] == RECIPES["regression"]["curriculum"] != VARIANTS["regression-dim16"]["change"]["curriculum"]
+    assert plain["task_arg"]["n_points"] == RECIPES["regression"]["task"]["n_points"]
+    assert _cli_settings("--task", "icl", "--recipe", "icl-value-affine")["task_arg"]["novel_split"] is True
+    assert _cli_settings("--task", "regression", "--recipe", "regression-dim16", "--steps", "7")["steps"] == 7
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--task", "regression", "--recipe", "nope"],
+     "--recipe must be one of icl, regression, text, regression-dim16, icl-value-affine, got str 'nope'"),
+    (["--task", "icl", "--recipe", "regression-dim16"],
+     "--recipe must be a recipe of task 'icl' (icl, icl-value-affine), got 'regression-dim16', a recipe of task "
+     "'regression'"),
+    (["--task", "test_train:TinyTask", "--recipe", "icl"], "--recipe must be a recipe of task 'test_train:TinyTask' "
+                                                           "(it has none)"),
+])
+def test_a_recipe_that_is_not_one_of_the_tasks_is_refused_naming_the_flag(argv, says):
+    from cgt_viz.__main__ import CLIError
+
+    with pytest.raises(CLIError) as refused:
+        _cli_settings(*argv)
+    assert str(refused.value).startswith(says)
+
+
+@pytest.mark.parametrize("argv, note", [
+    (["--task", "regression", "--task-arg", "dim=16"],
+     "recipe: regression-dim16 (chosen by --task-arg dim=16; --recipe to choose another)"),
+    (["--task", "icl", "--task-arg", "answer_tokens=value"],
+     "recipe: icl-value-affine (chosen by --task-arg answer_tokens=value and the default family=affine; --recipe to "
+     "choose another)"),
+    (["--task", "regression", "--task-arg", "dim=16", "--recipe", "regression-dim16"], None),   # chosen by name
+    (["--task", "regression"], None),                                                         # no variant
+])
+def test_a_variant_chosen_by_the_task_arguments_is_named_when_the_run_starts(tmp_path, capsys, argv, note):
+    from cgt_viz.__main__ import main
+
+    tiny = ["--n-layer", "2", "--d-x", "16", "--n-head", "2", "--d-y", "8", "--n-head-y", "1", "--y-layer", "1",
+            "--n-templates", "2", "--no-progress", "--device", "cpu", "--steps", "1", "--batch-size", "2",
+            "--eval-every", "0", "--curriculum", "0"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)      # steps < aux_delay: a one-step run
+        assert main(["train", *argv, *tiny, "--out", str(tmp_path / "run")]) == 0
+    err = capsys.readouterr().err
+    recipes = [line for line in err.splitlines() if line.startswith("recipe:")]
+    assert recipes == ([note] if note else [])
+    assert main(["train", "--out", str(tmp_path / "run"), "--resume", "--no-progress"]) == 0
+    assert "recipe:" not in capsys.readouterr().err           # said once, when the run started
+
+
+def test_train_help_shows_the_defaults_of_the_named_recipe():
+    from cgt_viz.__main__ import _parser
+    from cgt_viz.recipes import RECIPES, VARIANTS
+
+    def helps(*argv):
+        sub = next(a for a in _parser(["train", *argv])._actions if a.dest == "command").choices["train"]
+        return {a.dest: a.help for a in sub._actions}
+
+    named = helps("--task", "regression", "--recipe", "regression-dim16")
+    assert f"(default: {VARIANTS['regression-dim16']['change']['curriculum']})" in named["curriculum"]
+    assert "(default: regression-dim16)" in named["recipe"]
+    plain = helps("--task", "regression", "--task-arg", "dim=16", "--recipe", "regression")
+    assert f"(default: {RECIPES['regression']['curriculum']})" in plain["curriculum"]
+    assert "(default: regression)" in plain["recipe"]
+    assert "(default: regression-dim16)" in helps("--task", "regression", "--task-arg", "dim=16")["recipe"]
