@@ -61,6 +61,8 @@ def require_weights(model: torch.nn.Module, name: str = "model") -> torch.device
 class Model(Constraint):
     """A CGT (`require_cgt`); with weights=True (the default: views compute with them) not on the meta device."""
 
+    refuses_only = True
+
     def __init__(self, *, weights: bool = True, none: bool = False):
         self.weights, self.none = weights, none
 
@@ -89,6 +91,10 @@ class Inputs(Constraint):
     def check(self, name, value, args=None):
         model = args[self.of]
         return check_inputs(model.config, value, name, device=model.device if self.on_device else None)
+
+    def trusted(self, name, value, args=None):
+        # check_inputs' conversion alone: its range and finiteness checks cost a host sync per call
+        return value.long() if args[self.of].config.mode == "tokens" else value
 
     def bad_values(self):   # refused by any tokens-mode config (the audit's models)
         return ["text", torch.zeros(2, 4), torch.full((2, 4), 10 ** 6), torch.zeros(2, 0, dtype=torch.long),
@@ -303,6 +309,10 @@ class Summary(Constraint):
         rows = args[self.rows_of].shape[0] if self.rows_of else None
         return check_summary(model.config, value, model.device, rows, name)
 
+    def trusted(self, name, value, args=None):
+        # check_summary's conversion alone: its finiteness check costs a host sync per call
+        return value if value.dim() == 2 else value[None]
+
     def bad_values(self):
         return ["y", torch.zeros(1), torch.full((1, 1), float("nan"))]
 
@@ -313,8 +323,13 @@ class Summary(Constraint):
 class Summaries(Summary):
     """ybar: (..., e), finite."""
 
+    refuses_only = True
+
     def check(self, name, value, args=None):
         return check_summaries(args[self.of].config, value, name)
+
+    def trusted(self, name, value, args=None):
+        return value
 
 
 class Ablate(Constraint):
