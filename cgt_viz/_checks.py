@@ -485,6 +485,41 @@ class PathArg(Constraint):
         return type(value).__name__
 
 
+class CallableArg(Constraint):
+    """A callable (None too when none=True); `what` names it in the message, e.g. "a callable (model, step) -> dict"."""
+
+    refuses_only = True
+
+    def __init__(self, what: str = "a callable", *, none: bool = False):
+        self.what, self.none = what, none
+
+    def check(self, name, value, args=None):
+        return value if value is None and self.none else check_callable(name, value, self.what)
+
+    def bad_values(self):
+        return [5, "print"] + ([] if self.none else [None])
+
+
+class CallableList(Constraint):
+    """An iterable of callables -> a list; `what` names it, e.g. "a list of callables taking one dict"."""
+
+    normalizes = True
+
+    def __init__(self, what: str = "a list of callables"):
+        self.what = what
+
+    def check(self, name, value, args=None):
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+            raise refuse(name, self.what, describe(value), TypeError)
+        return [check_callable(name, fn, self.what) for fn in value]
+
+    def bad_values(self):
+        return [5, "print", [print, 5]]
+
+    def shown(self, value):
+        return "5" if isinstance(value, list) else None
+
+
 class Has(Constraint):
     """An object with the named methods (duck-typed: a tokenizer, a task); `what` names it in the message."""
 

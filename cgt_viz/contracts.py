@@ -142,11 +142,20 @@ def check_inputs(cfg, inp: Any, name: str = "idx", device: torch.device | None =
 
 def check_targets(cfg, inp: torch.Tensor, targets: Any, loss_mask: Any, inputs_name: str = "idx") -> None:
     """targets (and loss_mask) as the loss takes them, for checked inputs `inp` of shape (b, t[, input_dim])."""
+    check_loss_targets(cfg, inp, targets, inputs_name)
+    check_loss_mask(inp, loss_mask, inputs_name)
+
+
+def _on_device_of(name: str, tensor: Any, inp: torch.Tensor, inputs_name: str) -> None:
+    if isinstance(tensor, torch.Tensor) and tensor.device != inp.device:
+        raise refuse(name, f"on the device of {inputs_name} {str(inp.device)!r}", f"a tensor on {str(tensor.device)!r}")
+
+
+def check_loss_targets(cfg, inp: torch.Tensor, targets: Any, inputs_name: str = "idx") -> None:
+    """targets as the loss takes them, for checked inputs `inp` of shape (b, t[, input_dim])."""
     if not isinstance(targets, torch.Tensor):
         raise refuse("targets", "a torch.Tensor", describe(targets), TypeError)
-    for name, tensor in (("targets", targets), ("loss_mask", loss_mask)):
-        if isinstance(tensor, torch.Tensor) and tensor.device != inp.device:
-            raise refuse(name, f"on the device of {inputs_name} {str(inp.device)!r}", f"a tensor on {str(tensor.device)!r}")
+    _on_device_of("targets", targets, inp, inputs_name)
     if cfg.mode == "tokens":
         if targets.shape != inp.shape:
             raise refuse("targets", f"the shape of {inputs_name} {tuple(inp.shape)}", str(tuple(targets.shape)), verb="have")
@@ -161,6 +170,11 @@ def check_targets(cfg, inp: torch.Tensor, targets: Any, loss_mask: Any, inputs_n
             raise refuse("targets", f"shape (batch, time, output_dim) = {want}", str(tuple(targets.shape)), verb="have")
         if not targets.is_floating_point():
             raise refuse("targets", "floats in vectors mode", f"dtype {targets.dtype}", TypeError)
+
+
+def check_loss_mask(inp: torch.Tensor, loss_mask: Any, inputs_name: str = "idx") -> None:
+    """None, or which positions the loss scores: (b, t) for checked inputs `inp` of shape (b, t[, input_dim])."""
+    _on_device_of("loss_mask", loss_mask, inp, inputs_name)
     if loss_mask is not None:
         if not isinstance(loss_mask, torch.Tensor) or tuple(loss_mask.shape) != tuple(inp.shape[:2]):
             raise refuse("loss_mask", f"None or a tensor of shape (batch, time) = {tuple(inp.shape[:2])}", describe(loss_mask))
@@ -299,19 +313,24 @@ def cache_name_filter(known: Sequence[str], names: Any) -> Callable[[str], bool]
 # method), read from the arguments bound before this one.
 class Summary(Constraint):
     """ybar_vec: (e,) or (b, e), finite, on the model's device -> (1 or b, e); with rows_of, b in (1, rows of
-    that argument)."""
+    that argument); with one_for (the function's name), b = 1; with keep_shape, returned as it came ((e,) too)."""
 
-    def __init__(self, of: str = "self", *, rows_of: str | None = None):
-        self.of, self.rows_of = of, rows_of
+    def __init__(self, of: str = "self", *, rows_of: str | None = None, one_for: str | None = None,
+                 keep_shape: bool = False):
+        self.of, self.rows_of, self.one_for, self.keep_shape = of, rows_of, one_for, keep_shape
 
     def check(self, name, value, args=None):
         model = args[self.of]
         rows = args[self.rows_of].shape[0] if self.rows_of else None
-        return check_summary(model.config, value, model.device, rows, name)
+        clean = check_summary(model.config, value, model.device, rows, name)
+        if self.one_for and clean.shape[0] != 1:
+            raise refuse(name, f"one summary (d_y,) or (1, d_y) for {self.one_for}", f"shape {tuple(clean.shape)}",
+                         hint="use specialize for a batch of prompts")
+        return value if self.keep_shape else clean
 
     def trusted(self, name, value, args=None):
         # check_summary's conversion alone: its finiteness check costs a host sync per call
-        return value if value.dim() == 2 else value[None]
+        return value if self.keep_shape or value.dim() == 2 else value[None]
 
     def bad_values(self):
         return ["y", torch.zeros(1), torch.full((1, 1), float("nan"))]
@@ -330,6 +349,79 @@ class Summaries(Summary):
 
     def trusted(self, name, value, args=None):
         return value
+
+
+class Targets(Constraint):
+    """The loss's targets for the checked inputs in argument `inputs` (`check_loss_targets`)."""
+
+    refuses_only = True
+
+    def __init__(self, of: str = "self", inputs: str = "idx"):
+        self.of, self.inputs = of, inputs
+
+    def check(self, name, value, args=None):
+        check_loss_targets(args[self.of].config, args[self.inputs], value, self.inputs)
+        return value
+
+    def bad_values(self):   # refused for the audit's (2, 8) token ids
+        return [[1, 2], torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 8)]
+
+    def shown(self, value):
+        if not isinstance(value, torch.Tensor):
+            return type(value).__name__
+        return str(value.dtype).removeprefix("torch.") if value.is_floating_point() else str(tuple(value.shape))
+
+
+class LossMask(Constraint):
+    """None or the positions the loss scores, (b, t) for the checked inputs in argument `inputs`."""
+
+    refuses_only = True
+
+    def __init__(self, inputs: str = "idx"):
+        self.inputs = inputs
+
+    def check(self, name, value, args=None):
+        check_loss_mask(args[self.inputs], value, self.inputs)
+        return value
+
+    def bad_values(self):
+        return [[1, 0], torch.ones(2, 3, dtype=torch.bool)]
+
+    def shown(self, value):
+        return str(tuple(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+class Split(Constraint):
+    """None or the auxiliary split for the checked inputs in argument `inputs` -> a CPU LongTensor (b,)
+    (`check_split`)."""
+
+    def __init__(self, inputs: str = "idx"):
+        self.inputs = inputs
+
+    def check(self, name, value, args=None):
+        if value is None:
+            return None
+        return check_split(value, *args[self.inputs].shape[:2])
+
+    def bad_values(self):   # refused for the audit's (2, 8) token ids
+        return [0, 8, 1.5, "3"]
+
+
+class Prompts(Constraint):
+    """What `specialize` takes (`check_prompts`) -> a list of single prompts, or one (b, t[, input_dim]) batch."""
+
+    def __init__(self, of: str = "self"):
+        self.of = of
+
+    def check(self, name, value, args=None):
+        model = args[self.of]
+        return check_prompts(model.config, value, model.device)[0]
+
+    def bad_values(self):
+        return ["hello", [], torch.zeros(0, dtype=torch.long)]
+
+    def shown(self, value):
+        return {str: "str", list: "[]"}.get(type(value)) or str(tuple(value.shape))
 
 
 class Ablate(Constraint):

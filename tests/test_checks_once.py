@@ -205,3 +205,16 @@ def test_a_failing_body_lowers_the_flag(model, calls):
 def test_a_body_that_passes_on_user_data_has_it_checked_again(model, calls):
     _outer_of_user_data(model, _rows(14))
     assert calls == {"model": 2, "inputs": 2}
+
+
+def test_specialize_checks_its_prompt_once_and_each_merge_nothing_again(model, calls, monkeypatch):
+    """specialize calls merged_gpt (and it lora_factors) once per prompt: both declare ybar_vec, which the
+    library computed itself, so only the user's prompt is checked (each summary's finiteness check is a host
+    sync on a GPU)."""
+    summary_checks = []
+    summary_check = C.Summary.check
+    monkeypatch.setattr(C.Summary, "check", lambda self, *a, **k: summary_checks.append(1) or summary_check(self, *a, **k))
+    models = model.specialize(_rows(15, n=2))
+    assert len(models) == 2 and calls["inputs"] == 1 and summary_checks == []
+    model.merged_gpt(torch.zeros(8))                          # called by the user: checked
+    assert summary_checks == [1]
