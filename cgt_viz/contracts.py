@@ -93,8 +93,10 @@ class Inputs(Constraint):
         return check_inputs(model.config, value, name, device=model.device if self.on_device else None)
 
     def trusted(self, name, value, args=None):
-        # check_inputs' conversion alone: its range and finiteness checks cost a host sync per call
-        return value.long() if args[self.of].config.mode == "tokens" else value
+        # check_inputs but for its look at the values (token range, finiteness): a host sync per call
+        model = args[self.of]
+        check_input_layout(model.config, value, name, device=model.device if self.on_device else None)
+        return value.long() if model.config.mode == "tokens" else value
 
     def bad_values(self):   # refused by any tokens-mode config (the audit's models)
         return ["text", torch.zeros(2, 4), torch.full((2, 4), 10 ** 6), torch.zeros(2, 0, dtype=torch.long),
@@ -110,6 +112,22 @@ class Inputs(Constraint):
 
 def check_inputs(cfg, inp: Any, name: str = "idx", device: torch.device | None = None) -> torch.Tensor:
     """A batch of inputs for the config: (b, t) integer tokens or (b, t, input_dim) floats, t <= block_size."""
+    check_input_layout(cfg, inp, name, device)
+    tokens = cfg.mode == "tokens"
+    if inp.device.type == "meta":  # shapes only: a meta tensor has no values to check
+        return inp.long() if tokens else inp
+    if tokens:
+        lo, hi = int(inp.min()), int(inp.max())
+        if lo < 0 or hi >= cfg.vocab_size:
+            raise refuse(name, f"token ids in 0..vocab_size-1 = 0..{cfg.vocab_size - 1}",
+                         f"token ids in [{lo}, {hi}]", verb="hold")
+        return inp.long()
+    _finite(name, inp)
+    return inp
+
+
+def check_input_layout(cfg, inp: Any, name: str = "idx", device: torch.device | None = None) -> None:
+    """check_inputs without looking at the values (no host sync): the type, device, dtype and shape."""
     tokens = cfg.mode == "tokens"
     shape = "(batch, time)" if tokens else f"(batch, time, input_dim={cfg.input_dim})"
     if not isinstance(inp, torch.Tensor):
@@ -128,16 +146,6 @@ def check_inputs(cfg, inp: Any, name: str = "idx", device: torch.device | None =
     if t > cfg.block_size:
         raise refuse(name, f"at most block_size = {cfg.block_size} positions", f"{t} positions",
                      hint="nothing is clipped silently", verb="have")
-    if inp.device.type == "meta":  # shapes only: a meta tensor has no values to check
-        return inp.long() if tokens else inp
-    if tokens:
-        lo, hi = int(inp.min()), int(inp.max())
-        if lo < 0 or hi >= cfg.vocab_size:
-            raise refuse(name, f"token ids in 0..vocab_size-1 = 0..{cfg.vocab_size - 1}",
-                         f"token ids in [{lo}, {hi}]", verb="hold")
-        return inp.long()
-    _finite(name, inp)
-    return inp
 
 
 def check_targets(cfg, inp: torch.Tensor, targets: Any, loss_mask: Any, inputs_name: str = "idx") -> None:
@@ -181,8 +189,9 @@ def check_loss_mask(inp: torch.Tensor, loss_mask: Any, inputs_name: str = "idx")
 
 
 def check_summary(cfg, ybar_vec: Any, device: torch.device, batch: int | None = None,
-                  name: str = "ybar_vec") -> torch.Tensor:
-    """One frozen summary per row: (e,) or (b, e) with b in (1, batch) -> (1 or b, e)."""
+                  name: str = "ybar_vec", finite: bool = True) -> torch.Tensor:
+    """One frozen summary per row: (e,) or (b, e) with b in (1, batch) -> (1 or b, e); finite unless finite=False
+    (the values are not looked at: no host sync)."""
     e = cfg.d_y
     if not isinstance(ybar_vec, torch.Tensor) or not ybar_vec.is_floating_point():
         raise refuse(name, f"a float tensor of shape (batch, d_y={e}) or (d_y,)", describe(ybar_vec), TypeError)
@@ -191,7 +200,8 @@ def check_summary(cfg, ybar_vec: Any, device: torch.device, batch: int | None = 
     if batch is not None and ybar_vec.dim() == 2 and ybar_vec.shape[0] not in (1, batch):
         raise refuse(name, f"1 or {batch} rows (one per row of idx)", f"shape {tuple(ybar_vec.shape)}", verb="have")
     _on_device(name, ybar_vec, device)
-    _finite(name, ybar_vec)
+    if finite:
+        _finite(name, ybar_vec)
     return ybar_vec if ybar_vec.dim() == 2 else ybar_vec[None]
 
 
@@ -320,17 +330,20 @@ class Summary(Constraint):
         self.of, self.rows_of, self.one_for, self.keep_shape = of, rows_of, one_for, keep_shape
 
     def check(self, name, value, args=None):
+        return self._summary(name, value, args, finite=True)
+
+    def trusted(self, name, value, args=None):
+        # check but for the finiteness of the values: a host sync per call
+        return self._summary(name, value, args, finite=False)
+
+    def _summary(self, name, value, args, finite):
         model = args[self.of]
         rows = args[self.rows_of].shape[0] if self.rows_of else None
-        clean = check_summary(model.config, value, model.device, rows, name)
+        clean = check_summary(model.config, value, model.device, rows, name, finite)
         if self.one_for and clean.shape[0] != 1:
             raise refuse(name, f"one summary (d_y,) or (1, d_y) for {self.one_for}", f"shape {tuple(clean.shape)}",
                          hint="use specialize for a batch of prompts")
         return value if self.keep_shape else clean
-
-    def trusted(self, name, value, args=None):
-        # check_summary's conversion alone: its finiteness check costs a host sync per call
-        return value if self.keep_shape or value.dim() == 2 else value[None]
 
     def bad_values(self):
         return ["y", torch.zeros(1), torch.full((1, 1), float("nan"))]

@@ -218,3 +218,17 @@ def test_specialize_checks_its_prompt_once_and_each_merge_nothing_again(model, c
     assert len(models) == 2 and calls["inputs"] == 1 and summary_checks == []
     model.merged_gpt(torch.zeros(8))                          # called by the user: checked
     assert summary_checks == [1]
+
+
+def test_a_nested_call_still_refuses_what_it_can_see_without_a_host_sync(model, calls):
+    """Library code that builds a batch too long for the model (a user's PromptCase, say) still gets the door's
+    message: a nested call skips only the look at the values (token range, finiteness), not the shapes."""
+    too_long = torch.zeros(2, 13, dtype=torch.long)
+
+    @checked(model=C.Model())
+    def outer(model):
+        return model(too_long)
+
+    with pytest.raises(ValueError, match=r"idx must have at most block_size = 12 positions, got 13 positions"):
+        outer(model)
+    assert calls["inputs"] == 0
