@@ -202,8 +202,9 @@ def check_index(name: str, value: Any, n: int) -> int:
 #
 # A check is paid once per call from the user (scikit-learn's skip of nested validation): while a checked
 # function's body runs, a checked function it calls is handed the library's own values, so its constraints
-# only convert them (`Constraint.trusted`) and refuse nothing. A body that passes on what user code made (a
-# task's batches, callbacks) declares `skip_nested=False`, and the calls inside it check again.
+# convert them and skip the costly refusals (`Constraint.trusted`: a tensor's shape is still checked, its values,
+# a host sync, are not). A body that passes on what user code made (a task's batches, callbacks) declares
+# `skip_nested=False`, and the calls inside it check again.
 _INSIDE_CHECKED = contextvars.ContextVar("cgt_viz_inside_checked", default=False)
 
 
@@ -221,8 +222,8 @@ class Constraint:
 
     def trusted(self, name: str, value: Any, args: dict | None = None) -> Any:
         """The clean value of an argument the library passes from inside another checked call: check()'s
-        conversion without its refusals. A constraint that only refuses returns the value; one that converts runs
-        check() unless it overrides this with the conversion alone (to skip a costly refusal: a host sync)."""
+        conversion without its costly refusals. A constraint that only refuses returns the value; one that converts
+        runs check() unless it overrides this to skip what costs (the tensor contracts: the look at the values)."""
         return value if self.refuses_only else self.check(name, value, args)
 
     def bad_values(self) -> list[Any]:
