@@ -10,6 +10,7 @@ that names the argument, shows what was received and says what is allowed, e.g.
 """
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import math
@@ -198,14 +199,32 @@ def check_index(name: str, value: Any, n: int) -> int:
 # The tensor contracts (`contracts.Model`, `Inputs`, `Split`, `Prompt`, ...) are constraints too; one that
 # depends on another argument (token ids need the model's vocabulary) reads it from `args`, the arguments
 # bound so far, each already checked (they are checked in declaration order: declare `model` first).
+#
+# A check is paid once per call from the user (scikit-learn's skip of nested validation): while a checked
+# function's body runs, a checked function it calls is handed the library's own values, so its constraints
+# convert them and skip the costly refusals (`Constraint.trusted`: a tensor's shape is still checked, its values,
+# a host sync, are not). A body that passes on what user code made (a task's batches, callbacks) declares
+# `skip_nested=False`, and the calls inside it check again.
+_INSIDE_CHECKED = contextvars.ContextVar("cgt_viz_inside_checked", default=False)
+
+
 class Constraint:
     """One argument's contract: `check(name, value, args)` returns the clean value or raises (the message from
     `refuse`); `bad_values()` lists values it must refuse, `shown(value)` what of one the message shows."""
 
     normalizes = False   # True: the clean value differs from what came (its default is converted too)
+    # True: check() returns every valid value as it came, so a nested call skips it; False (the safe default for
+    # a new constraint): a nested call still runs check() (see trusted)
+    refuses_only = False
 
     def check(self, name: str, value: Any, args: dict | None = None) -> Any:
         raise NotImplementedError
+
+    def trusted(self, name: str, value: Any, args: dict | None = None) -> Any:
+        """The clean value of an argument the library passes from inside another checked call: check()'s
+        conversion without its costly refusals. A constraint that only refuses returns the value; one that converts
+        runs check() unless it overrides this to skip what costs (the tensor contracts: the look at the values)."""
+        return value if self.refuses_only else self.check(name, value, args)
 
     def bad_values(self) -> list[Any]:
         raise NotImplementedError
@@ -257,6 +276,8 @@ class Float(Constraint):
 
 
 class Choice(Constraint):
+    refuses_only = True
+
     def __init__(self, *choices: Any, none: bool = False):
         self.choices, self.none = choices, none
 
@@ -288,6 +309,8 @@ class Device(Constraint):
 
 class Instance(Constraint):
     """An instance of `cls` (None too when none=True); `what` names it in the message."""
+
+    refuses_only = True
 
     def __init__(self, cls: type | tuple[type, ...], what: str, *, none: bool = False):
         self.cls, self.what, self.none = cls, what, none
@@ -387,6 +410,8 @@ class Pair(Constraint):
 class Generator(Constraint):
     """None or a torch.Generator (seeded by the caller)."""
 
+    refuses_only = True
+
     def check(self, name, value, args=None):
         if value is not None and not isinstance(value, torch.Generator):
             raise refuse(name, "None or a torch.Generator", describe(value), TypeError)
@@ -396,8 +421,11 @@ class Generator(Constraint):
         return [3, "seed"]
 
 
-def checked(**constraints: Constraint):
-    """Decorator: apply the declared constraints to the named arguments at every call (see above)."""
+def checked(skip_nested: bool = True, **constraints: Constraint):
+    """Decorator: apply the declared constraints to the named arguments at every call (see above).
+
+    skip_nested: the checked functions this body calls only convert their arguments (`Constraint.trusted`); False
+    for a body that hands them what user code made (a task's batches): they check it again."""
     def decorate(fn):
         sig = inspect.signature(fn)
         unknown = sorted(set(constraints) - set(sig.parameters))
@@ -407,12 +435,20 @@ def checked(**constraints: Constraint):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             bound = sig.bind(*args, **kwargs)
+            nested = _INSIDE_CHECKED.get()
             for name, constraint in constraints.items():
+                apply = constraint.trusted if nested else constraint.check
                 if name in bound.arguments:
-                    bound.arguments[name] = constraint.check(name, bound.arguments[name], bound.arguments)
+                    bound.arguments[name] = apply(name, bound.arguments[name], bound.arguments)
                 elif constraint.normalizes:   # the body reads the normal form, of a default too
-                    bound.arguments[name] = constraint.check(name, sig.parameters[name].default, bound.arguments)
-            return fn(*bound.args, **bound.kwargs)
+                    bound.arguments[name] = apply(name, sig.parameters[name].default, bound.arguments)
+            if nested == skip_nested:
+                return fn(*bound.args, **bound.kwargs)
+            token = _INSIDE_CHECKED.set(skip_nested)
+            try:
+                return fn(*bound.args, **bound.kwargs)
+            finally:
+                _INSIDE_CHECKED.reset(token)
 
         wrapper.__contracts__ = dict(constraints)
         return wrapper
@@ -450,8 +486,45 @@ class PathArg(Constraint):
         return type(value).__name__
 
 
+class CallableArg(Constraint):
+    """A callable (None too when none=True); `what` names it in the message, e.g. "a callable (model, step) -> dict"."""
+
+    refuses_only = True
+
+    def __init__(self, what: str = "a callable", *, none: bool = False):
+        self.what, self.none = what, none
+
+    def check(self, name, value, args=None):
+        return value if value is None and self.none else check_callable(name, value, self.what)
+
+    def bad_values(self):
+        return [5, "print"] + ([] if self.none else [None])
+
+
+class CallableList(Constraint):
+    """An iterable of callables -> a list; `what` names it, e.g. "a list of callables taking one dict"."""
+
+    normalizes = True
+
+    def __init__(self, what: str = "a list of callables"):
+        self.what = what
+
+    def check(self, name, value, args=None):
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+            raise refuse(name, self.what, describe(value), TypeError)
+        return [check_callable(name, fn, self.what) for fn in value]
+
+    def bad_values(self):
+        return [5, "print", [print, 5]]
+
+    def shown(self, value):
+        return "5" if isinstance(value, list) else None
+
+
 class Has(Constraint):
     """An object with the named methods (duck-typed: a tokenizer, a task); `what` names it in the message."""
+
+    refuses_only = True
 
     def __init__(self, *methods: str, what: str):
         self.methods, self.what = methods, what

@@ -61,6 +61,8 @@ def require_weights(model: torch.nn.Module, name: str = "model") -> torch.device
 class Model(Constraint):
     """A CGT (`require_cgt`); with weights=True (the default: views compute with them) not on the meta device."""
 
+    refuses_only = True
+
     def __init__(self, *, weights: bool = True, none: bool = False):
         self.weights, self.none = weights, none
 
@@ -90,6 +92,12 @@ class Inputs(Constraint):
         model = args[self.of]
         return check_inputs(model.config, value, name, device=model.device if self.on_device else None)
 
+    def trusted(self, name, value, args=None):
+        # check_inputs but for its look at the values (token range, finiteness): a host sync per call
+        model = args[self.of]
+        check_input_layout(model.config, value, name, device=model.device if self.on_device else None)
+        return value.long() if model.config.mode == "tokens" else value
+
     def bad_values(self):   # refused by any tokens-mode config (the audit's models)
         return ["text", torch.zeros(2, 4), torch.full((2, 4), 10 ** 6), torch.zeros(2, 0, dtype=torch.long),
                 torch.zeros(4, dtype=torch.long)]
@@ -104,6 +112,22 @@ class Inputs(Constraint):
 
 def check_inputs(cfg, inp: Any, name: str = "idx", device: torch.device | None = None) -> torch.Tensor:
     """A batch of inputs for the config: (b, t) integer tokens or (b, t, input_dim) floats, t <= block_size."""
+    check_input_layout(cfg, inp, name, device)
+    tokens = cfg.mode == "tokens"
+    if inp.device.type == "meta":  # shapes only: a meta tensor has no values to check
+        return inp.long() if tokens else inp
+    if tokens:
+        lo, hi = int(inp.min()), int(inp.max())
+        if lo < 0 or hi >= cfg.vocab_size:
+            raise refuse(name, f"token ids in 0..vocab_size-1 = 0..{cfg.vocab_size - 1}",
+                         f"token ids in [{lo}, {hi}]", verb="hold")
+        return inp.long()
+    _finite(name, inp)
+    return inp
+
+
+def check_input_layout(cfg, inp: Any, name: str = "idx", device: torch.device | None = None) -> None:
+    """check_inputs without looking at the values (no host sync): the type, device, dtype and shape."""
     tokens = cfg.mode == "tokens"
     shape = "(batch, time)" if tokens else f"(batch, time, input_dim={cfg.input_dim})"
     if not isinstance(inp, torch.Tensor):
@@ -122,25 +146,24 @@ def check_inputs(cfg, inp: Any, name: str = "idx", device: torch.device | None =
     if t > cfg.block_size:
         raise refuse(name, f"at most block_size = {cfg.block_size} positions", f"{t} positions",
                      hint="nothing is clipped silently", verb="have")
-    if inp.device.type == "meta":  # shapes only: a meta tensor has no values to check
-        return inp.long() if tokens else inp
-    if tokens:
-        lo, hi = int(inp.min()), int(inp.max())
-        if lo < 0 or hi >= cfg.vocab_size:
-            raise refuse(name, f"token ids in 0..vocab_size-1 = 0..{cfg.vocab_size - 1}",
-                         f"token ids in [{lo}, {hi}]", verb="hold")
-        return inp.long()
-    _finite(name, inp)
-    return inp
 
 
 def check_targets(cfg, inp: torch.Tensor, targets: Any, loss_mask: Any, inputs_name: str = "idx") -> None:
     """targets (and loss_mask) as the loss takes them, for checked inputs `inp` of shape (b, t[, input_dim])."""
+    check_loss_targets(cfg, inp, targets, inputs_name)
+    check_loss_mask(inp, loss_mask, inputs_name)
+
+
+def _on_device_of(name: str, tensor: Any, inp: torch.Tensor, inputs_name: str) -> None:
+    if isinstance(tensor, torch.Tensor) and tensor.device != inp.device:
+        raise refuse(name, f"on the device of {inputs_name} {str(inp.device)!r}", f"a tensor on {str(tensor.device)!r}")
+
+
+def check_loss_targets(cfg, inp: torch.Tensor, targets: Any, inputs_name: str = "idx") -> None:
+    """targets as the loss takes them, for checked inputs `inp` of shape (b, t[, input_dim])."""
     if not isinstance(targets, torch.Tensor):
         raise refuse("targets", "a torch.Tensor", describe(targets), TypeError)
-    for name, tensor in (("targets", targets), ("loss_mask", loss_mask)):
-        if isinstance(tensor, torch.Tensor) and tensor.device != inp.device:
-            raise refuse(name, f"on the device of {inputs_name} {str(inp.device)!r}", f"a tensor on {str(tensor.device)!r}")
+    _on_device_of("targets", targets, inp, inputs_name)
     if cfg.mode == "tokens":
         if targets.shape != inp.shape:
             raise refuse("targets", f"the shape of {inputs_name} {tuple(inp.shape)}", str(tuple(targets.shape)), verb="have")
@@ -155,14 +178,20 @@ def check_targets(cfg, inp: torch.Tensor, targets: Any, loss_mask: Any, inputs_n
             raise refuse("targets", f"shape (batch, time, output_dim) = {want}", str(tuple(targets.shape)), verb="have")
         if not targets.is_floating_point():
             raise refuse("targets", "floats in vectors mode", f"dtype {targets.dtype}", TypeError)
+
+
+def check_loss_mask(inp: torch.Tensor, loss_mask: Any, inputs_name: str = "idx") -> None:
+    """None, or which positions the loss scores: (b, t) for checked inputs `inp` of shape (b, t[, input_dim])."""
+    _on_device_of("loss_mask", loss_mask, inp, inputs_name)
     if loss_mask is not None:
         if not isinstance(loss_mask, torch.Tensor) or tuple(loss_mask.shape) != tuple(inp.shape[:2]):
             raise refuse("loss_mask", f"None or a tensor of shape (batch, time) = {tuple(inp.shape[:2])}", describe(loss_mask))
 
 
 def check_summary(cfg, ybar_vec: Any, device: torch.device, batch: int | None = None,
-                  name: str = "ybar_vec") -> torch.Tensor:
-    """One frozen summary per row: (e,) or (b, e) with b in (1, batch) -> (1 or b, e)."""
+                  name: str = "ybar_vec", finite: bool = True) -> torch.Tensor:
+    """One frozen summary per row: (e,) or (b, e) with b in (1, batch) -> (1 or b, e); finite unless finite=False
+    (the values are not looked at: no host sync)."""
     e = cfg.d_y
     if not isinstance(ybar_vec, torch.Tensor) or not ybar_vec.is_floating_point():
         raise refuse(name, f"a float tensor of shape (batch, d_y={e}) or (d_y,)", describe(ybar_vec), TypeError)
@@ -171,7 +200,8 @@ def check_summary(cfg, ybar_vec: Any, device: torch.device, batch: int | None = 
     if batch is not None and ybar_vec.dim() == 2 and ybar_vec.shape[0] not in (1, batch):
         raise refuse(name, f"1 or {batch} rows (one per row of idx)", f"shape {tuple(ybar_vec.shape)}", verb="have")
     _on_device(name, ybar_vec, device)
-    _finite(name, ybar_vec)
+    if finite:
+        _finite(name, ybar_vec)
     return ybar_vec if ybar_vec.dim() == 2 else ybar_vec[None]
 
 
@@ -293,15 +323,27 @@ def cache_name_filter(known: Sequence[str], names: Any) -> Callable[[str], bool]
 # method), read from the arguments bound before this one.
 class Summary(Constraint):
     """ybar_vec: (e,) or (b, e), finite, on the model's device -> (1 or b, e); with rows_of, b in (1, rows of
-    that argument)."""
+    that argument); with one_for (the function's name), b = 1; with keep_shape, returned as it came ((e,) too)."""
 
-    def __init__(self, of: str = "self", *, rows_of: str | None = None):
-        self.of, self.rows_of = of, rows_of
+    def __init__(self, of: str = "self", *, rows_of: str | None = None, one_for: str | None = None,
+                 keep_shape: bool = False):
+        self.of, self.rows_of, self.one_for, self.keep_shape = of, rows_of, one_for, keep_shape
 
     def check(self, name, value, args=None):
+        return self._summary(name, value, args, finite=True)
+
+    def trusted(self, name, value, args=None):
+        # check but for the finiteness of the values: a host sync per call
+        return self._summary(name, value, args, finite=False)
+
+    def _summary(self, name, value, args, finite):
         model = args[self.of]
         rows = args[self.rows_of].shape[0] if self.rows_of else None
-        return check_summary(model.config, value, model.device, rows, name)
+        clean = check_summary(model.config, value, model.device, rows, name, finite)
+        if self.one_for and clean.shape[0] != 1:
+            raise refuse(name, f"one summary (d_y,) or (1, d_y) for {self.one_for}", f"shape {tuple(clean.shape)}",
+                         hint="use specialize for a batch of prompts")
+        return value if self.keep_shape else clean
 
     def bad_values(self):
         return ["y", torch.zeros(1), torch.full((1, 1), float("nan"))]
@@ -313,8 +355,86 @@ class Summary(Constraint):
 class Summaries(Summary):
     """ybar: (..., e), finite."""
 
+    refuses_only = True
+
     def check(self, name, value, args=None):
         return check_summaries(args[self.of].config, value, name)
+
+    def trusted(self, name, value, args=None):
+        return value
+
+
+class Targets(Constraint):
+    """The loss's targets for the checked inputs in argument `inputs` (`check_loss_targets`)."""
+
+    refuses_only = True
+
+    def __init__(self, of: str = "self", inputs: str = "idx"):
+        self.of, self.inputs = of, inputs
+
+    def check(self, name, value, args=None):
+        check_loss_targets(args[self.of].config, args[self.inputs], value, self.inputs)
+        return value
+
+    def bad_values(self):   # refused for the audit's (2, 8) token ids
+        return [[1, 2], torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 8)]
+
+    def shown(self, value):
+        if not isinstance(value, torch.Tensor):
+            return type(value).__name__
+        return str(value.dtype).removeprefix("torch.") if value.is_floating_point() else str(tuple(value.shape))
+
+
+class LossMask(Constraint):
+    """None or the positions the loss scores, (b, t) for the checked inputs in argument `inputs`."""
+
+    refuses_only = True
+
+    def __init__(self, inputs: str = "idx"):
+        self.inputs = inputs
+
+    def check(self, name, value, args=None):
+        check_loss_mask(args[self.inputs], value, self.inputs)
+        return value
+
+    def bad_values(self):
+        return [[1, 0], torch.ones(2, 3, dtype=torch.bool)]
+
+    def shown(self, value):
+        return str(tuple(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+class Split(Constraint):
+    """None or the auxiliary split for the checked inputs in argument `inputs` -> a CPU LongTensor (b,)
+    (`check_split`)."""
+
+    def __init__(self, inputs: str = "idx"):
+        self.inputs = inputs
+
+    def check(self, name, value, args=None):
+        if value is None:
+            return None
+        return check_split(value, *args[self.inputs].shape[:2])
+
+    def bad_values(self):   # refused for the audit's (2, 8) token ids
+        return [0, 8, 1.5, "3"]
+
+
+class Prompts(Constraint):
+    """What `specialize` takes (`check_prompts`) -> a list of single prompts, or one (b, t[, input_dim]) batch."""
+
+    def __init__(self, of: str = "self"):
+        self.of = of
+
+    def check(self, name, value, args=None):
+        model = args[self.of]
+        return check_prompts(model.config, value, model.device)[0]
+
+    def bad_values(self):
+        return ["hello", [], torch.zeros(0, dtype=torch.long)]
+
+    def shown(self, value):
+        return {str: "str", list: "[]"}.get(type(value)) or str(tuple(value.shape))
 
 
 class Ablate(Constraint):

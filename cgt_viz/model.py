@@ -24,10 +24,10 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn as nn
 
-from ._checks import Bool, Folder, Instance, Int, check_int, checked, describe, refuse
+from ._checks import Bool, Folder, Generator, Instance, Int, check_int, checked, describe, refuse
 from .config import CGTConfig
-from .contracts import (IGNORE_INDEX, Ablate, CacheNames, Inputs, Summaries, Summary, check_ablate, check_inputs,
-                        check_prompts, check_split, check_summary, check_targets, check_aux_length)
+from .contracts import (IGNORE_INDEX, Ablate, CacheNames, Inputs, LossMask, Prompts, Split, Summaries, Summary, Targets,
+                        check_aux_length, check_inputs, check_prompts, check_split, check_targets)
 from .generation import Generation
 from .io import PretrainedMixin, fold_affine_ln_y
 from .layers import SITE_WEIGHTS, Block, EMAReadout, SiteTemplates, TokenShift, YBlock, init_weights
@@ -252,11 +252,11 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         return self._full(inp, cache, pos_offset)[0]
 
     # ------------------------------------------------------------------ public API
+    @checked(idx=Inputs("self", on_device=True), ablate=Ablate())
     def forward(self, idx: torch.Tensor, ablate: dict[str, Sequence[int]] | None = None) -> torch.Tensor:
         """Full ("not fixed") mode: idx (b, t) -> logits (b, t, v). ablate {"ν.site": [k, ...]} switches
         those templates off for this call only (c_k = 0); nothing in the model changes."""
-        idx = check_inputs(self.config, idx, device=self.device)
-        return self._full(idx, ablate=check_ablate(self, ablate))[0]
+        return self._full(idx, ablate=ablate)[0]
 
     @checked(idx=Inputs("self", on_device=True))
     def context(self, idx: torch.Tensor) -> torch.Tensor:
@@ -290,6 +290,7 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         """c^κ(ȳ) for every site: ybar (..., e) -> {"ν.site": (..., K)}."""
         return self._coefficients(ybar)
 
+    @checked(ybar_vec=Summary(keep_shape=True))
     def lora_factors(self, ybar_vec: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Per modulated weight name of the x stream's module, (A, B) with W' = W + B @ A.
 
@@ -298,8 +299,8 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         Names are state-dict keys of that module (a GPT: "blocks.2.attn.c_attn.weight"); the maps that read one
         site share A. A GPT name of a site's map resolves in every family (see LoraFactors).
         """
-        single = isinstance(ybar_vec, torch.Tensor) and ybar_vec.dim() == 1
-        ybar_vec = check_summary(self.config, ybar_vec, self.device)
+        single = ybar_vec.dim() == 1
+        ybar_vec = ybar_vec[None] if single else ybar_vec
         base, out, aliases = self.stream.base(self), {}, {}
         for layer, site in self.template_sites:
             temp = self.templates[str(layer)][site]
@@ -317,7 +318,7 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         """The x stream with T = I: the model with no context at all (a copy of the GPT; the LM itself)."""
         return self.stream.no_context(self)
 
-    @checked(share_weights=Bool())
+    @checked(ybar_vec=Summary(one_for="merged_gpt"), share_weights=Bool())
     def merged_gpt(self, ybar_vec: torch.Tensor, share_weights: bool = True) -> nn.Module:
         """The x stream's model (a GPT, or the LM's own class) whose weights are W + B @ A for one ȳ (e,): the
         specialized model from a summary.
@@ -327,10 +328,6 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         copy per prompt would cost the LM each time). It is for inference: training such a model, or moving it
         to another device in place, also changes the CGT (and its siblings); share_weights=False copies
         everything."""
-        ybar_vec = check_summary(self.config, ybar_vec, self.device)
-        if ybar_vec.shape[0] != 1:
-            raise refuse("ybar_vec", "one summary (d_y,) or (1, d_y) for merged_gpt", f"shape {tuple(ybar_vec.shape)}",
-                         hint="use specialize for a batch of prompts")
         return self._merged(self.lora_factors(ybar_vec[0]), share_weights)
 
     def _merged(self, factors: dict[str, tuple[torch.Tensor, torch.Tensor]], share_weights: bool) -> nn.Module:
@@ -350,7 +347,7 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         return self.stream.finish_merged(copy.deepcopy(base, memo))
 
     @torch.no_grad()
-    @checked(share_weights=Bool())
+    @checked(prompt=Prompts(), share_weights=Bool())
     def specialize(self, prompt: torch.Tensor | Sequence[torch.Tensor], share_weights: bool = True):
         """Compile a prompt into the weights: one pass over it, then W' = W + B @ A at every site.
 
@@ -359,12 +356,11 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         (b, t, input_dim) or a list of (t, input_dim).
         share_weights: see merged_gpt (True: for inference; False: an independent copy to train or move).
         """
-        prompt, single = check_prompts(self.config, prompt, self.device)
         if isinstance(prompt, list):
             return [self.specialize(p, share_weights) for p in prompt]
         ybar = self._lower(prompt)[1][:, -1]  # (b, e): the summary after the last prompt token
         models = [self.merged_gpt(row, share_weights) for row in ybar]
-        return models[0] if single else models
+        return models[0] if len(models) == 1 else models   # one prompt, (t,) or (1, t): one model
 
     @torch.no_grad()
     def prompt_summary(self, prompt: torch.Tensor) -> torch.Tensor:
@@ -385,6 +381,8 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         s = torch.randint(cfg.aux_min_prefix, length - cfg.aux_min_suffix + 1, (batch,), generator=generator)
         return s.to(device) if device is not None else s
 
+    @checked(idx=Inputs("self", on_device=True), targets=Targets(), loss_mask=LossMask(), split=Split(),
+             generator=Generator())
     def loss(self, idx: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor | None = None,
              split: int | torch.Tensor | None = None, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
         """main + w_aux·aux + w_smooth·smooth, each a scalar tensor in the returned dict.
@@ -394,8 +392,6 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         split: None (sampled per row), an int, or a LongTensor (b,) of prefix lengths.
         """
         cfg = self.config
-        idx = check_inputs(cfg, idx, device=self.device)
-        check_targets(cfg, idx, targets, loss_mask)
         b, t = idx.shape[:2]
         ystep, out = self._y_stream(idx, noise=self.training and SMOOTHNESS[cfg.smooth].posterior)
         final = self.stream.run(self, idx, ystep)
@@ -404,7 +400,7 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         if cfg.w_aux > 0 or split is not None:
             if split is None:
                 check_aux_length(cfg, idx)
-            s = self.sample_split(b, t, generator) if split is None else check_split(split, b, t)
+            s = self.sample_split(b, t, generator) if split is None else split
             n_aux = max(1, math.ceil(cfg.aux_row_fraction * b)) if self.training else b
             keep = torch.randperm(b, generator=generator)[:n_aux] if n_aux < b else None   # a cheaper step
             teacher = final if cfg.aux_kl > 0 and self.stream.self_teacher else None

@@ -49,7 +49,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ._checks import Instance, check_callable, check_device, check_dict, check_divisible, describe, refuse
+from ._checks import (Bool, CallableArg, CallableList, Constraint, Device, Instance, PathArg, check_device, check_dict,
+                      check_divisible, checked, describe, refuse)
 from ._ranks import process_group as _process_group   # tests/test_ddp.py imports it from here
 from .checkpoint import RunLock, capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
 from .config import with_added_fields
@@ -381,6 +382,30 @@ def _duration(seconds: float) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ train
+class _Trainable(Constraint):
+    """A model train can train: an nn.Module with a .loss (a cgt_viz CGT or GPT)."""
+
+    refuses_only = True
+
+    def check(self, name, value, args=None):
+        if not isinstance(value, nn.Module) or not callable(getattr(value, "loss", None)):
+            raise refuse(name, "a cgt_viz CGT or GPT (an nn.Module with .loss)", describe(value), TypeError)
+        return value
+
+    def bad_values(self):
+        return ["model", None, nn.Linear(2, 2)]
+
+    def shown(self, value):
+        return type(value).__name__
+
+
+# skip_nested=False: the body hands the model what the task (user code) made, and calls callbacks: the checked
+# calls inside it check again. The keyword settings are TrainConfig's fields, checked by TrainConfig.build.
+@checked(skip_nested=False, model=_Trainable(), task=Instance(Task, "a cgt_viz.tasks.base.Task (e.g. make_task('icl'))"),
+         config=Instance(TrainConfig, "a TrainConfig", none=True),
+         eval_fn=CallableArg("a callable (model, step) -> dict", none=True),
+         callbacks=CallableList("a list of callables taking one dict"), device=Device(auto=True), amp=Bool(),
+         compile=Bool(), checkpoint_dir=PathArg("a checkpoint folder", none=True), resume=Bool(), progress=Bool())
 def train(model: nn.Module, task: Task, config: TrainConfig | None = None, *,
           eval_fn: Callable[[nn.Module, int], dict[str, float]] | None = None,
           callbacks: Iterable[Callable[[dict], None]] = (), device: str | torch.device = "auto", amp: bool = True,
@@ -428,17 +453,8 @@ def train(model: nn.Module, task: Task, config: TrainConfig | None = None, *,
     Ctrl-C stops after the step in flight, checkpoints it and returns normally with history.interrupted = True.
     NaN/inf raises TrainingDiverged before the bad update (see the module docstring).
     """
-    # ---------------------------------------------------------------- arguments
-    if not isinstance(model, nn.Module) or not callable(getattr(model, "loss", None)):
-        raise refuse("model", "a cgt_viz CGT or GPT (an nn.Module with .loss)", describe(model), TypeError)
-    Instance(Task, "a cgt_viz.tasks.base.Task (e.g. make_task('icl'))").check("task", task)
+    # ---------------------------------------------------------------- arguments (each declared above; here what relates them)
     cfg = TrainConfig.build(config, settings)
-    calls = "a list of callables taking one dict"
-    if isinstance(callbacks, (str, bytes)) or not hasattr(callbacks, "__iter__"):
-        raise refuse("callbacks", calls, describe(callbacks), TypeError)
-    callbacks = [check_callable("callbacks", fn, calls) for fn in callbacks]
-    if eval_fn is not None:
-        check_callable("eval_fn", eval_fn, "a callable (model, step) -> dict")
     check_task_fits(model, task)   # named here, not reported as a bad idx at the first step
     if resume and checkpoint_dir is None:
         raise refuse("checkpoint_dir", "set with resume=True (the folder to resume from)", "None")
@@ -599,7 +615,7 @@ def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: 
                           "smooth": float(getattr(cfg_m, "w_smooth", 0.0) or 0.0) if has_aux else 0.0}})
         message = _aux_never_on(cfg, model) if start < cfg.aux_delay else None
         if message is not None:
-            warnings.warn(message, AuxDelayWarning, stacklevel=3)   # points at the train() call
+            warnings.warn(message, AuxDelayWarning, stacklevel=4)   # the train() call (past _run, train, @checked)
             emit({"kind": "warning", "step": start, "message": message})
     # the random streams the loop advances, as they were after the last completed step (for a save on error;
     # Python's and NumPy's, which the loop does not touch, are read at save time: cheaper per step)
@@ -655,7 +671,7 @@ def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: 
                 if message is not None:
                     history.warnings.append({"step": step, "kind": "plateau", "message": message})
                     if is_main:
-                        warnings.warn(message, PlateauWarning, stacklevel=3)   # points at the train() call
+                        warnings.warn(message, PlateauWarning, stacklevel=4)   # the train() call (past _run, train, @checked)
                         emit({"kind": "warning", "step": step, "message": message})
                 if is_main:
                     emit({"kind": "step", "step": step, **(terms if has_aux else {k: terms[k] for k in ("main", "total")}),

@@ -10,6 +10,7 @@ import cgt_viz.analysis as A
 import cgt_viz.contracts as C
 import cgt_viz.widgets as W
 from cgt_viz import CGT, CGTConfig
+from cgt_viz._checks import checked
 
 
 @pytest.fixture(scope="module")
@@ -156,3 +157,78 @@ def test_the_strip_refuses_a_second_model_too_short_for_the_data(model):
     short = CGT(model.config.replace(block_size=8)).eval()
     with pytest.raises(ValueError, match=r"other must read the same inputs as model .*block_size 8"):
         W.SmoothnessStrip(model, _rows(10), other=short)
+
+
+# ------------------------------------------------------------------ a checked call inside another checks nothing again
+@checked(model=C.Model(), idx=C.Inputs("model"))
+def _inner(model, idx):
+    return idx
+
+
+@checked(model=C.Model(), idx=C.Inputs("model"))
+def _outer(model, idx):
+    return _inner(model, idx.int())        # int32 ids: the nested call must still convert them to long
+
+
+@checked(skip_nested=False, model=C.Model(), idx=C.Inputs("model"))
+def _outer_of_user_data(model, idx):
+    return _inner(model, idx)
+
+
+def test_a_checked_call_inside_another_only_converts(model, calls):
+    out = _outer(model, _rows(11))
+    assert calls == {"model": 1, "inputs": 1}                  # the outer call's checks; none in the nested one
+    assert out.dtype == torch.long and torch.equal(out, _rows(11))
+
+
+def test_a_checked_function_called_by_the_user_still_checks(model, calls):
+    _outer(model, _rows(12))
+    calls.update(model=0, inputs=0)
+    _inner(model, _rows(12))                                   # after the outer call the flag is down again
+    assert calls == {"model": 1, "inputs": 1}
+    with pytest.raises(ValueError, match="idx must hold token ids in 0..vocab_size-1"):
+        _inner(model, torch.full((2, 4), 16))
+
+
+def test_a_failing_body_lowers_the_flag(model, calls):
+    @checked(model=C.Model())
+    def failing(model):
+        raise RuntimeError("the body fails")
+
+    with pytest.raises(RuntimeError, match="the body fails"):
+        failing(model)
+    calls.update(model=0, inputs=0)
+    _inner(model, _rows(13))
+    assert calls == {"model": 1, "inputs": 1}
+
+
+def test_a_body_that_passes_on_user_data_has_it_checked_again(model, calls):
+    _outer_of_user_data(model, _rows(14))
+    assert calls == {"model": 2, "inputs": 2}
+
+
+def test_specialize_checks_its_prompt_once_and_each_merge_nothing_again(model, calls, monkeypatch):
+    """specialize calls merged_gpt (and it lora_factors) once per prompt: both declare ybar_vec, which the
+    library computed itself, so only the user's prompt is checked (each summary's finiteness check is a host
+    sync on a GPU)."""
+    summary_checks = []
+    summary_check = C.Summary.check
+    monkeypatch.setattr(C.Summary, "check", lambda self, *a, **k: summary_checks.append(1) or summary_check(self, *a, **k))
+    models = model.specialize(_rows(15, n=2))
+    assert len(models) == 2 and calls["inputs"] == 1 and summary_checks == []
+    model.merged_gpt(torch.zeros(8))                          # called by the user: checked
+    assert summary_checks == [1]
+
+
+def test_a_nested_call_still_refuses_what_it_can_see_without_a_host_sync(model, calls):
+    """Library code that builds a batch too long for the model (a user's PromptCase, say) still gets the door's
+    message: a nested call skips only the look at the values (token range, finiteness), not the shapes."""
+    too_long = torch.zeros(2, 13, dtype=torch.long)
+
+    @checked(model=C.Model())
+    def outer(model):
+        return model(too_long)
+
+    with pytest.raises(ValueError, match=r"idx must have at most block_size = 12 positions, got 13 positions"):
+        outer(model)
+    assert calls["inputs"] == 0

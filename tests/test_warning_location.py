@@ -21,3 +21,16 @@ def test_the_noise_floor_warning_names_the_callers_line():
         evaluate_specialization(model, task, k_values=(4,), n_batches=1, batch_size=4)
     noise = [w for w in caught if "noise floor" in str(w.message)]
     assert noise and all(w.filename == __file__ for w in noise), [(w.filename, w.lineno) for w in noise]
+
+
+def test_trains_aux_delay_warning_names_the_callers_line():
+    """train is @checked: its wrapper is one more frame between the warning and the caller."""
+    from cgt_viz.train import AuxDelayWarning, train
+    task = make_task("icl", n_pairs=6)
+    model = CGT(CGTConfig(**task.config_kwargs(), n_layer=2, d_x=16, n_head=2, d_y=8, n_head_y=1, y_layer=1,
+                          n_templates=2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(model, task, steps=1, batch_size=2, aux_delay=5, progress=False, device="cpu")
+    delay = [w for w in caught if issubclass(w.category, AuxDelayWarning)]
+    assert delay and all(w.filename == __file__ for w in delay), [(w.filename, w.lineno) for w in delay]
