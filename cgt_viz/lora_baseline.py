@@ -355,7 +355,8 @@ def distill_kl(mode: str, student: torch.Tensor, data: Continuations, top_k: int
     return (kl * data.mask).sum() / data.mask.sum().clamp_min(1)
 
 
-@checked(model=_MODEL, data=Instance(Continuations, "Continuations (a PromptCase's make_train(model, prompt))"),
+# the records below hold tensors the caller may have built by hand: the forward passes inside check them again
+@checked(skip_nested=False, model=_MODEL, data=Instance(Continuations, "Continuations (a PromptCase's make_train(model, prompt))"),
          steps=StepCounts(), init=Instance(dict, "factors, a dict {weight name: (A, B)} (compiled_factors)", none=True),
          lr=LR_CONSTRAINT, top_k=TOP_K_CONSTRAINT, generator=Generator())
 def train_lora(model, data: Continuations, steps: Sequence[int] = (10, 30, 100), init: Factors | None = None,
@@ -428,7 +429,8 @@ def _method_scores(model, case: PromptCase, specialised: dict[str, nn.Module]) -
     return out
 
 
-@checked(model=_MODEL, case=Instance(PromptCase, "a PromptCase (icl_case, text_case)"), steps=StepCounts(),
+@checked(skip_nested=False, model=_MODEL, case=Instance(PromptCase, "a PromptCase (icl_case, text_case)"),
+         steps=StepCounts(),
          lr=LR_CONSTRAINT, top_k=TOP_K_CONSTRAINT, seed=Int(0), timing_repeats=Int(1))
 def run_case(model, case: PromptCase, steps: Sequence[int] = (10, 30, 100), lr: float = 3e-3,
              top_k: int | None = None, seed: int = 0, timing_repeats: int = 3) -> dict[str, Any]:
@@ -516,8 +518,8 @@ def summarize(model, per_prompt: Sequence[dict]) -> list[dict[str, Any]]:
     return rows
 
 
-@checked(model=_MODEL, cases=_PromptCases(), steps=StepCounts(), lr=LR_CONSTRAINT, top_k=TOP_K_CONSTRAINT, seed=Int(0),
-         timing_repeats=Int(1))
+@checked(skip_nested=False, model=_MODEL, cases=_PromptCases(), steps=StepCounts(), lr=LR_CONSTRAINT,
+         top_k=TOP_K_CONSTRAINT, seed=Int(0), timing_repeats=Int(1))
 def compare_methods(model, cases: Sequence[PromptCase], steps: Sequence[int] = (10, 30, 100), lr: float = 3e-3,
                     top_k: int | None = None, seed: int = 0, timing_repeats: int = 3) -> dict[str, Any]:
     """`run_case` on every held-out prompt, then `summarize`: {"per_prompt": [...], "summary": [...],

@@ -315,3 +315,24 @@ def test_compile_compare_view_draws_the_lora_comparison_under_its_losses():
     assert list(lora_trace.y) == pytest.approx(want)
     escaped = lora_compile_figure({"<b>mine</b>": res}, title="a & b")
     assert escaped.layout.annotations[0].text == "&lt;b&gt;mine&lt;/b&gt;" and escaped.layout.title.text == "a &amp; b"
+
+
+def test_a_hand_built_case_with_an_id_outside_the_vocabulary_is_refused_by_name_not_by_torch():
+    model = _tiny_cgt()
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, vocab, (12,), generator=gen)
+    rows = torch.randint(0, vocab, (3, 9), generator=gen)
+    bad = rows.clone()
+    bad[1, 4] = vocab + 3                     # one id the embedding does not have
+    held = lb.Continuations(bad, bad, torch.ones_like(bad, dtype=torch.bool))
+    make_train = lambda m, p: lb.Continuations(rows, rows, torch.ones_like(rows, dtype=torch.bool),  # noqa: E731
+                                               lb.teacher_outputs(m, p, rows))
+    case = lb.PromptCase(prompt, held, make_train)
+    for run in (lambda: lb.run_case(model, case, steps=(0,), timing_repeats=1),
+                lambda: lb.compare_methods(model, [case], steps=(0,), timing_repeats=1)):
+        with pytest.raises(ValueError, match="vocab_size"):
+            run()
+    data = lb.Continuations(bad, bad, torch.ones_like(bad, dtype=torch.bool), lb.teacher_outputs(model, prompt, rows))
+    with pytest.raises(ValueError, match="vocab_size"):
+        lb.train_lora(model, data, steps=(1,))
