@@ -231,6 +231,12 @@ def _linear_reader_loss(model, kept: list, loss_of) -> float:
     return total
 
 
+def factor_pairs(params: Sequence[torch.Tensor], keys: Sequence[str], rows: torch.Tensor) -> dict:
+    """Flat optimiser params [F1_a, F2_a, F1_b, ...] -> {key: (F1[rows], F2[rows])}, each key's two factors at the
+    rows' prompts."""
+    return {key: (params[2 * j][rows], params[2 * j + 1][rows]) for j, key in enumerate(keys)}
+
+
 def oracle_pass(model, kind: str, ybar: torch.Tensor, compiled: dict, rank: int, gen: torch.Generator,
                 hidden: Callable[[torch.Tensor, dict], torch.Tensor], held: dict | None = None):
     """The part optimised for one kind -> (run(params, x, rows) -> the x stream's final states, the starting
@@ -246,19 +252,14 @@ def oracle_pass(model, kind: str, ybar: torch.Tensor, compiled: dict, rank: int,
     if kind == "coeffs":
         return (lambda params, x, rows: hidden(x, {**{key: c[rows] for key, c in zip(keys, params)}, **fixed(rows)}),
                 [compiled[key] for key in keys])
-    if kind == "memory":
-        if not held:
-            raise refuse("kinds", "'memory' only for a model with a token memory", repr(kind))
+    if kind == "memory":   # the caller refuses it for a model without a memory
         mem_keys = list(held)
-
-        def run_memory(params, x, rows):
-            factors = {key: (params[2 * j][rows], params[2 * j + 1][rows]) for j, key in enumerate(mem_keys)}
-            return hidden(x, {**{key: c[rows] for key, c in compiled.items()}, **factors})
-        return run_memory, [f for key in mem_keys for f in held[key]]
+        return (lambda params, x, rows: hidden(x, {**{key: c[rows] for key, c in compiled.items()},
+                                                   **factor_pairs(params, mem_keys, rows)}),
+                [f for key in mem_keys for f in held[key]])
     start = free_start(model, keys, len(ybar), rank, gen, ybar.device)
 
     def run(params, x, rows):
-        factors = {key: (params[2 * j][rows], params[2 * j + 1][rows]) for j, key in enumerate(keys)}
-        with free_sites(model, factors):
+        with free_sites(model, factor_pairs(params, keys, rows)):
             return hidden(x, {**{key: c[rows] for key, c in compiled.items()}, **fixed(rows)})
     return run, start

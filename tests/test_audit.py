@@ -1188,7 +1188,7 @@ AUDITED_MODULES = ["cgt_viz.config", "cgt_viz.model", "cgt_viz.io", "cgt_viz.tra
                    "cgt_viz.widgets.compare", "cgt_viz.widgets.monitor", "cgt_viz.geometry", "cgt_viz.lora_baseline",
                    "cgt_viz.oracle", "cgt_viz.recipes"] + (HF_MODULES if HF_AVAILABLE else [])
 NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, and why
-    **dict.fromkeys(["best_of", "free_sites", "free_start", "oracle_pass", "FreeSite", "FreeSite.apply"],
+    **dict.fromkeys(["best_of", "free_sites", "free_start", "oracle_pass", "factor_pairs", "FreeSite", "FreeSite.apply"],
                     "the oracles' optimiser and free update, called with tensors the oracle itself made"),
     "published_folder": "a writer's own temp and aside folders, made by the caller (checkpoint, feature cache)",
     **dict.fromkeys(["ByteTokenizer.token_str", "SyntheticICL.decode", "LinearRegression.decode", "TextMixture.decode",
