@@ -6,7 +6,7 @@
     python -m cgt_viz evaluate runs/shift                       # prompted / specialised / no-context table
     python -m cgt_viz report runs/shift                         # runs/shift/report.html, works offline
     python -m cgt_viz train-head --out runs/head                # a CGT head over the frozen SmolLM2 (cgt_viz.hf)
-    python -m cgt_viz train --task smollm2-bbc --out runs/head --task-arg minutes=25   # the same, from train
+    python -m cgt_viz train --task smollm2-bbc --out runs/head --minutes 25   # the same, from train
     torchrun --nproc_per_node 2 -m cgt_viz train ...            # the same, data-parallel (DDP)
     python -m cgt_viz train --out runs/mine --resume --task mymod:MyTask   # your own Task: typed again
 

@@ -16,8 +16,9 @@ CUDA). Choices worth knowing:
   contiguous slice of `batch_size // world_size` rows. The data (and aux splits) are therefore exactly
   those of a single-process run with the same seed and batch_size, whatever the number of ranks.
   Gradients are synchronised by DDP. DDP hooks its all-reduce into `forward()`, but our training call is
-  `model.loss(...)`; so the model is wrapped in `_LossForward`, a two-line module whose forward *is*
-  `model.loss`, and DDP wraps that. (All-reducing gradients by hand would also work, but gives up DDP's
+  the step's loss (`model.loss(...)` for a task); so the model is wrapped in `_StepForward`, a two-line module
+  whose forward *is* that loss, and DDP wraps that (a frozen part, such as a CGTLM's LM, is left out of
+  DDP's start-up broadcast: it never changes). (All-reducing gradients by hand would also work, but gives up DDP's
   overlap of communication with the backward pass.) Only rank 0 evaluates, logs, calls callbacks and
   writes checkpoints.
 * NaN/inf in any loss term or in the gradient norm stops training *before* the update with
@@ -56,11 +57,12 @@ from .checkpoint import RunLock, capture_rng, latest_checkpoint, load_checkpoint
 from .config import with_added_fields
 from .losses import LOSS_TERMS
 from .plateau import PlateauDetector, PlateauWarning
-from .tasks.base import Batch, Task, check_task_fits
+from .steps import SPLIT_STREAM, TaskStep, TrainStep
+from .tasks.base import Task
 from .train_config import DERIVED, TrainConfig
 
-# offsets that separate the random streams derived from one seed
-_SPLIT_STREAM, _VAL_STREAM, _VAL_SPLIT_STREAM = 1_000_003, 2_000_029, 3_000_017
+# with steps=None the run's length is planned from the rate of this many first updates and the time budget
+PLAN_AFTER = 10
 
 
 class TrainingDiverged(RuntimeError):
@@ -96,6 +98,7 @@ class TrainHistory:
     evals: list[dict[str, float]] = field(default_factory=list)
     warnings: list[dict[str, Any]] = field(default_factory=list)   # {"step", "kind", "message"}, in words
     interrupted: bool = False
+    timed_out: bool = False       # stopped by the time budget (TrainConfig.minutes)
     seconds: float = 0.0
 
     def __len__(self) -> int:
@@ -161,48 +164,19 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-class _LossForward(nn.Module):
-    """DDP synchronises gradients of what runs through forward(); this makes forward() be model.loss."""
+class _StepForward(nn.Module):
+    """DDP synchronises gradients of what runs through forward(); this makes forward() be the step's loss."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, step: TrainStep):
         super().__init__()
-        self.model = model
+        self.model, self.step = model, step
 
-    def forward(self, inputs, targets, loss_mask, split):
-        return self.model.loss(inputs, targets, loss_mask, split=split)
-
-
-def _shard(batch: Batch, split: torch.Tensor | None, lo: int, hi: int) -> tuple[Batch, torch.Tensor | None]:
-    """Rows lo:hi of a batch (every tensor whose leading dim is the batch size)."""
-    b = batch.inputs.shape[0]
-    cut = lambda v: v[lo:hi] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == b else v
-    return (Batch(cut(batch.inputs), cut(batch.targets), cut(batch.loss_mask), cut(batch.split),
-                  {k: cut(v) for k, v in batch.info.items()}), cut(split))
-
-
-def _draw_split(model: nn.Module, batch: Batch, generator: torch.Generator, always: bool) -> torch.Tensor | None:
-    """The auxiliary split per row: the task's, else sampled here (so DDP shards match one process)."""
-    if batch.split is not None:
-        return batch.split
-    sample = getattr(model, "sample_split", None)
-    if sample is None or not (always or model.config.w_aux > 0):
-        return None
-    return sample(batch.inputs.shape[0], batch.inputs.shape[1], generator=generator, device=batch.inputs.device)
+    def forward(self, batch):
+        return self.step.loss(self.model, batch)
 
 
 def _json_safe(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=str))
-
-
-def _task_identity(task: Task) -> dict[str, Any]:
-    """What identifies a task for the resume check: its class, name and the config fields it fixes."""
-    ident: dict[str, Any] = {"class": f"{type(task).__module__}.{type(task).__qualname__}",
-                             "name": getattr(task, "name", None)}
-    try:
-        ident["config_kwargs"] = _json_safe(task.config_kwargs())
-    except NotImplementedError:
-        pass
-    return ident
 
 
 def config_differences(saved: Any, now: Any, prefix: str = "", labels: tuple[str, str] = ("checkpoint", "now")) -> list[str]:
@@ -246,40 +220,11 @@ class StopOnSignal:
 # ----------------------------------------------------------------------------------------- checks
 def _check_dtypes(model: nn.Module, dev: torch.device) -> None:
     """Parameter dtypes that cannot train are named before step 1 (not reported as divergence at step 2)."""
-    dtypes = {p.dtype for p in model.parameters()}
+    dtypes = {p.dtype for p in model.parameters() if p.requires_grad}
     if torch.float16 in dtypes:
         raise refuse("model parameters", "float32 or bfloat16 to train", f"float16 (on {dev.type})", TypeError,
                      hint="AdamW's eps (1e-8) underflows to 0 in float16, so the first update divides by zero. Use "
                           "model.float() (mixed precision on CUDA is automatic: amp=True)")
-
-
-def _check_batch(model: nn.Module, batch: Batch, where: str) -> None:
-    """Bad data named as bad data: which batch, which field (not 'diverged' or 'idx must be finite')."""
-    param = next(model.parameters(), None)
-    for field_name in ("inputs", "targets"):
-        value = getattr(batch, field_name)
-        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
-            continue
-        if field_name == "inputs" and param is not None and value.dtype != param.dtype:
-            raise TypeError(f"{where}: batch.inputs has dtype {str(value.dtype).replace('torch.', '')} but the model's "
-                            f"parameters are {str(param.dtype).replace('torch.', '')}; in vectors mode they must match: "
-                            f"use model.float() (or make the task return {str(param.dtype).replace('torch.', '')})")
-        if bool(torch.isfinite(value.sum())) or bool(torch.isfinite(value).all()):  # one reduction when clean
-            continue
-        finite = torch.isfinite(value)
-        bad = (~finite).nonzero()
-        first = tuple(int(i) for i in bad[0])
-        where_masked = ""
-        mask = batch.loss_mask
-        if (field_name == "targets" and isinstance(mask, torch.Tensor) and mask.dim() <= value.dim()
-                and tuple(mask.shape) == tuple(value.shape[:mask.dim()])):
-            bad_at = (~finite).reshape(*mask.shape, -1).any(-1)
-            if not bool((bad_at & mask.bool()).any()):
-                where_masked = (" (all at positions loss_mask leaves unscored: they still enter the loss as "
-                                "0 · NaN = NaN, so replace them with 0)")
-        raise ValueError(f"{where}: batch.{field_name} holds NaN/inf in {len(bad)} of {value.numel()} entries "
-                         f"(the first at index {first}){where_masked}. The data is bad, not the training: fix the "
-                         f"task's get_batch")
 
 
 def _check_writable(folder: Path, model: nn.Module, keep: int) -> None:
@@ -294,7 +239,7 @@ def _check_writable(folder: Path, model: nn.Module, keep: int) -> None:
     except OSError as err:
         raise OSError(err.errno, f"pre-flight: checkpoint_dir {str(folder)!r} is not writable "
                                  f"({err.strerror}); nothing was trained") from None
-    n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    n_bytes = sum(v.numel() * v.element_size() for v in model.state_dict().values())   # what a checkpoint holds
     need = 3 * n_bytes * (max(keep, 1) + 1)   # weights + 2 AdamW moments, `keep` kept and one being written
     free = shutil.disk_usage(folder).free
     if free < need:
@@ -310,7 +255,7 @@ class AuxDelayWarning(UserWarning):
 def _aux_never_on(cfg: TrainConfig, model: nn.Module) -> str | None:
     """Why the auxiliary loss never joins this run, in words; None when it does (or the model has none)."""
     w_aux = float(getattr(getattr(model, "config", None), "w_aux", 0.0) or 0.0)
-    if not hasattr(model, "sample_split") or w_aux == 0 or cfg.steps > cfg.aux_delay:
+    if not hasattr(model, "sample_split") or w_aux == 0 or cfg.steps is None or cfg.steps > cfg.aux_delay:
         return None
     return (f"steps = {cfg.steps} ends before aux_delay = {cfg.aux_delay}: the auxiliary loss is weighted 0 for the "
             f"whole run, so ȳ is never trained to specialise the model and a compiled prompt will do little. Train "
@@ -363,10 +308,11 @@ class _LogProgress:
     def line(self, step: int) -> str:
         elapsed = time.perf_counter() - self._t0
         done = step - self._start_n
-        left = (self.total - step) * elapsed / done if done > 0 else None
+        left = (self.total - step) * elapsed / done if done > 0 and self.total else None
         values = ", ".join(f"{k} {v}" for k, v in self.postfix.items())
         timing = f"{_duration(elapsed)}" + (f", about {_duration(left)} left" if left and step < self.total else "")
-        return (f"train step {step}/{self.total} ({100 * step / max(1, self.total):.0f}%)"
+        of = f"/{self.total} ({100 * step / max(1, self.total):.0f}%)" if self.total else ""
+        return (f"train step {step}{of}"
                 + (f": {values}" if values else "") + f"; {timing}")
 
     def write(self, text: str) -> None:
@@ -401,21 +347,30 @@ class _Trainable(Constraint):
 
 # skip_nested=False: the body hands the model what the task (user code) made, and calls callbacks: the checked
 # calls inside it check again. The keyword settings are TrainConfig's fields, checked by TrainConfig.build.
-@checked(skip_nested=False, model=_Trainable(), task=Instance(Task, "a cgt_viz.tasks.base.Task (e.g. make_task('icl'))"),
+@checked(skip_nested=False, model=_Trainable(),
+         task=Instance((Task, TrainStep), "a cgt_viz.tasks.base.Task (e.g. make_task('icl')) or a cgt_viz.steps.TrainStep"),
          config=Instance(TrainConfig, "a TrainConfig", none=True),
          eval_fn=CallableArg("a callable (model, step) -> dict", none=True),
          callbacks=CallableList("a list of callables taking one dict"), device=Device(auto=True), amp=Bool(),
          compile=Bool(), checkpoint_dir=PathArg("a checkpoint folder", none=True), resume=Bool(), progress=Bool())
-def train(model: nn.Module, task: Task, config: TrainConfig | None = None, *,
+def train(model: nn.Module, task: Task | TrainStep, config: TrainConfig | None = None, *,
           eval_fn: Callable[[nn.Module, int], dict[str, float]] | None = None,
           callbacks: Iterable[Callable[[dict], None]] = (), device: str | torch.device = "auto", amp: bool = True,
           compile: bool = False, checkpoint_dir: str | os.PathLike | None = None, resume: bool = False,
           progress: bool = True, **settings: Any) -> tuple[nn.Module, TrainHistory]:
     """Train `model` (CGT or GPT) on batches of `task`; returns (model, history). The model is trained in place.
 
+    task            a Task (the model's own .loss on its batches), or any `cgt_viz.steps.TrainStep`: where the
+                    batches come from and what one update optimises (`hf.distill.train_head` trains a CGTLM's
+                    head on a feature cache this way); everything below is the same for every step
+
     config / settings  a `TrainConfig`, and/or its fields as keywords (`train(model, task, steps=2000,
                     batch_size=32, aux_delay=500)`); keywords override the config's fields. The fields:
-    steps           number of optimizer updates in the whole run (a resumed run continues up to it)
+    steps           number of optimizer updates in the whole run (a resumed run continues up to it); None with
+                    `minutes`: planned after the first updates as as many as the budget allows at their rate
+                    (warmup, eval_every and checkpoint_every must then be given: their defaults follow from steps)
+    minutes         a time budget counted from this call: the run stops after the first update past it, with a
+                    checkpoint (history.timed_out = True); the schedule still ends at `steps`
     batch_size      global batch: sequences per update over all ranks (each rank gets batch_size // world)
     lr              peak learning rate; `warmup` updates of linear warm-up (default min(100, steps // 10)),
                     then cosine decay to lr · min_lr_ratio at the last step
@@ -455,7 +410,15 @@ def train(model: nn.Module, task: Task, config: TrainConfig | None = None, *,
     """
     # ---------------------------------------------------------------- arguments (each declared above; here what relates them)
     cfg = TrainConfig.build(config, settings)
-    check_task_fits(model, task)   # named here, not reported as a bad idx at the first step
+    step_source = task if isinstance(task, TrainStep) else TaskStep(task)
+    step_source.check_fits(model)
+    if cfg.steps is None:
+        unset = [name for name in ("minutes", "warmup", "eval_every", "checkpoint_every") if getattr(cfg, name) is None]
+        if unset:
+            raise refuse("steps", "an int, or None with minutes, warmup, eval_every and checkpoint_every given",
+                         f"None with {', '.join(unset)} unset",
+                         hint="with steps=None the run's length is planned from the time budget `minutes`, and the "
+                              "defaults of warmup, eval_every and checkpoint_every are fractions of steps")
     if resume and checkpoint_dir is None:
         raise refuse("checkpoint_dir", "set with resume=True (the folder to resume from)", "None")
     # ---------------------------------------------------------------- processes and device
@@ -464,7 +427,7 @@ def train(model: nn.Module, task: Task, config: TrainConfig | None = None, *,
         # one writer per checkpoint folder (rank 0 writes; the others never touch it)
         with (RunLock(checkpoint_dir, "checkpoint_dir") if checkpoint_dir is not None and rank == 0
               else contextlib.nullcontext()):
-            return _run(cfg, model=model, task=task, eval_fn=eval_fn, callbacks=callbacks, amp=amp, compile=compile,
+            return _run(cfg, model=model, step_source=step_source, eval_fn=eval_fn, callbacks=callbacks, amp=amp, compile=compile,
                         checkpoint_dir=checkpoint_dir, resume=resume, progress=progress, dev=dev,
                         distributed=distributed, rank=rank, world=world)
 
@@ -475,27 +438,22 @@ def _autocast(use_amp: bool):
     return torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else contextlib.nullcontext()
 
 
-def evaluate(model: nn.Module, task: Task, step: int, *, batch_size: int, eval_batches: int, seed: int,
+def evaluate(model: nn.Module, step_source: TrainStep, step: int, *, batch_size: int, eval_batches: int, seed: int,
              dev: torch.device, use_amp: bool = False,
              eval_fn: Callable[[nn.Module, int], dict[str, float]] | None = None) -> dict[str, float]:
-    """The eval event of `step`: mean val_main, val_aux, val_total over `eval_batches` validation batches (plus
-    eval_fn's metrics). A fixed validation stream and a forked global RNG: evaluating never changes the run."""
+    """The eval event of `step`: the mean val_<term> of each logged term over the step's `eval_batches` fixed
+    validation batches (plus eval_fn's metrics). A forked global RNG: evaluating never changes the run."""
     cuda_index = (dev.index if dev.index is not None else torch.cuda.current_device()) if dev.type == "cuda" else None
     with torch.random.fork_rng(devices=[cuda_index] if cuda_index is not None else []):
-        val_gen = torch.Generator().manual_seed(seed + _VAL_STREAM)
-        val_split_gen = torch.Generator().manual_seed(seed + _VAL_SPLIT_STREAM)
         model.eval()
-        sums = dict.fromkeys(("val_main", "val_aux", "val_total"), 0.0)
+        terms = [t for t in ("main", "aux", "total") if t in step_source.logged_terms]
+        sums = {f"val_{name}": 0.0 for name in terms}
         try:
             with torch.no_grad(), _autocast(use_amp):
-                for _ in range(eval_batches):
-                    batch = task.get_batch(batch_size, part="val", generator=val_gen, device=dev)
-                    split = _draw_split(model, batch, val_split_gen, always=True)
-                    out = model.loss(batch.inputs, batch.targets, batch.loss_mask, split=split)
-                    for name in ("main", "aux", "total"):
+                for batch in step_source.val_batches(batch_size, eval_batches, seed, dev):
+                    out = step_source.loss(model, batch)
+                    for name in terms:
                         sums[f"val_{name}"] += float(out[name]) / eval_batches
-            if not hasattr(model, "sample_split"):
-                del sums["val_aux"]
             metrics = {**sums, **(eval_fn(model, step) if eval_fn is not None else {})}
         finally:
             model.train()
@@ -513,12 +471,13 @@ def save(checkpoint_dir: str | os.PathLike, step: int, *, model: nn.Module, opti
 
 
 # ------------------------------------------------------------------------------------------------ the loop
-def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: list, amp: bool, compile: bool,
+def _run(cfg: TrainConfig, *, model: nn.Module, step_source: TrainStep, eval_fn, callbacks: list, amp: bool, compile: bool,
          checkpoint_dir, resume: bool, progress: bool, dev: torch.device, distributed: bool, rank: int,
          world: int) -> tuple[nn.Module, TrainHistory]:
     """The training loop of `train` (arguments validated there). Every setting is read from `cfg` here, so
     a TrainConfig field this function does not read is caught by tests/test_train.py."""
-    steps, batch_size, seed = cfg.steps, cfg.batch_size, cfg.seed
+    t_call = time.perf_counter()
+    steps, batch_size, seed = cfg.steps, cfg.batch_size, cfg.seed      # steps None: planned (train checked the rest)
     eval_every = DERIVED["eval_every"][1](steps) if cfg.eval_every is None else cfg.eval_every
     checkpoint_every = DERIVED["checkpoint_every"][1](steps) if cfg.checkpoint_every is None else cfg.checkpoint_every
     check_divisible("batch_size", batch_size, world, "the number of ranks")
@@ -528,7 +487,7 @@ def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: 
     model.to(dev).train()
     optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas)
     generators = {"batch": torch.Generator().manual_seed(seed),
-                  "split": torch.Generator().manual_seed(seed + _SPLIT_STREAM)}
+                  "split": torch.Generator().manual_seed(seed + SPLIT_STREAM)}
 
     # ---------------------------------------------------------------- fresh start or resume
     found = latest_checkpoint(checkpoint_dir) if checkpoint_dir is not None else None
@@ -536,11 +495,13 @@ def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: 
         raise ValueError(f"checkpoint_dir {str(checkpoint_dir)!r} already holds a checkpoint ({found.name}); "
                          f"pass resume=True to continue it, or choose another checkpoint_dir")
     ckpt = load_checkpoint(found) if found is not None else None
+    if steps is None and ckpt is not None:   # a planned run resumes with the length it planned
+        steps = ckpt.run["steps"]
     warmup = cfg.warmup
     if warmup is None:  # the default depends on steps; a resumed run that extends `steps` keeps its warm-up
         warmup = ckpt.run["warmup"] if ckpt is not None else DERIVED["warmup"][1](steps)
     run_id = _json_safe({"model_class": type(model).__name__, "config": model.config.to_dict(),
-                         "task": _task_identity(task), **cfg.identity(warmup)})
+                         "task": step_source.identity(), **cfg.identity(warmup)})
     history, start = TrainHistory(), 0
     if ckpt is not None:
         saved_run = {k: v for k, v in ckpt.run.items() if k != "steps"}
@@ -565,9 +526,12 @@ def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: 
     saved_step = start        # the newest step on disk (0: none)
 
     # ---------------------------------------------------------------- the step function
-    loss_module: nn.Module = _LossForward(model)
+    loss_module: nn.Module = _StepForward(model, step_source)
     if distributed:
         from torch.nn.parallel import DistributedDataParallel as DDP
+        frozen = [f"model.{n}" for n, p in model.named_parameters() if not p.requires_grad]
+        if frozen:   # identical on every rank (loaded, never trained): not worth DDP's start-up broadcast
+            DDP._set_params_and_buffers_to_ignore_for_model(loss_module, frozen)
         loss_module = DDP(loss_module, device_ids=[dev.index] if dev.type == "cuda" else None)
     if compile:
         loss_module = torch.compile(loss_module)
@@ -581,21 +545,14 @@ def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: 
     # ---------------------------------------------------------------- pre-flight: before step 1
     # what the run will need later is checked now, so that it cannot die at its first evaluation or save
     _check_dtypes(model, dev)
-    if eval_every and is_main and start < steps:
-        with torch.random.fork_rng(devices=[]):
-            try:
-                probe = task.get_batch(batch_size, part="val", generator=torch.Generator().manual_seed(seed + _VAL_STREAM),
-                                       device=dev)
-            except (ValueError, IndexError, RuntimeError) as err:
-                raise ValueError(f"pre-flight: the evaluation batches cannot be built: task.get_batch(batch_size="
-                                 f"{batch_size}, part='val') fails: {err}. Nothing was trained; fix the task's "
-                                 f"validation split, lower batch_size, or pass eval_every=0 (no evaluation)") from None
-        _check_batch(model, probe, "the validation batch (pre-flight)")
+    if eval_every and is_main and (steps is None or start < steps):
+        step_source.preflight(model, batch_size, seed, dev)
     if writes:
         _check_writable(Path(checkpoint_dir), model, cfg.keep_checkpoints)
 
-    has_aux = hasattr(model, "sample_split")   # a CGT; the GPT baseline has no auxiliary loss
-    reference = task.no_information_loss() if callable(getattr(task, "no_information_loss", None)) else None
+    has_aux = step_source.aux_schedule   # a CGT on a task; the GPT baseline has no auxiliary loss
+    logged = step_source.logged_terms
+    reference = step_source.no_information_loss()
     warned = any(w.get("kind") == "plateau" for w in history.warnings)   # a resumed run warns once in all
     plateau = PlateauDetector(reference, cfg.plateau_steps, cfg.plateau_tolerance, fired=warned) \
         if reference is not None else None
@@ -603,17 +560,18 @@ def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: 
     # ---------------------------------------------------------------- the loop
     bar = None
     if progress and is_main:
-        bar = _progress_bar(steps, start, every=eval_every or DERIVED["eval_every"][1](steps))
+        bar = _progress_bar(steps, start, every=eval_every or (DERIVED["eval_every"][1](steps) if steps else 50))
     t0 = time.perf_counter() - history.seconds
+    deadline = None if cfg.minutes is None else t_call + 60 * cfg.minutes
     step = start
-    if is_main and start < steps:
+    if is_main and (steps is None or start < steps):
         cfg_m = getattr(model, "config", None)
         # a model without the context stream (the GPT baseline) has no aux or smoothness term: weight 0, so a
         # monitor neither draws them nor puts them in the total
         emit({"kind": "start", "step": start, "steps": steps, "aux_delay": cfg.aux_delay, "aux_ramp": cfg.aux_ramp,
               "weights": {"main": 1.0, "aux": float(getattr(cfg_m, "w_aux", 0.0) or 0.0) if has_aux else 0.0,
                           "smooth": float(getattr(cfg_m, "w_smooth", 0.0) or 0.0) if has_aux else 0.0}})
-        message = _aux_never_on(cfg, model) if start < cfg.aux_delay else None
+        message = _aux_never_on(cfg, model) if has_aux and start < cfg.aux_delay else None
         if message is not None:
             warnings.warn(message, AuxDelayWarning, stacklevel=4)   # the train() call (past _run, train, @checked)
             emit({"kind": "warning", "step": start, "message": message})
@@ -623,31 +581,40 @@ def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: 
     rng_done = snapshot() if writes else None
     try:
         with StopOnSignal() as stop:
-            while step < steps:
-                cur_lr = lr_at(step, steps, cfg.lr, warmup, cfg.min_lr_ratio)
+            while steps is None or step < steps:
+                if steps is None and step - start == PLAN_AFTER:    # the run's length from the first updates' rate
+                    plan = torch.tensor([step + max(1, int(PLAN_AFTER * 60 * cfg.minutes / (time.perf_counter() - t_call)))],
+                                        device=dev)
+                    if distributed:                                  # rank 0's plan, so that the ranks' lr agree
+                        dist.broadcast(plan, 0)
+                    steps = int(plan)
+                    if bar is not None:
+                        bar.total = steps
+                cur_lr = lr_at(step, steps or 10 ** 9, cfg.lr, warmup, cfg.min_lr_ratio)
                 for group in optimizer.param_groups:
                     group["lr"] = cur_lr
-                batch = task.get_batch(batch_size, part="train", generator=generators["batch"], device=dev)
-                _check_batch(model, batch, f"the training batch of step {step + 1}")
-                split = _draw_split(model, batch, generators["split"], always=False)
+                batch = step_source.train_batch(step, batch_size, generators, dev)
                 if distributed:
-                    batch, split = _shard(batch, split, lo, hi)
+                    batch = step_source.shard(batch, lo, hi)
                 with _autocast(use_amp):
-                    out = loss_module(batch.inputs, batch.targets, batch.loss_mask, split)
-                aux_scale = aux_weight_scale(step, cfg.aux_delay, cfg.aux_ramp)
+                    out = loss_module(batch)
+                aux_scale = aux_weight_scale(step, cfg.aux_delay, cfg.aux_ramp) if has_aux else 1.0
                 if aux_scale < 1:
                     out = {**out, "total": out["total"] - (1 - aux_scale) * model.config.w_aux * out["aux"]}
                 out["total"].backward()
+                late = deadline is not None and time.perf_counter() >= deadline
                 # one small all-reduce: the global-batch losses for logging, and whether any rank was interrupted
-                report = torch.stack([out[k].detach().float() for k in LOSS_TERMS]
-                                     + [torch.tensor(float(stop.requested), device=dev)])
+                # or is past the time budget
+                report = torch.stack([torch.as_tensor(out[k], device=dev).detach().float() for k in LOSS_TERMS]
+                                     + [torch.tensor(float(stop.requested), device=dev),
+                                        torch.tensor(float(late), device=dev)])
                 if distributed:
                     dist.all_reduce(report)
                     report[:4] /= world
                 terms = dict(zip(LOSS_TERMS, report[:4].tolist()))
-                stop_now = report[4].item() > 0
+                stop_now, timed_out = report[4].item() > 0, report[5].item() > 0
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip else float("inf")))
-                bad = [(k, v) for k, v in terms.items() if not math.isfinite(v)]
+                bad = [(k, terms[k]) for k in (*logged, *LOSS_TERMS) if not math.isfinite(terms[k])]   # the logged first
                 if bad or not math.isfinite(grad_norm):
                     optimizer.zero_grad(set_to_none=True)
                     term, value = bad[0] if bad else ("gradient norm of the total", grad_norm)
@@ -674,14 +641,14 @@ def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: 
                         warnings.warn(message, PlateauWarning, stacklevel=4)   # the train() call (past _run, train, @checked)
                         emit({"kind": "warning", "step": step, "message": message})
                 if is_main:
-                    emit({"kind": "step", "step": step, **(terms if has_aux else {k: terms[k] for k in ("main", "total")}),
+                    emit({"kind": "step", "step": step, **{k: terms[k] for k in LOSS_TERMS if k in logged},
                           "lr": cur_lr})
                     if bar is not None:
                         bar.update(1)
-                        shown = {"main": f"{terms['main']:.4g}"} | ({"aux": f"{terms['aux']:.4g}"} if has_aux else {})
+                        shown = {k: f"{terms[k]:.4g}" for k in ("main", "aux") if k in logged}
                         bar.set_postfix(**shown, lr=f"{cur_lr:.2g}", refresh=False)
                     if eval_every and (step % eval_every == 0 or step == steps):
-                        event = evaluate(model, task, step, batch_size=batch_size, eval_batches=cfg.eval_batches,
+                        event = evaluate(model, step_source, step, batch_size=batch_size, eval_batches=cfg.eval_batches,
                                          seed=seed, dev=dev, use_amp=use_amp, eval_fn=eval_fn)
                         history.evals.append({k: v for k, v in event.items() if k != "kind"})
                         emit(event)
@@ -691,7 +658,7 @@ def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: 
                         bar.step_done(step)      # a log's line comes after the step's evaluation, with it
                 # single process: also honour a Ctrl-C that came during this step's callbacks or evaluation
                 stop_now = stop_now or (not distributed and stop.requested)
-                if writes and (step % checkpoint_every == 0 or step == steps or stop_now):
+                if writes and (step % checkpoint_every == 0 or step == steps or stop_now or timed_out):
                     last_ckpt = save(checkpoint_dir, step, model=model, optimizer=optimizer,
                                      run={**run_id, "steps": steps}, rng=capture_rng(generators), history=history,
                                      keep=cfg.keep_checkpoints, last=last_ckpt)
@@ -702,7 +669,12 @@ def _run(cfg: TrainConfig, *, model: nn.Module, task: Task, eval_fn, callbacks: 
                         bar.write(f"interrupted: stopped cleanly after step {step}"
                                   + (f"; checkpoint in {str(last_ckpt)!r}" if last_ckpt is not None else ""))
                     break
-    except Exception as err:
+                if timed_out:
+                    history.timed_out = True
+                    if bar is not None:
+                        bar.write(f"time budget of {cfg.minutes:g} min reached: stopped after step {step}")
+                    break
+    except (Exception, KeyboardInterrupt) as err:
         # an error that is not a crash (bad data at step k, a failing eval_fn or callback): save the completed
         # steps first, so that `resume=True` continues from them once it is fixed. Divergence and failed saves
         # are not retried (the weights or the disk are the problem).

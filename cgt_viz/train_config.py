@@ -21,7 +21,9 @@ def _setting(default: Any, check: Constraint | None, help: str) -> Any:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = _setting(2000, Int(1), "optimizer updates in the whole run (a resumed run continues up to it)")
+    steps: int | None = _setting(2000, Int(1, none=True, hint=" (None: planned from minutes)"),
+                                 "optimizer updates in the whole run (a resumed run continues up to it); None: as "
+                                 "many as `minutes` allows at the rate of the first updates")
     batch_size: int = _setting(32, Int(1), "global batch: sequences per update over all ranks")
     lr: float = _setting(1e-3, Float(0.0, lo_open=True), "peak learning rate")
     warmup: int | None = _setting(None, Int(0, none=True, hint=" (number of updates)"),
@@ -46,10 +48,13 @@ class TrainConfig:
                                   "warn once the main loss has sat at the task's no-information level this long")
     plateau_tolerance: float = _setting(0.02, Float(0.0, lo_open=True),
                                         "relative distance from that level that still counts as on it")
+    minutes: float | None = _setting(None, Float(0.0, lo_open=True, none=True),
+                                     "a time budget: stop (with a checkpoint) at the first update past it, counted "
+                                     "from the call (None: no budget)")
 
     # may change between a run and its resumption; every other field must match the checkpoint's
     RESUMABLE = ("steps", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "plateau_steps",
-                 "plateau_tolerance")
+                 "plateau_tolerance", "minutes")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -78,7 +78,7 @@ def test_gpt_baseline_run(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["train", "--task", "nope", "--out", "{out}"], "unknown --task 'nope'"),
-    (["train", *TINY, "--out", "{out}", "--steps", "0"], "--steps must be an int >= 1, got 0"),
+    (["train", *TINY, "--out", "{out}", "--steps", "0"], "--steps must be None or an int >= 1 (None: planned from minutes), got 0"),
     (["train", *TINY, "--out", "{out}", "--batch-size", "-2"], "--batch-size must be an int >= 1, got -2"),
     (["train", *TINY, "--out", "{out}", "--lr", "0"], "--lr must be a finite number > 0"),
     (["train", *TINY, "--out", "{out}", "--task-arg", "P"], "--task-arg must look like key=value, got 'P'"),
@@ -218,7 +218,7 @@ def test_train_with_a_pretrained_lm_task_runs_the_head_pipeline_and_resumes_like
     (["--n-layer", "2"], "--n-layer: no such setting for --task smollm2-bbc"),
     (["--model", "gpt"], "--model: no such setting"),
     (["--task-arg", "bogus=1"], "--task-arg bogus=1: not a setting of --task smollm2-bbc; allowed keys:"),
-    (["--task-arg", "minutes=0"], "--minutes must be"),
+    (["--minutes", "0"], "--minutes must be"),
     (["--task-arg", "skip_test=3"], "--task-arg skip_test must be true or false, got 3"),
 ])
 def test_a_pretrained_lm_task_refuses_what_it_cannot_use_by_name(tmp_path, capsys, extra, message):
@@ -289,7 +289,7 @@ def test_train_help_shows_each_flags_default_for_the_chosen_task(capsys):
         for name in (*TRAIN_FIELDS, *MODEL_FLAGS, "curriculum"):
             value = settings[name] if name in settings else getattr(library, name)
             assert "the task's recipe" not in helps[name]
-            if value is None and name != "curriculum":        # decided by train() from steps: the number for this run's steps
+            if value is None and name not in ("curriculum", "minutes"):   # decided by train() from steps (minutes: no budget)
                 assert f"steps // " in helps[name] and helps[name].rstrip(")").split(" = ")[-1].isdigit(), helps[name]
                 continue
             shown = (",".join(str(v) for v in value) if isinstance(value, (tuple, list)) else "off" if name == "curriculum" and not value

@@ -211,11 +211,12 @@ def _train_head(capsys, out: Path, *extra: str) -> tuple[int, str]:
 
 def test_a_diverging_head_stops_before_the_update_and_keeps_the_last_good_state(tmp_path):
     """B17: train_head with an lr that blows the head up at step 1: step 2's loss is NaN; no update is applied,
-    the head and its checkpoint hold step 1's finite weights, and the error names the step, the term and it."""
+    the head holds step 1's finite weights, the checkpoint folder keeps its last periodic checkpoint (train's
+    rule, one loop for both), and the error names the step, the term and that checkpoint."""
     pytest.importorskip("transformers")
     from cgt_viz import hf
     from cgt_viz.hf import distill as hfd
-    from cgt_viz.io import load_tensors, read_json
+    from cgt_viz.checkpoint import latest_checkpoint, load_checkpoint
     from cgt_viz.train import TrainingDiverged
     from test_distill import _head, _windows
     lm = hf.tiny_llama(seed=0)
@@ -223,18 +224,17 @@ def test_a_diverging_head_stops_before_the_update_and_keeps_the_last_good_state(
     cache = hfd.build_feature_cache(model, _windows(n=8), 6, top_k=7, root=tmp_path, progress=False)
     seen = []
     with pytest.raises(TrainingDiverged, match=r"diverged at step 2: the aux loss is nan \(no update was applied; "
-                                               r"the last good checkpoint is .*ckpt"):
+                                               r"the last good checkpoint is .*ckpt.*step-00000001"):
         hfd.train_head(model, cache, steps=8, batch_size=4, warmup=1, lr=1e10, progress=False,
-                       checkpoint_dir=tmp_path / "ckpt", checkpoint_every=100,
+                       checkpoint_dir=tmp_path / "ckpt", checkpoint_every=1,
                        callback=lambda step, out: seen.append({k: v.clone() for k, v in model.state_dict().items()}))
     assert len(seen) == 1                                              # one update, then the stop
     now = model.state_dict()
     assert all(torch.equal(now[k], v) for k, v in seen[0].items())    # the NaN step changed nothing
     assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
-    state = read_json(tmp_path / "ckpt" / hfd.HEAD_STATE_JSON)
-    saved = load_tensors(tmp_path / "ckpt" / hfd.HEAD_STATE)
-    assert state["step"] == 1 and all(bool(torch.isfinite(v).all()) for k, v in saved.items() if v.is_floating_point())
-    assert all(torch.equal(saved[f"model.{k}"], v) for k, v in seen[0].items())
+    saved = load_checkpoint(latest_checkpoint(tmp_path / "ckpt"))
+    assert saved.step == 1 and all(bool(torch.isfinite(v).all()) for v in saved.model_state.values())
+    assert all(torch.equal(saved.model_state[k], v) for k, v in seen[0].items())
 
 
 def test_a_diverging_train_head_is_one_line_and_writes_no_head(tiny_smollm2, tmp_path, capsys, monkeypatch):
@@ -242,7 +242,11 @@ def test_a_diverging_train_head_is_one_line_and_writes_no_head(tiny_smollm2, tmp
     assert code == 1 and err.startswith("error: training diverged at step ") and "Traceback" not in err, err
     assert "KeyError" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "run" / "model.safetensors").exists() and not (tmp_path / "run" / "metrics.json").exists()
-    assert (tmp_path / "run" / "ckpt" / "head-state.json").exists()          # the last good state, for --resume
+    from cgt_viz.checkpoint import latest_checkpoint
+    import re
+    diverged_at = int(re.search(r"diverged at step (\d+)", err).group(1))
+    # the last good state, for --resume (HEAD_FLAGS checkpoint every step)
+    assert latest_checkpoint(tmp_path / "run" / "ckpt").name == f"step-{diverged_at - 1:08d}"
 
 
 def _tree(folder: Path) -> dict[str, bytes]:

@@ -76,14 +76,15 @@ def test_a_full_disk_during_the_feature_cache_is_one_line_and_leaves_no_cache(ti
 
 def test_a_full_disk_during_a_head_checkpoint_is_one_line_and_leaves_no_state(tiny_smollm2, tmp_path, capsys):
     """B18: the caches exist (a first run built them); the head's first checkpoint does not fit: one line naming
-    the file, no head-state.json naming a state that is not there, no head; --resume then trains from step 0."""
+    the file, no `latest` naming a checkpoint that is not there, no head; the same command then trains from step 0."""
     assert _train_head(capsys, tmp_path / "first")[0] == 0
     out = tmp_path / "head"
     with file_size_limit(20_000):          # the caches and the head fit, the head with its AdamW state does not
         code, err = _train_head(capsys, out)
     line = _one_line(err)
-    assert code == 3 and line.startswith("error: File too large: ") and "/ckpt/head-state" in line, line
-    assert not (out / "ckpt" / "head-state.json").exists() and not (out / "model.safetensors").exists()
+    assert code == 3 and line.startswith("error: File too large: ") and "/ckpt/step-00000001/" in line, line
+    from cgt_viz.checkpoint import latest_checkpoint
+    assert latest_checkpoint(out / "ckpt") is None and not (out / "model.safetensors").exists()
     assert not [p for p in (out / "ckpt").iterdir() if p.name != ".lock"] if (out / "ckpt").exists() else True
     code, err = _train_head(capsys, out)
     assert code == 0, err
@@ -194,28 +195,29 @@ class Died(BaseException):
 
 
 @pytest.mark.parametrize("dies_at", [5, 1])
-def test_a_death_between_the_two_head_state_writes_resumes_to_the_uninterrupted_weights(head_and_cache, tmp_path,
+def test_a_death_while_a_head_checkpoint_is_written_resumes_to_the_uninterrupted_weights(head_and_cache, tmp_path,
                                                                                          monkeypatch, dies_at):
-    """B32: the run dies after the tensors of step 5 are written and before head-state.json is: the resume
-    continues from step 5 (the state the file holds), so 8 steps give the uninterrupted run's weights. At step 1
-    there is no head-state.json at all: the tensors' file alone resumes."""
+    """B32: the run dies while the checkpoint of step 5 is written (before its state.json, the file that makes it
+    complete): the resume continues from step 4, the newest complete one, so 8 steps give the uninterrupted run's
+    weights. At step 1 there is no checkpoint at all: the resume starts from step 0."""
+    import cgt_viz.checkpoint as ck
     from cgt_viz.hf import distill as hfd
     make, cache = head_and_cache
     kw = dict(steps=8, batch_size=3, warmup=2, progress=False)
     straight = make()
     hfd.train_head(straight, cache, **kw)
-    real = hfd.write_json
+    real = ck.write_json
 
-    def die_at_step_5(path, obj):
-        if Path(path).name == hfd.HEAD_STATE_JSON and obj["step"] == dies_at:
+    def die_at(path, obj):
+        if Path(path).name == "state.json" and obj.get("step") == dies_at:
             raise Died
         return real(path, obj)
-    monkeypatch.setattr(hfd, "write_json", die_at_step_5)
+    monkeypatch.setattr(ck, "write_json", die_at)
     with pytest.raises(Died):
         hfd.train_head(make(), cache, checkpoint_dir=tmp_path / "ckpt", checkpoint_every=1, **kw)
-    monkeypatch.setattr(hfd, "write_json", real)
-    json_file = tmp_path / "ckpt" / hfd.HEAD_STATE_JSON                                      # the death's trace
-    assert json.loads(json_file.read_text())["step"] == 4 if dies_at == 5 else not json_file.exists()
+    monkeypatch.setattr(ck, "write_json", real)
+    newest = ck.latest_checkpoint(tmp_path / "ckpt")                                      # the death's trace
+    assert (newest.name == "step-00000004") if dies_at == 5 else newest is None
     resumed = make()
     hist = hfd.train_head(resumed, cache, checkpoint_dir=tmp_path / "ckpt", resume=True, **kw)
     assert hist["steps"] == 8 and len(hist["aux"]) == 8
@@ -223,11 +225,10 @@ def test_a_death_between_the_two_head_state_writes_resumes_to_the_uninterrupted_
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
 
 
-def test_resuming_a_head_state_of_another_head_or_an_incomplete_one_is_named(head_and_cache, tmp_path):
-    """B33: a head of another d_y / n_templates is named with the tensor and both shapes (not load_state_dict's
-    traceback); B35: a state without its history or its generator is named, not a KeyError."""
+def test_resuming_the_checkpoint_of_another_head_or_of_the_old_format_is_named(head_and_cache, tmp_path):
+    """B33: a checkpoint of a head of another d_y / n_templates is named with the setting and both values (not
+    load_state_dict's traceback); a folder of the old head-state format is refused by name, not resumed."""
     from cgt_viz.hf import distill as hfd
-    from cgt_viz.io import load_tensors, save_tensors
     make, cache = head_and_cache
     folder = tmp_path / "ckpt"
     kw = dict(steps=4, batch_size=3, warmup=2, progress=False, checkpoint_dir=folder)
@@ -237,24 +238,22 @@ def test_resuming_a_head_state_of_another_head_or_an_incomplete_one_is_named(hea
             raise KeyboardInterrupt
     assert hfd.train_head(make(), cache, callback=stop_at_2, **kw)["interrupted"]
     from cgt_viz import hf
-    for other in (dict(d_y=16), dict(n_templates=5)):
+    for other, named in ((dict(d_y=16), r"config\.d_y \(checkpoint 8, now 16\)"),
+                         (dict(n_templates=5), r"config\.n_templates \(checkpoint 3, now 5\)")):
         model = hf.CGTLM(hf.tiny_llama(seed=0), y_layer=2, d_y=other.get("d_y", 8), n_head_y=2,
                          n_templates=other.get("n_templates", 3), template_rank=2, pooled_only=True, aux_kl=1.0,
                          aux_ce=0.5, aux_kl_top_k=7)
-        with pytest.raises(ValueError, match=r"is of another head than this model: shapes differ \(.*the state has "
-                                             r".*this model .*resume with the run's settings"):
+        with pytest.raises(ValueError, match=r"was written by a different run; it differs in: .*" + named):
             hfd.train_head(model, cache, resume=True, **kw)
-    tensors = load_tensors(folder / hfd.HEAD_STATE)
-    info = json.loads((folder / hfd.HEAD_STATE_JSON).read_text())
-    del info["history"]
-    save_tensors(folder / hfd.HEAD_STATE, tensors, metadata={"format": hfd.HEAD_STATE_FORMAT, "info": json.dumps(info)})
-    with pytest.raises(ValueError, match=r"is not a complete head training state: history missing"):
-        hfd.train_head(make(), cache, resume=True, **kw)
-    info = json.loads((folder / hfd.HEAD_STATE_JSON).read_text())
-    save_tensors(folder / hfd.HEAD_STATE, {k: v for k, v in tensors.items() if k != "generator"},
-                 metadata={"format": hfd.HEAD_STATE_FORMAT, "info": json.dumps(info)})
-    with pytest.raises(ValueError, match=r"lacks \['generator'\]"):
-        hfd.train_head(make(), cache, resume=True, **kw)
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "head-state.json").write_text('{"step": 2}')
+    for resume in (True, False):
+        with pytest.raises(ValueError, match=r"checkpoint_dir must be a checkpoint folder of cgt_viz.train .*holds a "
+                                             r"head training state of the old format cgt_viz.head_state/2 "
+                                             r"\(head-state.json\).*remove the folder to train from step 0"):
+            hfd.train_head(make(), cache, **{**kw, "checkpoint_dir": old, "resume": resume})
+    assert (old / "head-state.json").read_text() == '{"step": 2}'                      # refused, not removed
 
 
 @pytest.mark.parametrize("flag, value", [("--batch", "2"), ("--lr", "0.01"), ("--seed", "1"), ("--top-k", "4"),
@@ -271,7 +270,8 @@ def test_train_head_resume_with_other_settings_is_refused_before_any_cache(tiny_
     monkeypatch.setattr(hfd, "train_head", stop_at_2)
     out = tmp_path / "head"
     code, err = _train_head(capsys, out)
-    assert code == 130 and (out / "ckpt" / "head-state.json").exists(), err
+    from cgt_viz.checkpoint import latest_checkpoint
+    assert code == 130 and latest_checkpoint(out / "ckpt") is not None, err
     monkeypatch.setattr(hfd, "train_head", real)
     caches = sorted((Path(os.environ["CGT_VIZ_CACHE"]) / "features").iterdir())
     args = list(HEAD_FLAGS)

@@ -28,9 +28,9 @@ manifest holds the file's sha256 and size, checked on every load, so a damaged f
 Nothing in it is code: safetensors and JSON only.
 
 Under torchrun (DDP) rank 0 builds the cache while the other ranks wait at a barrier, then load it; in
-`train_head` every rank draws the same global batch and trains on its own contiguous share of its rows, the
-gradients are averaged over the ranks (one all-reduce per step), and only rank 0 evaluates, logs and writes
-checkpoints. The process group is the from-scratch trainer's (`cgt_viz.train`): gloo on CPU, nccl on CUDA.
+`train_head` runs through the from-scratch trainer (`cgt_viz.train.train` with a `CachedHeadStep`): every rank
+draws the same global batch and trains on its own contiguous share of its rows, DDP averages the gradients, and
+only rank 0 evaluates, logs and writes checkpoints (gloo on CPU, nccl on CUDA).
 """
 from __future__ import annotations
 
@@ -51,12 +51,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .._checks import (Bool, Choice, Float, Instance, Int, PathArg, check_callable, check_divisible, check_int, checked,
+from .._checks import (Bool, Choice, Float, Instance, Int, PathArg, check_callable, check_int, checked,
                        describe, refuse)
 from ..distill import aux_objective, teacher_topk
 from ..io import load_tensors, published_folder, read_json, save_tensors, sha256_file, write_json
 from .._ranks import process_group
-from ..train import StopOnSignal, TrainingDiverged
+from ..checkpoint import latest_checkpoint, load_checkpoint
+from ..steps import TrainStep
 from .source import cache_root
 
 CACHE_FORMAT = "cgt_viz.feature_cache/1"
@@ -410,68 +411,26 @@ def trainable_parameters(model) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-HEAD_STATE = "head-state.safetensors"
-HEAD_STATE_JSON = "head-state.json"
+# the old head-state format: refused by name, not resumed (train_head wrote it before it ran through train)
+OLD_HEAD_STATE_FILES = ("head-state.safetensors", "head-state.json")
+OLD_HEAD_STATE_FORMAT = "cgt_viz.head_state/2"
 
 
-HEAD_STATE_FORMAT = "cgt_viz.head_state/2"
-HISTORY_KEYS = ("step", "aux", "ce", "val_step", "val_aux", "val_ce")
+def old_head_state(folder: str | os.PathLike) -> list[str]:
+    """The files of a head training state of the old format in `folder` (none: [])."""
+    return [name for name in OLD_HEAD_STATE_FILES if (Path(folder) / name).exists()]
 
 
-def _save_head_state(folder: Path, model, opt, gen, order, info: dict) -> None:
-    """The head, its AdamW state, the data order and the random stream: what resuming needs (no pickle).
-
-    The tensors' file is the state: one atomic write that carries its own step, plan, history and settings
-    (`info`, as JSON in the safetensors metadata), so a death between it and head-state.json (a copy of `info`
-    for people and for `train-head`'s checks before loading) resumes from the file, never from a step the file
-    does not hold."""
-    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
-    for i, p in enumerate(opt.param_groups[0]["params"]):
-        for name, value in opt.state.get(p, {}).items():
-            tensors[f"opt.{i}.{name}"] = value if isinstance(value, torch.Tensor) else torch.tensor(value)
-    tensors["generator"], tensors["order"] = gen.get_state(), order
-    folder.mkdir(parents=True, exist_ok=True)
-    save_tensors(folder / HEAD_STATE, tensors, metadata={"format": HEAD_STATE_FORMAT, "info": json.dumps(info)})
-    write_json(folder / HEAD_STATE_JSON, info)
-
-
-def _head_state_info(folder: Path) -> dict:
-    """The step, plan, history and settings of the head state in `folder`, checked: from the tensors' file
-    (format /2), else (a state written before it) from head-state.json."""
-    file = folder / HEAD_STATE
-    try:
-        from safetensors import safe_open
-        with safe_open(str(file), framework="pt") as f:
-            meta = dict(f.metadata() or {})
-    except Exception:   # noqa: BLE001 — named below as not a readable state (or as missing)
-        meta = None
-    if meta is None:
-        if not file.is_file():
-            raise FileNotFoundError(f"no head training state at {str(file)!r} (head-state.json names one); the "
-                                    f"checkpoint is incomplete: remove {str(folder)!r} to train from step 0")
-        raise ValueError(f"{str(file)!r} is not a readable safetensors file (truncated or tampered?)")
-    where, info = (file, None) if "info" in meta else (folder / HEAD_STATE_JSON, read_json(folder / HEAD_STATE_JSON))
-    if info is None:
-        try:
-            info = json.loads(meta["info"])
-        except ValueError:
-            info = None
-    if not isinstance(info, dict) or not isinstance(info.get("step"), int) or isinstance(info.get("step"), bool):
-        raise ValueError(f"{str(where)!r} is not a head training state (no integer 'step')")
-    history = info.get("history")
-    lacking = ([k for k in HISTORY_KEYS if not isinstance(history.get(k), list)] if isinstance(history, dict)
-               else ["history"])
-    if lacking:
-        raise ValueError(f"{str(where)!r} is not a complete head training state: "
-                         f"{'history' if lacking == ['history'] else 'history ' + repr(lacking)} missing or not "
-                         f"{'a JSON object' if lacking == ['history'] else 'lists'} (tampered, or written by "
-                         f"something else); remove {str(folder)!r} to train from step 0")
-    return info
-
-
-def _has_head_state(folder: Path) -> bool:
-    """A state to resume: the JSON, or the tensors' file of format /2 alone (a death before its first JSON)."""
-    return (folder / HEAD_STATE_JSON).exists() or (folder / HEAD_STATE).exists()
+def refuse_old_head_state(folder: Path, name: str = "checkpoint_dir") -> None:
+    """An interrupted head run of the old format cannot be resumed: say so by name (nothing is removed)."""
+    found = old_head_state(folder)
+    if found:
+        raise refuse(name, "a checkpoint folder of cgt_viz.train (cgt_viz.checkpoint/2)",
+                     f"{str(folder)!r}, which holds a head training state of the old format {OLD_HEAD_STATE_FORMAT} "
+                     f"({', '.join(found)})",
+                     hint="train_head now runs through cgt_viz.train.train and does not resume that format; finish "
+                          "that run with cgt_viz 0.x before this change, or remove the folder to train from step 0",
+                     verb="be")
 
 
 def resume_differences(saved: dict, now: dict, flag=lambda k: k) -> list[str]:
@@ -480,32 +439,62 @@ def resume_differences(saved: dict, now: dict, flag=lambda k: k) -> list[str]:
             if k in now and json.loads(json.dumps(now[k])) != saved[k]]
 
 
-def _load_head_state(folder: Path, model, opt, gen) -> tuple[torch.Tensor, dict]:
-    info = _head_state_info(folder)
-    file = folder / HEAD_STATE
-    tensors = load_tensors(file)
-    lacking = [k for k in ("generator", "order") if k not in tensors]
-    if lacking:
-        raise ValueError(f"{str(file)!r} is not a complete head training state: it lacks {lacking} (tampered, or "
-                         f"written by something else); remove {str(folder)!r} to train from step 0")
-    state = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
-    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    wrong = [f"{k}: the state has {tuple(state[k].shape)}, this model {want[k]}" for k in want
-             if k in state and tuple(state[k].shape) != want[k]]
-    missing, unexpected = sorted(set(want) - set(state)), sorted(set(state) - set(want))
-    if wrong or missing or unexpected:
-        raise ValueError(f"the head state in {str(file)!r} is of another head than this model: "
-                         + "; ".join(filter(None, [f"shapes differ ({'; '.join(wrong[:3])})" if wrong else "",
-                                                   f"missing {missing[:5]}" if missing else "",
-                                                   f"unexpected {unexpected[:5]}" if unexpected else ""]))
-                         + "; resume with the run's settings (d_y, n_templates, template_rank, sites, y_layer)")
-    model.load_state_dict(state)
-    for i, p in enumerate(opt.param_groups[0]["params"]):
-        state = {k.split(".", 2)[2]: v for k, v in tensors.items() if k.startswith(f"opt.{i}.")}
-        if state:
-            opt.state[p] = state
-    gen.set_state(tensors["generator"])
-    return tensors["order"], info
+def head_checkpoint_run(folder: str | os.PathLike) -> dict | None:
+    """The run record of the newest checkpoint in `folder` when train_head wrote it (None: no checkpoint, or
+    one of another run)."""
+    found = latest_checkpoint(folder) if Path(folder).is_dir() else None
+    if found is None:
+        return None
+    run = load_checkpoint(found).run
+    task = run.get("task")
+    return run if isinstance(task, dict) and task.get("class") == CachedHeadStep.kind() else None
+
+
+def checkpoint_settings(folder: str | os.PathLike) -> dict | None:
+    """The `settings` a head run recorded with its newest checkpoint in `folder` (None: no head checkpoint)."""
+    run = head_checkpoint_run(folder)
+    return None if run is None else dict(run["task"].get("settings") or {})
+
+
+class CachedHeadStep(TrainStep):
+    """One update of a `CGTLM(pooled_only=True)` head on a feature cache: `batch_size` windows drawn at random
+    (distinct within the batch) from train's batch stream; "total" is the aux objective of the specialised model
+    against the cached teacher, "main" its cross-entropy (logged). Validation: the first `eval_windows` windows
+    of `val_cache`, in order. A batch is the rows' indices, so a rank's share is cut before a tensor is gathered."""
+
+    logged_terms = ("aux", "main", "total")     # the objective first: what a divergence names
+
+    def __init__(self, cache: FeatureCache, val_cache: FeatureCache | None = None, eval_windows: int = 128,
+                 settings: dict | None = None):
+        self.cache, self.val_cache, self.eval_windows = cache, val_cache, eval_windows
+        self.settings = json.loads(json.dumps(settings or {}))
+
+    @classmethod
+    def kind(cls) -> str:
+        return f"{cls.__module__}.{cls.__qualname__}"
+
+    def identity(self) -> dict[str, Any]:
+        return {"class": self.kind(), "windows": len(self.cache), "settings": self.settings}
+
+    def check_fits(self, model) -> None:
+        _require_pooled_only(model)
+
+    def train_batch(self, step, batch_size, generators, device):
+        return torch.randperm(len(self.cache), generator=generators["batch"])[:batch_size]
+
+    def val_batches(self, batch_size, n_batches, seed, device):
+        n = min(self.eval_windows, len(self.val_cache))
+        for i in range(0, n, batch_size):
+            yield ("val", torch.arange(i, min(i + batch_size, n)))
+
+    def shard(self, batch, lo, hi):
+        return batch[lo:hi]
+
+    def loss(self, model, batch):
+        cache, rows = (self.val_cache, batch[1]) if isinstance(batch, tuple) else (self.cache, batch)
+        out = cached_loss(model, cache.batch(rows, model.device))
+        return {"main": out["ce"], "aux": out["aux"], "smooth": torch.zeros((), device=out["aux"].device),
+                "total": out["aux"]}
 
 
 _CACHE = Instance(FeatureCache, "a FeatureCache (build_feature_cache, load_feature_cache)")
@@ -521,20 +510,23 @@ def train_head(model, cache: FeatureCache, *, steps: int | None = None, minutes:
                seed: int = 0, val_cache: FeatureCache | None = None, eval_every: int = 0, eval_windows: int = 128,
                checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 50, resume: bool = False,
                callback=None, progress: bool = True, log=None, settings: dict | None = None) -> dict[str, Any]:
-    """Train the head of a `CGTLM(pooled_only=True)` on a feature cache (AdamW, linear warmup, cosine decay to
-    a tenth of lr over `steps`; with only `minutes` the schedule assumes the step rate of the first 10 steps).
+    """Train the head of a `CGTLM(pooled_only=True)` on a feature cache: `cgt_viz.train.train` with a
+    `CachedHeadStep` (AdamW, linear warm-up, cosine decay to a tenth of lr at `steps`, gradient norm clipped at
+    1; with only `minutes` the schedule's length is planned from the rate of the first updates).
 
     batch_size      the global batch: windows per update over all ranks (under torchrun each rank trains on
-                    batch_size // world of them and the gradients are averaged: the same update as one process)
-    checkpoint_dir  write the head, optimizer, data order and random stream there every checkpoint_every steps,
-                    at the end and on Ctrl-C / an exception; resume=True continues from it (the same steps give
-                    the same weights as an uninterrupted run; minutes count again from the resume). The state
-                    records steps, batch_size, lr, seed, weight_decay, warmup and `settings` (the caller's, e.g.
-                    the cache's): a resume with other values is refused, naming them
-    callback        called as callback(step, out) after each update (out: the step's loss dict; rank 0 only)
+                    batch_size // world of them and DDP averages the gradients: the same update as one process)
+    checkpoint_dir  train's checkpoints (cgt_viz.checkpoint) every checkpoint_every steps, at the end and on
+                    Ctrl-C / an exception; resume=True continues from it (the same steps give the same weights as
+                    an uninterrupted run; minutes count again from the resume). A resume with another batch_size,
+                    lr, seed, weight_decay, warmup or `settings` (the caller's, e.g. the cache's) is refused,
+                    naming them; so is a folder holding the old head-state format.
+    callback        called as callback(step, record) after each update (record: train's step event with the global
+                    batch's "main" (the cross-entropy), "aux", "total" and "lr"; rank 0 only)
     Ctrl-C (SIGINT, SIGTERM) stops after the step in flight, on every rank, with a checkpoint.
     -> history {"step", "aux", "ce", "val_step", "val_aux", "val_ce", "seconds", "tokens_per_second", "steps",
-    "interrupted"} (aux and ce of the global batch)."""
+    "interrupted"} (aux and ce of the global batch; seconds and tokens/s of this call)."""
+    from ..train import train
     _require_pooled_only(model)
     for name, fn in (("callback", callback), ("log", log)):
         if fn is not None:
@@ -545,162 +537,61 @@ def train_head(model, cache: FeatureCache, *, steps: int | None = None, minutes:
     folder = None if checkpoint_dir is None else Path(checkpoint_dir)
     if resume and folder is None:
         raise refuse("checkpoint_dir", "set with resume=True (the folder a previous train_head wrote)", "None")
-    with process_group(model.device, GROUP_TIMEOUT_MINUTES) as (dev, distributed, rank, world):
-        check_divisible("batch_size", batch_size, world, "the number of ranks")
-        model.to(dev)
-        run = {"steps": steps, "batch_size": batch_size, "lr": lr, "seed": seed, "weight_decay": weight_decay,
-               "warmup": warmup, **json.loads(json.dumps(settings or {}))}
-        return _train_head(model, cache, steps, minutes, batch_size, lr, weight_decay, warmup, seed, val_cache,
-                           eval_every, eval_windows, folder, checkpoint_every, resume, callback, progress, log,
-                           distributed, rank, world, run)
+    if folder is not None:
+        refuse_old_head_state(folder)
+    if val_cache is None:
+        eval_every = 0
+    n_val = 0 if val_cache is None else min(eval_windows, len(val_cache))
+    hist: dict[str, Any] = {k: [] for k in ("step", "aux", "ce", "val_step", "val_aux", "val_ce")}
+    first = {"step": 0}
 
+    def record(event: dict) -> None:
+        kind = event["kind"]
+        if kind == "start":
+            first["step"] = event["step"]
+            if event["step"] and log:
+                log(f"resumed at step {event['step']} from {str(folder)!r}")
+        elif kind == "step":
+            hist["step"].append(event["step"])
+            hist["aux"].append(event["aux"])
+            hist["ce"].append(event["main"])
+            if callback is not None:
+                callback(event["step"], event)
+        elif kind == "eval":
+            hist["val_step"].append(event["step"])
+            hist["val_aux"].append(event["val_aux"])
+            hist["val_ce"].append(event["val_main"])
+            if log:
+                recent = hist["aux"][-eval_every:] or [float("nan")]
+                log(f"step {event['step']}: train aux {np.mean(recent):.4f} | val aux {event['val_aux']:.4f} "
+                    f"ce {event['val_main']:.4f}")
 
-def _train_head(model, cache, steps, minutes, batch_size, lr, weight_decay, warmup, seed, val_cache, eval_every,
-                eval_windows, folder, checkpoint_every, resume, callback, progress, log, distributed, rank,
-                world, run) -> dict[str, Any]:
-    dev = model.device
-    is_main = rank == 0
-    lo, hi = rank * (batch_size // world), (rank + 1) * (batch_size // world)
-    gen = torch.Generator().manual_seed(seed)
-    params = trainable_parameters(model)
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    hist: dict[str, Any] = {"step": [], "aux": [], "ce": [], "val_step": [], "val_aux": [], "val_ce": []}
-    planned, step, order = steps, 0, torch.empty(0, dtype=torch.long)
-    if resume and _has_head_state(folder):
-        differ = resume_differences(_head_state_info(folder).get("settings", {}), run)
-        if differ:
-            raise ValueError(f"resume: the head state in {str(folder)!r} was trained with other settings: "
-                             + "; ".join(differ) + ". Resume with the run's settings, or train from step 0 in "
-                             "another checkpoint_dir")
-        order, info = _load_head_state(folder, model, opt, gen)     # every rank reads rank 0's state
-        step, planned, hist = info["step"], info.get("planned", steps), info["history"]
-        if log and is_main:
-            log(f"resumed at step {step} from {str(folder)!r}")
-    if distributed:       # the ranks start from rank 0's head, as DDP would (its calibration and init)
-        for value in model.state_dict().values():
-            dist.broadcast(value, 0)
-    deadline = None if minutes is None else time.perf_counter() + 60 * minutes
-    t0, first = time.perf_counter(), step
-    m = cache.tensors["suffix_x"].shape[1]
-
-    saved = {"path": folder if resume and folder is not None and _has_head_state(folder) else None,
-             "step": step if resume else None}
-
-    def checkpoint():
-        # NaN/inf weights (an update that overflowed) never replace the last good state
-        if (folder is not None and is_main and saved["step"] != step
-                and all(bool(torch.isfinite(p).all()) for p in params)):
-            _save_head_state(folder, model, opt, gen, order, {"step": step, "planned": planned, "history": hist,
-                                                              "settings": run})
-            saved.update(path=folder, step=step)
-
-    def diverged(term: str, value: float) -> TrainingDiverged:
-        """Stop before the update (train()'s promise): the head keeps the weights of the last good step, and
-        the checkpoint holds them (written here, so that the message can name it)."""
-        opt.zero_grad(set_to_none=True)
-        finite = all(bool(torch.isfinite(p).all()) for p in params)
-        checkpoint()
-        return TrainingDiverged(step + 1, term, value, hist, saved["path"] if is_main else folder,
-                                weights_finite=finite, hint="Try a lower lr or a longer warmup.")
-
-    bar = None
-    if progress and is_main:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=steps, initial=step, desc="train head", unit="step")
-    model.train()
-    interrupted = False
-    try:
-        with StopOnSignal() as stop:
-            while steps is None or step < steps:
-                if len(order) < batch_size:                      # epochs of a fresh permutation
-                    order = torch.cat([order, torch.randperm(len(cache), generator=gen)])
-                rows = order[:batch_size]
-                if step - first == 10 and planned is None:        # minutes only: plan the schedule from the rate
-                    planned = step + max(1, int(10 * 60 * minutes / (time.perf_counter() - t0)))
-                    if distributed:                               # rank 0's plan, so that the ranks' lr agree
-                        plan = torch.tensor([planned], device=dev)
-                        dist.broadcast(plan, 0)
-                        planned = int(plan)
-                horizon = planned or 10 ** 9
-                scale = (min(1.0, (step + 1) / warmup)
-                         * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / horizon)))))
-                for g in opt.param_groups:
-                    g["lr"] = lr * scale
-                out = cached_loss(model, cache.batch(rows[lo:hi], dev))
-                opt.zero_grad(set_to_none=True)
-                out["aux"].backward()
-                late = deadline is not None and time.perf_counter() >= deadline
-                # one all-reduce: the gradients, the global batch's losses and whether any rank must stop
-                aux, ce, stop_now, timed_out = _sync_step(params, [out["aux"].detach(), out["ce"], stop.requested,
-                                                                    late], distributed, world)
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, 1.0))
-                bad = [(k, v) for k, v in (("aux", aux), ("ce", ce)) if not math.isfinite(v)]
-                if bad or not math.isfinite(grad_norm):
-                    raise diverged(*(bad[0] if bad else ("gradient norm of the aux", grad_norm)))
-                opt.step()
-                if not all(bool(torch.isfinite(p).all()) for p in params):
-                    raise diverged("weights after the update", float("nan"))
-                order = order[batch_size:]
-                step += 1
-                hist["step"].append(step)
-                hist["aux"].append(aux)
-                hist["ce"].append(ce)
-                if is_main:
-                    if bar is not None:
-                        bar.update(1)
-                        bar.set_postfix(aux=f"{aux:.3f}")
-                    if val_cache is not None and eval_every and step % eval_every == 0:
-                        val = evaluate_cache(model, val_cache, windows=eval_windows)
-                        hist["val_step"].append(step)
-                        hist["val_aux"].append(val["aux"])
-                        hist["val_ce"].append(val["ce"])
-                        if log:
-                            log(f"step {step}: train aux {np.mean(hist['aux'][-eval_every:]):.4f} | val aux "
-                                f"{val['aux']:.4f} ce {val['ce']:.4f}")
-                        model.train()
-                    if step % checkpoint_every == 0:
-                        checkpoint()
-                    if callback is not None:
-                        callback(step, out)
-                # one process: also a Ctrl-C that came during this step's evaluation or callback
-                if stop_now or (not distributed and stop.requested):
-                    interrupted = True
-                    break
-                if timed_out:
-                    break
-    except KeyboardInterrupt:
-        interrupted = True             # the finished steps are kept: resume=True continues from here
-    finally:
-        checkpoint()
-        if bar is not None:
-            bar.close()
-        model.eval()
+    step = CachedHeadStep(cache, val_cache, eval_windows, settings)
+    t0 = time.perf_counter()
+    history, interrupted = None, False
+    with process_group(model.device, GROUP_TIMEOUT_MINUTES) as (dev, _, _, _):
+        try:
+            _, history = train(model, step, steps=steps, minutes=minutes, batch_size=batch_size, lr=lr,
+                               weight_decay=weight_decay, warmup=warmup, min_lr_ratio=0.1, grad_clip=1.0, seed=seed,
+                               eval_every=eval_every, eval_batches=max(1, math.ceil(n_val / batch_size)),
+                               checkpoint_every=checkpoint_every, keep_checkpoints=1, plateau_steps=0,
+                               device=dev, amp=False, checkpoint_dir=folder, resume=resume, progress=progress,
+                               callbacks=[record])
+        except KeyboardInterrupt:
+            interrupted = True           # train checkpointed the finished steps: resume=True continues from them
+        finally:
+            model.eval()
+    if history is not None:              # the whole run's curves (a resumed run's earlier steps too)
+        interrupted = history.interrupted
+        hist = {"step": list(history.step), "aux": list(history.aux), "ce": list(history.main),
+                "val_step": [int(e["step"]) for e in history.evals], "val_aux": [e["val_aux"] for e in history.evals],
+                "val_ce": [e["val_main"] for e in history.evals]}
     seconds = time.perf_counter() - t0
-    hist.update(steps=step, seconds=seconds, interrupted=interrupted,
-                tokens_per_second=(step - first) * batch_size * m / max(seconds, 1e-9))
+    done = hist["step"][-1] if hist["step"] else first["step"]
+    m = cache.tensors["suffix_x"].shape[1]
+    hist.update(steps=done, seconds=seconds, interrupted=interrupted,
+                tokens_per_second=(done - first["step"]) * batch_size * m / max(seconds, 1e-9))
     return hist
-
-
-def _sync_step(params: list[torch.Tensor], report: list, distributed: bool, world: int) -> list:
-    """Average the gradients over the ranks and reduce a step's report [aux, ce, stop flags...] in one
-    all-reduce: the losses averaged, each flag true when any rank's is. -> [aux, ce, flag, ...] as Python values.
-
-    (By hand rather than DistributedDataParallel: DDP would broadcast the frozen LM's weights at wrapping and
-    needs a forward() that is this loss; the head's gradients are one small buffer.)"""
-    values = [float(v) for v in report]
-    if not distributed:
-        return values[:2] + [bool(v) for v in values[2:]]
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    flat = torch.cat([g.flatten().float() for g in grads] + [torch.tensor(values, device=grads[0].device)])
-    dist.all_reduce(flat)
-    n = flat.numel() - len(values)
-    flat[:n] /= world
-    offset = 0
-    for p, g in zip(params, grads):
-        p.grad = flat[offset:offset + g.numel()].view_as(g).to(g.dtype)
-        offset += g.numel()
-    tail = flat[n:].tolist()
-    return [tail[0] / world, tail[1] / world] + [v > 0 for v in tail[2:]]
 
 
 @torch.no_grad()

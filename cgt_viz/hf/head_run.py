@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from .._checks import THREADS_MAX, DistinctNames, check_device, check_divisible, check_float, check_int, refuse
 from ..sites import SITES
-from ..checkpoint import RunLock
+from ..checkpoint import LATEST, RunLock
 from ..io import read_json, write_json
 from ..train import TrainingDiverged
 from ..train_config import SEED_MAX
@@ -186,8 +186,9 @@ HEAD_FILES = ("config.json", "model.safetensors", "metrics.json", "topic_means.j
 
 def _head_files(out: Path) -> list[str]:
     found = [name for name in HEAD_FILES if (out / name).exists()]
-    if distill._has_head_state(out / CHECKPOINT_DIR):
-        found.append(f"{CHECKPOINT_DIR}/{distill.HEAD_STATE_JSON}")
+    if distill.checkpoint_settings(out / CHECKPOINT_DIR) is not None:
+        found.append(f"{CHECKPOINT_DIR}/{LATEST}")
+    found += [f"{CHECKPOINT_DIR}/{name}" for name in distill.old_head_state(out / CHECKPOINT_DIR)]
     return found
 
 
@@ -207,9 +208,10 @@ def _foreign(out: Path) -> list[str]:
                          f"a {RUN_FILE} that is not a head run's")
     ckpt = out / CHECKPOINT_DIR
     if ckpt.is_dir():
+        head_run = distill.head_checkpoint_run(ckpt) is not None     # train's checkpoints, of a head run
         others = sorted(p.name for p in ckpt.iterdir()
-                        if p.name not in (distill.HEAD_STATE, distill.HEAD_STATE_JSON, ".lock")
-                        and not p.name.startswith("."))
+                        if not p.name.startswith(".") and p.name not in distill.OLD_HEAD_STATE_FILES + (".lock",)
+                        and not (head_run and (p.name == LATEST or p.name.startswith("step-"))))
         if others:
             found.append(f"{CHECKPOINT_DIR}/ with {', '.join(others[:3])}{' ...' if len(others) > 3 else ''} "
                          f"(checkpoints of `train`)")
@@ -241,9 +243,10 @@ def check_out(args, out: Path) -> str | None:
                               "re-measure it)", f"{str(out)!r}, which already holds a head run "
                                                f"({', '.join(present)})",
                      hint="remove it first to train a new head there, or choose another --out")
-    if distill._has_head_state(out / CHECKPOINT_DIR):   # an interrupted run: train_head resumes it,
+    distill.refuse_old_head_state(out / CHECKPOINT_DIR, "--resume")
+    saved = distill.checkpoint_settings(out / CHECKPOINT_DIR)
+    if saved is not None:   # an interrupted run: train_head resumes it,
         # with the flags it was started with (checked now, before minutes of loading and caching)
-        saved = distill._head_state_info(out / CHECKPOINT_DIR).get("settings", {})
         differ = distill.resume_differences({k: v for k, v in saved.items() if k.startswith("--")},
                                             head_settings(args))
         if differ:
@@ -262,7 +265,7 @@ def check_out(args, out: Path) -> str | None:
                     f"nothing was changed. --measure-only re-measures it")
         args.measure_only = True                        # the head was saved, its measurement did not finish
         return None
-    raise refuse("--resume", "a head run to continue (ckpt/head-state.json, or a saved head)",
+    raise refuse("--resume", f"a head run to continue ({CHECKPOINT_DIR}/{LATEST}, or a saved head)",
                  f"{str(out)!r}, which holds only {', '.join(present)}",
                  hint="its training state is gone; remove those files to train a new head there")
 
@@ -287,7 +290,7 @@ def main(argv=None, run_record: dict | None = None) -> int:
             if is_main:
                 print(finished, flush=True)
             return 0
-        run_file, state = out / RUN_FILE, out / CHECKPOINT_DIR / distill.HEAD_STATE
+        run_file, state = out / RUN_FILE, out / CHECKPOINT_DIR / LATEST      # `latest` is replaced at every save
         previous = run_file.read_bytes() if run_file.is_file() else None
         stamp = state.stat().st_mtime_ns if state.is_file() else None
         if run_record is not None and is_main:
@@ -518,8 +521,8 @@ def run(args, out: Path, dev: torch.device | str = "cpu", distributed: bool = Fa
 
 # ------------------------------------------------------------- `python -m cgt_viz train --task smollm2-bbc ...`
 # train's flags that mean the same for the head, by train's name; every other train-head flag is a --task-arg
-# (--task-arg minutes=25 --task-arg top_k=16 --task-arg eval_prompts=[64,128])
-FROM_TRAIN = {"steps": "--steps", "batch_size": "--batch", "lr": "--lr", "seed": "--seed",
+# (--task-arg top_k=16 --task-arg eval_prompts=[64,128]; the time budget is train's own --minutes)
+FROM_TRAIN = {"steps": "--steps", "minutes": "--minutes", "batch_size": "--batch", "lr": "--lr", "seed": "--seed",
               "checkpoint_every": "--checkpoint-every", "d_y": "--d-y", "y_layer": "--y-layer",
               "n_templates": "--templates", "template_rank": "--rank", "sites": "--sites", "threads": "--threads",
               "device": "--device", "no_progress": "--no-progress"}
