@@ -50,6 +50,8 @@ from .contracts import IGNORE_INDEX, Model, check_prompts
 from .distill import distillation_loss
 from .evaluate import GAP_NOISE_FLOOR, GAP_NOISE_FLOOR_ACC, gap_closed_unchecked, gap_note
 from .losses import per_position_loss
+from .steps import FullBatchStep, Parameters
+from .train import train
 
 Factors = dict[str, tuple[torch.Tensor, torch.Tensor]]     # weight name -> (A (R, i), B (o, R)), W' = W + B A
 INITS = ("random", "compile")
@@ -371,28 +373,46 @@ def train_lora(model, data: Continuations, steps: Sequence[int] = (10, 30, 100),
     base = _gpt(model)
     factors = random_factors(model, generator) if init is None else init
     params = {n: (nn.Parameter(a.detach().clone()), nn.Parameter(b.detach().clone())) for n, (a, b) in factors.items()}
-    opt = torch.optim.Adam([p for ab in params.values() for p in ab], lr=lr)
-    out, spent, last_kl = [], 0.0, float("nan")
     was = base.training
     base.eval()
-    with _frozen(base):
-        for step in range(steps[-1] + 1):
-            if step in steps:
-                snap = {n: (a.detach().clone(), b.detach().clone()) for n, (a, b) in params.items()}
-                if step == 0:
-                    with torch.no_grad():
-                        last_kl = float(distill_kl(model.config.mode, lora_logits(base, params, data.inputs), data, top_k))
-                out.append(Checkpoint(step, snap, last_kl, spent))
-            if step == steps[-1]:
-                break
-            t0 = time.perf_counter()
-            loss = distill_kl(model.config.mode, lora_logits(base, params, data.inputs), data, top_k)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            spent += time.perf_counter() - t0
-            last_kl = float(loss.detach())
-    base.train(was)
+    try:
+        with _frozen(base):
+            return fit_factors([p for ab in params.values() for p in ab],
+                               lambda: distill_kl(model.config.mode, lora_logits(base, params, data.inputs), data, top_k),
+                               steps, lr, lambda: {n: (a.detach().clone(), b.detach().clone()) for n, (a, b) in params.items()},
+                               "train_lora")
+    finally:
+        base.train(was)
+
+
+def fit_factors(held: Sequence[nn.Parameter], objective: Callable[[], torch.Tensor], steps: Sequence[int], lr: float,
+                snapshot: Callable[[], Factors], name: str) -> list[Checkpoint]:
+    """A per-prompt LoRA's optimisation, through `cgt_viz.train.train` (the one training loop): Adam at a constant
+    lr (train's AdamW without decay, no warm-up, no clipping) on the `held` parameters, minimising objective()
+    on its full batch every step -> a Checkpoint per N in `steps` (increasing; 0: before the first update):
+    snapshot() then, the objective of the N-th update (measured before it, as train logs it) and the seconds
+    spent in the loop up to it (the snapshots' own time left out). torch's global random stream, which train
+    seeds, is restored after."""
+    out: list[Checkpoint] = []
+    if steps[0] == 0:
+        with torch.no_grad():
+            out.append(Checkpoint(0, snapshot(), float(objective()), 0.0))
+    if steps[-1] == 0:
+        return out
+    wanted, clock = set(steps), {"start": 0.0, "aside": 0.0}
+
+    def record(event: dict) -> None:
+        if event["kind"] == "start":
+            clock["start"] = time.perf_counter()
+        elif event["kind"] == "step" and event["step"] in wanted:
+            t = time.perf_counter()
+            out.append(Checkpoint(event["step"], snapshot(), event["main"], t - clock["start"] - clock["aside"]))
+            clock["aside"] += time.perf_counter() - t
+    dev = held[0].device
+    with torch.random.fork_rng(devices=[dev.index or 0] if dev.type == "cuda" else []):
+        train(Parameters(held), FullBatchStep(objective, name), steps=steps[-1], lr=lr, warmup=0, min_lr_ratio=1.0,
+              weight_decay=0.0, grad_clip=None, eval_every=0, plateau_steps=0, device=dev, amp=False, progress=False,
+              callbacks=[record])
     return out
 
 

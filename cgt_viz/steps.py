@@ -168,3 +168,41 @@ class TaskStep(TrainStep):
                                  f"{batch_size}, part='val') fails: {err}. Nothing was trained; fix the task's "
                                  f"validation split, lower batch_size, or pass eval_every=0 (no evaluation)") from None
         check_batch(model, probe, "the validation batch (pre-flight)")
+
+
+class FullBatchStep(TrainStep):
+    """Every update on the same data: `objective()` -> the scalar to minimise, e.g. a per-prompt LoRA's KL to
+    its teacher (`lora_baseline.fit_factors`). The module `train` trains is whatever holds the parameters the
+    objective reads (a `Parameters`); under DDP every rank computes the whole batch, so the update is one
+    process's. No validation stream: train it with eval_every=0."""
+
+    logged_terms = ("main", "total")
+
+    def __init__(self, objective, name: str):
+        self.objective, self.name = objective, name
+
+    def identity(self) -> dict[str, Any]:
+        return {"class": f"{type(self).__module__}.{type(self).__qualname__}", "name": self.name}
+
+    def train_batch(self, step, batch_size, generators, device):
+        return None
+
+    def val_batches(self, batch_size, n_batches, seed, device):
+        raise ValueError(f"{self.name}: a FullBatchStep has no validation stream; train it with eval_every=0")
+
+    def shard(self, batch, lo, hi):
+        return batch
+
+    def loss(self, model, batch):
+        value = self.objective()
+        zero = torch.zeros((), device=value.device)
+        return {"main": value, "aux": zero, "smooth": zero, "total": value}
+
+
+class Parameters(nn.Module):
+    """A module that holds given parameters (and nothing else), so that `train` can optimise tensors that live
+    elsewhere: the LoRA factors a functional call reads, or the adapters inside a peft model kept in eval mode."""
+
+    def __init__(self, params):
+        super().__init__()
+        self.held = nn.ParameterList(params)

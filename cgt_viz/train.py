@@ -17,8 +17,8 @@ CUDA). Choices worth knowing:
   those of a single-process run with the same seed and batch_size, whatever the number of ranks.
   Gradients are synchronised by DDP. DDP hooks its all-reduce into `forward()`, but our training call is
   the step's loss (`model.loss(...)` for a task); so the model is wrapped in `_StepForward`, a two-line module
-  whose forward *is* that loss, and DDP wraps that (a frozen part, such as a CGTLM's LM, is left out of
-  DDP's start-up broadcast: it never changes). (All-reducing gradients by hand would also work, but gives up DDP's
+  whose forward *is* that loss, and DDP wraps that. At wrapping, DDP gives every rank rank 0's weights (a
+  CGTLM's frozen LM too: one broadcast at the start). (All-reducing gradients by hand would also work, but gives up DDP's
   overlap of communication with the backward pass.) Only rank 0 evaluates, logs, calls callbacks and
   writes checkpoints.
 * NaN/inf in any loss term or in the gradient norm stops training *before* the update with
@@ -161,7 +161,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
         if not p.requires_grad:
             continue
         (no_decay if p.dim() < 2 or id(p) in embedding_params else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]      # an empty group would cost the optimizer a call per step
 
 
 class _StepForward(nn.Module):
@@ -334,7 +335,10 @@ class _Trainable(Constraint):
     refuses_only = True
 
     def check(self, name, value, args=None):
-        if not isinstance(value, nn.Module) or not callable(getattr(value, "loss", None)):
+        if isinstance((args or {}).get("task"), TrainStep):     # the step computes the loss: any module trains
+            if not isinstance(value, nn.Module):
+                raise refuse(name, "an nn.Module (what the TrainStep's loss trains)", describe(value), TypeError)
+        elif not isinstance(value, nn.Module) or not callable(getattr(value, "loss", None)):
             raise refuse(name, "a cgt_viz CGT or GPT (an nn.Module with .loss)", describe(value), TypeError)
         return value
 
@@ -500,7 +504,9 @@ def _run(cfg: TrainConfig, *, model: nn.Module, step_source: TrainStep, eval_fn,
     warmup = cfg.warmup
     if warmup is None:  # the default depends on steps; a resumed run that extends `steps` keeps its warm-up
         warmup = ckpt.run["warmup"] if ckpt is not None else DERIVED["warmup"][1](steps)
-    run_id = _json_safe({"model_class": type(model).__name__, "config": model.config.to_dict(),
+    config = getattr(model, "config", None)
+    run_id = _json_safe({"model_class": type(model).__name__,
+                         "config": config.to_dict() if callable(getattr(config, "to_dict", None)) else None,
                          "task": step_source.identity(), **cfg.identity(warmup)})
     history, start = TrainHistory(), 0
     if ckpt is not None:
@@ -529,9 +535,6 @@ def _run(cfg: TrainConfig, *, model: nn.Module, step_source: TrainStep, eval_fn,
     loss_module: nn.Module = _StepForward(model, step_source)
     if distributed:
         from torch.nn.parallel import DistributedDataParallel as DDP
-        frozen = [f"model.{n}" for n, p in model.named_parameters() if not p.requires_grad]
-        if frozen:   # identical on every rank (loaded, never trained): not worth DDP's start-up broadcast
-            DDP._set_params_and_buffers_to_ignore_for_model(loss_module, frozen)
         loss_module = DDP(loss_module, device_ids=[dev.index] if dev.type == "cuda" else None)
     if compile:
         loss_module = torch.compile(loss_module)
@@ -613,7 +616,8 @@ def _run(cfg: TrainConfig, *, model: nn.Module, step_source: TrainStep, eval_fn,
                     report[:4] /= world
                 terms = dict(zip(LOSS_TERMS, report[:4].tolist()))
                 stop_now, timed_out = report[4].item() > 0, report[5].item() > 0
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip else float("inf")))
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip) if cfg.grad_clip else
+                                  torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
                 bad = [(k, terms[k]) for k in (*logged, *LOSS_TERMS) if not math.isfinite(terms[k])]   # the logged first
                 if bad or not math.isfinite(grad_norm):
                     optimizer.zero_grad(set_to_none=True)

@@ -1188,12 +1188,15 @@ AUDITED_MODULES = ["cgt_viz.config", "cgt_viz.model", "cgt_viz.io", "cgt_viz.tra
                    "cgt_viz.widgets.compare", "cgt_viz.widgets.monitor", "cgt_viz.geometry", "cgt_viz.lora_baseline",
                    "cgt_viz.oracle", "cgt_viz.recipes", "cgt_viz.steps"] + (HF_MODULES if HF_AVAILABLE else [])
 NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, and why
-    **dict.fromkeys([f"{cls}.{verb}" for cls in ("TrainStep", "TaskStep", "CachedHeadStep")
+    **dict.fromkeys([f"{cls}.{verb}" for cls in ("TrainStep", "TaskStep", "CachedHeadStep", "FullBatchStep")
                      for verb in ("check_fits", "identity", "train_batch", "val_batches", "shard", "loss",
-                                  "no_information_loss", "preflight")] + ["TaskStep", "CachedHeadStep", "check_batch"],
+                                  "no_information_loss", "preflight")]
+                    + ["TaskStep", "CachedHeadStep", "FullBatchStep", "Parameters", "check_batch"],
                     "a training step's protocol, called by train (audited) with the model, batch sizes and device it "
                     "checked; a step's data is checked where it is made (the task, train_head), check_batch is a "
                     "checker itself"),
+    "fit_factors": "the per-prompt LoRA's optimisation, an internal step of train_lora and peft_lora_baseline "
+                   "(audited), fed the factors and objective they built",
     **dict.fromkeys(["head_checkpoint_run", "checkpoint_settings", "old_head_state", "refuse_old_head_state"],
                     "train-head's reading of its own checkpoint folder: train_head and the CLI (audited) pass the "
                     "folder they checked"),

@@ -25,8 +25,8 @@ import torch.nn as nn
 from .._checks import Bool, Choice, Float, Has, Instance, Int, StepCounts, check_callable, check_int, checked
 from ..contracts import IGNORE_INDEX
 from ..evaluate import GAP_NOISE_FLOOR, gap_closed_unchecked, gap_note
-from ..lora_baseline import (INITS, LR_CONSTRAINT, TOP_K_CONSTRAINT, Checkpoint, Continuations, Factors, OnePrompt,
-                             distill_kl, finite_median, lora_rank, lora_shapes, median_timed, sample_continuations,
+from ..lora_baseline import (INITS, LR_CONSTRAINT, TOP_K_CONSTRAINT, Continuations, Factors, OnePrompt,
+                             distill_kl, finite_median, fit_factors, lora_rank, lora_shapes, median_timed, sample_continuations,
                              teacher_outputs, update_bytes)
 from ._args import HeadModel
 
@@ -130,24 +130,9 @@ def peft_lora_baseline(model, prompt: torch.Tensor, data: Continuations | None =
                                            else (lambda: peft_model(input_ids=data.inputs, use_cache=False).logits))
     top_k = model.config.aux_kl_top_k if top_k is None else top_k
     params = [p for n, p in peft_model.named_parameters() if "lora_" in n]
-    opt = torch.optim.Adam(params, lr=lr)
-    out, spent, last = [], 0.0, float("nan")
     peft_model.eval()       # no dropout (lora_dropout = 0 anyway); gradients still flow into the LoRA
-    for step in range(steps[-1] + 1):
-        if step in steps:
-            if step == 0:
-                with torch.no_grad():
-                    last = float(distill_kl("tokens", forward(), data, top_k))
-            out.append(Checkpoint(step, peft_factors(peft_model), last, spent))
-        if step == steps[-1]:
-            break
-        t0 = time.perf_counter()
-        loss = distill_kl("tokens", forward(), data, top_k)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        spent += time.perf_counter() - t0
-        last = float(loss.detach())
+    out = fit_factors(params, lambda: distill_kl("tokens", forward(), data, top_k), steps, lr,
+                      lambda: peft_factors(peft_model), "peft_lora_baseline")
     return peft_model, out, seconds
 
 
