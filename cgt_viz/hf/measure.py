@@ -245,7 +245,8 @@ def document_interval(values: torch.Tensor, docs: torch.Tensor, n_boot: int = 20
 def summarize_comparison(losses: dict[str, torch.Tensor], docs: torch.Tensor, n_boot: int = 2000,
                          seed: int = 0) -> dict[str, Any]:
     """Per-document means of window losses, then: each condition's mean loss; G = (none − compiled) /
-    (none − prompted) and G for every control (G_other_doc, ...); own − other = compiled − other_doc per
+    (none − prompted) (`evaluate.gap_closed`: NaN where the prompt helps by less than its noise floor) and G for
+    every control (G_other_doc, ...); own − other = compiled − other_doc per
     document; each with a 95 % bootstrap interval over documents (n_boot resamples)."""
     uniq = torch.unique(docs)
     per_doc = {c: torch.from_numpy(_per_document(v, docs)) for c, v in losses.items()}
@@ -257,10 +258,10 @@ def summarize_comparison(losses: dict[str, torch.Tensor], docs: torch.Tensor, n_
     res: dict[str, Any] = {"n_documents": int(len(uniq)), "n_windows": int(len(docs))}
     for c in arr:
         res[f"loss_{c}"] = stats(lambda b, c=c: np.nanmean(arr[c][b]))
-    gap = lambda b: np.nanmean(arr["no_context"][b]) - np.nanmean(arr["prompted"][b])
-    for c in [c for c in arr if c not in ("prompted", "no_context")]:
+    for c in [c for c in arr if c not in ("prompted", "no_context")]:   # G as evaluate defines it, per resample
         key = "G" if c == "compiled" else f"G_{c}"
-        res[key] = stats(lambda b, c=c: (np.nanmean(arr["no_context"][b]) - np.nanmean(arr[c][b])) / gap(b))
+        res[key] = stats(lambda b, c=c: gap_closed_unchecked(*(float(np.nanmean(arr[k][b]))
+                                                              for k in ("no_context", c, "prompted"))))
     for control, key in (("same_topic", "own_minus_same_topic"), ("topic_mean", "own_minus_topic_mean")):
         if control in arr:      # does ȳ carry more than the topic: against a same-topic document, the topic's mean
             res[key] = stats(lambda b, c=control: np.nanmean(arr["compiled"][b] - arr[c][b]))
