@@ -269,7 +269,7 @@ def glance(root: Path = ROOT) -> str:
                      f"{minutes}; {g8}", "python benchmarks/bench_notebook01.py", NOTEBOOK01))
     ref = load(TEXT_METRICS, root)
     if ref:
-        cmd = "python benchmarks/train_text_reference.py --measure-only"
+        cmd = "python benchmarks/ship.py text-bbc5 --measure-only"
         rows.append(("Reference text model (BBC): topic kNN of ȳ at excerpt ends (chance / TF-IDF)",
                      f"{f3(ref['knn_ybar'])} ({f2(ref['knn_chance'])} / {f2(ref['knn_tfidf'])})", cmd, TEXT_METRICS))
         rows.append(("Reference text model: frozen ȳ minus no context, before / after the topic switch (nats)",
@@ -286,7 +286,7 @@ def glance(root: Path = ROOT) -> str:
             part = head["test"][p]
             rows.append((f"Shipped SmolLM2 head, test documents, prompt {p}: G [95 %]; own − other document (nats)",
                          f"{ci(part.get('G'))}; {part['own_minus_other']['value']:+.3f}",
-                         "python benchmarks/train_smollm2_head.py", HEAD_METRICS))
+                         "python benchmarks/ship.py smollm2-bbc-head", HEAD_METRICS))
     memory = load(MEMORY_HEAD, root)
     prompts = {p: v for p, v in (memory or {}).get("paired", {}).items() if p.startswith("p=")}
     for p, paired in sorted(prompts.items(), key=lambda kv: int(kv[0].split("=")[1])):
@@ -336,7 +336,7 @@ def page(root: Path = ROOT) -> str:
                 provenance(ref.get("command", "python benchmarks/train_text_reference.py"), TEXT_METRICS,
                            torch=ref.get("torch"),
                            machine=f"{ref.get('device', NOT_RECORDED)}, {ref.get('threads', '?')} thread(s)"), "",
-                "Re-measured by `python benchmarks/train_text_reference.py --measure-only`.", "",
+                "Re-measured by `python benchmarks/ship.py text-bbc5 --measure-only`.", "",
                 "| measurement | value |", "|---|---|",
                 f"| steps, validation-side kNN rows | {text(ref['steps'])}, {text(ref['knn_n'])} excerpts |",
                 f"| ȳ topic kNN at excerpt end (k = 10, cosine, 5 folds by document) | {f3(ref['knn_ybar'])} (chance {f2(ref['knn_chance'])}) |",
@@ -372,7 +372,7 @@ def page(root: Path = ROOT) -> str:
     head, run = load(HEAD_METRICS, root), load(HEAD_RUN, root)
     if head:
         out += ["## The shipped SmolLM2 head (context distillation)", "",
-                provenance("python benchmarks/train_smollm2_head.py", HEAD_METRICS, torch=head.get("torch_version"),
+                provenance("python benchmarks/ship.py smollm2-bbc-head", HEAD_METRICS, torch=head.get("torch_version"),
                            machine=(run or {}).get("machine")), "",
                 "Cross-entropy in nats per token on the 64 tokens after a p-token prompt; 95 % bootstrap intervals over "
                 "documents; *val* was looked at while choosing settings, *test* is measured once.", ""]

@@ -5,22 +5,18 @@
     python benchmarks/train_smollm2_head.py --measure-only       # re-measure the shipped head
     python benchmarks/train_smollm2_head.py --resume             # continue an interrupted run
 
-`python -m cgt_viz train-head` (cgt_viz/hf/head_run.py) with the shipped head's folder and the speeds JSON as
-defaults: the head goes to data/models/smollm2-bbc-head/ (config, weights, metrics.json, topic_means.json),
-the cache and training speeds to benchmarks/results/smollm2_head.json.
+The same as `python benchmarks/ship.py smollm2-bbc-head ...` (benchmarks/ship.py holds every shipped artefact's
+command): `python -m cgt_viz train-head` (cgt_viz/hf/head_run.py) into data/models/smollm2-bbc-head/ (config,
+weights, metrics.json, topic_means.json), the cache and training speeds into benchmarks/results/smollm2_head.json.
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cgt_viz.hf.head_run import main  # noqa: E402
-
-DEFAULTS = ["--out", str(ROOT / "data" / "models" / "smollm2-bbc-head"),
-            "--results", str(ROOT / "benchmarks" / "results" / "smollm2_head.json")]
+from ship import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(DEFAULTS + sys.argv[1:]))
+    sys.exit(main(["smollm2-bbc-head", *sys.argv[1:]]))

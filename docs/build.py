@@ -218,7 +218,8 @@ PACKAGE = "cgt_viz"
 # what lives outside the package: no docstring to read, so declared here
 LAYOUT_OUTSIDE = [
     ("benchmarks/", "common.py (FLOP model, step timing), bench_*.py, gpu_check.py, tasks_results.py, "
-                    "train_text_reference.py, hf_topic_knn.py (JSON, never asserted in tests)"),
+                    "train_text_reference.py, hf_topic_knn.py (JSON, never asserted in tests); ship.py: every "
+                    "model under data/models/ trained and measured by its name, with the flags it was made with"),
     ("benchmarks/results_pages.py", "the README's results table and docs/results.md, written from the result files"),
     ("notebooks/", "01–05, stored without outputs"),
     ("tests/", "unit, property, audit (bad-argument cases, partly generated from declarations), fault, device, "
