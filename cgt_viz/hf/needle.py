@@ -224,33 +224,52 @@ def needle_windows(task, part: str = "test", prefix_len: int = 64, suffix_len: i
                    prefix_len, words)
 
 
+_NEEDLES = Instance(Needles, "the Needles that needle_windows returns")
+_MEANS = Instance(torch.Tensor, "None or a tensor (topics, d_y) of mean summaries", none=True)
+
+
 @torch.no_grad()
-@checked(model=HeadModel(), needles=Instance(Needles, "the Needles that needle_windows returns"),
-         topic_means=Instance(torch.Tensor, "None or a tensor (topics, d_y) of mean summaries", none=True),
-         batch_size=Int(1), seed=Int(0), n_boot=Int(10), original=Bool())
+@checked(model=HeadModel(), needles=_NEEDLES, topic_means=_MEANS, batch_size=Int(1), seed=Int(0), original=Bool())
+def needle_losses(model, needles: Needles, topic_means: torch.Tensor | None = None, batch_size: int = 8,
+                  seed: int = 0, original: bool = False) -> dict[str, dict[str, torch.Tensor]]:
+    """Each condition of `window_losses` (prompted, compiled, the controls, topic_mean, no_context) at the needle's
+    positions, the mean per window -> {"first": {condition: (n,)}, "all": {...}}: first (`Needles.first`) the
+    needle's first token, what a model must recall; all (`Needles.all`) each of its tokens, the later ones partly
+    predictable from the first. With original, the windows as the documents have them (the real word)."""
+    from .measure import losses_at, window_losses
+    tokens = needles.original if original else needles.tokens
+    losses = window_losses(model, tokens, needles.prefix_len, needles.topics, needles.docs, topic_means,
+                           batch_size, seed, per_position=True)                   # {condition: (n, m)}
+    return {kind: losses_at(losses, getattr(needles, kind)) for kind in MASKS}
+
+
+def summarize_needles(losses: dict[str, dict[str, torch.Tensor]], docs: torch.Tensor, n_boot: int = 2000,
+                      seed: int = 0) -> dict[str, Any]:
+    """`needle_losses` -> per mask, `summarize_comparison` of the windows' losses there (each condition's loss,
+    G, own − topic mean, own − other, with 95 % intervals over documents) and the prompted LM's gain there,
+    no_context − prompted, with its interval ("prompted_gain")."""
+    from .measure import document_interval, summarize_comparison
+    out = {}
+    for kind, at in losses.items():
+        out[kind] = summarize_comparison(at, docs, n_boot, seed)
+        out[kind]["prompted_gain"] = document_interval(at["no_context"] - at["prompted"], docs, n_boot, seed)
+    return out
+
+
+@torch.no_grad()
+@checked(model=HeadModel(), needles=_NEEDLES, topic_means=_MEANS, batch_size=Int(1), seed=Int(0), n_boot=Int(10),
+         original=Bool())
 def needle_comparison(model, needles: Needles, topic_means: torch.Tensor | None = None, batch_size: int = 8,
                       seed: int = 0, n_boot: int = 2000, original: bool = False) -> dict[str, Any]:
-    """The losses of `window_losses` (prompted, compiled, the controls, topic_mean, no_context) at the needle's
-    positions -> {"first": ..., "all": ..., "n_windows", "n_documents", "words"}: per mask (`Needles.first`: the
-    needle's first token, what a model must recall; `Needles.all`: each of its tokens, the later ones partly
-    predictable from the first), `summarize_comparison` of the windows' mean losses there (each condition's loss,
-    G, own − topic mean, own − other, with 95 % intervals over documents) and the prompted LM's gain there,
-    no_context − prompted, with its interval. With original, the same on the windows as the documents have them
-    (the real word): how much of it the topic already told."""
-    from .measure import document_interval, losses_at, summarize_comparison, window_losses
+    """The needle probe of a head -> {"first": ..., "all": ..., "n_windows", "n_documents", "words"}: per mask,
+    `summarize_needles` of `needle_losses` (G, own − topic mean, own − other, each condition's loss and the
+    prompted LM's gain at the needle, with 95 % intervals over documents). With original, the same on the windows
+    as the documents have them under "original": how much of the real word the topic already told."""
     res: dict[str, Any] = {"n_windows": len(needles), "n_documents": int(len(torch.unique(needles.docs))),
                            "words": [list(w) for w in needles.words]}
-    for tag, tokens in (("needle", needles.tokens),) + ((("original", needles.original),) if original else ()):
-        losses = window_losses(model, tokens, needles.prefix_len, needles.topics, needles.docs, topic_means,
-                               batch_size, seed, per_position=True)
-        out = {}
-        for kind in MASKS:
-            at = losses_at(losses, getattr(needles, kind))                         # {condition: (n,)}
-            summary = summarize_comparison(at, needles.docs, n_boot, seed)
-            summary["prompted_gain"] = document_interval(at["no_context"] - at["prompted"], needles.docs, n_boot, seed)
-            out[kind] = summary
-        if tag == "needle":
-            res.update(out)
-        else:
-            res["original"] = out
+    res.update(summarize_needles(needle_losses(model, needles, topic_means, batch_size, seed), needles.docs,
+                                 n_boot, seed))
+    if original:
+        res["original"] = summarize_needles(needle_losses(model, needles, topic_means, batch_size, seed, original=True),
+                                            needles.docs, n_boot, seed)
     return res
