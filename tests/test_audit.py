@@ -742,8 +742,8 @@ case("BBCTokens.for_head", "settings", [[16]], lambda v: _hf().BBCTokens.for_hea
 HF_PACKAGES = ("transformers", "peft")
 HF_AVAILABLE = all(importlib.util.find_spec(p) is not None for p in HF_PACKAGES)
 HF_MODULES = ["cgt_viz.hf"] + [f"cgt_viz.hf.{m}" for m in ("data", "distill", "export", "head_run", "interp", "layouts",
-                                                            "lora", "measure", "model", "oracle", "source", "stream",
-                                                            "tiny")]
+                                                            "lora", "measure", "model", "needle", "oracle", "source",
+                                                            "stream", "tiny")]
 
 
 def _hf_mod(name: str):
@@ -1058,6 +1058,13 @@ def _comparison():
     return measure.summarize_comparison(losses, torch.arange(4), n_boot=20)
 
 
+def _needles():
+    """A hand-made Needles over the audit's windows (prompt 6, one scored position each): a valid `needles`."""
+    mask = torch.zeros(6, 8, dtype=torch.bool)
+    mask[:, 2] = True
+    return _hf_mod("needle").Needles(_WINDOWS, _WINDOWS, _WIN_TOPICS, _WIN_DOCS, mask, mask, 6, [("Kolar", "Zupax")] * 6)
+
+
 HF_DECLARED = {
     "BBCTokens": lambda **kw: _hf_mod("data").BBCTokens(**{"tokenizer": HFByteTokenizer(), "block_size": 16,
                                                            "source": _CORPUS.name, **kw}),
@@ -1098,6 +1105,11 @@ HF_DECLARED = {
                                                                               **kw}))(name)
        for name in ("comparison_figure", "paired_differences_figure", "comparison_markdown")},
     "oracle_window_losses": oracle_case,
+    "needle_windows": lambda **kw: _hf_mod("needle").needle_windows(**{"task": BBC(), "part": "train", "prefix_len": 6,
+                                                                      "suffix_len": 6, **kw}),
+    **{name: (lambda name: lambda **kw: getattr(_hf_mod("needle"), name)(**{"model": CGTLM_(), "needles": _needles(),
+                                                                           **kw}))(name)
+       for name in ("needle_losses", "needle_comparison")},
     "oracle_comparison": oracle_comparison_case,
 }
 
@@ -1264,6 +1276,11 @@ NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, a
     **dict.fromkeys(["losses_at", "by_position", "document_interval", "summarize_comparison"],
                     "the statistics of compile_comparison and oracle_comparison (audited), fed the losses "
                     "window_losses computed"),
+    **dict.fromkeys(["Needles", "word_runs", "corpus_words", "invent_word", "needle_in", "substitute", "needle_masks",
+                     "summarize_needles"],
+                    "an internal step (or record) of the needle probe's audited entry points (needle_windows, "
+                    "needle_losses, needle_comparison), fed what they checked; tests/test_needle.py holds each on "
+                    "hand-made cases"),
     **dict.fromkeys(["head_block_size", "document_parts"], "an internal step of BBCTokens and BBCTokens.for_head "
                     "(audited), fed the settings and documents they checked"),
     **dict.fromkeys(["check_exportable", "gpt2_config", "gpt2_module", "gpt2_state_dict"],

@@ -273,14 +273,22 @@ def summarize_comparison(losses: dict[str, torch.Tensor], docs: torch.Tensor, n_
 
 
 @checked(model=HeadModel(), task=_WINDOWS_TASK, prompt_lens=Ints(2), suffix_len=Int(2), draws=Int(1),
-         per_topic=Int(1, none=True), batch_size=Int(1), seed=Int(0), full_mode=Bool())
+         per_topic=Int(1, none=True), batch_size=Int(1), seed=Int(0), full_mode=Bool(), needles=Bool())
 def compile_comparison(model, task, part: str = "val", prompt_lens=(64, 128), suffix_len: int = 64,
                        draws: int = 3, per_topic: int | None = 8, topic_means: torch.Tensor | None = None,
-                       batch_size: int = 8, seed: int = 0, full_mode: bool = False) -> dict[str, Any]:
+                       batch_size: int = 8, seed: int = 0, full_mode: bool = False,
+                       needles: bool = False) -> dict[str, Any]:
     """Does a compiled prompt carry *that* prompt? For each prompt length p: `draws` windows of p + suffix_len + 1
     tokens from each of up to per_topic documents per topic of `part`; the losses of `window_losses` and their
     summary (`summarize_comparison`), with the same summary split into positions whose target the prompt
-    holds and the rest under "by_position" (`by_position`) -> {"p=64": {...}, "p=128": {...}}."""
+    holds and the rest under "by_position" (`by_position`) -> {"p=64": {...}, "p=128": {...}}.
+
+    With needles (a task with documents and a tokenizer, BBCTokens), each p also gets "needle": the needle probe
+    (`hf.needle`) on up to `draws` needle windows of each of up to per_topic documents per topic: a proper noun of
+    the prompt, renamed to an invented word in the whole window, scored where the continuation first names it."""
+    if needles:
+        from .needle import DOCUMENTS_TASK
+        DOCUMENTS_TASK.check("task", task)     # before the windows are measured, not after
     out = {}
     for p in prompt_lens:
         tokens, topics, docs = task.document_windows(p + suffix_len + 1, part, per_doc=draws, per_topic=per_topic,
@@ -289,6 +297,10 @@ def compile_comparison(model, task, part: str = "val", prompt_lens=(64, 128), su
                                      per_position=True)
         res = summarize_comparison({c: v.mean(1) for c, v in per_position.items()}, docs, seed=seed)
         res["by_position"] = by_position(per_position, prompt_token_positions(tokens, p), docs, seed=seed)
+        if needles:
+            from .needle import needle_comparison, needle_windows
+            found = needle_windows(task, part, p, suffix_len, per_doc=draws, per_topic=per_topic, seed=seed + p)
+            res["needle"] = needle_comparison(model, found, topic_means, batch_size, seed)
         out[f"p={p}"] = res
     return out
 
