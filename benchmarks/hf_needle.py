@@ -35,6 +35,14 @@ from cgt_viz.hf.source import smollm2  # noqa: E402
 MEMORY = ROOT / "data" / "models" / "smollm2-bbc-memory-head"
 
 
+def _shown(value):
+    """A path inside the repository as it is written from its root (the results file is shipped)."""
+    try:
+        return str(Path(value).resolve().relative_to(ROOT)) if isinstance(value, str) and "/" in value else value
+    except ValueError:
+        return value
+
+
 def subset(needles, keep: int):
     """The first `keep` windows of needles (windows come topic by topic: --limit takes from each topic in turn)."""
     order = sorted(range(len(needles)), key=lambda i: (sum(needles.topics[:i] == needles.topics[i]), i))[:keep]
@@ -83,7 +91,8 @@ def main(argv=None) -> dict:
           f"({t_windows:.0f} s)", flush=True)
     docs, seed = needles.docs, args.seed
     result = {"command": "python benchmarks/hf_needle.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              "settings": {**vars(args), "prompt": p, "suffix": m, "head_settings": settings},
+              "settings": {**{k: _shown(v) for k, v in vars(args).items()}, "prompt": p, "suffix": m,
+                           "head_settings": settings},
               "environment": environment(torch.device("cpu")), "n_found": found, "n_windows": len(needles),
               "n_documents": int(len(torch.unique(docs))), "words": [list(w) for w in needles.words],
               "needle_tokens_mean": float(needles.all.sum(1).float().mean())}

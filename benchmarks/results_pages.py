@@ -38,6 +38,7 @@ MEMORY_ORACLE = "benchmarks/results/oracle_smollm2_memory_head.json"
 NOTEBOOK01 = "benchmarks/results/notebook01.json"
 SCRATCH_ORACLE = "benchmarks/results/oracle_regression16.json"
 MEMORY_HEAD = "benchmarks/results/smollm2_head_memory.json"
+NEEDLE = "benchmarks/results/needle_smollm2.json"
 TEXT_METRICS = "data/models/text-bbc5/metrics.json"
 
 
@@ -406,6 +407,7 @@ def page(root: Path = ROOT) -> str:
                     f"{f2(run.get('ratio_training_to_lm_forward'))}× the frozen LM's own no-grad forward; a feature cache of "
                     f"{text(run.get('cache_windows'))} windows (`{HEAD_RUN}`).", ""]
     out += oracle_section(root)
+    out += needle_section(root)
     lora = load(LORA, root)
     if lora:
         out += ["## Compiling against a per-prompt LoRA", "",
@@ -467,6 +469,34 @@ def oracle_section(root: Path = ROOT) -> list[str]:
                            f"{ci(r.get(f'G_oracle_{kind}'))} | "
                            f"{ci(r.get(f'compiled_minus_oracle_{kind}'), signed=True)} | {f2((tok or {}).get('value'))} | "
                            f"{ci(r.get(f'oracle_{kind}_minus_topic_mean'), signed=True)} |")
+    return out + [""]
+
+
+def needle_section(root: Path = ROOT) -> list[str]:
+    """The needle probe (`benchmarks/hf_needle.py`): a proper noun of the prompt renamed to an invented word in the
+    whole window, scored at its first mention in the continuation; both heads, paired."""
+    res = load(NEEDLE, root)
+    if not res:
+        return []
+    out = ["## A needle only the prompt holds", "", provenance(res["command"], NEEDLE, res.get("environment")), "",
+           f"{text(res['n_windows'])} test windows ({text(res['n_documents'])} documents; prompt "
+           f"{text(res['settings'].get('prompt'))} tokens): a proper noun of the prompt that the continuation "
+           "names again is replaced, everywhere in the window, by an invented word with the same number of tokens that "
+           "no document of the corpus contains. Nothing but this prompt can tell a model that word. *first*: its first "
+           "token at the continuation's first mention (what must be recalled); *all*: every token of that mention; "
+           "*real word*: the same positions with the original word. 95 % intervals over documents.", "",
+           "| positions | prompted LM's gain (nats) | shipped head G | memory head G | memory − shipped G | "
+           "own − topic mean, shipped | own − topic mean, memory |", "|---|---|---|---|---|---|---|"]
+    rows = [("first", "first", None), ("all", "all", None), ("first, real word", "first", "original")]
+    for label, key, variant in rows:
+        base = res["base"].get(variant, {}).get(key) if variant else res["base"].get(key)
+        mem = res["memory"].get(variant, {}).get(key) if variant else res["memory"].get(key)
+        diff = None if variant else res.get("memory_minus_base", {}).get(key)
+        if not base or not mem:
+            continue
+        out.append(f"| {text(label)} | {ci(base.get('prompted_gain'))} | {ci(base.get('G'))} | {ci(mem.get('G'))} | "
+                   f"{ci((diff or {}).get('G'), signed=True) if diff else '–'} | "
+                   f"{ci(base.get('own_minus_topic_mean'), signed=True)} | {ci(mem.get('own_minus_topic_mean'), signed=True)} |")
     return out + [""]
 
 

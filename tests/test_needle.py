@@ -172,3 +172,22 @@ def test_bad_arguments_are_refused_by_name(task, needles):
     with pytest.raises(TypeError, match="needles"):
         compile_comparison(_head(), task, prompt_lens=(4,), suffix_len=4, needles="yes")
     assert isinstance(needles, Needles)
+
+
+def test_the_results_page_quotes_the_needle_file(tmp_path):
+    """docs/results.md's needle table is read from needle_smollm2.json: a changed value there changes the page."""
+    import json
+    import shutil
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    import results_pages
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    shutil.copy(root / results_pages.NEEDLE, tmp_path / results_pages.NEEDLE)
+    data = json.loads((tmp_path / results_pages.NEEDLE).read_text())
+    data["memory"]["first"]["G"] = {"value": 0.777, "ci95": [0.701, 0.802]}
+    (tmp_path / results_pages.NEEDLE).write_text(json.dumps(data))
+    section = "\n".join(results_pages.needle_section(tmp_path))
+    assert "0.78 [0.70, 0.80]" in section and "| first |" in section
+    assert results_pages.needle_section(tmp_path / "nowhere") == []
