@@ -32,7 +32,7 @@ test: env browser-deps   ## every test: unit, notebooks under nbmake (CGT_FAST=1
 	CGT_FAST=1 $(BIN)/python $(NBMAKE) --overwrite -m "not docs_site" --ignore=$(BROWSER_NB) tests $(EXEC)
 	CGT_FAST=1 $(BIN)/python $(NBMAKE) $(BROWSER_NB)   # tracked: --overwrite would store its outputs
 	$(SPHINX)
-	CGT_REQUIRE_DOCS=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m docs_site tests/test_docs.py
+	CGT_REQUIRE_DOCS=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m docs_site tests/project/test_docs.py
 
 notebooks-executed: env   ## execute the notebooks into _executed/ (CGT_FAST=1 unless set), the copies the site renders
 	rm -rf $(EXEC) && mkdir -p $(EXEC) && cp notebooks/*.ipynb $(EXEC)/ && echo "{\"CGT_FAST\": \"$${CGT_FAST-1}\"}" > $(EXEC)/settings.json

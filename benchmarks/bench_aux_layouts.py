@@ -4,7 +4,7 @@
 
 Every layout computes each row's suffix with its own frozen ȳ, positions from 0, attending only within the
 suffix, so all give the same aux loss and gradients (checked here on the benchmark batch, and in
-tests/test_benchmarks.py on a tiny one); only the shapes of the work differ:
+tests/project/test_benchmarks.py on a tiny one); only the shapes of the work differ:
   groups4   the model's layout (cgt_viz.losses.AUX_LENGTH_GROUPS = 4): rows sorted by suffix length in 4 groups,
             each padded to its own longest suffix (cut where the padding is least)
   groups4_chunks  the same 4 groups as equal-size chunks (the model's layout before the least-padding cut)

@@ -6,7 +6,7 @@
 
 Checks, in this order; each one ends "pass", "fail" (with the error) or "skipped" (with the reason), and a
 failing check does not stop the others:
-  cuda_round_trip  tests/test_devices.py::test_cuda_round_trip_gives_the_cpu_answer, under pytest
+  cuda_round_trip  tests/model/test_devices.py::test_cuda_round_trip_gives_the_cpu_answer, under pytest
   train_step       a training step (forward, backward, AdamW) of the CGT and of the same-size GPT, bf16 autocast
                    on CUDA (fp32 on CPU), via common.measure_training: tokens/s, model FLOPs utilisation, the
                    CGT / GPT ratios; and the autocast loss against the fp32 loss of the same batch
@@ -47,7 +47,7 @@ import torch  # noqa: E402
 
 CHECKS = ("cuda_round_trip", "train_step", "ddp_step", "cost_benchmark", "notebook_01", "compile")
 SUBPROCESS_CHECKS = {"cuda_round_trip", "cost_benchmark", "notebook_01"}   # their memory is not this process's
-ROUND_TRIP_TEST = "tests/test_devices.py::test_cuda_round_trip_gives_the_cpu_answer"
+ROUND_TRIP_TEST = "tests/model/test_devices.py::test_cuda_round_trip_gives_the_cpu_answer"
 NOTEBOOK = "notebooks/01_synthetic_icl.ipynb"
 DEFAULT_OUT = common.DEFAULT_RESULTS / "gpu_check.json"
 SIZES = {  # model (common.build_models' arguments) and training batch

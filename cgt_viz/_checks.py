@@ -6,7 +6,7 @@ that names the argument, shows what was received and says what is allowed, e.g.
     batch_size must be an int >= 1, got float 2.5
     device must be 'auto', 'cpu', 'cuda[:N]' or 'mps' (a device this machine has), got str 'gpu0'
 
-`tests/test_audit.py` feeds every public entry point bad arguments and holds them to this standard.
+`tests/faults/test_audit.py` feeds every public entry point bad arguments and holds them to this standard.
 """
 from __future__ import annotations
 
@@ -193,7 +193,7 @@ def check_index(name: str, value: Any, n: int) -> int:
 #     def get_batch(self, batch_size, part="train", generator=None, device="cpu"): ...
 #
 # The decorator applies each constraint to the bound argument before the body runs (the body reads clean
-# values), and keeps the declarations on `fn.__contracts__`, from which `tests/test_audit.py` generates its
+# values), and keeps the declarations on `fn.__contracts__`, from which `tests/faults/test_audit.py` generates its
 # bad-argument cases: each constraint knows the values that must be refused.
 #
 # The tensor contracts (`contracts.Model`, `Inputs`, `Split`, `Prompt`, ...) are constraints too; one that

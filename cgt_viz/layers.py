@@ -172,7 +172,7 @@ class SiteTemplates(nn.Module):
 
         All K templates at once as two plain matmuls over their k·r columns: h V (i, k·r), scaled by c, times
         Uᵀ (k·r, i). The same values as einsum "b t i, k i r -> b t k r" then "b t k r, k i r -> b t i", at
-        less time forward + backward (tests/test_model.py compares the values)."""
+        less time forward + backward (tests/model/test_model.py compares the values)."""
         reads = rearrange(self.V, "k i r -> i (k r)")
         writes = rearrange(self.U, "k i r -> (k r) i")
         scale = coeffs if self.V.shape[-1] == 1 else repeat(coeffs, "... k -> ... (k r)", r=self.V.shape[-1])

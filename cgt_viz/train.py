@@ -52,7 +52,7 @@ import torch.nn as nn
 
 from ._checks import (Bool, CallableArg, CallableList, Constraint, Device, Instance, PathArg, check_device, check_dict,
                       check_divisible, checked, describe, refuse)
-from ._ranks import process_group as _process_group   # tests/test_ddp.py imports it from here
+from ._ranks import process_group as _process_group   # tests/training/test_ddp.py imports it from here
 from .checkpoint import RunLock, capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
 from .config import with_added_fields
 from .losses import LOSS_TERMS
@@ -479,7 +479,7 @@ def _run(cfg: TrainConfig, *, model: nn.Module, step_source: TrainStep, eval_fn,
          checkpoint_dir, resume: bool, progress: bool, dev: torch.device, distributed: bool, rank: int,
          world: int) -> tuple[nn.Module, TrainHistory]:
     """The training loop of `train` (arguments validated there). Every setting is read from `cfg` here, so
-    a TrainConfig field this function does not read is caught by tests/test_train.py."""
+    a TrainConfig field this function does not read is caught by tests/training/test_train.py."""
     t_call = time.perf_counter()
     steps, batch_size, seed = cfg.steps, cfg.batch_size, cfg.seed      # steps None: planned (train checked the rest)
     eval_every = DERIVED["eval_every"][1](steps) if cfg.eval_every is None else cfg.eval_every

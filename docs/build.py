@@ -223,7 +223,8 @@ LAYOUT_OUTSIDE = [
     ("benchmarks/results_pages.py", "the README's results table and docs/results.md, written from the result files"),
     ("notebooks/", "01–05, stored without outputs"),
     ("tests/", "unit, property, audit (bad-argument cases, partly generated from declarations), fault, device, "
-               "notebook and browser tests"),
+               "notebook and browser tests, in folders by subject: model/, training/, hf/, views/, browser/, "
+               "faults/, project/ (tests/README.md)"),
     ("docs/", "this site: conf.py (Sphinx), build.py (tutorials, API pages, results page, this page), the pages"),
     ("docs/make_images.py", "redraws the view pictures (README, views guide) from the shipped reference text model"),
     ("docs/RELIABILITY.md", "what is guaranteed (bad input, checkpoints, resume, NaN, devices) and which test "

@@ -7,16 +7,34 @@ result would depend on which modules pytest happened to import first):
   draws do not depend on the tests that ran before it.
 
 A test that needs other seeds sets them itself (`torch.manual_seed(3)`), as before.
+
+The tests live in subject folders (tests/README.md). Test modules import each other and the shared modules by
+their bare names (`from helpers import ...`, `from test_train import TinyTask`, `--task test_train:TinyTask`), so
+tests/, every subject folder and the repository root are put here on sys.path, and on PYTHONPATH for the
+processes the tests start; a folder run alone finds what a module in another folder defines. Test files'
+basenames are unique across the folders (pytest's default import mode needs that).
 """
 from __future__ import annotations
 
+import os
 import random
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 torch.set_num_threads(1)    # at collection, before the test modules build anything at import
+
+TESTS = Path(__file__).resolve().parent
+IMPORT_PATHS = [str(TESTS), *sorted(str(d) for d in TESTS.iterdir() if d.is_dir() and any(d.glob("test_*.py"))),
+                str(TESTS.parent)]
+for _path in reversed(IMPORT_PATHS):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [*IMPORT_PATHS, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in IMPORT_PATHS)])
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +48,8 @@ def _one_thread_and_seeded_rngs():
 
 @pytest.fixture
 def tiny_smollm2(monkeypatch, tmp_path):
-    """(test_cli, test_faults4_writes) train-head's pipeline on the tiny Llama and bytes (no SmolLM2); feature caches under tmp_path."""
+    """(training/test_cli, test_faults_writes) train-head's pipeline on the tiny Llama and bytes (no SmolLM2); feature
+    caches under tmp_path."""
     pytest.importorskip("transformers")
     import importlib.metadata
     try:

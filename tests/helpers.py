@@ -1,4 +1,5 @@
-"""Helpers shared by several test modules (`from helpers import ...`: pytest puts tests/ on sys.path)."""
+"""Helpers shared by the test modules of every folder (`from helpers import ...`: tests/conftest.py puts tests/ on
+sys.path)."""
 from __future__ import annotations
 
 import os

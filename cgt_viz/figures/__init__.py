@@ -35,7 +35,7 @@ __all__ = ["PALETTE", "MAX_COLOR_CATEGORIES", "MODEL_COLORS", "OTHER", "OTHER_CO
            "LORA_METHOD_COLORS", "lora_compile_figure"]
 
 # The functions' public home is this package, as numpy does for the functions of its submodules: their
-# reprs and pickles name cgt_viz.figures, and tests/test_audit.py finds them here.
+# reprs and pickles name cgt_viz.figures, and tests/faults/test_audit.py finds them here.
 for _name in __all__ + ["term_weights", "rgb_triplet"]:
     if getattr(globals()[_name], "__module__", "").startswith(__name__ + "."):
         globals()[_name].__module__ = __name__

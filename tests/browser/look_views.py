@@ -5,7 +5,7 @@
 Writes a notebook that trains a tiny random CGT for a few dozen steps on a made-up text mixture (with
 aux_delay, so the monitor marks where the aux term joins) into a TrainingMonitor, then opens explore(...)
 coloured by token with a search, SmoothnessStrip, TemplateInspector and CompileCompare; runs it in JupyterLab
-as tests/test_browser.py does, clicks a point of the explorer, and saves one PNG per view (and the page).
+as tests/browser/test_browser.py does, clicks a point of the explorer, and saves one PNG per view (and the page).
 With --export it also writes the notebook's nbconvert HTML and shoots it in Chromium with the network cut.
 """
 from __future__ import annotations

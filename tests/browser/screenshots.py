@@ -4,7 +4,7 @@
 
 Builds a notebook that loads a saved text-mixture CGT, opens the explorer (UMAP, coloured by topic), the
 smoothness strip and the template inspector (with the ablation computed) for one sequence, runs it in
-JupyterLab exactly as tests/test_browser.py does, and saves one PNG per widget.
+JupyterLab exactly as tests/browser/test_browser.py does, and saves one PNG per widget.
 """
 from __future__ import annotations
 

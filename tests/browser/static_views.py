@@ -1,4 +1,4 @@
-"""Cells of the static-export test notebook (tests/test_browser.py builds it): every view on a tiny CGT."""
+"""Cells of the static-export test notebook (tests/browser/test_browser.py builds it): every view on a tiny CGT."""
 CELLS = [
     """import torch, cgt_viz
 from cgt_viz import CGT, CGTConfig

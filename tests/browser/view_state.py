@@ -1,4 +1,4 @@
-"""Cells of the view-state test notebook (tests/test_browser.py builds it): every view on a tiny random CGT,
+"""Cells of the view-state test notebook (tests/browser/test_browser.py builds it): every view on a tiny random CGT,
 then a later cell that changes each of them (the state the page must show after a reload, a kernel restart
 or shutdown, and in an HTML export)."""
 CELLS = [

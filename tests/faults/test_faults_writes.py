@@ -104,7 +104,7 @@ def test_results_pages_quote_what_the_result_files_say(tmp_path):
     """Backticks, pipes, HTML and an embedded end marker in a result file's strings are shown as text: the built
     page has no script or img element, each table row keeps its cells, the command is one code element, and a
     second rewrite (and --check) finds one section."""
-    sys.path.insert(0, str(TESTS.parent / "benchmarks"))
+    sys.path.insert(0, str(TESTS.parents[1] / "benchmarks"))
     import results_pages as rp
     _hostile_results(tmp_path)
     rp.write(tmp_path)
@@ -129,7 +129,7 @@ def test_results_pages_quote_what_the_result_files_say(tmp_path):
 
 
 def test_results_check_flags_a_duplicated_section_and_write_repairs_it(tmp_path):
-    sys.path.insert(0, str(TESTS.parent / "benchmarks"))
+    sys.path.insert(0, str(TESTS.parents[1] / "benchmarks"))
     import results_pages as rp
     _hostile_results(tmp_path)
     rp.write(tmp_path)
@@ -322,7 +322,7 @@ def test_a_save_refuses_a_folder_with_another_tools_bare_weights(tmp_path, write
     carries no cgt_viz metadata) is never overwritten; the refusal names the file, and it keeps its bytes."""
     pytest.importorskip("peft")
     from cgt_viz import hf
-    from test_faults3_files import WRITERS
+    from test_faults_files import WRITERS
     lm = hf.tiny_llama(seed=0)
     folder = tmp_path / "out"
     before = _bare(folder, name, {"format": "pt"})
@@ -337,7 +337,7 @@ def test_a_save_of_ours_that_stopped_before_its_config_may_be_finished(tmp_path)
     pytest.importorskip("peft")
     from cgt_viz import hf
     from cgt_viz.io import PEFT_WRITER
-    from test_faults3_files import WRITERS
+    from test_faults_files import WRITERS
     lm = hf.tiny_llama(seed=0)
     _bare(tmp_path / "cgt", "model.safetensors", {"model_class": "CGT"})
     WRITERS["CGT.save_pretrained"](lm, tmp_path / "cgt")

@@ -494,7 +494,7 @@ def test_named_outputs_are_declared_once_and_documented():
     model = trained_like(make_cfg(smooth="vae", w_smooth=0.5))
     _, cache = model.run_with_cache(make_inputs(model.config, b=2, t=6))
     assert sorted(cache) == sorted(model.cache_names()) and "ybar_sigma" in cache
-    doc = Path(__file__).parents[1].joinpath("docs", "CGT.md").read_text()
+    doc = Path(__file__).parents[2].joinpath("docs", "CGT.md").read_text()
     section = doc[doc.index("## Named outputs"):].split("\n## ")[0]
     for out in OUTPUTS:
         assert f"`{out.pattern.split('{')[0]}" in section, out.pattern

@@ -41,7 +41,7 @@ def _idx(b=2, t=24, seed=0, vocab=96):
     return torch.randint(0, vocab, (b, t), generator=torch.Generator().manual_seed(seed))
 
 
-# the lower layers are the LM's own hidden states: tests/test_hf_layouts.py, for every family
+# the lower layers are the LM's own hidden states: tests/hf/test_hf_layouts.py, for every family
 
 def test_cache_names_and_shapes(model):
     idx = _idx(t=12)

@@ -484,7 +484,7 @@ case("cli report", "run", ["/nonexistent/run"], lambda v: InTmp(lambda tmp: ["re
 # first index past the end, a k past the prompt room); `says` keeps what their message checked beyond
 # naming the argument, showing the value and saying what is allowed.
 
-# tests/test_tasks.py
+# tests/model/test_tasks.py
 case("SyntheticICL", "answer_tokens", ["text"], lambda v: SyntheticICL(answer_tokens=v))
 case("SyntheticICL", "shift_fraction", [1.5], lambda v: SyntheticICL(shift_fraction=v))
 case("SyntheticICL", "family", ["cube"], lambda v: SyntheticICL(family=v))
@@ -502,7 +502,7 @@ case("TextMixture.get_batch", "boundary", [60], lambda v: TEXT64().get_batch(1, 
 case("make_task", "name", ["vision"], lambda v: make_task(v))
 case("make_task", "colour", ["red"], lambda v: make_task("icl", colour=v), shows="colour")
 
-# tests/test_analysis.py
+# tests/model/test_analysis.py
 case("collect_cache", "names", [["nope"]], lambda v: A.collect_cache(CGT_T, IDX, v))
 case("prepare_sequences", "model", [GPT_T], lambda v: A.prepare_sequences(v, _DATA), shows="GPT")
 case("prepare_sequences", "data", [["text needs bytes"]], lambda v: A.prepare_sequences(CGT_T, v), shows="",
@@ -527,7 +527,7 @@ _ROWS = torch.zeros(2, 5, dtype=torch.long)
 for _v, _shows in [(["a"], "1"), ([["a"] * 3, ["b"] * 5], "3"), ("ab", "str")]:
     case("prepare_sequences", "labels", [_v], lambda v: A.prepare_sequences(CGT_T, _ROWS, v), shows=_shows)
 
-# tests/test_widgets.py
+# tests/views/test_widgets.py
 case("Explorer.set_color", "by", ["nope"], lambda v: EXPLORER().set_color(v))
 for _v, _shows in [(torch.zeros(0, 4, dtype=torch.long), "(0, 4)"), ([], "empty list"),
                    (torch.zeros(1, 1, dtype=torch.long), "1 token")]:
@@ -549,7 +549,7 @@ case("TrainingMonitor.__call__", "record", [{"kind": "stop", "step": 1}], lambda
 case("TrainingMonitor.__call__", "record", [[1, 2]], lambda v: W.TrainingMonitor()(v), shows="list")
 case("Explorer.set_components", "b", [1], lambda v: EXPLORER().set_components(1, v), says="two different")
 
-# tests/test_model.py
+# tests/model/test_model.py
 case("CGTConfig", "d_y", [15], lambda v: tok_cfg(d_y=v, n_head_y=2))
 case("CGTConfig", "d_x", [30], lambda v: tok_cfg(d_x=v, n_head=4))
 case("CGTConfig", "site", [("attn_in", "bogus")], lambda v: tok_cfg(sites=v), shows="bogus")
@@ -561,7 +561,7 @@ case("CGT.forward_specialized", "ybar_vec", [torch.zeros(3, 7)], lambda v: CGT_T
      shows="(3, 7)", says="d_y=8")
 case("CGT.generate", "max_new_tokens", [12], lambda v: CGT_T.generate(IDX[:, :2], v), says="block_size")
 
-# tests/test_text.py
+# tests/hf/test_text.py
 case("tokenizer_from_spec", "spec", [{"name": "sentencepiece"}], lambda v: tokenizer_from_spec(v),
      shows="'sentencepiece'", says=r"\['bytes', 'gpt2', 'bpe'\]")
 case("make_task", "tokenizer", ["wordpiece"], lambda v: make_task("text", source=_CORPUS.name, tokenizer=v),
@@ -574,7 +574,7 @@ case("step_window_means", "window", [3], lambda v: E.step_window_means(np.ones(1
 case("step_profile_figure", "profiles", [{"m": {"positions": np.arange(3)}}], lambda v: F.step_profile_figure(v),
      shows="['positions']", says="text_step_profile")
 
-# tests/test_faults.py, tests/test_faults3_files.py
+# tests/faults/test_faults.py, tests/faults/test_faults_files.py
 case("train", "model", ["float16"], lambda v: train_case(icl_model().half()), shows="float16", says="AdamW's eps")
 case("train", "model", ["float64"], lambda v: train_case(CGT(CGTConfig(**REG.config_kwargs(), n_layer=2, d_x=16,
      n_head=2, d_y=8, n_head_y=1, y_layer=1)).double(), REG), shows="float64", says="float32")
@@ -583,7 +583,7 @@ case("Projector.fit_transform", "X", [np.full((50, 4), 0.5, np.float32)],
 case("CGT.loss", "idx", [torch.zeros(2, 1, dtype=torch.long)], lambda v: CGT_T.loss(v, v), shows="(2, 1)",
      says=r"aux_min_prefix \+ aux_min_suffix = 2")
 
-# tests/test_figures.py
+# tests/views/test_figures.py
 case("color_spec", "values", [np.zeros((2, 2))], lambda v: F.color_spec(v), shows="(2, 2)", says="1-D")
 for _v in [np.zeros((5, 4)), np.zeros((0, 2))]:
     case("ybar_map_figure", "coords", [_v], lambda v: F.ybar_map_figure(v), shows=str(_v.shape))
@@ -601,7 +601,7 @@ case("compare_figure", "losses", [{"position": np.arange(5), "prompted": np.ones
 case("compare_figure", "losses", [{"pos": np.arange(3), "prompted": np.ones(3)}], lambda v: F.compare_figure(v),
      shows="['pos', 'prompted']")
 
-# tests/test_train.py
+# tests/training/test_train.py
 case("resolve_device", "device", ["tpu"], lambda v: resolve_device(v))
 # the message opens with the argument's name and ends with the value it got (as given: 0 -> "0.0" for a float)
 for _arg, _v, _shows in [("steps", -3, "-3"), ("batch_size", -1, "-1"), ("lr", -1e-3, "-0.001"),
@@ -612,14 +612,14 @@ case("train", "model", [torch.nn.Linear(2, 2)], lambda v: train(v, ICL, steps=1,
      shows="Linear")
 case("train", "stepz", [3], lambda v: train_case(stepz=v), shows="stepz", says="TrainConfig fields")
 
-# tests/test_evaluate.py
+# tests/model/test_evaluate.py
 case("seeds_summary", "by", ["seed"], lambda v: E.seeds_summary([[{"k": 2, "loss": 1.0}]], by=v))
 case("evaluate_specialization", "k_values", [()], lambda v: evaluate_case(k_values=v), shows="[]")   # shown as a list
 case("evaluate_specialization", "k_values", [(6,)], lambda v: evaluate_case(k_values=v), shows="6", says="k=6")
 case("text_position_curves", "split", [40], lambda v: E.text_position_curves(TEXT_CGT(), TEXT(), split=v,
                                                                              n_batches=1, batch_size=2, part="train"))
 
-# tests/test_devices.py: inputs left on the CPU for a model on the meta device, with where to move them
+# tests/model/test_devices.py: inputs left on the CPU for a model on the meta device, with where to move them
 with torch.random.fork_rng(devices=[]):
     torch.manual_seed(0)
     CGT_META = CGT(tok_cfg()).to("meta")
@@ -642,11 +642,11 @@ case("CGT.merged_gpt", "ybar_vec", [torch.zeros(8)], lambda v: CGT_META.merged_g
 case("CGT.loss", "targets", [torch.zeros(2, 6, dtype=torch.long)], lambda v: CGT_META.loss(_META_IDX, v),
      shows="cpu", says="device of idx")
 
-# tests/test_lora_baseline.py
+# tests/training/test_lora_baseline.py
 case("CompileCompare", "lora", [["results"]], lambda v: compare_case(lora=v), shows="list")
 case("CompileCompare", "lora", [{"icl": {"rows": []}}], lambda v: compare_case(lora=v), shows="['icl']")
 
-# tests/test_hf.py (a CGT over a pretrained LM; skipped where transformers is not installed)
+# tests/hf/test_hf.py (a CGT over a pretrained LM; skipped where transformers is not installed)
 @functools.lru_cache(None)
 def _hf():
     pytest.importorskip("transformers")
@@ -687,7 +687,7 @@ case("CGTLM.generate", "use_cache", [True], lambda v: CGTLM_().generate(_HF_IDX,
      says="a KV cache is not available for a CGT over a pretrained LM")
 case("CGTLM.from_pretrained", "lm", [None], lambda v: _hf().CGTLM.from_pretrained("somewhere", v),
      says=r"CGTLM.from_pretrained\(path, lm\) needs lm")
-# tests/test_export_hf.py (a from-scratch GPT as a transformers GPT-2): what GPT-2 cannot express, by name
+# tests/hf/test_export_hf.py (a from-scratch GPT as a transformers GPT-2): what GPT-2 cannot express, by name
 _export = lambda model: InTmp(lambda tmp: _hf().export_hf(model, tmp / "gpt2"))  # noqa: E731
 case("export_hf", "model", [CGT_T], _export, shows="a CGT", says=r"specialize\(prompt\)")
 case("export_hf", "model", ["gpt2"], lambda v: _export(v), shows="'gpt2'")
@@ -709,7 +709,7 @@ case("CGTConfig", "token_shift", ["pair"], lambda v: CGTConfig(input_dim=3, toke
      says="token_shift='pair' embeds token pairs and needs tokens mode")
 case("static_png", "on", ["yes"], lambda v: W.static_png(v), says="True, False or nothing")
 
-# tests/test_distill.py (the feature cache of a pooled-only head; BBCTokens.for_head)
+# tests/training/test_distill.py (the feature cache of a pooled-only head; BBCTokens.for_head)
 _SETTINGS = {"eval_prompts": [16], "prefix": 8, "suffix": 8, "val_fraction": 0.2, "test_fraction": 0.2}
 _WINDOWS = torch.randint(0, 96, (6, 15), generator=torch.Generator().manual_seed(0))
 
@@ -1241,7 +1241,7 @@ NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, a
                      "total_of", "format_seconds", "highlight_trace", "run_info", "TrainingMonitor.status_text",
                      "finish", "folder_artefacts", "check_artefact_folder", "with_added_fields"],
                     "an internal step of an audited view, save or load (its callers check the arguments; "
-                    "tests/test_views_language.py, tests/test_faults3_files.py hold its behaviour)"),
+                    "tests/views/test_views_language.py, tests/faults/test_faults_files.py hold its behaviour)"),
     "LoraFactors": "the dict lora_factors returns, built from checked arguments",
     **dict.fromkeys(["factor_bytes", "merged_weights", "lora_logits", "merge", "teacher_outputs", "sample_continuations",
                      "sample_lm", "score", "median_gap", "summarize", "check_lora_results", "Continuations",
@@ -1260,7 +1260,7 @@ NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, a
                      "LMLayout.site_module", "LMLayout.weight_name", "LMLayout.widths"],
                     "a family's declared module paths and their lookups, used on an LM that check_lm or layout_of "
                     "(audited) accepted; a layout with overlapping sites is refused where it is declared "
-                    "(tests/test_hf_layouts.py)"),
+                    "(tests/hf/test_hf_layouts.py)"),
     **dict.fromkeys(["CGTLM.calibrate_memory", "CGTLM.memory_coeffs", "CGTLM.memory_slots", "CGTLM.memory_map",
                      "CGTLM.peft_config", "CGTLM.teacher_pass", "causal_ema_skip_first", "causal_mean_skip_first",
                      "chunked_cross_entropy", "lm_facts", "check_cgtlm", "check_lm"],
@@ -1272,7 +1272,7 @@ NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, a
                      "cached_loss", "uncached_loss", "trainable_parameters", "resume_differences"],
                     "an internal step (or record) of the feature cache and train_head (build_feature_cache, "
                     "load_feature_cache, train_head, evaluate_cache are audited): fed what they checked; "
-                    "uncached_loss is the reference tests/test_distill.py holds cached_loss to"),
+                    "uncached_loss is the reference tests/training/test_distill.py holds cached_loss to"),
     **dict.fromkeys(["losses_at", "by_position", "document_interval", "summarize_comparison"],
                     "the statistics of compile_comparison and oracle_comparison (audited), fed the losses "
                     "window_losses computed"),
@@ -1295,7 +1295,7 @@ NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, a
     **dict.fromkeys(["freeze", "plain_copy", "strip_remote_code", "write_manifest", "verify_cache", "require",
                      "refuse_remote_code"],
                     "an internal step of load_local, convert_gguf and smollm2 (audited); folder faults: "
-                    "tests/test_faults3_files.py"),
+                    "tests/faults/test_faults_files.py"),
     **dict.fromkeys(["RandomWindows", "RandomWindows.document_windows", "tiny_gpt2", "tiny_llama", "tiny_qwen2"],
                     "a fixture for tests and examples (a tiny random model, random windows): its sizes go to the "
                     "transformers config as given"),
@@ -1304,7 +1304,7 @@ NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, a
                             "rows, the LoRA baselines)",
     **dict.fromkeys(["check_weights_match", "config_from_saved", "safetensors_header", "check_memory_fits"],
                     "an internal step of CGT.from_pretrained and CGTLM.from_pretrained (audited; tamper and fault "
-                    "cases: test_checkpoint, test_faults3_files)"),
+                    "cases: test_checkpoint, test_faults_files)"),
     **dict.fromkeys(["OnePrompt", "OnePrompt.check", "OnePrompt.shown", "distill_kl", "median_timed", "finite_median"],
                     "an internal step (or contract) of lora_baseline's and hf.lora's audited entry points: OnePrompt "
                     "is the `prompt` contract their cases exercise; the rest are fed what they checked"),
@@ -1316,8 +1316,8 @@ NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, a
                     "smollm2, build_feature_cache: audited), fed what they checked"),
     **dict.fromkeys(["CGTLM.summary_of_pooled", "CGTLM.ybar_from_states"],
                     "a step of CGTLM's audited passes, public for the feature cache, the measures and the benchmarks: "
-                    "fed what pooled_readout, lower_cache or the feature cache computed (tests/test_hf.py and "
-                    "tests/test_distill.py hold them to context())"),
+                    "fed what pooled_readout, lower_cache or the feature cache computed (tests/hf/test_hf.py and "
+                    "tests/training/test_distill.py hold them to context())"),
     "load_corpus": "via TextMixture(source=...)",
     "task_from_config": "reads a saved config (test_tasks)", "Explorer.export": "a file path, written by pandas",
 }

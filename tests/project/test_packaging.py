@@ -13,7 +13,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     tomllib = pytest.importorskip("tomli")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _name(req: str) -> str:
@@ -41,7 +41,7 @@ def test_environment_yml_matches_pyproject():
 
 def test_make_env_installs_every_extra():
     """`make env` (and so `make test`, CI) installs every extra pyproject.toml defines: the png extra too,
-    so that CI, with Debian's chromium from `make browser-deps`, runs the PNG path (tests/test_png.py)."""
+    so that CI, with Debian's chromium from `make browser-deps`, runs the PNG path (tests/views/test_png.py)."""
     extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
     installed = re.search(r'-e "\.\[([^\]]*)\]"', (ROOT / "Makefile").read_text())
     assert installed, "the Makefile's env recipe no longer installs the project with its extras"

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from test_faults import ICL
-from test_faults4_writes import HEAD_FLAGS, _train_head, _tree
+from test_faults_writes import HEAD_FLAGS, _train_head, _tree
 
 
 # ---------------------------------------------------------------------------------------------- A21, B16, B18
@@ -440,7 +440,7 @@ def test_concurrent_builders_of_one_cache_all_get_it_and_it_is_computed_once(tmp
 
 
 # ---------------------------------------------------------------------------------------------- B47, B63
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.mark.parametrize("flags, says", [

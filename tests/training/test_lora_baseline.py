@@ -19,7 +19,7 @@ from cgt_viz.train import train
 
 from helpers import randomize_templates
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class TopicTask(Task):

@@ -3,7 +3,7 @@
 No GPU is needed for most of this: PyTorch's "meta" device is a real second device (tensors with shapes
 and no data), so a model moved there must run every entry point on meta inputs without creating a tensor
 on the CPU internally (e.g. a torch.arange without device=). Its refusal of CPU inputs, saying where to
-move them, is a block of rows in tests/test_audit.py. The CUDA round trip at the end runs only where CUDA exists.
+move them, is a block of rows in tests/faults/test_audit.py. The CUDA round trip at the end runs only where CUDA exists.
 """
 from __future__ import annotations
 

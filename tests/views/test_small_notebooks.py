@@ -21,7 +21,7 @@ from cgt_viz.widgets.export import StaticViews, install_config
 
 from test_analysis import tiny_cgt
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SAVED_LIMIT = 2_000_000          # the bound on a saved notebook 01 with every view
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]   # tests/ (this file is in tests/faults/)
 
 
 def _env() -> dict[str, str]:

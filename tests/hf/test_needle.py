@@ -180,7 +180,7 @@ def test_the_results_page_quotes_the_needle_file(tmp_path):
     import shutil
     import sys
     from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     sys.path.insert(0, str(root / "benchmarks"))
     import results_pages
     (tmp_path / "benchmarks" / "results").mkdir(parents=True)

@@ -27,7 +27,7 @@ import pytest
 
 from helpers import free_port, need
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts"
 NOTEBOOK = ROOT / "tests" / "browser" / "widgets.ipynb"
@@ -509,7 +509,7 @@ def test_an_onerror_handler_in_a_label_does_not_fire():
     _need_browser()
     from playwright.sync_api import sync_playwright
 
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "tests" / "faults"))
     from test_faults import XSS, xss_pages
     pages = xss_pages()
     page = None
@@ -706,7 +706,7 @@ def test_three_d_static_copy_is_drawn_offline(tmp_path):
     import torch
     from playwright.sync_api import sync_playwright
 
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "tests" / "model"))
     from test_analysis import tiny_cgt
 
     import cgt_viz

@@ -8,12 +8,15 @@ import json
 import math
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+from cgt_viz.evaluate import GAP_NOISE_FLOOR
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import bench_aux_layouts  # noqa: E402
@@ -273,13 +276,25 @@ def test_readme_section_replaced_in_place(tmp_path):
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc")
 def test_peak_memory_window_sees_a_large_allocation():
-    cpu = torch.device("cpu")
-    assert common.reset_peak_memory(cpu)
-    before = common.peak_memory_bytes(cpu)["bytes"]
-    big = torch.ones(64 * 2 ** 20 // 4)  # 64 MiB, touched
-    after = common.peak_memory_bytes(cpu)
-    del big
-    assert after["kind"] == "rss_peak" and after["bytes"] - before >= 60 * 2 ** 20
+    """In a fresh process: in the test session's own, freed memory the allocator keeps mapped could hold the
+    64 MiB without the resident set growing, and the window would rightly see no new peak."""
+    import subprocess
+    import sys
+    code = textwrap.dedent(f"""
+        import sys, torch
+        sys.path.insert(0, {str(Path(common.__file__).parent)!r})
+        import common
+        cpu = torch.device("cpu")
+        assert common.reset_peak_memory(cpu)
+        before = common.peak_memory_bytes(cpu)["bytes"]
+        big = torch.ones(64 * 2 ** 20 // 4)  # 64 MiB, touched
+        after = common.peak_memory_bytes(cpu)
+        print(after["kind"], after["bytes"] - before)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    kind, grown = out.stdout.split()
+    assert kind == "rss_peak" and int(grown) >= 60 * 2 ** 20, out.stdout
 
 
 def test_text_topic_reference_reads_the_excerpts_ceiling(tmp_path):
@@ -474,7 +489,11 @@ def test_bench_topk_vs_full_smoke_measures_every_teacher(tmp_path):
     assert sorted(q) == ["cross-entropy only", "full", "top-16", "top-4", "untrained"]
     for name in ("top-4", "top-16", "full", "cross-entropy only"):
         r = q[name]
-        assert r["G"]["ci95"][0] <= r["G"]["value"] <= r["G"]["ci95"][1] and r["n_documents"] == 10
+        assert r["n_documents"] == 10
+        if r["loss_no_context"] - r["loss_prompted"] > GAP_NOISE_FLOOR:
+            assert r["G"]["ci95"][0] <= r["G"]["value"] <= r["G"]["ci95"][1]
+        else:                      # the tiny random LM's prompt barely helps: G undefined, as evaluate defines it
+            assert math.isnan(r["G"]["value"])
         assert r["val_full_kl"] >= 0
         # the teacher and the LM alone do not depend on the head: the same on every row
         assert (r["loss_prompted"], r["loss_no_context"]) == pytest.approx(
@@ -498,8 +517,9 @@ def test_hf_oracle_smoke_reports_each_oracle_beside_the_head(tmp_path):
     for target, one in saved["targets"].items():
         for kind in ("ybar", "coeffs", "lora"):
             assert one[f"objective_{kind}"]["never_worse"], (target, kind)
-            assert one[f"G_oracle_{kind}"]["value"] == pytest.approx(res["targets"][target][f"G_oracle_{kind}"]["value"],
-                                                                     nan_ok=True)
+            written, returned = one[f"G_oracle_{kind}"]["value"], res["targets"][target][f"G_oracle_{kind}"]["value"]
+            # JSON has no NaN: an undefined G (the tiny LM's prompt helps by less than the noise floor) is null
+            assert (written is None and math.isnan(returned)) or written == pytest.approx(returned)
         assert one["oracle"]["target"] == target
     for bad in (["--kinds", "ybar,all"], ["--targets", ""], ["--rank", "0"], ["--lr", "0"]):
         with pytest.raises(SystemExit):

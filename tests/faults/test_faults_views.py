@@ -16,7 +16,7 @@ import torch
 from cgt_viz import CGT, CGTConfig
 from helpers import record_png_renders
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]   # tests/ (this file is in tests/faults/)
 ROOT = TESTS.parent
 TINY = ("CGT(CGTConfig(vocab_size=256, block_size=32, n_layer=2, d_x=16, n_head=2, d_y=8, n_head_y=1, y_layer=1, "
         "n_templates=2)).eval()")

@@ -17,7 +17,7 @@ import pytest
 import cgt_viz
 from cgt_viz import shipped_path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_shipped_path_resolves_against_the_repository_from_any_folder(tmp_path):

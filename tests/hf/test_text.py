@@ -19,7 +19,7 @@ from cgt_viz import CGT, CGTConfig, train
 from cgt_viz.tasks import (ByteTokenizer, CorpusBPE, GPT2Tokenizer, TextMixture, make_task, task_from_config,
                            tokenizer_from_spec)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 TOPIC_WORDS = {
     "astronomy": "star planet orbit telescope galaxy comet nebula moon",

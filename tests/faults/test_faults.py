@@ -19,7 +19,7 @@ from cgt_viz.__main__ import main
 from cgt_viz.checkpoint import latest_checkpoint, load_checkpoint
 from cgt_viz.io import read_json, write_json
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]   # tests/ (this file is in tests/faults/)
 TINY_MODEL = ["--n-layer", "2", "--d-x", "16", "--n-head", "2", "--d-y", "8", "--n-head-y", "1", "--y-layer", "1",
               "--n-templates", "2", "--mlp-ratio", "2", "--no-progress", "--device", "cpu"]
 ICL = ["--task", "icl", "--task-arg", "n_pairs=4", "--task-arg", "P=5", *TINY_MODEL]

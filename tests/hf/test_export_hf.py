@@ -147,7 +147,7 @@ def test_a_folder_of_another_kind_is_refused_and_left_as_it_was(tmp_path):
 
 
 # ------------------------------------------------------------------ docs/guides/interop.md: the names tables
-GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "interop.md"
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "interop.md"
 
 
 def _table(header: str) -> list[list[str]]:

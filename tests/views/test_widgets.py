@@ -17,7 +17,7 @@ from cgt_viz.widgets import _base
 
 from test_analysis import TopicTask, tiny_cgt
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -387,7 +387,7 @@ def test_saved_notebook_with_an_explorer_is_small(tmp_path):
         "from test_analysis import tiny_cgt\nfrom cgt_viz import explore, SmoothnessStrip\n"
         "torch.manual_seed(0)\nmodel = tiny_cgt()\ndata = torch.randint(0, 256, (100, 40))\n"
         "ex = explore(model, data, labels=[str(i %% 5) for i in range(100)], background=None)\nex"
-        % (str(ROOT), str(ROOT / "tests"))),
+        % (str(ROOT), str(ROOT / "tests" / "model"))),
         nbformat.v4.new_code_cell("SmoothnessStrip(model, ex.seqs, ybar=ex.ybar_full)")]
     client = nbclient.NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
