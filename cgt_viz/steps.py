@@ -55,6 +55,11 @@ def check_batch(model: nn.Module, batch: Batch, where: str) -> None:
                          f"task's get_batch")
 
 
+def class_name(cls: type) -> str:
+    """module.QualifiedName of a class: how a step's identity names what it trains on."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 class TrainStep:
     """The protocol: every method a training run calls on its step. Subclasses override all but the ones
     with a default here."""
@@ -114,7 +119,7 @@ class TaskStep(TrainStep):
     def identity(self) -> dict[str, Any]:
         """The task's class, name and the config fields it fixes."""
         task = self.task
-        ident: dict[str, Any] = {"class": f"{type(task).__module__}.{type(task).__qualname__}",
+        ident: dict[str, Any] = {"class": class_name(type(task)),
                                  "name": getattr(task, "name", None)}
         try:
             ident["config_kwargs"] = task.config_kwargs()
@@ -182,7 +187,7 @@ class FullBatchStep(TrainStep):
         self.objective, self.name = objective, name
 
     def identity(self) -> dict[str, Any]:
-        return {"class": f"{type(self).__module__}.{type(self).__qualname__}", "name": self.name}
+        return {"class": class_name(type(self)), "name": self.name}
 
     def train_batch(self, step, batch_size, generators, device):
         return None

@@ -56,8 +56,8 @@ from .._checks import (Bool, Choice, Float, Instance, Int, PathArg, check_callab
 from ..distill import aux_objective, teacher_topk
 from ..io import load_tensors, published_folder, read_json, save_tensors, sha256_file, write_json
 from .._ranks import process_group
-from ..checkpoint import latest_checkpoint, load_checkpoint
-from ..steps import TrainStep
+from ..checkpoint import latest_checkpoint
+from ..steps import TrainStep, class_name
 from .source import cache_root
 
 CACHE_FORMAT = "cgt_viz.feature_cache/1"
@@ -445,9 +445,11 @@ def head_checkpoint_run(folder: str | os.PathLike) -> dict | None:
     found = latest_checkpoint(folder) if Path(folder).is_dir() else None
     if found is None:
         return None
-    run = load_checkpoint(found).run
-    task = run.get("task")
-    return run if isinstance(task, dict) and task.get("class") == CachedHeadStep.kind() else None
+    # the record alone, not the tensors: train verifies the whole checkpoint when it resumes from it
+    state = read_json(found / "state.json")
+    run = state.get("run") if isinstance(state, dict) else None
+    task = run.get("task") if isinstance(run, dict) else None
+    return run if isinstance(task, dict) and task.get("class") == class_name(CachedHeadStep) else None
 
 
 def checkpoint_settings(folder: str | os.PathLike) -> dict | None:
@@ -469,30 +471,28 @@ class CachedHeadStep(TrainStep):
         self.cache, self.val_cache, self.eval_windows = cache, val_cache, eval_windows
         self.settings = json.loads(json.dumps(settings or {}))
 
-    @classmethod
-    def kind(cls) -> str:
-        return f"{cls.__module__}.{cls.__qualname__}"
-
     def identity(self) -> dict[str, Any]:
-        return {"class": self.kind(), "windows": len(self.cache), "settings": self.settings}
+        return {"class": class_name(CachedHeadStep), "windows": len(self.cache), "settings": self.settings}
 
     def check_fits(self, model) -> None:
         _require_pooled_only(model)
 
     def train_batch(self, step, batch_size, generators, device):
-        return torch.randperm(len(self.cache), generator=generators["batch"])[:batch_size]
+        return self.cache, torch.randperm(len(self.cache), generator=generators["batch"])[:batch_size]
 
     def val_batches(self, batch_size, n_batches, seed, device):
         n = min(self.eval_windows, len(self.val_cache))
         for i in range(0, n, batch_size):
-            yield ("val", torch.arange(i, min(i + batch_size, n)))
+            yield self.val_cache, torch.arange(i, min(i + batch_size, n))
 
     def shard(self, batch, lo, hi):
-        return batch[lo:hi]
+        cache, rows = batch
+        return cache, rows[lo:hi]
 
     def loss(self, model, batch):
-        cache, rows = (self.val_cache, batch[1]) if isinstance(batch, tuple) else (self.cache, batch)
-        out = cached_loss(model, cache.batch(rows, model.device))
+        cache, rows = batch                              # (the cache the rows index, row indices)
+        # the cache stays on the CPU; DDP on CUDA moves the batch's tensors (the rows) to the rank's device
+        out = cached_loss(model, cache.batch(rows.cpu(), model.device))
         return {"main": out["ce"], "aux": out["aux"], "smooth": torch.zeros((), device=out["aux"].device),
                 "total": out["aux"]}
 

@@ -1203,7 +1203,7 @@ NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, a
     **dict.fromkeys([f"{cls}.{verb}" for cls in ("TrainStep", "TaskStep", "CachedHeadStep", "FullBatchStep")
                      for verb in ("check_fits", "identity", "train_batch", "val_batches", "shard", "loss",
                                   "no_information_loss", "preflight")]
-                    + ["TaskStep", "CachedHeadStep", "FullBatchStep", "Parameters", "check_batch"],
+                    + ["TaskStep", "CachedHeadStep", "FullBatchStep", "Parameters", "check_batch", "class_name"],
                     "a training step's protocol, called by train (audited) with the model, batch sizes and device it "
                     "checked; a step's data is checked where it is made (the task, train_head), check_batch is a "
                     "checker itself"),
