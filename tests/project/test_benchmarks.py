@@ -557,3 +557,12 @@ def test_bench_notebook01_reads_the_results_table_right_after_the_evaluation_cel
     nbformat.write(nbformat.v4.new_notebook(cells=cells[:1]), path)
     with pytest.raises(SystemExit, match="evaluate_specialization"):
         bench_notebook01.run_once(path, steps=None, timeout=120)
+
+
+def test_bench_train_overhead_smoke_trains_the_same_factors_both_ways(tmp_path):
+    import bench_train_overhead
+    res = bench_train_overhead.main(["--steps", "3", "--repeats", "1", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "train_overhead.json").read_text())
+    assert saved["same_factors"] is True and res["same_factors"] is True
+    assert saved["seconds"]["ratio_median"] == pytest.approx(res["seconds"]["ratio_median"])
+    assert saved["seconds"]["through_train"]["n"] == 1 and saved["settings"]["steps"] == 3
