@@ -66,3 +66,40 @@ def test_the_list_names_each_artefact_with_its_command(capsys):
     for name in ship.SHIPPED:
         assert f"python benchmarks/ship.py {name}" in out
     assert str(ROOT) not in out                                  # paths shown from the repository root
+
+
+def _chain(monkeypatch, argv):
+    seen = []
+    monkeypatch.setattr(ship, "trainer", lambda kind: (lambda a: seen.append((kind, a)) or 0))
+    assert ship.main(argv) == 0
+    return seen
+
+
+def test_from_scratch_trains_what_an_artefact_starts_from_first_and_starts_from_that(monkeypatch, tmp_path):
+    needing = [n for n, s in ship.SHIPPED.items() if s.needs]
+    assert needing, "no shipped artefact starts from another: the chain is untested"
+    name = needing[0]
+    out = tmp_path / "mem"
+    seen = _chain(monkeypatch, [name, "--out", str(out), "--from-scratch", "--threads", "2"])
+    assert [kind for kind, _ in seen] == [ship.SHIPPED[ship.SHIPPED[name].needs].trainer, ship.SHIPPED[name].trainer]
+    from cgt_viz.hf.head_run import parse_args
+    first, then = (parse_args(a) for _, a in seen)
+    assert Path(first.out) == tmp_path / "mem-base" and first.threads == 2 and not first.resume
+    assert Path(first.results) == tmp_path / "mem-base" / "speeds.json"       # never the shipped results JSON
+    assert Path(then.out) == out and Path(then.init_from) == tmp_path / "mem-base" and then.threads == 2
+    assert Path(then.results) == out / "speeds.json"
+    # a rerun resumes the base run found there (finished or interrupted), and never touches data/models
+    (tmp_path / "mem-base").mkdir()
+    (tmp_path / "mem-base" / "model.safetensors").write_bytes(b"")
+    first, _ = (parse_args(a) for _, a in _chain(monkeypatch, [name, "--out", str(out), "--from-scratch"]))
+    assert first.resume and Path(first.out) == tmp_path / "mem-base"
+
+
+def test_from_scratch_is_refused_without_out_or_for_an_artefact_that_starts_from_nothing(monkeypatch, capsys):
+    needing = next(n for n, s in ship.SHIPPED.items() if s.needs)
+    alone = next(n for n, s in ship.SHIPPED.items() if not s.needs)
+    monkeypatch.setattr(ship, "trainer", lambda kind: pytest.fail("nothing may train"))
+    with pytest.raises(SystemExit, match="--from-scratch needs --out OUT"):
+        ship.main([needing, "--from-scratch"])
+    with pytest.raises(SystemExit, match=f"{alone} starts from nothing else"):
+        ship.main([alone, "--out", "/tmp/x", "--from-scratch"])
