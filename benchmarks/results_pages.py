@@ -39,6 +39,10 @@ NOTEBOOK01 = "benchmarks/results/notebook01.json"
 SCRATCH_ORACLE = "benchmarks/results/oracle_regression16.json"
 MEMORY_HEAD = "benchmarks/results/smollm2_head_memory.json"
 NEEDLE = "benchmarks/results/needle_smollm2.json"
+# each SmolLM2 head's update space against its cost: (its run record with the speeds and, but for the shipped head,
+# compare_heads' "paired" against it; its capacity oracle). The shipped head's test numbers are its metrics.json's.
+SPACES = ((HEAD_RUN, HF_ORACLE), (MEMORY_HEAD, MEMORY_ORACLE),
+          ("benchmarks/results/smollm2_head_big.json", "benchmarks/results/oracle_smollm2_big_head.json"))
 TEXT_METRICS = "data/models/text-bbc5/metrics.json"
 
 
@@ -407,6 +411,7 @@ def page(root: Path = ROOT) -> str:
                     f"{f2(run.get('ratio_training_to_lm_forward'))}× the frozen LM's own no-grad forward; a feature cache of "
                     f"{text(run.get('cache_windows'))} windows (`{HEAD_RUN}`).", ""]
     out += oracle_section(root)
+    out += spaces_section(root)
     out += needle_section(root)
     lora = load(LORA, root)
     if lora:
@@ -470,6 +475,55 @@ def oracle_section(root: Path = ROOT) -> list[str]:
                            f"{ci(r.get(f'compiled_minus_oracle_{kind}'), signed=True)} | {f2((tok or {}).get('value'))} | "
                            f"{ci(r.get(f'oracle_{kind}_minus_topic_mean'), signed=True)} |")
     return out + [""]
+
+
+def space_label(settings: dict) -> str:
+    """A head's update space from its run's settings: templates × rank at its sites above ℓ, and its memory."""
+    label = (f"{settings['templates']} × rank {settings['rank']} at {', '.join(settings['sites'])}, "
+             f"layers above {settings['y_layer']}")
+    if settings.get("memory_layers"):
+        label += f"; token memory at the top {settings['memory_layers']} (rank {settings['memory_rank']} keys)"
+    return label
+
+
+def spaces_section(root: Path = ROOT) -> list[str]:
+    """Each head's update space against its training cost: the head's test G at p = 64, paired against the shipped
+    head where compare_heads ran, and the capacity oracle of its fixed template space (and memory)."""
+    rows = []
+    base_metrics = load(HEAD_METRICS, root) or {}
+    for run_src, oracle_src in SPACES:
+        run, oracle = load(run_src, root), load(oracle_src, root)
+        if not run or "settings" not in run:
+            continue
+        paired = run.get("paired", {}).get("p=64")
+        if paired:
+            g, diff = paired["new"].get("G"), paired["new_minus_base"]
+        else:
+            g, diff = base_metrics.get("test", {}).get("p=64", {}).get("G"), {}
+        cap = ((oracle or {}).get("targets") or {}).get("capacity") or {}
+        ceil = "; ".join(f"{text(kind)} {ci(cap.get(f'G_oracle_{kind}'))}" for kind in cap.get("oracle", {}).get("kinds", []))
+        if ceil:
+            ceil += f" ({text(cap.get('n_documents'))} docs)"
+        budget = (f"{text(run['settings']['steps'])} steps" if run["settings"].get("steps")
+                  else f"{text(run['settings']['minutes'])} min")
+        start = " from " + text(head_name(run["settings"]["init_from"])) if run["settings"].get("init_from") else ""
+        rows.append(f"| {text(space_label(run['settings']))} | {text(run.get('cache_windows'))} windows, "
+                    f"{(run.get('cache_file_bytes') or 0) / 2**20:.0f} MiB | "
+                    f"{run.get('head_training_tokens_per_second', 0):.0f} ({f2(run.get('ratio_training_to_lm_forward'))}×) | "
+                    f"{budget}{start} | {ci(g)} | {ci(diff.get('G'), signed=True)} | "
+                    f"{ci(diff.get('own_minus_topic_mean'), signed=True)} | {ceil or '—'} |")
+    if len(rows) < 2:
+        return []
+    return ["## Update spaces against their cost", "",
+            "Each head's space, what its feature cache and training cost on this machine (one thread; tokens/s and "
+            "the ratio to the frozen LM's own no-grad forward), its G on the test part at p = 64, the paired "
+            "difference to the shipped head on the same windows (`benchmarks/compare_heads.py`), and the capacity "
+            "oracle of its space (`benchmarks/hf_oracle.py --head ... --targets capacity`, test documents): "
+            "*coeffs*, the best coefficients of its trained templates; *memory*, the best factors of its memory; "
+            "*lora*, its compiled update plus a free rank-8 update at the same maps.", "",
+            "| space | feature cache | training tokens/s (× LM forward) | training | test G, p = 64 [95 %] | "
+            "G − shipped head [95 %] | own − topic mean − shipped head's [95 %] | capacity oracle G [95 %] |",
+            "|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
 def needle_section(root: Path = ROOT) -> list[str]:
