@@ -85,7 +85,11 @@ def _load(args):
     settings = json.loads((head / "metrics.json").read_text())["settings"]
     task = hf.BBCTokens.for_head(tok, settings)
     means = torch.tensor(json.loads((head / "topic_means.json").read_text())["ybar"])
-    return model, task, means, str(head)
+    try:                          # the results file is shipped: a head inside the repository by its path from the root
+        name = str(head.resolve().relative_to(HEAD.parents[2]))
+    except ValueError:
+        name = str(head)
+    return model, task, means, name
 
 
 def main(argv=None) -> dict:
