@@ -566,3 +566,17 @@ def test_bench_train_overhead_smoke_trains_the_same_factors_both_ways(tmp_path):
     assert saved["same_factors"] is True and res["same_factors"] is True
     assert saved["seconds"]["ratio_median"] == pytest.approx(res["seconds"]["ratio_median"])
     assert saved["seconds"]["through_train"]["n"] == 1 and saved["settings"]["steps"] == 3
+
+
+def test_bench_head_spaces_smoke_times_every_declared_space_against_the_shipped_one(tmp_path):
+    pytest.importorskip("transformers")
+    import bench_head_spaces
+    bench_head_spaces.main(["--smoke", "--repeats", "1", "--batch", "2", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "head_spaces_cost.json").read_text())["spaces"]
+    assert sorted(saved) == sorted(bench_head_spaces.SPACES)
+    ship, big = saved["shipped"], saved["more templates, rank and sites"]
+    assert ship["step_time_vs_shipped"] == 1.0 and ship["cache_bytes_vs_shipped"] == 1.0
+    assert big["trainable_parameters"] > ship["trainable_parameters"] and big["space"]["template_rank"] == 4
+    assert saved["lower ℓ"]["modulated_layers"] > ship["modulated_layers"]
+    assert saved["token memory"]["cache_bytes_per_window"] > ship["cache_bytes_per_window"]   # its prefix states
+    assert all(r["step_seconds"]["n"] == 1 and r["tokens_per_second"] > 0 for r in saved.values())
