@@ -484,7 +484,8 @@ class CGT(PretrainedMixin, Generation, nn.Module):
     @checked(idx=Inputs("self", on_device=True), ybar_vec=Summary(rows_of="idx"), ablate=Ablate())
     def forward_specialized(self, idx: torch.Tensor, ybar_vec: torch.Tensor,
                             ablate: dict[str, Sequence[int]] | None = None) -> torch.Tensor:
-        """The specialized model, unmerged: x-only pass over idx (b, t) with T(ȳ) frozen at ybar_vec (b, e)."""
+        """The specialized model, unmerged: x-only pass over idx (b, t) with T(ȳ) frozen at ybar_vec (b, e). The
+        templates only: with a token memory the compiled model of a prompt is `forward_compiled(idx, prompt)`."""
         return self._specialized(idx, ybar_vec.expand(idx.shape[0], -1), ablate=ablate)
 
     @checked(ybar=Summaries())
@@ -682,9 +683,12 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         b, t = idx.shape[:2]
         split = check_split(split, b, t)
         split_dev = split.to(idx.device)
-        ytilde = self._lower(idx)[1][torch.arange(b, device=idx.device), split_dev - 1]   # (b, e)
+        x, mu, _ = self._lower(idx)
+        ytilde = mu[torch.arange(b, device=idx.device), split_dev - 1]                   # (b, e)
         src = split_dev[:, None] + torch.arange(t - int(split.min()), device=idx.device)
-        return self._specialized(take_positions(idx, src), ytilde)
+        # with a token memory, each row's compile holds its own prefix's slots, as in the loss
+        coeffs = {**self._fixed_coeffs(ytilde), **self.memory_coeffs(x, idx, split)}
+        return self._logits(self._hidden(take_positions(idx, src), coeffs)[0])
 
 
 class LoraFactors(dict):
