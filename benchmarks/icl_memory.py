@@ -6,6 +6,11 @@ losses against the prompted and the no-context model. Writes icl_memory.json.
     python benchmarks/icl_memory.py                              # the recipe's steps, one thread (a few minutes a run)
     python benchmarks/icl_memory.py --steps 20 --eval-batches 1 --out /tmp    # a smoke run
 
+Two pairs of runs by default (`--tasks`): "plain", the recipe's task as it is, and "novel_split", the same task
+with SyntheticICL(novel_split=True): the auxiliary split then falls before a query whose u the prefix has not
+shown, as the evaluation's queries always are. With the plain task most auxiliary queries (P values, 13 pairs)
+repeat a u of the prefix, so a memory can learn to answer them by copying, which the evaluation never rewards.
+
 The held-out queries of SyntheticICL are values u the prompt never showed, so the memory (which raises the tokens
 that followed the prompt's own positions) cannot answer them by copying: what it could add is a better compile of
 the demonstrations. "specialized" is the whole compile here: ȳ's templates and, in the memory run, the prompt's
@@ -25,13 +30,16 @@ KEEP = ("k", "n_scored", "loss_prompted", "loss_specialized", "loss_no_context",
         "acc_no_context", "gap_closed", "gap_closed_acc", "spec_merge_max_diff")
 
 
-def run(memory_layers: int, args) -> dict:
+TASKS = {"plain": {}, "novel_split": {"novel_split": True}}
+
+
+def run(memory_layers: int, task_changes: dict, args) -> dict:
     from cgt_viz import CGT, CGTConfig, train
     from cgt_viz.evaluate import evaluate_specialization
     from cgt_viz.recipes import RECIPES
     from cgt_viz.tasks import make_task
     recipe = RECIPES["icl"]
-    task = make_task("icl", **recipe["task"])
+    task = make_task("icl", **{**recipe["task"], **task_changes})
     torch.manual_seed(args.seed)
     model = CGT(CGTConfig(**{**task.config_kwargs(), **recipe["model"], "memory_layers": memory_layers,
                              "memory_rank": args.memory_rank}))
@@ -59,21 +67,29 @@ def main(argv=None) -> dict:
     p.add_argument("--memory-rank", type=int, default=32)
     p.add_argument("--k", type=int, default=8, help="demonstrations in the evaluated prompts")
     p.add_argument("--eval-batches", type=int, default=8)
+    p.add_argument("--tasks", default="plain,novel_split", help=f"comma-separated, of {sorted(TASKS)}")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=str(common.DEFAULT_RESULTS))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    runs = [run(0, args), run(args.memory_layers, args)]
+    names = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    unknown = sorted(set(names) - set(TASKS))
+    if unknown or not names:
+        p.error(f"--tasks must name some of {sorted(TASKS)}, got {args.tasks!r}")
+    pairs = {}
+    for name in names:
+        runs = [run(0, TASKS[name], args), run(args.memory_layers, TASKS[name], args)]
+        pairs[name] = {"task_changes": TASKS[name], "runs": runs,
+                       "gap_closed_with_minus_without": runs[1]["gap_closed"] - runs[0]["gap_closed"]}
+        for r in runs:
+            print(f"{name}, memory_layers={r['memory_layers']}: G = {r['gap_closed']:.3f}, loss prompted / compiled / "
+                  f"no context = {r['loss_prompted']:.3f} / {r['loss_specialized']:.3f} / {r['loss_no_context']:.3f}, "
+                  f"acc compiled {r['acc_specialized']:.3f}, merge diff {r['spec_merge_max_diff']:.1e}, "
+                  f"{r['train_seconds']:.0f} s", flush=True)
     res = {"settings": vars(args), "environment": common.environment(torch.device("cpu")),
            "command": "python benchmarks/icl_memory.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "recipe": "icl", "runs": runs,
-           "gap_closed_with_minus_without": runs[1]["gap_closed"] - runs[0]["gap_closed"]}
+           "recipe": "icl", "pairs": pairs}
     common.write_json(Path(args.out) / "icl_memory.json", res)
-    for r in runs:
-        print(f"memory_layers={r['memory_layers']}: G = {r['gap_closed']:.3f}, loss prompted / compiled / "
-              f"no context = {r['loss_prompted']:.3f} / {r['loss_specialized']:.3f} / {r['loss_no_context']:.3f}, "
-              f"acc compiled {r['acc_specialized']:.3f}, merge diff {r['spec_merge_max_diff']:.1e}, "
-              f"{r['train_seconds']:.0f} s")
     return res
 
 
