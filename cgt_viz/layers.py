@@ -320,6 +320,10 @@ class TokenMemory(nn.Module):
     the same at every layer and width. In the full (per-token) mode position t uses the slots j ≤ t − 1 (their
     next token already read), centred over those, with m = t − 1: the same map as the compile of the prefix
     ending at t.
+
+    `CGT` builds it from `CGTConfig.memory_layers`/`memory_rank` in both families (a from-scratch GPT stream or
+    `hf.CGTLM`) and owns its compile, merge and training; an x stream supplies only the map (`sites.MEMORY_SITE`'s)
+    and the output-embedding rows u.
     """
 
     def __init__(self, d: int, d_in: int, layers: list[int], rank: int):

@@ -566,3 +566,15 @@ def test_bench_train_overhead_smoke_trains_the_same_factors_both_ways(tmp_path):
     assert saved["same_factors"] is True and res["same_factors"] is True
     assert saved["seconds"]["ratio_median"] == pytest.approx(res["seconds"]["ratio_median"])
     assert saved["seconds"]["through_train"]["n"] == 1 and saved["settings"]["steps"] == 3
+
+
+def test_icl_memory_smoke_trains_each_pair_and_its_compile_merges(tmp_path):
+    import icl_memory
+    tmp = tmp_path
+    res = icl_memory.main(["--steps", "3", "--eval-batches", "1", "--tasks", "novel_split", "--out", str(tmp)])
+    saved = json.loads((tmp / "icl_memory.json").read_text())
+    runs = saved["pairs"]["novel_split"]["runs"]
+    assert [r["memory_layers"] for r in runs] == [0, 2] and saved["settings"]["steps"] == 3
+    assert all(r["spec_merge_max_diff"] < 1e-4 for r in runs)            # the compile with its memory merges
+    assert len(runs[1]["memory_gain"]) == 2 and "memory_gain" not in runs[0]
+    assert res["pairs"]["novel_split"]["task_changes"] == {"novel_split": True}
