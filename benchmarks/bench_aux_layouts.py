@@ -98,12 +98,14 @@ def _modulator(model, layer: int, coeffs: dict):
     return modulate
 
 
-def packed_aux_loss(self, idx, targets, loss_mask, ybar, split, keep=None, teacher=None):
+def packed_aux_loss(self, idx, targets, loss_mask, ybar, split, keep=None, teacher=None, memory=None):
     """CGT._aux_loss with the packed layout (tokens mode): the same estimate, term by term (cross-entropy aux
-    only: the distillation term, aux_kl > 0, is not laid out here)."""
+    only: the distillation term, aux_kl > 0, and a token memory's compiled prefixes are not laid out here)."""
     cfg = self.config
     if teacher is not None:
         raise NotImplementedError("the packed layout measures the cross-entropy aux term (aux_kl = 0)")
+    if memory:
+        raise NotImplementedError("the packed layout measures a CGT without a token memory (memory_layers = 0)")
     b, t = idx.shape[:2]
     ytilde = ybar[torch.arange(b), split - 1]
     m = t - int(split.min())

@@ -47,7 +47,8 @@ PRETRAINED_TASKS = ("smollm2-bbc",)   # trained by cgt_viz.hf.head_run (a head o
 # arguments, and kept in run.json so that a run says which recipe it trained
 RUN_DEFAULTS: dict[str, Any] = {"task": None, "model": "cgt", "task_arg": [], "curriculum": None, "recipe": None}
 MODEL_FLAGS = ("n_layer", "d_x", "n_head", "d_y", "n_head_y", "y_layer", "n_templates", "template_rank", "mlp_ratio",
-               "dropout", "w_aux", "w_smooth", "smooth", "y_reads", "sites", "aux_row_fraction")
+               "dropout", "w_aux", "w_smooth", "smooth", "y_reads", "sites", "aux_row_fraction", "memory_layers",
+               "memory_rank")
 
 MODEL_HELP = {"n_layer": "N, blocks in all", "d_x": "width of x", "n_head": "heads of x",
               "d_y": "width of y and of the summary ȳ", "n_head_y": "heads of y",
@@ -57,7 +58,9 @@ MODEL_HELP = {"n_layer": "N, blocks in all", "d_x": "width of x", "n_head": "hea
               "w_smooth": "weight of the smoothness term of ȳ", "smooth": "kind of smoothness term: l2, vae, relative",
               "y_reads": "y block reads x after its x block (post) or before it (pre)",
               "sites": "comma-separated subset of attn_in,attn_out,mlp_in,mlp_out",
-              "aux_row_fraction": "share of the rows the auxiliary pass runs on in training"}
+              "aux_row_fraction": "share of the rows the auxiliary pass runs on in training",
+              "memory_layers": "token memory at the MLP output map of the top this many layers (0: none)",
+              "memory_rank": "width of the token memory's shared key read-out"}
 
 # The CLI's own numeric flags, declared like the TrainConfig fields (a flag left out is None: not checked)
 FLAG_CONSTRAINTS = {"curriculum": Int(0, hint=" (0 = off)"),

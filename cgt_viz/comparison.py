@@ -25,14 +25,24 @@ def comparison_logits(model, inputs: torch.Tensor, split: int, no_context: torch
     Its callers check the model and the rows at their door: the passes here are the models' unchecked ones,
     so the rows are not checked again once per mode."""
     suffix = inputs[:, split:]
-    ybar = model._context(inputs[:, :split])[:, -1]                 # (b, e): the summary of the prompt
+    if getattr(model, "memory", None) is not None:    # the compile holds the prompt's slots too (layers.TokenMemory)
+        coeffs = model._prompt_coeffs(inputs[:, :split])
+        specialized = model._logits(model._hidden(suffix, coeffs)[0])
+        # another row's prompt: its ȳ and its memory, the whole compile swapped
+        rolled = {key: (c.roll(1, 0) if isinstance(c, torch.Tensor) else tuple(f.roll(1, 0) for f in c))
+                  for key, c in coeffs.items()}
+        other = (lambda: model._logits(model._hidden(suffix, rolled)[0]))
+    else:
+        ybar = model._context(inputs[:, :split])[:, -1]             # (b, e): the summary of the prompt
+        specialized = model._specialized(suffix, ybar)
+        other = (lambda: model._specialized(suffix, ybar.roll(1, 0)))
     out = {"prompted": model._full(inputs)[0][:, split:],
-           "specialized": model._specialized(suffix, ybar),
+           "specialized": specialized,
            "no_context": _unchecked(no_context, suffix)}
     if baseline is not None:
         out["baseline"] = _unchecked(baseline, inputs)[:, split:]
     if other_row:
-        out["other_row"] = model._specialized(suffix, ybar.roll(1, 0))
+        out["other_row"] = other()
     return out
 
 

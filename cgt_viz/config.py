@@ -21,7 +21,7 @@ TOKEN_SHIFTS = ("none", "previous", "pair")
 # Fields added after models were first saved, with the value that reproduces a model saved before the field
 # existed: loading fills exactly these (an explicit migration); any other missing field is refused.
 ADDED_FIELDS = {"aux_row_fraction": 1.0, "y_readout": "stream", "token_shift": "none",
-                "aux_ce": 1.0, "aux_kl": 0.0, "aux_kl_top_k": None}
+                "aux_ce": 1.0, "aux_kl": 0.0, "aux_kl_top_k": None, "memory_layers": 0, "memory_rank": 64}
 
 
 def with_added_fields(saved):
@@ -43,6 +43,7 @@ FIELD_CONSTRAINTS = {
     "aux_min_prefix": Int(1), "aux_min_suffix": Int(1), "aux_suffix_len": Int(1, none=True),
     "aux_row_fraction": Float(0.0, 1.0, lo_open=True),
     "aux_ce": Float(0.0), "aux_kl": Float(0.0), "aux_kl_top_k": Int(1, none=True, hint=" (None: the whole vocabulary)"),
+    "memory_layers": Int(0, hint=" (0: no token memory)"), "memory_rank": Int(1),
     "sites": DistinctNames(*SITES), "extra": Instance(dict, "a dict (free-form metadata)"),
 }
 
@@ -73,6 +74,9 @@ class CGTConfig:
     n_templates: int = 8               # K
     template_rank: int = 1             # r
     sites: tuple[str, ...] = ("attn_in", "mlp_in")   # subset of SITES
+    # --- token memory (layers.TokenMemory): update directions read from the prompt's own tokens ---
+    memory_layers: int = 0             # the top this many layers get one at their MLP output map (0: none)
+    memory_rank: int = 64              # width of the memory's shared key read-out R
     # --- losses: total = main + w_aux * aux + w_smooth * smooth ---
     w_aux: float = 1.0                 # w_C, auxiliary specialization loss
     w_smooth: float = 0.0              # w_D, smoothness of ybar along the sequence
@@ -116,6 +120,13 @@ class CGTConfig:
         check_divisible("d_x", self.d_x, self.n_head, "n_head")
         check_divisible("d_y", self.d_y, self.n_head_y, "n_head_y")
         check_int("y_layer", self.y_layer, 1, self.n_layer - 1, hint=" (1..n_layer-1)")
+        check_int("memory_layers", self.memory_layers, 0, self.n_layer - self.y_layer,
+                  hint=f" (0: no token memory; at most the n_layer - y_layer = {self.n_layer - self.y_layer} "
+                       f"modulated layers)")
+        if self.memory_layers and self.vocab_size is None:
+            # a slot's value is the output-embedding row of the token that followed it: tokens only
+            raise refuse("memory_layers", "0 in vectors mode (the token memory writes output-embedding rows of "
+                         "tokens and needs tokens mode, vocab_size)", repr(self.memory_layers))
         if self.aux_min_prefix + self.aux_min_suffix > self.block_size:
             raise refuse("aux_min_prefix + aux_min_suffix", f"<= block_size = {self.block_size} (a split must fit "
                          f"in the longest sequence)", f"aux_min_prefix={self.aux_min_prefix}, "

@@ -66,14 +66,20 @@ class KVCache:
 
 class SiteLinear(nn.Linear):
     """An nn.Linear whose input can be a template site: with `site` set (by `Block`, from sites.SITE_TABLE) and
-    a modulator given, the input h becomes modulate(site, h) before the map. Same parameters as nn.Linear."""
+    a modulator given, the input h becomes modulate(site, h) before the map. Same parameters as nn.Linear.
+
+    A modulator with a `write(site, h, out)` method also adds to the map's output a term of its own, read from
+    the untransformed input h (the token memory: then W T(ȳ) h + ΔW h, which merges as W + B A + B' A').
+    """
 
     site: str | None = None
 
     def forward(self, h: torch.Tensor, modulate: Modulator = None) -> torch.Tensor:
-        if modulate is not None and self.site is not None:
-            h = modulate(self.site, h)
-        return super().forward(h)
+        if modulate is None or self.site is None:
+            return super().forward(h)
+        out = super().forward(modulate(self.site, h))
+        write = getattr(modulate, "write", None)
+        return out if write is None else write(self.site, h, out)
 
 
 class CausalSelfAttention(nn.Module):
@@ -305,7 +311,7 @@ class TokenMemory(nn.Module):
     more like its own position than like the prompt's average one: without that, a · h is dominated by what all
     positions share (the top layers' MLP inputs have a few very large features), and the memory becomes a
     broad boost of every prompt token whatever the context. D_ν (the buffer `in_scale`, 1 until
-    `CGTLM.calibrate_memory` sets it to the inverse variance of each input feature) makes a · h a similarity in
+    `calibrate_memory` sets it to the inverse variance of each input feature) makes a · h a similarity in
     units of each feature's spread. Both are linear in h, so the compile stays one low-rank ΔW.
 
     R (d → rank) is shared by the layers, K_ν (rank → i) is each layer's; s_ν starts at 0, so an untrained
@@ -314,6 +320,10 @@ class TokenMemory(nn.Module):
     the same at every layer and width. In the full (per-token) mode position t uses the slots j ≤ t − 1 (their
     next token already read), centred over those, with m = t − 1: the same map as the compile of the prefix
     ending at t.
+
+    `CGT` builds it from `CGTConfig.memory_layers`/`memory_rank` in both families (a from-scratch GPT stream or
+    `hf.CGTLM`) and owns its compile, merge and training; an x stream supplies only the map (`sites.MEMORY_SITE`'s)
+    and the output-embedding rows u.
     """
 
     def __init__(self, d: int, d_in: int, layers: list[int], rank: int):
@@ -335,12 +345,20 @@ class TokenMemory(nn.Module):
         at = self.layers.index(layer)
         return self.scale[at] * self.unit[at]
 
-    def factors(self, layer: int, states: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def factors(self, layer: int, states: torch.Tensor, values: torch.Tensor,
+                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The compiled update of one layer from m slots: states (b, m, d), values (b, m, o) (u(t_{j+1}) of each
-        slot) -> A (b, m, i), B (b, o, m) with ΔW = B @ A."""
+        slot) -> A (b, m, i), B (b, o, m) with ΔW = B @ A. mask (b, m) bool: only those slots count (rows whose
+        prompts differ in length, padded to m); the others get zero rows in A and columns in B."""
         keys = self.slot_keys(layer, states)
-        lora_a = keys - keys.mean(1, keepdim=True)                                    # centred over the slots
-        lora_b = rearrange(values, "b m o -> b o m") * (self.gain(layer) / max(states.shape[1], 1))
+        if mask is None:
+            lora_a = keys - keys.mean(1, keepdim=True)                                # centred over the slots
+            lora_b = rearrange(values, "b m o -> b o m") * (self.gain(layer) / max(states.shape[1], 1))
+            return lora_a, lora_b
+        keep = mask.to(keys.dtype)[..., None]                                         # (b, m, 1)
+        count = keep.sum(1, keepdim=True).clamp_min(1)                                # (b, 1, 1): each row's m
+        lora_a = (keys - (keys * keep).sum(1, keepdim=True) / count) * keep           # centred over its own slots
+        lora_b = rearrange(values * keep, "b m o -> b o m") * (self.gain(layer) / count)
         return lora_a, lora_b
 
     @staticmethod

@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ._checks import Bool, Folder, Generator, Instance, Int, check_int, checked, describe, refuse
 from .config import CGTConfig
@@ -30,8 +31,8 @@ from .contracts import (IGNORE_INDEX, Ablate, CacheNames, Inputs, LossMask, Prom
                         check_aux_length, check_inputs, check_prompts, check_split, check_targets)
 from .generation import Generation
 from .io import PretrainedMixin, fold_affine_ln_y
-from .layers import SITE_WEIGHTS, Block, EMAReadout, SiteTemplates, TokenShift, YBlock, init_weights
-from .sites import site_width
+from .layers import SITE_WEIGHTS, Block, EMAReadout, SiteTemplates, TokenMemory, TokenShift, YBlock, init_weights
+from .sites import MEMORY_SITE, site_width
 from .streams import GPTStream, cache_entry
 from .distill import aux_objective
 from .losses import SMOOTHNESS, aux_length_groups, masked_loss, per_position_loss, smoothness_penalty, take_positions
@@ -120,6 +121,10 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         self.y_ema = EMAReadout(cfg.d_x, cfg.d_y) if cfg.y_readout == "ema" else None
         # caches: x stream (blocks, and the token shift's history when present), y blocks, the EMA's history
         self._n_attention = self.stream.caches(self) + cfg.y_layer + (self.y_ema is not None)
+        # the token memory at the map reading MEMORY_SITE of the top memory_layers layers: built last, so every other
+        # weight draws the same random numbers as in the same CGT without one
+        self.memory = (TokenMemory(cfg.d_x, site_width(MEMORY_SITE, widths), self.modulated_layers[-cfg.memory_layers:],
+                                   cfg.memory_rank) if cfg.memory_layers else None)
 
     # ------------------------------------------------------------------ what a family builds (hf.CGTLM overrides)
     def _build_x(self, cfg: CGTConfig) -> None:
@@ -187,6 +192,13 @@ class CGT(PretrainedMixin, Generation, nn.Module):
             if record is not None:
                 for layer, site in self.template_sites:
                     record[COEFFS(layer, site)] = coeffs[f"{layer}.{site}"]
+            if self.memory is not None:   # the full mode: every position reads the memory of its own prefix
+                if cache is not None:
+                    raise refuse("use_cache", "False for a CGT with a token memory", "True",
+                                 hint="the full mode's memory reads every earlier position again at each step; "
+                                      "generate(..., use_cache=False)")
+                after = torch.cat([inp[:, 1:], inp[:, -1:]], dim=1)       # (b, t): the token after each position
+                coeffs = {**coeffs, "memory": (self._memory_states(x), self._memory_values(after))}
             return coeffs
 
         return ystep, out
@@ -251,6 +263,196 @@ class CGT(PretrainedMixin, Generation, nn.Module):
     def _step(self, inp, cache, pos_offset):
         return self._full(inp, cache, pos_offset)[0]
 
+    # ------------------------------------------------------------------ the token memory (layers.TokenMemory)
+    def memory_map(self, layer: int) -> str:
+        """The weight of the x stream's module (a state-dict key of stream.base) the token memory of layer ν writes."""
+        return self.stream.site_maps(self, layer, MEMORY_SITE)[0]
+
+    def _memory_states(self, x: torch.Tensor) -> torch.Tensor:
+        """LN(x_ℓ) (no gain or bias) in the memory's dtype: what its slots read. x (b, t, d) -> (b, t, d)."""
+        x = x.to(self.memory.read.weight.dtype)
+        return F.layer_norm(x, x.shape[-1:])
+
+    def _memory_values(self, tokens: torch.Tensor) -> torch.Tensor:
+        """u(t): the output embedding rows of tokens (b, m) -> (b, m, o), in the memory's dtype."""
+        return self.stream.output_rows(self)[tokens.long()].to(self.memory.read.weight.dtype)
+
+    def memory_slots(self, states: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A prompt's slots j = 1..p−2: states (b, p, d) its x_ℓ, tokens (b, p) -> LN(x_ℓ,j) (b, p−2, d) and the
+        output embedding row of the token after each, u(t_{j+1}) (b, p−2, o)."""
+        return self._memory_states(states[:, 1:-1]), self._memory_values(tokens[:, 2:])
+
+    def memory_coeffs(self, states: torch.Tensor, tokens: torch.Tensor,
+                      lengths: torch.Tensor | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """The compiled memory of prompts (states (b, p, d) x_ℓ, tokens (b, p)) as entries of a pass's coeffs:
+        {"ν.memory": (A (b, m, i), B (b, o, m))}, ΔW = B @ A at layer ν's memory map ({} without a memory).
+        lengths (b,): row i's prompt is its first lengths[i] positions only (the aux loss's splits)."""
+        if self.memory is None:
+            return {}
+        slots, values = self.memory_slots(states, tokens)
+        mask = None
+        if lengths is not None:   # slot j (at index j − 1) belongs to a prompt of length s when j ≤ s − 2
+            j = torch.arange(1, slots.shape[1] + 1, device=slots.device)
+            mask = j[None, :] <= lengths.to(slots.device)[:, None] - 2                          # (b, m)
+        return {f"{layer}.memory": self.memory.factors(layer, slots, values, mask) for layer in self.memory.layers}
+
+    def _remember(self, layer: int, h: torch.Tensor, out: torch.Tensor, coeffs: dict | None) -> torch.Tensor:
+        """The output of layer ν's memory map plus the memory's term: h its input (b, t, i), out (b, t, o).
+        coeffs holds "ν.memory" (a compiled memory, ȳ frozen) or "memory" (the full mode's causal memory); a
+        "memory.seen" dict there receives h by layer (what memory_reads and calibrate_memory look at)."""
+        if self.memory is None or layer not in self.memory.layers or not coeffs:
+            return out
+        seen = coeffs.get("memory.seen")
+        if seen is not None:
+            seen[layer] = h
+        if "memory" not in coeffs and f"{layer}.memory" not in coeffs:
+            return out
+        dtype = out.dtype if torch.is_autocast_enabled() else self.memory.read.weight.dtype
+        fixed = coeffs.get(f"{layer}.memory")
+        if fixed is not None:
+            delta = TokenMemory.apply_fixed(h.to(dtype), fixed[0].to(dtype), fixed[1].to(dtype))
+        else:
+            delta = self.memory.apply_causal(layer, h.to(dtype), *coeffs["memory"])
+        return out + delta.to(out.dtype)
+
+    def _prompt_coeffs(self, prompt: torch.Tensor, ablate=None) -> dict:
+        """Everything a compile freezes, per row of prompt (b, p), from one pass over layers 1..ℓ: the templates'
+        {"ν.site": (b, 1, K)} at ȳ after the last token and, with a token memory, {"ν.memory": (A, B)}."""
+        x, ybar, _ = self._lower(prompt)
+        return {**self._fixed_coeffs(ybar[:, -1], ablate), **self.memory_coeffs(x, prompt)}
+
+    @torch.no_grad()
+    def compiled_coeffs(self, prompt: torch.Tensor) -> dict:
+        """Everything a compile freezes, for one prompt (t,) or (1, t), from one pass over it (layers 1..ℓ):
+        {"ν.site": (1, 1, K)} the templates' coefficients at ȳ after the prompt and, with a token memory,
+        {"ν.memory": (A (1, m, i), B (1, o, m))}. A pass with these coeffs is specialize(prompt), unmerged."""
+        rows, x, ybar = self._compile_pass(prompt)
+        return {**self._fixed_coeffs(ybar), **self.memory_coeffs(x, rows)}
+
+    def _compile_pass(self, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The one pass a compile makes over one prompt (t,) or (1, t), layers 1..ℓ: -> its ids (1, t), x_ℓ
+        (1, t, d) (what a token memory reads) and ȳ after its last token (1, e)."""
+        rows, single = check_prompts(self.config, prompt, self.device)
+        if not single:
+            raise refuse("prompt", "one prompt (t,) or (1, t) here", describe(prompt))
+        x, ybar, _ = self._lower(rows)
+        return rows, x, ybar[:, -1]
+
+    def forward_compiled(self, idx: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
+        """The compiled model of one prompt, unmerged: idx (b, t) -> logits (b, t, v), the logits of
+        specialize(prompt)(idx) (with or without a token memory)."""
+        coeffs = self.compiled_coeffs(prompt)
+        idx = check_inputs(self.config, idx, device=self.device)
+        return self._logits(self._hidden(idx, coeffs)[0])
+
+    @torch.no_grad()
+    def memory_reads(self, prompt: torch.Tensor, idx: torch.Tensor, layer: int | None = None) -> dict[str, torch.Tensor]:
+        """What the compiled memory of one prompt (t,) or (1, t) does over a text idx (c,) or (1, c) at memory
+        layer ν (default the top one): {"written": (m,) the token each slot writes (t_{j+1}), "read_at": (m,) the
+        token at the slot's own position j, "weights": (c, m) the slot's weight s/m · a_j · h at each position of
+        idx (its write there is weights @ u(written))}. What the memory reads from the prompt and writes."""
+        if self.memory is None:
+            raise refuse("model", f"a {type(self).__name__} with a token memory (memory_layers > 0)", "memory_layers=0")
+        layer = self.memory.layers[-1] if layer is None else layer
+        if layer not in self.memory.layers:
+            raise refuse("layer", f"one of the memory layers {self.memory.layers}", repr(layer))
+        rows, single = check_prompts(self.config, prompt, self.device)
+        if not isinstance(idx, torch.Tensor):
+            raise refuse("idx", "a tensor of token ids (c,) or (1, c)", describe(idx), TypeError)
+        text = check_inputs(self.config, idx if idx.dim() == 2 else idx[None], name="idx", device=self.device)
+        if not single or text.shape[0] != 1:
+            raise refuse("prompt and idx", "one prompt and one text", f"{tuple(rows.shape)} and {tuple(text.shape)}")
+        coeffs = self.compiled_coeffs(rows)
+        seen: dict[int, torch.Tensor] = {}
+        self._hidden(text, {**coeffs, "memory.seen": seen})
+        lora_a, lora_b = coeffs[f"{layer}.memory"]
+        h = seen[layer].to(lora_a.dtype)
+        scale = self.memory.gain(layer) / max(lora_a.shape[1], 1)
+        return {"written": rows[0, 2:], "read_at": rows[0, 1:-1], "weights": (h @ lora_a.transpose(1, 2))[0] * scale}
+
+    @torch.no_grad()
+    def prompt_factors(self, prompt: torch.Tensor) -> "LoraFactors":
+        """The whole compiled update of one prompt (t,) or (1, t): {weight name: (A (r, i), B (o, r))} with
+        W' = W + B @ A. The templates' factors at ȳ after the prompt (`lora_factors`) and, with a token memory,
+        its slots' at each memory map (a map both write gets both, stacked along r)."""
+        rows, x, ybar = self._compile_pass(prompt)
+        factors = self.lora_factors(ybar[0])
+        for key, (lora_a, lora_b) in self.memory_coeffs(x, rows).items():
+            name = self.memory_map(int(key.split(".")[0]))
+            lora_a, lora_b = lora_a[0], lora_b[0]
+            if name in factors:
+                lora_a = torch.cat([factors[name][0], lora_a])
+                lora_b = torch.cat([factors[name][1], lora_b], dim=1)
+            factors[name] = (lora_a, lora_b)
+        return factors
+
+    @torch.no_grad()
+    @checked(idx=Inputs("self", on_device=True), batch_size=Int(1))
+    def calibrate_memory(self, idx: torch.Tensor, batch_size: int = 16) -> "CGT":
+        """Data-dependent start for the token memory's keys from full-mode passes over the rows of idx (n, t):
+        as `_fit_memory`, on LN(x_ℓ) and the input of each memory map at every position."""
+        if self.memory is None:
+            raise refuse("model", f"a {type(self).__name__} with a token memory (memory_layers > 0) to calibrate it",
+                         "memory_layers=0")
+        states, inputs = [], {layer: [] for layer in self.memory.layers}
+        for rows in idx.split(batch_size):
+            record: dict[str, torch.Tensor] = {}
+            ystep, out = self._y_stream(rows, record=record)
+            seen: dict[int, torch.Tensor] = {}
+
+            def with_seen(nu, x, ystep=ystep, seen=seen):
+                coeffs = ystep(nu, x)
+                return None if coeffs is None else {**coeffs, "memory.seen": seen}
+            self.stream.run(self, rows, with_seen)
+            states.append(self._memory_states(out["x"]).flatten(0, 1).float())
+            for layer in self.memory.layers:
+                inputs[layer].append(seen[layer].flatten(0, 1).float())
+        base = self.stream.base(self)
+        h = {layer: torch.cat(v) for layer, v in inputs.items()}
+        # the map's own write W h (+ bias), as the MLP writes it: what s = 1 is scaled to
+        outputs = {layer: F.linear(v, base.get_parameter(self.memory_map(layer)).float(),
+                                   None if (b := base.get_submodule(self.memory_map(layer)[:-len(".weight")]).bias)
+                                   is None else b.float()) for layer, v in h.items()}
+        return self._fit_memory(torch.cat(states), h, outputs)
+
+    @torch.no_grad()
+    def _fit_memory(self, x: torch.Tensor, h: dict[int, torch.Tensor], outputs: dict[int, torch.Tensor]) -> "CGT":
+        """Set the token memory's keys from N positions: x (N, d) LN(x_ℓ), h {ν: (N, i)} the input of each memory
+        map there, outputs {ν: (N, o)} its output.
+
+        The keys K_ν R LN(x_ℓ,j) are fit (least squares, rank memory_rank shared over the layers) to the centred
+        input h_ν,j − h̄_ν of each memory map at the same position, and D_ν is set to the inverse variance of each
+        input feature: a slot then starts as the state its position reaches at layer ν, and a · h measures how
+        alike two positions are there in units of each feature's spread, instead of a random number.
+        `unit` is set so that s = 1 writes about as much as the layer's MLP."""
+        mem = self.memory
+        x_mean = x.mean(0)
+        h_mean = {layer: v.mean(0) for layer, v in h.items()}
+        xc = x - x_mean
+        target = torch.cat([h[layer] - h_mean[layer] for layer in mem.layers], dim=1)        # (N, L·i)
+        weights = torch.linalg.lstsq(xc, target).solution                                    # (d, L·i)
+        u, sv, vt = torch.linalg.svd(weights, full_matrices=False)
+        r = min(mem.read.weight.shape[0], sv.shape[0])
+        read = torch.zeros_like(mem.read.weight)
+        read[:r] = u[:, :r].t()                                                              # (rank, d)
+        keys = (sv[:r, None] * vt[:r]).split(h[mem.layers[0]].shape[1], dim=1)              # L × (r, i)
+        mem.read.weight.copy_(read)
+        for at, (layer, k) in enumerate(zip(mem.layers, keys)):
+            variance = h[layer].var(0)
+            # a feature that barely varies would otherwise dominate: its variance is floored at a share of the mean
+            mem.in_scale[at] = 1.0 / (variance + 0.01 * variance.mean())
+            linear = mem.keys[str(layer)]
+            linear.weight.zero_()
+            linear.weight[:, :r] = k.t() / mem.norm
+        # s = 1: the memory's write (values of unit norm, as the output rows are about) as large as the MLP's
+        for at, layer in enumerate(mem.layers):
+            a = mem.slot_keys(layer, x[:512][None])[0]                                       # (n, i)
+            scores = h[layer][:512] @ (a - a.mean(0)).t() / a.shape[0]                       # (n, n)
+            row = self.stream.output_rows(self).float().norm(dim=1).mean()
+            write = scores.abs().sum(1).mean() * row
+            mem.unit[at] = (outputs[layer].norm(dim=1).mean() / write.clamp_min(1e-12)).item()
+        return self
+
     # ------------------------------------------------------------------ public API
     @checked(idx=Inputs("self", on_device=True), ablate=Ablate())
     def forward(self, idx: torch.Tensor, ablate: dict[str, Sequence[int]] | None = None) -> torch.Tensor:
@@ -282,7 +484,8 @@ class CGT(PretrainedMixin, Generation, nn.Module):
     @checked(idx=Inputs("self", on_device=True), ybar_vec=Summary(rows_of="idx"), ablate=Ablate())
     def forward_specialized(self, idx: torch.Tensor, ybar_vec: torch.Tensor,
                             ablate: dict[str, Sequence[int]] | None = None) -> torch.Tensor:
-        """The specialized model, unmerged: x-only pass over idx (b, t) with T(ȳ) frozen at ybar_vec (b, e)."""
+        """The specialized model, unmerged: x-only pass over idx (b, t) with T(ȳ) frozen at ybar_vec (b, e). The
+        templates only: with a token memory the compiled model of a prompt is `forward_compiled(idx, prompt)`."""
         return self._specialized(idx, ybar_vec.expand(idx.shape[0], -1), ablate=ablate)
 
     @checked(ybar=Summaries())
@@ -358,6 +561,9 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         """
         if isinstance(prompt, list):
             return [self.specialize(p, share_weights) for p in prompt]
+        if self.memory is not None:   # each prompt's own slots as well: one compile per row
+            models = [self._merged(self.prompt_factors(row), share_weights) for row in prompt]
+            return models[0] if len(models) == 1 else models
         ybar = self._lower(prompt)[1][:, -1]  # (b, e): the summary after the last prompt token
         models = [self.merged_gpt(row, share_weights) for row in ybar]
         return models[0] if len(models) == 1 else models   # one prompt, (t,) or (1, t): one model
@@ -404,7 +610,9 @@ class CGT(PretrainedMixin, Generation, nn.Module):
             n_aux = max(1, math.ceil(cfg.aux_row_fraction * b)) if self.training else b
             keep = torch.randperm(b, generator=generator)[:n_aux] if n_aux < b else None   # a cheaper step
             teacher = final if cfg.aux_kl > 0 and self.stream.self_teacher else None
-            aux = self._aux_loss(idx, targets, loss_mask, out["ybar"], s, keep, teacher)
+            # with a token memory, each row's compile also holds the slots of its own prefix (this pass's x_ℓ)
+            memory = self.memory_coeffs(out["x"], idx, s) if self.memory is not None else {}
+            aux = self._aux_loss(idx, targets, loss_mask, out["ybar"], s, keep, teacher, memory)
         else:
             aux = main.new_zeros(())
 
@@ -423,13 +631,14 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         loss, scored = per_position_loss(self.config.mode, final, targets, mask)
         return aux_objective(self.config, loss, final, teacher), scored
 
-    def _aux_loss(self, idx, targets, loss_mask, ybar, split, keep=None, teacher=None):
+    def _aux_loss(self, idx, targets, loss_mask, ybar, split, keep=None, teacher=None, memory=None):
         """split: CPU LongTensor (b,) — its values set the shapes below; a device copy indexes the tensors.
         keep: CPU rows (n,) that run the pass (None: all); their loss sum × b/n over the scored positions of
         every row is an unbiased estimate of the all-rows loss (both families; a mean over the kept rows' own
         positions would weigh a row by its share of those, and be biased).
         teacher: the full-mode outputs (b, t, v) of this pass (the model that saw the prefix), for the
-        distillation part of the aux term (aux_kl > 0); detached, so it only pulls the specialised model."""
+        distillation part of the aux term (aux_kl > 0); detached, so it only pulls the specialised model.
+        memory: {"ν.memory": (A (b, m, i), B (b, o, m))}, each row's compiled prefix (a token memory; else {})."""
         b, t = idx.shape[:2]
         split_dev = split.to(idx.device)
         ytilde = ybar[torch.arange(b, device=idx.device), split_dev - 1]   # (b, e)
@@ -450,6 +659,7 @@ class CGT(PretrainedMixin, Generation, nn.Module):
             split, suffix, suffix_targets, mask, ytilde = split[keep], suffix[k], suffix_targets[k], mask[k], ytilde[k]
             teacher = None if teacher is None else teacher[k]
             rows, src = idx[k], src[k]
+            memory = {key: (a[k], b_[k]) for key, (a, b_) in (memory or {}).items()}
         n = suffix.shape[0]
         # Padding every row to the longest suffix wastes much of the pass (benchmarks/bench_aux_layouts.py): rows sorted by
         # suffix length run in up to losses.AUX_LENGTH_GROUPS groups, each only as long as its own longest suffix.
@@ -457,7 +667,9 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         for group in aux_length_groups(split):
             m_group = min(m, t - int(split[group].min()))
             group = group.to(idx.device)
-            out = self._hidden(suffix[group, :m_group], self._fixed_coeffs(ytilde[group]))[0]
+            coeffs = {**self._fixed_coeffs(ytilde[group]),
+                      **{key: (a[group], b_[group]) for key, (a, b_) in (memory or {}).items()}}
+            out = self._hidden(suffix[group, :m_group], coeffs)[0]
             if final is None:
                 final = out.new_zeros(n, m, out.shape[-1])
             final[group, :m_group] = out                             # the rest is padding, masked out
@@ -471,9 +683,12 @@ class CGT(PretrainedMixin, Generation, nn.Module):
         b, t = idx.shape[:2]
         split = check_split(split, b, t)
         split_dev = split.to(idx.device)
-        ytilde = self._lower(idx)[1][torch.arange(b, device=idx.device), split_dev - 1]   # (b, e)
+        x, mu, _ = self._lower(idx)
+        ytilde = mu[torch.arange(b, device=idx.device), split_dev - 1]                   # (b, e)
         src = split_dev[:, None] + torch.arange(t - int(split.min()), device=idx.device)
-        return self._specialized(take_positions(idx, src), ytilde)
+        # with a token memory, each row's compile holds its own prefix's slots, as in the loss
+        coeffs = {**self._fixed_coeffs(ytilde), **self.memory_coeffs(x, idx, split)}
+        return self._logits(self._hidden(take_positions(idx, src), coeffs)[0])
 
 
 class LoraFactors(dict):

@@ -50,6 +50,7 @@ SITE_TABLE: tuple[Site, ...] = (
     Site("mlp_out", "mlp", "mlp.c_proj"),
 )
 SITE = {s.name: s for s in SITE_TABLE}
+MEMORY_SITE = "mlp_out"   # the token memory (layers.TokenMemory) writes at the map reading this site, in every family
 SITES = tuple(SITE)
 check_disjoint("sites.SITE_TABLE", {s.name: (s.gpt_map,) for s in SITE_TABLE})
 

@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 from .outputs import X
+from .sites import MEMORY_SITE
 
 
 class XStream:
@@ -62,6 +63,11 @@ class XStream:
         raise NotImplementedError
 
     @staticmethod
+    def output_rows(model) -> torch.Tensor:
+        """The output embedding (v, d): row u(t) is what the token memory writes for token t (`layers.TokenMemory`)."""
+        raise NotImplementedError
+
+    @staticmethod
     def fan_in_fan_out(model, name) -> bool:
         """Whether the weight `name` of base(model) is stored (in, out), as transformers' Conv1D does, rather than
         (out, in) as nn.Linear: the merge and lora_factors transpose it (PEFT's flag of the same name)."""
@@ -99,6 +105,23 @@ class XStream:
         raise NotImplementedError
 
 
+class Seam:
+    """What a from-scratch block's site maps (`layers.SiteLinear`) call in one modulated layer ν: `seam(site, h)`
+    is T(ȳ) h (model._modulate); `seam.write(site, h, out)` adds the token memory's ΔW h to the output of the map
+    reading `sites.MEMORY_SITE` (model._remember; other maps' outputs pass as they are)."""
+
+    def __init__(self, model, layer: int, coeffs: dict | None):
+        self.model, self.layer, self.coeffs = model, layer, coeffs
+
+    def __call__(self, site: str, h: torch.Tensor) -> torch.Tensor:
+        return self.model._modulate(self.layer, site, h, self.coeffs)
+
+    def write(self, site: str, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        if site != MEMORY_SITE:
+            return out
+        return self.model._remember(self.layer, h, out, self.coeffs)
+
+
 def cache_entry(cache, i):
     """The KV cache of block i from a model's list of per-block caches; None (no caching) when `cache` is None."""
     return None if cache is None else cache[i]
@@ -126,8 +149,7 @@ class GPTStream(XStream):
         if stop:
             return None
         for layer in model.modulated_layers:
-            modulate = lambda site, h, layer=layer: model._modulate(layer, site, h, coeffs)   # noqa: E731
-            x = gpt.blocks[layer - 1](x, modulate=modulate, cache=cache_entry(cache, layer - 1))
+            x = gpt.blocks[layer - 1](x, modulate=Seam(model, layer, coeffs), cache=cache_entry(cache, layer - 1))
             if record is not None:
                 record[X(layer)] = x
         return gpt.head(gpt.ln_f(x))
@@ -153,6 +175,10 @@ class GPTStream(XStream):
     def site_maps(model, layer, site):
         from .layers import SITE_WEIGHTS
         return [f"blocks.{layer - 1}.{SITE_WEIGHTS[site]}.weight"]
+
+    @staticmethod
+    def output_rows(model):
+        return model.gpt.head.weight
 
     @staticmethod
     def base(model) -> nn.Module:

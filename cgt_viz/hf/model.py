@@ -41,11 +41,10 @@ from ..config import CGTConfig
 from ..contracts import IGNORE_INDEX, check_inputs, check_prompts
 from ..distill import aux_objective
 from ..io import CONFIG_NAME, WEIGHTS_NAME, load_tensors, model_folder, read_json, save_tensors, warn_non_finite, write_json
-from ..layers import TokenMemory
 from ..losses import SMOOTHNESS, take_positions
 from ..model import CGT, LoraFactors
 from ..outputs import X
-from ..sites import site_width
+from ..sites import MEMORY_SITE
 from .layouts import LAYOUTS, SUPPORTED_MODEL_TYPES, layout_of
 from .source import require
 from .stream import HFStream, StopAfterY, hooks, own_thread, pass_lock, upper_hidden
@@ -54,7 +53,6 @@ from .stream import HFStream, StopAfterY, hooks, own_thread, pass_lock, upper_hi
 # view callers of hf.SITE_MODULES had before layouts (every family's is hf.layouts.LAYOUTS[model_type].sites)
 SITE_MODULES: dict[str, tuple[str, bool, tuple[str, ...]]] = {
     site: (where.at, where.output, where.maps) for site, where in LAYOUTS["llama"].sites.items()}
-MEMORY_SITE = "mlp_out"   # the token memory writes at the map reading this site (the MLP's output map)
 VOCAB_CHUNK = 8192   # the loss computes logits this many vocabulary entries at a time
 
 
@@ -208,6 +206,7 @@ class CGTLM(CGT):
             w_aux=w_aux, w_smooth=w_smooth, smooth=smooth, aux_min_prefix=aux_min_prefix,
             aux_min_suffix=aux_min_suffix, aux_suffix_len=aux_suffix_len, aux_row_fraction=aux_row_fraction,
             aux_ce=aux_ce, aux_kl=aux_kl, aux_kl_top_k=aux_kl_top_k,
+            memory_layers=memory_layers, memory_rank=memory_rank,
             extra={"hf": {"model_type": c.model_type, "class": type(lm).__name__,
                           "name_or_path": str(getattr(c, "_name_or_path", "")), "hidden_size": c.hidden_size,
                           "intermediate_size": lm_facts(lm)["intermediate_size"], "num_hidden_layers": n_layer,
@@ -216,8 +215,6 @@ class CGTLM(CGT):
                           "memory_rank": memory_rank}})
         CGT.__init__(self, cfg, lm=lm)   # the y stream and templates as every CGT's; the x stream is lm (_build_x)
         self.pool_half_life, self.pooled_only = pool_half_life, pooled_only
-        self.memory = (TokenMemory(cfg.d_x, site_width(MEMORY_SITE, self.stream.widths(self)),
-                                   self.modulated_layers[-memory_layers:], memory_rank) if memory_layers else None)
 
     def _build_x(self, cfg: CGTConfig, lm=None) -> None:
         """The x stream is the frozen LM (y starts at zero: no y embedding)."""
@@ -347,138 +344,6 @@ class CGTLM(CGT):
         with hooks(self, coeffs):      # holds the LM's pass_lock: no other pass sees the shorter list
             return upper_hidden(self.lm, x_ell, self.config.y_layer)
 
-    # ------------------------------------------------------------------ the token memory (layers.TokenMemory)
-    def memory_map(self, layer: int) -> str:
-        """The weight of lm (a state-dict key) that the token memory of decoder layer ν writes."""
-        return self.stream.site_maps(self, layer, MEMORY_SITE)[0]
-
-    def memory_slots(self, states: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A prompt's slots j = 1..p−2: states (b, p, d) its x_ℓ, tokens (b, p) -> LN(x_ℓ,j) (b, p−2, d) and the
-        output embedding row of the token after each, u(t_{j+1}) (b, p−2, o)."""
-        dtype = self.memory.read.weight.dtype
-        rows = self.lm.get_output_embeddings().weight
-        return self.ln_x(states[:, 1:-1].to(dtype)), rows[tokens[:, 2:].long()].to(dtype)
-
-    def memory_coeffs(self, states: torch.Tensor, tokens: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """The compiled memory of prompts (states (b, p, d) x_ℓ, tokens (b, p)) as entries of a pass's coeffs:
-        {"ν.memory": (A (b, m, i), B (b, o, m))}, ΔW = B @ A at layer ν's memory map ({} without a memory)."""
-        if self.memory is None:
-            return {}
-        slots, values = self.memory_slots(states, tokens)
-        return {f"{layer}.memory": self.memory.factors(layer, slots, values) for layer in self.memory.layers}
-
-    def _remember(self, layer: int, h: torch.Tensor, out: torch.Tensor, coeffs: dict | None) -> torch.Tensor:
-        """The output of layer ν's memory map plus the memory's term: h its input (b, t, i), out (b, t, o).
-        coeffs holds "ν.memory" (a compiled memory, ȳ frozen) or "memory" (the full mode's causal memory)."""
-        if not coeffs or ("memory" not in coeffs and f"{layer}.memory" not in coeffs):
-            return out
-        dtype = out.dtype if torch.is_autocast_enabled() else self.memory.read.weight.dtype
-        fixed = coeffs.get(f"{layer}.memory")
-        if fixed is not None:
-            delta = TokenMemory.apply_fixed(h.to(dtype), fixed[0].to(dtype), fixed[1].to(dtype))
-        else:
-            delta = self.memory.apply_causal(layer, h.to(dtype), *coeffs["memory"])
-        return out + delta.to(out.dtype)
-
-    def _y_stream(self, inp, *args, **kwargs):
-        """CGT._y_stream; with a token memory the coefficients at ℓ also carry this pass's slots (the full mode:
-        every position reads the memory of its own prefix)."""
-        ystep, out = super()._y_stream(inp, *args, **kwargs)
-        if self.memory is None:
-            return ystep, out
-        dtype = self.memory.read.weight.dtype
-
-        def with_memory(nu, x):
-            coeffs = ystep(nu, x)
-            if coeffs is not None:
-                after = torch.cat([inp[:, 1:], inp[:, -1:]], dim=1)       # (b, t): the token after each position
-                rows = self.lm.get_output_embeddings().weight
-                coeffs = {**coeffs, "memory": (self.ln_x(x.to(dtype)), rows[after].to(dtype))}
-            return coeffs
-        return with_memory, out
-
-    @torch.no_grad()
-    def compiled_coeffs(self, prompt: torch.Tensor) -> dict:
-        """Everything a compile freezes, for one prompt (t,) or (1, t), from one pass over it (layers 1..ℓ):
-        {"ν.site": (1, 1, K)} the templates' coefficients at ȳ after the prompt and, with a token memory,
-        {"ν.memory": (A (1, m, i), B (1, o, m))}. A pass with these coeffs is specialize(prompt), unmerged."""
-        rows, x, ybar = self._compile_pass(prompt)
-        return {**self._fixed_coeffs(ybar), **self.memory_coeffs(x, rows)}
-
-    def _compile_pass(self, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The one pass a compile makes over one prompt (t,) or (1, t), layers 1..ℓ: -> its ids (1, t), x_ℓ
-        (1, t, d) (what a token memory reads) and ȳ after its last token (1, e)."""
-        rows, single = check_prompts(self.config, prompt, self.device)
-        if not single:
-            raise refuse("prompt", "one prompt (t,) or (1, t) here", describe(prompt))
-        x, ybar, _ = self._lower(rows)
-        return rows, x, ybar[:, -1]
-
-    def forward_compiled(self, idx: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
-        """The compiled model of one prompt, unmerged: idx (b, t) -> logits (b, t, v), the logits of
-        specialize(prompt)(idx) (with or without a token memory)."""
-        coeffs = self.compiled_coeffs(prompt)
-        idx = check_inputs(self.config, idx, device=self.device)
-        return self._logits(self._hidden(idx, coeffs)[0])
-
-    @torch.no_grad()
-    def memory_reads(self, prompt: torch.Tensor, idx: torch.Tensor, layer: int | None = None) -> dict[str, torch.Tensor]:
-        """What the compiled memory of one prompt (t,) or (1, t) does over a text idx (c,) or (1, c) at memory
-        layer ν (default the top one): {"written": (m,) the token each slot writes (t_{j+1}), "read_at": (m,) the
-        token at the slot's own position j, "weights": (c, m) the slot's weight s/m · a_j · h at each position of
-        idx (its write there is weights @ u(written))}. What the memory reads from the prompt and writes."""
-        if self.memory is None:
-            raise refuse("model", "a CGTLM with a token memory (memory_layers > 0)", "memory_layers=0")
-        layer = self.memory.layers[-1] if layer is None else layer
-        if layer not in self.memory.layers:
-            raise refuse("layer", f"one of the memory layers {self.memory.layers}", repr(layer))
-        rows, single = check_prompts(self.config, prompt, self.device)
-        if not isinstance(idx, torch.Tensor):
-            raise refuse("idx", "a tensor of token ids (c,) or (1, c)", describe(idx), TypeError)
-        text = check_inputs(self.config, idx if idx.dim() == 2 else idx[None], name="idx", device=self.device)
-        if not single or text.shape[0] != 1:
-            raise refuse("prompt and idx", "one prompt and one text", f"{tuple(rows.shape)} and {tuple(text.shape)}")
-        coeffs = self.compiled_coeffs(rows)
-        seen = {}
-        module = self.lm.get_submodule(self.memory_map(layer)[:-len(".weight")])
-        with pass_lock(self.lm):
-            handle = module.register_forward_hook(own_thread(lambda m, args, out: seen.__setitem__("h", args[0])))
-            try:
-                self._hidden(text, coeffs)
-            finally:
-                handle.remove()
-        lora_a, lora_b = coeffs[f"{layer}.memory"]
-        h = seen["h"].to(lora_a.dtype)
-        scale = self.memory.gain(layer) / max(lora_a.shape[1], 1)
-        return {"written": rows[0, 2:], "read_at": rows[0, 1:-1], "weights": (h @ lora_a.transpose(1, 2))[0] * scale}
-
-    @torch.no_grad()
-    def prompt_factors(self, prompt: torch.Tensor) -> LoraFactors:
-        """The whole compiled update of one prompt (t,) or (1, t): {weight name: (A (r, i), B (o, r))} with
-        W' = W + B @ A. The templates' factors at ȳ after the prompt (`lora_factors`) and, with a token memory,
-        its slots' at each memory map (a map both write gets both, stacked along r)."""
-        rows, x, ybar = self._compile_pass(prompt)
-        factors = self.lora_factors(ybar[0])
-        for key, (lora_a, lora_b) in self.memory_coeffs(x, rows).items():
-            name = self.memory_map(int(key.split(".")[0]))
-            lora_a, lora_b = lora_a[0], lora_b[0]
-            if name in factors:
-                lora_a = torch.cat([factors[name][0], lora_a])
-                lora_b = torch.cat([factors[name][1], lora_b], dim=1)
-            factors[name] = (lora_a, lora_b)
-        return factors
-
-    @torch.no_grad()
-    @checked(share_weights=Bool())
-    def specialize(self, prompt: torch.Tensor | Sequence[torch.Tensor], share_weights: bool = True):
-        """CGT.specialize: one pass over each prompt, then W' = W + B @ A at every map the templates and the
-        token memory (if any) write; a model of lm's class, or a list of them for several prompts."""
-        if self.memory is None:
-            return super().specialize(prompt, share_weights)
-        prompts, single = check_prompts(self.config, prompt, self.device)
-        models = [self._merged(self.prompt_factors(p), share_weights) for p in prompts]
-        return models[0] if single else models
-
     def _pooled(self, h: torch.Tensor) -> torch.Tensor:
         """The read-out's running mean of LN(x_ℓ): (b, t, d) -> (b, t, d), over the whole prefix or exponential."""
         if self.pool_half_life is None:
@@ -522,17 +387,13 @@ class CGTLM(CGT):
     @torch.no_grad()
     def calibrate_memory(self, suffix_x: torch.Tensor, pooled: torch.Tensor, batch_size: int = 16) -> "CGTLM":
         """Data-dependent start for the token memory's keys, from a feature cache's layer-ℓ states of continuations
-        suffix_x (n, m, d) and their prompts' pooled read-outs (n, d) (ȳ as the head has it now).
-
-        The keys K_ν R LN(x_ℓ,j) are fit (least squares, rank memory_rank shared over the layers) to the centred
-        input h_ν,j − h̄_ν of each memory map at the same position, and D_ν is set to the inverse variance of each
-        input feature: a slot then starts as the state its position reaches at layer ν, and a · h measures how
-        alike two positions are there in units of each feature's spread, instead of a random number.
-        `unit` is set so that s = 1 writes about as much as the layer's MLP."""
+        suffix_x (n, m, d) and their prompts' pooled read-outs (n, d) (ȳ as the head has it now): CGT._fit_memory
+        on those states and the memory maps' inputs and outputs in the compiled passes over them. (A from-scratch
+        CGT's `calibrate_memory(idx)` reads full-mode passes over token rows instead: a CGTLM trains from the
+        feature cache, which holds these states.)"""
         if self.memory is None:
             raise refuse("model", "a CGTLM with a token memory (memory_layers > 0) to calibrate it", "memory_layers=0")
-        mem, maps = self.memory, {layer: self.lm.get_submodule(self.memory_map(layer)[:-len(".weight")])
-                                  for layer in self.memory.layers}
+        maps = {layer: self.lm.get_submodule(self.memory_map(layer)[:-len(".weight")]) for layer in self.memory.layers}
         inputs: dict[int, list[torch.Tensor]] = {layer: [] for layer in maps}
         outputs: dict[int, list[torch.Tensor]] = {layer: [] for layer in maps}
 
@@ -554,34 +415,8 @@ class CGTLM(CGT):
             finally:
                 for h in handles:
                     h.remove()
-        x = torch.cat(states)                                                   # (N, d)
         h = {layer: torch.cat(v) for layer, v in inputs.items()}               # (N, i) per layer
-        x_mean = x.mean(0)
-        h_mean = {layer: v.mean(0) for layer, v in h.items()}
-        xc = x - x_mean
-        target = torch.cat([h[layer] - h_mean[layer] for layer in mem.layers], dim=1)        # (N, L·i)
-        weights = torch.linalg.lstsq(xc, target).solution                                    # (d, L·i)
-        u, sv, vt = torch.linalg.svd(weights, full_matrices=False)
-        r = min(mem.read.weight.shape[0], sv.shape[0])
-        read = torch.zeros_like(mem.read.weight)
-        read[:r] = u[:, :r].t()                                                              # (rank, d)
-        keys = (sv[:r, None] * vt[:r]).split(h[mem.layers[0]].shape[1], dim=1)              # L × (r, i)
-        mem.read.weight.copy_(read)
-        for at, (layer, k) in enumerate(zip(mem.layers, keys)):
-            variance = h[layer].var(0)
-            # a feature that barely varies would otherwise dominate: its variance is floored at a share of the mean
-            mem.in_scale[at] = 1.0 / (variance + 0.01 * variance.mean())
-            linear = mem.keys[str(layer)]
-            linear.weight.zero_()
-            linear.weight[:, :r] = k.t() / mem.norm
-        # s = 1: the memory's write (values of unit norm, as the output rows are about) as large as the MLP's
-        for at, layer in enumerate(mem.layers):
-            a = mem.slot_keys(layer, x[:512][None])[0]                                       # (n, i)
-            scores = h[layer][:512] @ (a - a.mean(0)).t() / a.shape[0]                       # (n, n)
-            row = self.lm.get_output_embeddings().weight.float().norm(dim=1).mean()
-            write = scores.abs().sum(1).mean() * row
-            mem.unit[at] = (torch.cat(outputs[layer]).norm(dim=1).mean() / write.clamp_min(1e-12)).item()
-        return self
+        return self._fit_memory(torch.cat(states), h, {layer: torch.cat(v) for layer, v in outputs.items()})
 
     def lower_cache(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
         """The activations of layers 0..ℓ only, from a pass that stops after ℓ (as context() does):

@@ -174,6 +174,10 @@ class HFStream(XStream):
         return [layout.weight_name(layer, linear) for linear in layout.sites[site].maps]
 
     @staticmethod
+    def output_rows(model):
+        return model.lm.get_output_embeddings().weight
+
+    @staticmethod
     def fan_in_fan_out(model, name):
         return layout_of(model.lm).fan_in_fan_out
 

@@ -113,6 +113,9 @@ with torch.random.fork_rng(devices=[]):   # seeded here; the global stream the t
     VEC = torch.randn(2, 8, 3)
     CGT_ICL = icl_model()
 YBAR = torch.zeros(2, 8)
+with torch.random.fork_rng(devices=[]):
+    torch.manual_seed(0)
+    CGT_MEM = CGT(tok_cfg(memory_layers=1, memory_rank=4)).eval()     # a token memory at layer 3
 
 # ------------------------------------------------------------------------------------------ config
 CFG_FIELDS = {   # each field's declared contract (FIELD_CONSTRAINTS), plus the bounds that relate fields
@@ -193,6 +196,18 @@ for _v, _shows in [({"2.attn_in": [2]}, "2"), ({"9.attn_in": [0]}, "9.attn_in"),
 for _v, _shows in [("ybar2", "ybar2"), (["ybar", "coeffs.9.*"], "coeffs.9.*"), (3, "int"), ([b"ybar"], "list")]:
     case("CGT.run_with_cache", "names", [_v], lambda v: CGT_T.run_with_cache(IDX, names=v), shows=_shows)
 case("CGT.sample_split", "length", [1, 0, 13, 2.5, None], lambda v: CGT_T.sample_split(2, v))
+# the token memory's entry points (a from-scratch CGT with memory_layers=1)
+for _entry, _call in {"compiled_coeffs": lambda v: CGT_MEM.compiled_coeffs(v),
+                      "prompt_factors": lambda v: CGT_MEM.prompt_factors(v),
+                      "forward_compiled": lambda v: CGT_MEM.forward_compiled(IDX, v)}.items():
+    case(f"CGT.{_entry}", "prompt", ["hello"], _call, shows="str")
+    case(f"CGT.{_entry}", "prompt", [IDX[:, :4]], _call, shows="(2, 4)")
+case("CGT.forward_compiled", "idx", [IDX.float()], lambda v: CGT_MEM.forward_compiled(v, IDX[0, :4]), shows="float32")
+case("CGT.memory_reads", "layer", [1, 99], lambda v: CGT_MEM.memory_reads(IDX[0, :6], IDX[0], v))
+case("CGT.memory_reads", "idx", ["x"], lambda v: CGT_MEM.memory_reads(IDX[0, :6], v), shows="str")
+case("CGT.memory_reads", "prompt", ["hello"], lambda v: CGT_MEM.memory_reads(v, IDX[0]), shows="str")
+case("CGT.memory_reads", "model", [CGT_T], lambda v: v.memory_reads(IDX[0, :6], IDX[0]), shows="memory_layers=0")
+case("CGT.calibrate_memory", "model", [CGT_T], lambda v: v.calibrate_memory(IDX), shows="memory_layers=0")
 case("CGT.generate", "max_new_tokens", [0, -1, 2.5, 100], lambda v: CGT_T.generate(IDX[:, :2], v))
 case("CGT.generate", "generate", [None], lambda v: CGT_V.generate(VEC, 1), shows="vectors")
 
@@ -966,6 +981,7 @@ DECLARED = {
     "CGT.run_with_cache": lambda **kw: CGT_T.run_with_cache(**{"idx": IDX, **kw}),
     "CGT.forward_specialized": lambda **kw: CGT_T.forward_specialized(**{"idx": IDX, "ybar_vec": YBAR, **kw}),
     "CGT.coefficients": lambda **kw: CGT_T.coefficients(**{"ybar": YBAR, **kw}),
+    "CGT.calibrate_memory": lambda **kw: CGT_MEM.calibrate_memory(**{"idx": IDX, **kw}),
     "CGT.generate": lambda **kw: CGT_T.generate(IDX[:, :2], 1, **kw),
     "evaluate_specialization": evaluate_case,
     "mean_ci": lambda **kw: E.mean_ci([1.0, 2.0], **kw),
@@ -1261,11 +1277,15 @@ NOT_AUDITED = {  # public names with arguments but no bad-argument cases here, a
                     "a family's declared module paths and their lookups, used on an LM that check_lm or layout_of "
                     "(audited) accepted; a layout with overlapping sites is refused where it is declared "
                     "(tests/hf/test_hf_layouts.py)"),
-    **dict.fromkeys(["CGTLM.calibrate_memory", "CGTLM.memory_coeffs", "CGTLM.memory_slots", "CGTLM.memory_map",
-                     "CGTLM.peft_config", "CGTLM.teacher_pass", "causal_ema_skip_first", "causal_mean_skip_first",
+    **dict.fromkeys(["CGTLM.calibrate_memory", "CGTLM.peft_config", "CGTLM.teacher_pass", "causal_ema_skip_first", "causal_mean_skip_first",
                      "chunked_cross_entropy", "lm_facts", "check_cgtlm", "check_lm"],
                     "an internal step of CGTLM's audited entry points and of train-head (calibrate_memory runs on "
                     "the feature cache train_head was given), or a checker itself"),
+    **dict.fromkeys(["CGT.memory_coeffs", "CGT.memory_slots", "CGT.memory_map", "HFStream.output_rows"],
+                    "an internal step of the token memory's audited entry points (specialize, forward_compiled, "
+                    "compiled_coeffs, prompt_factors, memory_reads, loss) and of the feature cache's losses, fed the "
+                    "states and tokens they checked (tests/model/test_token_memory_gpt.py, "
+                    "tests/hf/test_token_memory.py hold them)"),
     **dict.fromkeys(["CGTLM.load_state_dict", "CGTLM.state_dict", "CGTLM.train"],
                     "nn.Module's own API, overridden only to leave the frozen LM out"),
     **dict.fromkeys(["FeatureCache", "FeatureCache.batch", "cache_key", "compute_features", "lm_fingerprint",

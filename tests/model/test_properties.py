@@ -93,9 +93,9 @@ def _split_bounds(draw) -> dict:
 
 # CGTConfig fields drawn by a relation in configs(); every other field of FIELD_CONSTRAINTS is drawn by strategy_for
 RELATED = {"vocab_size", "input_dim", "output_dim", "block_size", "n_layer", "n_head", "d_x", "n_head_y", "d_y",
-           "y_layer", "token_shift", "aux_min_prefix", "aux_min_suffix", "aux_ce", "aux_kl"}
+           "y_layer", "token_shift", "aux_min_prefix", "aux_min_suffix", "aux_ce", "aux_kl", "memory_layers"}
 FIXED = {"extra": {}}           # free-form metadata: no invariant reads it
-CAPS = {"n_templates": 5, "template_rank": 3, "aux_suffix_len": T, "aux_kl_top_k": 24}   # small, for speed
+CAPS = {"n_templates": 5, "template_rank": 3, "aux_suffix_len": T, "aux_kl_top_k": 24, "memory_rank": 4}   # small
 
 
 @st.composite
@@ -105,10 +105,13 @@ def configs(draw):
     n_head = draw(st.sampled_from([1, 2, 4]))
     n_head_y = draw(st.sampled_from([1, 2]))
     shifts = [s for s in FIELD_CONSTRAINTS["token_shift"].choices if mode == "tokens" or s != "pair"]  # pair: tokens
+    y_layer = draw(st.integers(1, n_layer - 1))
     related = {
         **({"vocab_size": draw(st.integers(2, 20)), "input_dim": None, "output_dim": None} if mode == "tokens"
            else {"vocab_size": None, "input_dim": draw(st.integers(1, 6)), "output_dim": draw(st.integers(1, 4))}),
-        "block_size": draw(st.integers(T, T + 4)), "n_layer": n_layer, "y_layer": draw(st.integers(1, n_layer - 1)),
+        "block_size": draw(st.integers(T, T + 4)), "n_layer": n_layer, "y_layer": y_layer,
+        # a token memory writes output-embedding rows (tokens only), in at most the layers above ℓ
+        "memory_layers": draw(st.integers(0, n_layer - y_layer)) if mode == "tokens" else 0,
         "n_head": n_head, "d_x": n_head * draw(st.sampled_from([4, 8])),
         "n_head_y": n_head_y, "d_y": n_head_y * draw(st.sampled_from([2, 4])),
         "token_shift": draw(st.sampled_from(shifts)), **_split_bounds(draw), **_aux_weights(draw)}
@@ -119,12 +122,11 @@ def configs(draw):
 
 
 # CGTLM's arguments beyond CGTConfig's fields, checked in its __init__, declared here in the same terms
-HF_OWN = {"y_mlp_ratio": Int(1), "pool_half_life": Float(0.0, lo_open=True, none=True), "pooled_only": Bool(),
-          "memory_rank": Int(1)}
+HF_OWN = {"y_mlp_ratio": Int(1), "pool_half_life": Float(0.0, lo_open=True, none=True), "pooled_only": Bool()}
 HF_RELATED = {"y_layer", "n_head_y", "d_y", "smooth", "block_size", "memory_layers", "aux_min_prefix",
               "aux_min_suffix", "aux_ce", "aux_kl"}
 HF_FIXED = {"lm": "the tiny 4-layer Llama of tests/families.py"}
-HF_CAPS = {**CAPS, "memory_rank": 4}
+HF_CAPS = CAPS
 
 
 def hf_arguments() -> dict[str, Constraint]:

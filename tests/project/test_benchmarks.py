@@ -580,3 +580,15 @@ def test_bench_head_spaces_smoke_times_every_declared_space_against_the_shipped_
     assert saved["lower ℓ"]["modulated_layers"] > ship["modulated_layers"]
     assert saved["token memory"]["cache_bytes_per_window"] > ship["cache_bytes_per_window"]   # its prefix states
     assert all(r["step_seconds"]["n"] == 1 and r["tokens_per_second"] > 0 for r in saved.values())
+
+
+def test_icl_memory_smoke_trains_each_pair_and_its_compile_merges(tmp_path):
+    import icl_memory
+    tmp = tmp_path
+    res = icl_memory.main(["--steps", "3", "--eval-batches", "1", "--tasks", "novel_split", "--out", str(tmp)])
+    saved = json.loads((tmp / "icl_memory.json").read_text())
+    runs = saved["pairs"]["novel_split"]["runs"]
+    assert [r["memory_layers"] for r in runs] == [0, 2] and saved["settings"]["steps"] == 3
+    assert all(r["spec_merge_max_diff"] < 1e-4 for r in runs)            # the compile with its memory merges
+    assert len(runs[1]["memory_gain"]) == 2 and "memory_gain" not in runs[0]
+    assert res["pairs"]["novel_split"]["task_changes"] == {"novel_split": True}
