@@ -43,6 +43,7 @@ NEEDLE = "benchmarks/results/needle_smollm2.json"
 # compare_heads' "paired" against it; its capacity oracle). The shipped head's test numbers are its metrics.json's.
 SPACES = ((HEAD_RUN, HF_ORACLE), (MEMORY_HEAD, MEMORY_ORACLE),
           ("benchmarks/results/smollm2_head_big.json", "benchmarks/results/oracle_smollm2_big_head.json"))
+SPACE_COSTS = "benchmarks/results/head_spaces_cost.json"
 TEXT_METRICS = "data/models/text-bbc5/metrics.json"
 
 
@@ -497,9 +498,10 @@ def spaces_section(root: Path = ROOT) -> list[str]:
             continue
         paired = run.get("paired", {}).get("p=64")
         if paired:
-            g, diff = paired["new"].get("G"), paired["new_minus_base"]
-        else:
-            g, diff = base_metrics.get("test", {}).get("p=64", {}).get("G"), {}
+            own, diff = paired["new"], paired["new_minus_base"]
+        else:             # a head measured alone: its own test part (the shipped head's is its metrics.json's)
+            own, diff = (run.get("test") or base_metrics.get("test", {})).get("p=64", {}), {}
+        g = own.get("G")
         cap = ((oracle or {}).get("targets") or {}).get("capacity") or {}
         ceil = "; ".join(f"{text(kind)} {ci(cap.get(f'G_oracle_{kind}'))}" for kind in cap.get("oracle", {}).get("kinds", []))
         if ceil:
@@ -510,7 +512,8 @@ def spaces_section(root: Path = ROOT) -> list[str]:
         rows.append(f"| {text(space_label(run['settings']))} | {text(run.get('cache_windows'))} windows, "
                     f"{(run.get('cache_file_bytes') or 0) / 2**20:.0f} MiB | "
                     f"{run.get('head_training_tokens_per_second', 0):.0f} ({f2(run.get('ratio_training_to_lm_forward'))}×) | "
-                    f"{budget}{start} | {ci(g)} | {ci(diff.get('G'), signed=True)} | "
+                    f"{budget}{start} | {ci(g)} | {ci(own.get('own_minus_topic_mean'), signed=True)} | "
+                    f"{ci(diff.get('G'), signed=True)} | "
                     f"{ci(diff.get('own_minus_topic_mean'), signed=True)} | {ceil or '—'} |")
     if len(rows) < 2:
         return []
@@ -522,8 +525,23 @@ def spaces_section(root: Path = ROOT) -> list[str]:
             "*coeffs*, the best coefficients of its trained templates; *memory*, the best factors of its memory; "
             "*lora*, its compiled update plus a free rank-8 update at the same maps.", "",
             "| space | feature cache | training tokens/s (× LM forward) | training | test G, p = 64 [95 %] | "
-            "G − shipped head [95 %] | own − topic mean − shipped head's [95 %] | capacity oracle G [95 %] |",
-            "|---|---|---|---|---|---|---|---|", *rows, ""]
+            "own − topic mean [95 %] | G − shipped head [95 %] | own − topic mean − shipped head's [95 %] | "
+            "capacity oracle G [95 %] |",
+            "|---|---|---|---|---|---|---|---|---|", *rows, ""] + _space_costs(root)
+
+
+def _space_costs(root: Path) -> list[str]:
+    """The cost of each space's training step and cache, measured in one interleaved run (bench_head_spaces)."""
+    res = load(SPACE_COSTS, root)
+    if not res or res.get("lm") != "SmolLM2-135M-Instruct":
+        return []
+    return [provenance(res["command"], SPACE_COSTS, res.get("environment")), "",
+            "The training tokens/s above come from runs that may have shared the machine; these ratios come from "
+            "one run, the spaces alternating (a training step on the same windows; the cached bytes a window).", "",
+            "| space | modulated layers | trainable parameters | step time × shipped | cache bytes × shipped |",
+            "|---|---|---|---|---|"] + [
+        f"| {text(name)} | {text(r['modulated_layers'])} | {text(r['trainable_parameters'])} | "
+        f"{f2(r['step_time_vs_shipped'])} | {f2(r['cache_bytes_vs_shipped'])} |" for name, r in res["spaces"].items()] + [""]
 
 
 def needle_section(root: Path = ROOT) -> list[str]:
